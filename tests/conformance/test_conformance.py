@@ -1,0 +1,227 @@
+"""The ONE conformance suite every backend passes (parametrised by ``spec``, see conftest).
+
+The reference is exact MaxSim in float64 (``uibk_embedding.maxsim``). Backends with the
+"exact" contract must return the same ids, in the same order, with scores within a relative
+1e-5; "approximate" backends must reach their declared recall@10 floor on real data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from uibk_embedding.adapters.base import MultiVectorStore
+
+from uibk_embedding.maxsim import maxsim, maxsim_scores, pack, top_k
+from uibk_embedding.testing import BackendSpec, make_list
+
+
+@pytest.fixture
+def store(spec: BackendSpec, tmp_path):
+    s = spec.make(tmp_path)
+    yield s
+    s.close()
+
+
+def reference_top(query, docs, ids, k, allowed=None):
+    mat, off = pack(docs, dtype=np.float64)
+    scores = maxsim_scores([query], mat, off, dtype=np.float64)[0]
+    if allowed is not None:
+        scores[[i for i, x in enumerate(ids) if x not in allowed]] = -np.inf
+    idx = top_k(scores, k)
+    return [ids[i] for i in idx], scores[idx]
+
+
+def check_ranking(spec: BackendSpec, hits, ref_ids, ref_scores, k):
+    got = [h.id for h in hits]
+    if spec.contract == "exact":
+        assert got == ref_ids, f"{spec.name}: ranking differs from exact MaxSim"
+        np.testing.assert_allclose([h.score for h in hits], ref_scores, rtol=spec.score_rtol,
+                                   atol=spec.score_rtol)
+    else:
+        assert len(got) == min(k, len(ref_ids))
+        assert len(set(got)) == len(got), "duplicate ids in one result"
+
+
+def fill(store: MultiVectorStore, fmt, rng, n=30):
+    ids = [f"doc-{i}" for i in range(n)]
+    docs = [make_list(fmt, rng, int(rng.integers(4, 40))) for _ in ids]
+    md = [{"group": ["a", "b", "c"][i % 3], "n": i, "even": i % 2 == 0} for i in range(n)]
+    store.upsert(ids, docs, md)
+    return ids, docs, md
+
+
+def test_empty_store(store, fmt, rng):
+    assert store.count() == 0
+    assert store.search(make_list(fmt, rng, 5), k=5) == []
+    assert store.get(["nope"]) == []
+    store.delete(["nope"])  # deleting a missing id is not an error
+    assert store.count() == 0
+
+
+def test_upsert_get_count(spec, store, fmt, rng):
+    ids, docs, md = fill(store, fmt, rng)
+    assert store.count() == len(ids)
+    got = store.get([ids[3], "missing", ids[0]])
+    assert [r.id for r in got] == [ids[3], ids[0]]
+    np.testing.assert_allclose(got[0].vectors, docs[3], atol=spec.get_atol)
+    assert got[0].metadata == md[3]
+
+
+def test_search_matches_exact_reference_random(spec, store, fmt, rng):
+    ids, docs, _ = fill(store, fmt, rng, n=40)
+    for _ in range(3):
+        q = make_list(fmt, rng, 12)
+        ref_ids, ref_scores = reference_top(q, docs, ids, 10)
+        check_ranking(spec, store.search(q, k=10), ref_ids, ref_scores, 10)
+
+
+def test_search_matches_exact_reference_real(spec, store, real_data):
+    store.upsert(real_data.doc_ids, real_data.docs)
+    recalls = []
+    for q in real_data.queries:
+        ref_ids, ref_scores = reference_top(q, real_data.docs, real_data.doc_ids, 10)
+        hits = store.search(q, k=10)
+        check_ranking(spec, hits, ref_ids, ref_scores, 10)
+        recalls.append(len(set(ref_ids) & {h.id for h in hits}) / 10)
+    assert np.mean(recalls) >= spec.recall_floor, f"recall@10 vs exact {np.mean(recalls):.3f}"
+
+
+def test_dense_weight_survives(spec, store, real_data):
+    """Scaled query slots (the query-time dense weight) change scores as exact MaxSim does."""
+    store.upsert(real_data.doc_ids, real_data.docs)
+    q = real_data.queries[0].copy()
+    q[:3] *= 8.0
+    ref_ids, ref_scores = reference_top(q, real_data.docs, real_data.doc_ids, 10)
+    hits = store.search(q, k=10)
+    check_ranking(spec, hits, ref_ids, ref_scores, 10)
+    if spec.contract == "approximate":
+        assert len(set(ref_ids[:5]) & {h.id for h in hits}) >= 3
+
+
+def test_upsert_overwrites(spec, store, fmt, rng):
+    ids, docs, _ = fill(store, fmt, rng, n=10)
+    new = make_list(fmt, rng, 7)
+    store.upsert([ids[4]], [new], [{"group": "z"}])
+    assert store.count() == 10
+    rec = store.get([ids[4]])[0]
+    np.testing.assert_allclose(rec.vectors, new, atol=spec.get_atol)
+    assert rec.metadata == {"group": "z"}
+    docs[4] = new
+    hits = store.search(new, k=3)
+    assert hits[0].id == ids[4]
+    if spec.contract == "exact":
+        assert hits[0].score == pytest.approx(maxsim(new, new), rel=1e-5)
+
+
+def test_delete(spec, store, fmt, rng):
+    ids, docs, _ = fill(store, fmt, rng, n=12)
+    store.delete([ids[0], ids[5], "never-stored"])
+    assert store.count() == 10
+    assert store.get([ids[0], ids[5]]) == []
+    hits = store.search(docs[0], k=12)
+    assert ids[0] not in {h.id for h in hits} and ids[5] not in {h.id for h in hits}
+    remaining = [i for i in range(12) if i not in (0, 5)]
+    ref_ids, ref_scores = reference_top(docs[0], [docs[i] for i in remaining],
+                                        [ids[i] for i in remaining], 10)
+    check_ranking(spec, hits[:10], ref_ids, ref_scores, 10)
+    store.upsert([ids[0]], [docs[0]])  # re-adding a deleted id works
+    assert store.count() == 11
+    assert store.search(docs[0], k=1)[0].id == ids[0]
+
+
+def test_filters(spec, store, fmt, rng):
+    ids, docs, md = fill(store, fmt, rng, n=30)
+    q = make_list(fmt, rng, 10)
+    for flt, allowed in [
+        ({"group": "b"}, {x for x, m in zip(ids, md, strict=True) if m["group"] == "b"}),
+        ({"group": {"$in": ["a", "c"]}}, {x for x, m in zip(ids, md, strict=True) if m["group"] in "ac"}),
+        ({"n": {"$eq": 7}}, {ids[7]}),
+        ({"group": "a", "even": True}, {x for x, m in zip(ids, md, strict=True)
+                                        if m["group"] == "a" and m["even"]}),
+    ]:
+        hits = store.search(q, k=5, filter=flt)
+        assert {h.id for h in hits} <= allowed
+        ref_ids, ref_scores = reference_top(q, docs, ids, 5, allowed)
+        check_ranking(spec, hits, ref_ids, ref_scores, 5)
+    assert store.search(q, k=5, filter={"no_such_field": 1}) == []
+    assert store.search(q, k=5, filter={"group": "zzz"}) == []
+
+
+def test_k_larger_than_store(spec, store, fmt, rng):
+    ids, docs, _ = fill(store, fmt, rng, n=6)
+    q = make_list(fmt, rng, 8)
+    hits = store.search(q, k=50)
+    assert sorted(h.id for h in hits) == sorted(ids)
+    ref_ids, ref_scores = reference_top(q, docs, ids, 50)
+    check_ranking(spec, hits, ref_ids, ref_scores, 50)
+
+
+def test_search_batch_equals_search(store, fmt, rng):
+    fill(store, fmt, rng, n=20)
+    qs = [make_list(fmt, rng, n) for n in (3, 9, 20)]
+    batch = store.search_batch(qs, k=5)
+    for q, hits in zip(qs, batch, strict=True):
+        single = store.search(q, k=5)
+        assert [h.id for h in hits] == [h.id for h in single]
+
+
+def test_explain_decomposition(spec, store, real_data):
+    store.upsert(real_data.doc_ids[:50], real_data.docs[:50])
+    hits = store.search(real_data.queries[1], k=3, explain=True)
+    for h in hits:
+        d = h.decomposition
+        assert d is not None and d.separated
+        fmt = store.format
+        assert d.total == pytest.approx(
+            d.constant + fmt.beta * (d.token + fmt.lambda_ * d.dense_weight * d.dense), abs=1e-5)
+        if spec.contract == "exact":
+            assert d.total == pytest.approx(h.score, rel=1e-5)
+
+
+def test_persistence_round_trip(spec, tmp_path, fmt, rng):
+    if spec.reopen is None:
+        pytest.skip(f"{spec.name} does not persist locally")
+    s = spec.make(tmp_path)
+    ids, docs, _ = fill(s, fmt, rng, n=15)
+    s.delete([ids[2]])
+    s.upsert([ids[3]], [docs[4]], [{"group": "moved"}])
+    q = make_list(fmt, rng, 9)
+    before = [(h.id, round(h.score, 4)) for h in s.search(q, k=10)]
+    s.close()
+    s2 = spec.reopen(tmp_path)
+    try:
+        assert s2.count() == 14
+        assert [(h.id, round(h.score, 4)) for h in s2.search(q, k=10)] == before
+        assert s2.get([ids[3]])[0].metadata == {"group": "moved"}
+        assert s2.get([ids[2]]) == []
+    finally:
+        s2.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["wrong_dim", "nan", "int_dtype", "too_few_rows", "untagged", "dup_ids", "empty_id",
+     "not_json", "len_mismatch"],
+)
+def test_bad_input_leaves_store_unchanged(store, fmt, rng, bad):
+    fill(store, fmt, rng, n=8)
+    q = make_list(fmt, rng, 6)
+    before = [(h.id, h.score) for h in store.search(q, k=8)]
+    good = make_list(fmt, rng, 5)
+    cases = {
+        "wrong_dim": (["x"], [np.ones((5, 64), np.float32)], None),
+        "nan": (["x"], [np.where(np.arange(128) == 5, np.nan, good[:1]).repeat(5, 0)], None),
+        "int_dtype": (["x"], [good.astype(np.int32)], None),
+        "too_few_rows": (["x"], [good[:2]], None),
+        "untagged": (["x"], [good * np.r_[-1, np.ones(127)]], None),
+        "dup_ids": (["x", "x"], [good, good], None),
+        "empty_id": ([""], [good], None),
+        "not_json": (["x"], [good], [{"f": object()}]),
+        "len_mismatch": (["x", "y"], [good], None),
+    }
+    new_ids, vecs, md = cases[bad]
+    with pytest.raises((ValueError, TypeError)):
+        store.upsert(["fresh", *new_ids], [good, *vecs], None if md is None else [{}, *md])
+    assert store.count() == 8
+    assert store.get(["fresh"]) == []
+    assert [(h.id, h.score) for h in store.search(q, k=8)] == before

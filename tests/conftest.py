@@ -1,0 +1,88 @@
+"""Shared fixtures: tagged test data, the embedded encoder, real vectors, backend specs.
+
+Backends register themselves for the conformance suite in ``tests/backends/<name>.py``: each
+file defines ``SPECS``, a list of :class:`BackendSpec`. Adding a backend needs no change here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.testing import BackendSpec, datasets_dir
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _load_specs() -> list[BackendSpec]:
+    specs: list[BackendSpec] = []
+    for path in sorted((HERE / "backends").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"uibk_test_backends_{path.stem}", path)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        specs.extend(mod.SPECS)
+    return specs
+
+
+BACKEND_SPECS = _load_specs()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that takes a ``spec`` argument runs once per registered backend."""
+    if "spec" in metafunc.fixturenames:
+        params = []
+        for s in BACKEND_SPECS:
+            marks = [pytest.mark.skip(reason=s.skip)] if s.skip else []
+            params.append(pytest.param(s, id=s.name, marks=marks))
+        metafunc.parametrize("spec", params)
+
+
+@pytest.fixture
+def fmt() -> TaggedFormat:
+    return TaggedFormat()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from uibk_embedding.encoder import load_encoder
+
+    return load_encoder()
+
+
+@dataclass
+class RealData:
+    doc_ids: list[str]
+    docs: list[np.ndarray]
+    texts: list[str]
+    queries: list[np.ndarray]
+    query_texts: list[str]
+
+
+@pytest.fixture(scope="session")
+def real_data(encoder) -> RealData:
+    """200 Cranfield documents and 25 queries encoded by the embedded default (cached)."""
+    from uibk_embedding.data import Collection, load_beir
+    from uibk_embedding.evaluation import encode_collection
+
+    root = datasets_dir() / "cranfield"
+    if not root.exists():
+        pytest.fail(f"test collection missing: {root} (set UIBK_DATASETS)")
+    full = load_beir(root)
+    qids = list(full.queries)[:25]
+    coll = Collection("cranfield-test-subset", full.corpus[:200],
+                      {q: full.queries[q] for q in qids}, {q: full.qrels[q] for q in qids})
+    enc = encode_collection(encoder, coll)
+    return RealData(enc.doc_ids, enc.docs, [d.full_text for d in coll.corpus],
+                    enc.queries, [coll.queries[q] for q in qids])

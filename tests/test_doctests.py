@@ -1,0 +1,37 @@
+"""Every docstring example in the package runs (numpy-style Examples are doctests)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import uibk_embedding
+
+
+SUBPACKAGES = ["encoder", "adapters", "plaid_backend", "integrations"]
+
+
+def _modules() -> list[str]:
+    """All modules of the package (the subpackages live in their own top-level folders)."""
+    names = {"uibk_embedding"}
+    for info in pkgutil.iter_modules(uibk_embedding.__path__, "uibk_embedding."):
+        names.add(info.name)
+    for sub in SUBPACKAGES:
+        pkg = importlib.import_module(f"uibk_embedding.{sub}")
+        names.add(pkg.__name__)
+        for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
+            names.add(info.name)
+    return sorted(names)
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples(name: str) -> None:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:  # an optional extra that is not installed
+        pytest.skip(f"{name}: {e}")
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"

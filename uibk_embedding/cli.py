@@ -1,0 +1,290 @@
+"""The ``uibk-embed`` command line.
+
+Subcommands::
+
+    uibk-embed quickstart                      index a small built-in corpus, answer a query
+    uibk-embed index DATA --backend B --path P  BEIR folder or JSONL file -> a store
+    uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
+    uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
+    uibk-embed serve ...                        the shared encoder over HTTP
+    uibk-embed compare DATA --backends ...      compare backends (benchmarks)
+
+Backend options go through ``--option KEY=VALUE`` (repeatable; VALUE is read as JSON when it
+parses, else as a string), e.g. ``--option collection_name=docs --option url=http://...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+QUICKSTART_CORPUS = [
+    ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
+    ("boundary-layer", "Transition from laminar to turbulent flow in the boundary layer of a flat plate."),
+    ("heat-transfer", "Heat transfer to a blunt body in hypersonic flow at high Mach number."),
+    ("panel-flutter", "Flutter of thin panels in supersonic flow and its suppression by damping."),
+    ("shock-waves", "Interaction of an oblique shock wave with a laminar boundary layer."),
+    ("microwave-dielectric", "Measuring the dielectric constant of liquids with microwave cavities."),
+    ("transistor-amplifier", "Design of a low noise transistor amplifier for radio receivers."),
+    ("digital-filter", "Digital computers in the design of band pass filters."),
+    ("ferrite-memory", "Ferrite core memories with fast random access for digital computers."),
+    ("solar-cells", "Silicon solar cells: efficiency under concentrated sunlight."),
+    ("recipe-bread", "A sourdough bread recipe with a long cold fermentation."),
+    ("tennis", "The serve and volley style in modern tennis."),
+]
+QUICKSTART_QUERY = "how does a propeller slipstream change the lift of a wing?"
+
+
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in pairs or ():
+        if "=" not in p:
+            raise SystemExit(f"--option expects KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _store_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts = _parse_options(args.option)
+    if getattr(args, "path", None):
+        opts.setdefault("path", args.path)
+    return opts
+
+
+def _dense_weight(text: str) -> float:
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (w > 0 and w != float("inf")):
+        raise argparse.ArgumentTypeError(f"the dense weight must be a positive number, got {text}")
+    return w
+
+
+def _positive_int(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if k <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {k}")
+    return k
+
+
+def _load_encoder(args: argparse.Namespace, **kw: Any):
+    from uibk_embedding.encoder import load_encoder
+
+    return load_encoder(args.encoder, **kw)
+
+
+def _print_hits(hits: list, out=sys.stdout) -> None:
+    print(f"{'rank':>4}  {'score':>8}  {'token':>7}  {'dense':>7}  {'sep':>3}  id", file=out)
+    for r, h in enumerate(hits, 1):
+        d = h.decomposition
+        tok = f"{d.token_part:7.3f}" if d else "    n/a"
+        den = f"{d.dense_part:7.3f}" if d else "    n/a"
+        sep = ("yes" if d.separated and d.slots_aligned else "no") if d else "n/a"
+        text = str(h.metadata.get("text", ""))[:60]
+        print(f"{r:>4}  {h.score:8.3f}  {tok}  {den}  {sep:>3}  {h.id}  {text}", file=out)
+    if hits and hits[0].decomposition:
+        d = hits[0].decomposition
+        print(f"\nscore = constant {d.constant:.3f} + token part {d.token_part:.3f} "
+              f"(beta x token MaxSim {d.token:.3f}) + dense part {d.dense_part:.3f} "
+              f"(beta x lambda x w x dense cosine {d.dense:.3f}, w = {d.dense_weight:g})", file=out)
+
+
+# -- subcommands ---------------------------------------------------------------------------
+def cmd_index(args: argparse.Namespace) -> int:
+    from uibk_embedding.adapters import open_store
+    from uibk_embedding.data import read_corpus
+
+    docs = read_corpus(args.data)
+    enc = _load_encoder(args)
+    store = open_store(args.backend, **_store_options(args))
+    t0 = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(docs), desc=f"indexing into {args.backend}", unit="doc",
+              disable=None if not args.quiet else True) as bar:
+        for i in range(0, len(docs), args.batch_size):
+            batch = docs[i:i + args.batch_size]
+            vecs = enc.encode_documents([d.full_text for d in batch], show_progress=False)
+            md = [{**d.metadata, "title": d.title, "text": d.text} if args.store_text
+                  else dict(d.metadata) for d in batch]
+            store.upsert([d.id for d in batch], vecs, md)
+            bar.update(len(batch))
+    n = store.count()
+    store.close()
+    print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from uibk_embedding.adapters import open_store
+
+    enc = _load_encoder(args)
+    store = open_store(args.backend, **_store_options(args))
+    flt = json.loads(args.filter) if args.filter else None
+    q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
+    hits = store.search(q, k=args.k, filter=flt, explain=True)
+    if args.json:
+        print(json.dumps({"query": args.query, "backend": args.backend,
+                          "hits": [h.as_dict() for h in hits]}))
+    else:
+        _print_hits(hits)
+    store.close()
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from uibk_embedding.adapters import open_store
+    from uibk_embedding.data import load_beir
+    from uibk_embedding.evaluation import encode_collection, index_into, run_eval
+
+    coll = load_beir(args.data, split=args.split)
+    enc = _load_encoder(args)
+    w = args.dense_weight if args.dense_weight is not None else enc.dense_weight
+    encoded = encode_collection(enc, coll, use_cache=not args.no_cache)
+    opts = _store_options(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.backend != "exact" and "path" not in opts and args.backend == "plaid":
+            opts["path"] = str(Path(tmp) / "index")
+        store = open_store(args.backend, **opts)
+        index_into(store, encoded, coll)
+        result = run_eval(coll, encoded, store, w)
+        store.close()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['dataset']} on {result['backend']}, dense weight {w:g}")
+        print(f"{'head':<8}" + "".join(f"{m:>12}" for m in result["metrics"]["fused"]))
+        for head, ms in result["metrics"].items():
+            print(f"{head:<8}" + "".join(f"{v:12.4f}" for v in ms.values()))
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from uibk_embedding.adapters import open_store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n"
+                                  for i, t in QUICKSTART_CORPUS))
+        print(f"wrote {len(QUICKSTART_CORPUS)} documents to {corpus}")
+        enc = _load_encoder(args)
+        print(f"encoder: {getattr(enc, 'model_name', type(enc).__name__)} "
+              f"(beta={enc.format.beta}, lambda={enc.format.lambda_}, "
+              f"dense weight {enc.dense_weight:g})")
+        ids = [i for i, _ in QUICKSTART_CORPUS]
+        texts = [t for _, t in QUICKSTART_CORPUS]
+        path = Path(tmp) / "store"
+        with open_store("exact", path=path) as store:
+            store.upsert(ids, enc.encode_documents(texts), [{"text": t} for t in texts])
+        print(f"indexed into an exact store at {path}; reopening it")
+        store = open_store("exact", path=path)
+        query = args.query or QUICKSTART_QUERY
+        print(f"\nquery: {query}\n")
+        q = enc.encode_queries([query])[0]
+        _print_hits(store.search(q, k=args.k, explain=True))
+    return 0
+
+
+def _delegate(module: str, func: str = "main"):
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from uibk_embedding.adapters.registry import BACKENDS
+
+    p = argparse.ArgumentParser(prog="uibk-embed", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
+        sp.add_argument("--encoder", default=None,
+                        help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+        if store:
+            sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
+            sp.add_argument("--path", default=None, help="store location (backend option path)")
+            sp.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                            help="backend option, repeatable")
+
+    sp = sub.add_parser("quickstart", help="index a small built-in corpus and answer a query")
+    sp.add_argument("--query", default=None)
+    sp.add_argument("-k", type=_positive_int, default=5)
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_quickstart)
+
+    sp = sub.add_parser("index", help="index a BEIR folder or a JSONL file")
+    sp.add_argument("data")
+    sp.add_argument("--batch-size", type=_positive_int, default=256)
+    sp.add_argument("--no-store-text", dest="store_text", action="store_false",
+                    help="do not keep the text in the metadata")
+    sp.add_argument("--quiet", action="store_true")
+    common(sp)
+    sp.set_defaults(func=cmd_index)
+
+    sp = sub.add_parser("search", help="search a store; hits with their decomposition")
+    sp.add_argument("query")
+    sp.add_argument("-k", type=_positive_int, default=10)
+    sp.add_argument("--dense-weight", type=_dense_weight, default=None)
+    sp.add_argument("--filter", default=None, help='JSON, e.g. {"lang": "en"}')
+    sp.add_argument("--json", action="store_true")
+    common(sp)
+    sp.set_defaults(func=cmd_search)
+
+    sp = sub.add_parser("eval", help="nDCG@10 and recall of fused, dense-only and token-only")
+    sp.add_argument("data")
+    sp.add_argument("--split", default="test")
+    sp.add_argument("--dense-weight", type=_dense_weight, default=None)
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--no-cache", action="store_true", help="do not cache encoded vectors")
+    common(sp)
+    sp.set_defaults(func=cmd_eval)
+
+    for name, module, help_ in [
+        ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),
+        ("compare", "uibk_embedding.compare", "compare backends on a collection"),
+    ]:
+        sp = sub.add_parser(name, help=help_, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(func=_delegate(module))
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``uibk-embed``.
+
+    >>> main(["eval", "/nonexistent"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: uibk-embed: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
+    """
+    args = build_parser().parse_args(argv)
+    from uibk_embedding.data import DataError
+
+    try:
+        return args.func(args)
+    except (DataError, FileNotFoundError, NotImplementedError, ImportError) as e:
+        raise SystemExit(f"uibk-embed: {e}") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"uibk-embed: --filter is not valid JSON ({e})") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

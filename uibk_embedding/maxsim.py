@@ -1,0 +1,112 @@
+"""Exact MaxSim: the reference every backend is checked against.
+
+``MaxSim(q, d) = sum_i max_j q_i . d_j``. Documents of different lengths are packed into one
+``(total_rows, dim)`` matrix with row offsets; the maximum over each document's rows is a
+segment reduction (``np.maximum.reduceat``) over exactly its own rows, so no padding row can
+ever win (the same as masking with ``-inf``; never zero padding, DESIGN 2.1). Work is chunked
+over documents so memory stays bounded (``max_chunk_bytes``) whatever the collection size.
+
+Example
+-------
+>>> import numpy as np
+>>> q = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+>>> docs = [np.array([[-1.0, 0.0]], np.float32), np.array([[0.6, 0.8], [1.0, 0.0]], np.float32)]
+>>> mat, off = pack(docs)
+>>> maxsim_scores([q], mat, off, dtype=np.float64).round(3).tolist()
+[[-1.0, 1.8]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def pack(lists: Sequence[np.ndarray], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate multi-vectors into one matrix plus ``offsets`` (length ``n + 1``)."""
+    if len(lists) == 0:
+        return np.zeros((0, 0), dtype=dtype), np.zeros(1, dtype=np.int64)
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    if np.any(lengths == 0):
+        raise ValueError("every multi-vector needs at least one row")
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.concatenate([np.asarray(x, dtype=dtype) for x in lists]), offsets
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """MaxSim of one query and one document, in float64.
+
+    >>> import numpy as np
+    >>> maxsim(np.eye(2), np.array([[0.5, 0.5]]))
+    1.0
+    """
+    q = np.asarray(query, dtype=np.float64)
+    d = np.asarray(document, dtype=np.float64)
+    return float((q @ d.T).max(axis=1).sum())
+
+
+def maxsim_scores(
+    queries: Sequence[np.ndarray],
+    doc_matrix: np.ndarray,
+    doc_offsets: np.ndarray,
+    *,
+    dtype: type = np.float32,
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
+    """Scores of every query against every packed document: shape ``(n_queries, n_docs)``.
+
+    ``dtype=np.float64`` gives the high-precision path used by tests.
+    """
+    n_docs = len(doc_offsets) - 1
+    if len(queries) == 0:
+        return np.zeros((0, n_docs), dtype=dtype)
+    qmat, qoff = pack(queries, dtype=dtype)
+    out = np.empty((len(queries), n_docs), dtype=dtype)
+    if n_docs == 0:
+        return out
+    mat = doc_matrix if doc_matrix.dtype == dtype else doc_matrix.astype(dtype)
+    itemsize = np.dtype(dtype).itemsize
+    rows_budget = max(1, max_chunk_bytes // (itemsize * max(1, qmat.shape[0])))
+    start_doc = 0
+    while start_doc < n_docs:
+        r0 = doc_offsets[start_doc]
+        # the largest end_doc whose rows fit the budget (at least one document)
+        end_doc = int(np.searchsorted(doc_offsets, r0 + rows_budget, side="right")) - 1
+        end_doc = min(max(end_doc, start_doc + 1), n_docs)
+        r1 = doc_offsets[end_doc]
+        # (query vectors, document rows): the per-document max then runs along contiguous
+        # memory, which is ~10x faster than reducing over the other axis
+        sims = qmat @ mat[r0:r1].T
+        best = np.maximum.reduceat(sims, doc_offsets[start_doc:end_doc] - r0, axis=1)
+        out[:, start_doc:end_doc] = np.add.reduceat(best, qoff[:-1], axis=0)
+        start_doc = end_doc
+    return out
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` best scores, best first; ties keep the lower index first.
+
+    ``-inf`` entries (filtered out) are never returned.
+
+    >>> import numpy as np
+    >>> top_k(np.array([0.1, 0.9, -np.inf, 0.9]), 5).tolist()
+    [1, 3, 0]
+    """
+    scores = np.asarray(scores)
+    valid = np.flatnonzero(np.isfinite(scores))
+    if k <= 0 or len(valid) == 0:
+        return np.zeros(0, dtype=np.int64)
+    s = scores[valid]
+    if k < len(valid):
+        part = np.argpartition(-s, k - 1)[:k]
+        # keep every index tied with the k-th score so that ties resolve by index
+        kth = s[part].min()
+        part = np.flatnonzero(s >= kth)
+    else:
+        part = np.arange(len(valid))
+    order = np.lexsort((valid[part], -s[part]))
+    return valid[part][order][:k]

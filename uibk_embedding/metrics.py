@@ -1,0 +1,79 @@
+"""Ranking metrics, with the definitions of trec_eval (as BEIR reports them).
+
+* ``ndcg@k``: linear gains (the judgment score), discount ``log2(rank + 1)``, ideal ranking
+  built from all judged documents of the query;
+* ``recall@k``: relevant documents (score > 0) in the top ``k`` / all relevant documents.
+
+Both are averaged over the queries that have at least one relevant document.
+
+>>> qrels = {"q": {"a": 2, "b": 1}}
+>>> run = {"q": ["b", "x", "a"]}
+>>> round(ndcg_at_k(run, qrels, 3), 4), recall_at_k(run, qrels, 2)
+(0.7602, 0.5)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+Run = Mapping[str, Sequence[str]]
+Qrels = Mapping[str, Mapping[str, int]]
+
+
+def _judged(qrels: Qrels) -> list[str]:
+    return [q for q, rel in qrels.items() if any(v > 0 for v in rel.values())]
+
+
+def ndcg_at_k(run: Run, qrels: Qrels, k: int) -> float:
+    """Mean nDCG@k over judged queries (a query missing from ``run`` scores 0)."""
+    qs = _judged(qrels)
+    if not qs:
+        raise ValueError("no query has a relevant document")
+    total = 0.0
+    for q in qs:
+        rel = qrels[q]
+        ranked = list(run.get(q, ()))[:k]
+        dcg = sum(max(rel.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked))
+        ideal = sorted((v for v in rel.values() if v > 0), reverse=True)[:k]
+        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+        total += dcg / idcg
+    return total / len(qs)
+
+
+def recall_at_k(run: Run, qrels: Qrels, k: int) -> float:
+    """Mean recall@k over judged queries."""
+    qs = _judged(qrels)
+    if not qs:
+        raise ValueError("no query has a relevant document")
+    total = 0.0
+    for q in qs:
+        relevant = {d for d, v in qrels[q].items() if v > 0}
+        total += len(relevant.intersection(list(run.get(q, ()))[:k])) / len(relevant)
+    return total / len(qs)
+
+
+def evaluate(run: Run, qrels: Qrels) -> dict[str, float]:
+    """The figures `uibk-embed eval` reports."""
+    return {
+        "ndcg@10": ndcg_at_k(run, qrels, 10),
+        "recall@2": recall_at_k(run, qrels, 2),
+        "recall@10": recall_at_k(run, qrels, 10),
+        "recall@100": recall_at_k(run, qrels, 100),
+    }
+
+
+def overlap_at_k(run: Run, reference: Run, k: int) -> float:
+    """Mean |top-k(run) ∩ top-k(reference)| / k: recall@k of a backend against exact MaxSim.
+
+    >>> overlap_at_k({"q": ["a", "b"]}, {"q": ["b", "c"]}, 2)
+    0.5
+    """
+    if not reference:
+        raise ValueError("empty reference run")
+    total = 0.0
+    for q, ref in reference.items():
+        ref_k = list(ref)[:k]
+        if ref_k:
+            total += len(set(ref_k).intersection(list(run.get(q, ()))[:k])) / len(ref_k)
+    return total / len(reference)

@@ -1,0 +1,61 @@
+"""Helpers for testing stores: how the conformance suite drives a backend.
+
+A backend joins the conformance suite (``tests/conformance/``) with a file
+``tests/backends/<name>.py`` that defines ``SPECS``, a list of :class:`BackendSpec`:
+
+>>> from uibk_embedding.adapters.exact import ExactStore
+>>> spec = BackendSpec("exact-memory", make=lambda d: ExactStore())
+>>> spec.contract
+'exact'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def datasets_dir() -> Path:
+    """``$UIBK_DATASETS``, else ``../shared/datasets`` beside the checkout."""
+    return Path(os.environ.get("UIBK_DATASETS", REPO.parent / "shared" / "datasets"))
+
+
+def make_list(fmt: TaggedFormat, rng: np.random.Generator, n_tokens: int,
+              dense_weight: float = 1.0) -> np.ndarray:
+    """A random tagged list (3 slots + ``n_tokens`` tokens).
+
+    >>> make_list(TaggedFormat(), np.random.default_rng(0), 5).shape
+    (8, 128)
+    """
+    return fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n_tokens, 127)), dense_weight)
+
+
+@dataclass
+class BackendSpec:
+    """How the conformance suite drives one backend.
+
+    make(dir) -> an empty store whose files (if any) live under ``dir``;
+    reopen(dir) -> the same store opened again after ``close()`` (None: not persistent);
+    contract "exact": same ids, order and scores (rel. 1e-5) as exact MaxSim;
+    contract "approximate": recall@10 against exact MaxSim >= recall_floor on real data.
+    get_atol: how close ``get`` must return the stored vectors.
+    skip: a reason to skip (e.g. the server URL is not set).
+    """
+
+    name: str
+    make: Callable[[Path], MultiVectorStore]
+    reopen: Callable[[Path], MultiVectorStore] | None = None
+    contract: str = "exact"
+    recall_floor: float = 1.0
+    score_rtol: float = 1e-5
+    get_atol: float = 1e-6
+    skip: str | None = None
