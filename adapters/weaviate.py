@@ -1,0 +1,653 @@
+"""Weaviate (>= 1.29) as a store of tagged multi-vectors: one self-provided multi-vector, MaxSim.
+
+Each document is one Weaviate object in one collection:
+
+* a named multi-vector (default name ``"uibk"``, self-provided, HNSW, ``DOT`` distance,
+  ``maxSim`` aggregation; optionally MUVERA-encoded, Weaviate >= 1.31) holding the tagged list;
+* ``uibk_id`` (text): the original string id. The object's UUID is derived from it
+  deterministically (:func:`object_uuid`), so upserting an id again overwrites the object;
+* ``uibk_metadata`` (text, not indexed): the metadata dict as JSON, returned unchanged;
+* ``uibk_terms`` (text[], ``field`` tokenization, filterable): one typed term per scalar
+  metadata value (:func:`filter_term`), which is what filters match. Because every term carries
+  the field name *and* the JSON type of the value, ``True`` never matches ``1``, ``"1"`` never
+  matches ``1``, ``1`` matches ``1.0`` and a field a document lacks never matches: exactly the
+  semantics of :mod:`~uibk_embedding.adapters.filters`, whatever the user's field names are.
+
+Score convention. For ``DOT`` Weaviate's distance between two vectors is the negated dot product,
+and for a multi-vector with ``maxSim`` aggregation the server adds up, over the query vectors,
+the smallest distance to any document vector (``lateInteractionScore`` in
+``adapters/repos/db/vector/hnsw`` of the server source): the reported distance is therefore
+``-MaxSim`` and :func:`distance_to_score` negates it. This is read from the source, **not yet
+verified against a live server**: ``tests/test_weaviate.py::test_live_distance_is_negated_maxsim``
+checks it when ``WEAVIATE_URL`` is set. With ``rerank=True`` the store does not depend on the
+convention at all: it fetches candidates with their vectors and scores them with exact MaxSim.
+
+Search is approximate (HNSW, and MUVERA when enabled): the store declares ``exact = False``.
+
+The collection configuration is built with the real client classes and can be inspected
+without a server:
+
+>>> spec = collection_spec("Docs", muvera={"ksim": 4})
+>>> cfg = spec["vector_config"]._to_dict()["vectorIndexConfig"]
+>>> cfg["distance"], cfg["multivector"]["aggregation"], cfg["multivector"]["muvera"]["ksim"]
+('dot', 'maxSim', 4)
+>>> [p.name for p in spec["properties"]]
+['uibk_id', 'uibk_metadata', 'uibk_terms']
+
+Filters become conditions on ``uibk_terms``:
+
+>>> filter_term("lang", "en"), filter_term("year", 2024.0), filter_term("ok", True)
+('["lang","en"]', '["year",2024]', '["ok",true]')
+
+Against a server (``client=`` an existing v4 client, ``url=`` or ``host=``):
+
+>>> store = WeaviateStore("Docs", url="http://localhost:8080")  # doctest: +SKIP
+>>> store.upsert(["a"], [doc], [{"lang": "en"}])  # doctest: +SKIP
+>>> store.search(query, k=10, filter={"lang": "en"})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import numpy as np
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat
+
+from uibk_embedding._optional import require
+
+DEFAULT_COLLECTION = "UibkEmbedding"
+VECTOR_NAME = "uibk"
+PROP_ID = "uibk_id"
+PROP_METADATA = "uibk_metadata"
+PROP_TERMS = "uibk_terms"
+#: the namespace of :func:`object_uuid` (fixed: changing it would orphan stored objects)
+UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "uibk-embedding/weaviate/object-id")
+MIN_VERSION = (1, 29, 0)  # self-provided multi-vectors
+MUVERA_MIN_VERSION = (1, 31, 0)
+MAX_TERM_CHARS = 256  # longer filter terms are stored and matched as a SHA-256 digest
+MUVERA_KEYS = ("ksim", "dprojections", "repetitions")
+
+_PURPOSE = "the Weaviate adapter"
+
+
+def _wv() -> Any:
+    return require("weaviate", "weaviate", _PURPOSE)
+
+
+# -- ids, filter terms, payload ---------------------------------------------------------------
+def object_uuid(doc_id: str) -> str:
+    """The deterministic Weaviate UUID of a string id (UUIDv5 in a fixed namespace).
+
+    >>> object_uuid("doc-1") == object_uuid("doc-1"), object_uuid("doc-1") == object_uuid("doc-2")
+    (True, False)
+    >>> object_uuid("doc-1")
+    'c76dda23-1bcc-5e4e-b9a8-f24da1c29c4f'
+    """
+    return str(uuid.uuid5(UUID_NAMESPACE, doc_id))
+
+
+def _canonical(value: Any) -> Any:
+    """Numbers compare by value (``1 == 1.0``), so an integral float is written as an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def filter_term(field: str, value: Any) -> str:
+    """The indexed term for ``field == value``: compact JSON ``[field, value]`` (typed).
+
+    Terms longer than 256 characters are replaced by ``"sha256:<hex digest>"`` of the JSON
+    (the same on the write and the query side), so long values stay filterable.
+
+    >>> filter_term("n", 1) == filter_term("n", 1.0), filter_term("n", 1) == filter_term("n", True)
+    (True, False)
+    >>> filter_term('say "hi"', "ü")
+    '["say \\\\"hi\\\\"","ü"]'
+    >>> filter_term("t", "x" * 300)[:7]
+    'sha256:'
+    """
+    if isinstance(value, bool) or isinstance(value, str) or isinstance(value, int):
+        v = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"filter on {field!r}: value {value} is not a finite number")
+        v = _canonical(value)
+    else:
+        raise TypeError(f"{field!r}: only str, int, float and bool values are filterable")
+    term = json.dumps([field, v], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if len(term) > MAX_TERM_CHARS:
+        term = "sha256:" + hashlib.sha256(term.encode("utf-8")).hexdigest()
+    return term
+
+
+def metadata_terms(metadata: Mapping[str, Any]) -> list[str]:
+    """The filter terms of one metadata dict: one per top-level scalar value.
+
+    Lists, dicts and ``None`` are stored (in ``uibk_metadata``) but not filterable, exactly as
+    the reference filter semantics never match them.
+
+    >>> metadata_terms({"lang": "en", "tags": ["a"], "year": 2024, "x": None})
+    ['["lang","en"]', '["year",2024]']
+    """
+    out = []
+    for key, value in metadata.items():
+        if isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
+            out.append(filter_term(key, value))
+    return out
+
+
+def object_properties(doc_id: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The Weaviate properties stored for one document.
+
+    >>> object_properties("a", {"lang": "en"})
+    {'uibk_id': 'a', 'uibk_metadata': '{"lang":"en"}', 'uibk_terms': ['["lang","en"]']}
+    """
+    return {
+        PROP_ID: doc_id,
+        PROP_METADATA: json.dumps(metadata, ensure_ascii=False, separators=(",", ":"), allow_nan=False),
+        PROP_TERMS: metadata_terms(metadata),
+    }
+
+
+def to_weaviate_filter(conditions: tuple[Condition, ...]) -> Any:
+    """Parsed filter conditions as one Weaviate filter (``None`` for no conditions).
+
+    Each condition becomes ``uibk_terms`` *contains any* of its typed terms; conditions are
+    combined with *all of*.
+
+    >>> from uibk_embedding.adapters.filters import parse_filter
+    >>> f = to_weaviate_filter(parse_filter({"lang": {"$in": ["en", "de"]}}))
+    >>> f.target, f.operator.value, f.value
+    ('uibk_terms', 'ContainsAny', ['["lang","en"]', '["lang","de"]'])
+    """
+    if not conditions:
+        return None
+    Filter = _wv().classes.query.Filter
+    parts = [
+        Filter.by_property(PROP_TERMS).contains_any(
+            list(dict.fromkeys(filter_term(c.field, v) for v in c.values)))
+        for c in conditions
+    ]
+    return parts[0] if len(parts) == 1 else Filter.all_of(parts)
+
+
+def distance_to_score(distance: float) -> float:
+    """MaxSim from the distance Weaviate reports for a ``DOT`` + ``maxSim`` multi-vector.
+
+    Weaviate's DOT distance is ``-dot`` and the multi-vector distance sums, per query vector,
+    the smallest distance: it is ``-MaxSim`` (read from the server source; not yet verified
+    against a live server).
+
+    >>> distance_to_score(-12.5)
+    12.5
+    """
+    return -finite_score(distance)
+
+
+# -- collection configuration -----------------------------------------------------------------
+def _muvera_encoding(muvera: bool | Mapping[str, int] | None) -> Any:
+    if muvera is None or muvera is False:
+        return None
+    cfg = _wv().classes.config.Configure
+    if muvera is True:
+        return cfg.VectorIndex.MultiVector.Encoding.muvera()
+    if not isinstance(muvera, Mapping):
+        raise TypeError(f"muvera must be a bool or a dict of {MUVERA_KEYS}, got {type(muvera).__name__}")
+    unknown = set(muvera) - set(MUVERA_KEYS)
+    if unknown:
+        raise ValueError(f"unknown MUVERA options {sorted(unknown)}; known: {list(MUVERA_KEYS)}")
+    return cfg.VectorIndex.MultiVector.Encoding.muvera(**dict(muvera))
+
+
+def vector_config(
+    name: str = VECTOR_NAME,
+    *,
+    muvera: bool | Mapping[str, int] | None = None,
+    ef: int | None = None,
+    ef_construction: int | None = None,
+    max_connections: int | None = None,
+) -> Any:
+    """The named multi-vector: self-provided, HNSW, DOT distance, MaxSim aggregation.
+
+    ``muvera``: ``True`` or a dict of ``ksim``/``dprojections``/``repetitions`` enables
+    MUVERA encoding (Weaviate >= 1.31). ``ef``, ``ef_construction``, ``max_connections``:
+    HNSW parameters (``None``: the server's defaults).
+
+    >>> sorted(vector_config(ef=256)._to_dict()["vectorIndexConfig"].items())
+    [('distance', 'dot'), ('ef', 256), ('multivector', {'enabled': True, 'aggregation': 'maxSim'})]
+    """
+    cfg = _wv().classes.config
+    aggregation = require(
+        "weaviate.collections.classes.config_vector_index", "weaviate", _PURPOSE
+    ).MultiVectorAggregation.MAX_SIM
+    return cfg.Configure.MultiVectors.self_provided(
+        name=name,
+        encoding=_muvera_encoding(muvera),
+        vector_index_config=cfg.Configure.VectorIndex.hnsw(
+            distance_metric=cfg.VectorDistances.DOT,
+            ef=ef,
+            ef_construction=ef_construction,
+            max_connections=max_connections,
+        ),
+        multi_vector_config=cfg.Configure.VectorIndex.MultiVector.multi_vector(aggregation=aggregation),
+    )
+
+
+def collection_properties() -> list[Any]:
+    """The three properties the store needs (see the module docstring)."""
+    cfg = _wv().classes.config
+    return [
+        cfg.Property(name=PROP_ID, data_type=cfg.DataType.TEXT, tokenization=cfg.Tokenization.FIELD,
+                     index_filterable=True, index_searchable=False),
+        cfg.Property(name=PROP_METADATA, data_type=cfg.DataType.TEXT, index_filterable=False,
+                     index_searchable=False),
+        cfg.Property(name=PROP_TERMS, data_type=cfg.DataType.TEXT_ARRAY,
+                     tokenization=cfg.Tokenization.FIELD, index_filterable=True, index_searchable=False),
+    ]
+
+
+def collection_spec(name: str = DEFAULT_COLLECTION, *, vector_name: str = VECTOR_NAME,
+                    **vector_options: Any) -> dict[str, Any]:
+    """Keyword arguments for ``client.collections.create`` (``vector_options``: see
+    :func:`vector_config`). See the module docstring for an example."""
+    return {
+        "name": name,
+        "properties": collection_properties(),
+        "vector_config": vector_config(vector_name, **vector_options),
+    }
+
+
+def _enum_value(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
+                        muvera: bool | Mapping[str, int] | None = None) -> list[str]:
+    """What makes an existing collection (its ``collection.config.get()``) unusable, if anything.
+
+    ``muvera=None`` accepts either; ``True``/``False``/a dict demand MUVERA on/off.
+    The collection is never changed: the caller reports these problems.
+    """
+    problems = []
+    if getattr(config.multi_tenancy_config, "enabled", False):
+        problems.append("multi-tenancy is enabled (the store does not pass tenants)")
+    named = config.vector_config or {}
+    if vector_name not in named:
+        have = sorted(named) or "none"
+        problems.append(f"no named vector {vector_name!r} (named vectors: {have})")
+    else:
+        nv = named[vector_name]
+        vz = _enum_value(nv.vectorizer.vectorizer)
+        if vz != "none":
+            problems.append(f"vector {vector_name!r} uses vectorizer {vz!r}; "
+                            "it must be self-provided ('none')")
+        idx = nv.vector_index_config
+        kind = idx.vector_index_type() if hasattr(idx, "vector_index_type") else type(idx).__name__
+        if kind != "hnsw":
+            problems.append(f"vector {vector_name!r} has index type {kind!r}; it must be 'hnsw'")
+        dist = _enum_value(getattr(idx, "distance_metric", None))
+        if dist != "dot":
+            problems.append(f"vector {vector_name!r} uses distance {dist!r}; it must be 'dot' "
+                            "(cosine renormalises and breaks the dense weight)")
+        mv = getattr(idx, "multi_vector", None)
+        if mv is None:
+            problems.append(f"vector {vector_name!r} is not a multi-vector")
+        else:
+            if _enum_value(mv.aggregation) != "maxSim":
+                problems.append(f"vector {vector_name!r} aggregates with {mv.aggregation!r}; "
+                                "it must be 'maxSim'")
+            has_muvera = mv.encoding is not None and mv.encoding.enabled is not False
+            if muvera is not None and bool(muvera) != has_muvera:
+                problems.append(f"MUVERA is {'on' if has_muvera else 'off'} in the collection but "
+                                f"{'on' if muvera else 'off'} was asked for")
+    props = {p.name: p for p in (config.properties or [])}
+    want = {PROP_ID: "text", PROP_METADATA: "text", PROP_TERMS: "text[]"}
+    for pname, dtype in want.items():
+        p = props.get(pname)
+        if p is None:
+            problems.append(f"property {pname!r} ({dtype}) is missing")
+            continue
+        got = _enum_value(p.data_type)
+        if got != dtype:
+            problems.append(f"property {pname!r} has data type {got!r}; it must be {dtype!r}")
+        if pname in (PROP_ID, PROP_TERMS):
+            if not p.index_filterable:
+                problems.append(f"property {pname!r} must be filterable (index_filterable=True)")
+            tok = _enum_value(p.tokenization)
+            if tok != "field":
+                problems.append(f"property {pname!r} has tokenization {tok!r}; it must be 'field'")
+    return problems
+
+
+# -- connection ---------------------------------------------------------------------------
+def connection_kwargs(url: str, *, grpc_port: int | None = None, grpc_host: str | None = None) -> dict:
+    """Arguments for ``weaviate.connect_to_custom`` from an HTTP(S) URL.
+
+    The gRPC port defaults to 50051 (443 for ``https`` URLs without a given port); the gRPC
+    host defaults to the HTTP host, and gRPC is secure when the URL is ``https``.
+
+    >>> connection_kwargs("http://10.0.0.5:8081")
+    {'http_host': '10.0.0.5', 'http_port': 8081, 'http_secure': False, 'grpc_host': '10.0.0.5', \
+'grpc_port': 50051, 'grpc_secure': False}
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must look like http://host:8080 or https://host, got {url!r}")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"url must have no path or query (got {url!r}); the client adds /v1 itself")
+    secure = parts.scheme == "https"
+    if grpc_port is None:
+        grpc_port = 443 if secure and parts.port is None else 50051
+    return {
+        "http_host": parts.hostname,
+        "http_port": parts.port or (443 if secure else 80),
+        "http_secure": secure,
+        "grpc_host": grpc_host or parts.hostname,
+        "grpc_port": int(grpc_port),
+        "grpc_secure": secure,
+    }
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``"1.30.2-rc.0"`` -> ``(1, 30, 2)``.
+
+    >>> parse_version("1.29.0"), parse_version("v1.31.2-rc.1")
+    ((1, 29, 0), (1, 31, 2))
+    """
+    core = text.strip().lstrip("v").split("-")[0].split("+")[0]
+    nums = [int(x) for x in core.split(".")[:3]]
+    while len(nums) < 3:
+        nums.append(0)
+    return nums[0], nums[1], nums[2]
+
+
+class WeaviateBatchError(RuntimeError):
+    """Some objects of an upsert were not written. ``failed`` maps id -> Weaviate's message,
+    ``written`` lists the ids that were written (and are now stored), ``not_attempted`` the ids
+    not sent because the connection failed."""
+
+    def __init__(self, failed: dict[str, str], written: list[str], not_attempted: list[str]):
+        self.failed, self.written, self.not_attempted = failed, written, not_attempted
+        shown = "; ".join(f"{k!r}: {v}" for k, v in list(failed.items())[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        tail = f"; {len(not_attempted)} not attempted" if not_attempted else ""
+        super().__init__(
+            f"Weaviate rejected {len(failed)} of {len(failed) + len(written) + len(not_attempted)} "
+            f"objects: {shown}{more}; {len(written)} were written{tail}"
+        )
+
+
+# -- the store ---------------------------------------------------------------------------------
+class WeaviateStore(MultiVectorStore):
+    """Tagged multi-vectors in a Weaviate (>= 1.29) collection; MaxSim by the server.
+
+    Parameters
+    ----------
+    collection:
+        Collection name (Weaviate capitalises its first letter). Created with
+        :func:`collection_spec` if it does not exist (and ``create=True``); an existing one is
+        checked with :func:`collection_problems` and refused with a precise message, never changed.
+    client:
+        An open ``weaviate.WeaviateClient`` (not closed by :meth:`close`). Otherwise the store
+        connects itself, with ``url=`` (``connect_to_custom``, or ``connect_to_weaviate_cloud``
+        with ``cloud=True``) or ``host=`` (``connect_to_local``), and ``api_key``/``headers``.
+    vector_name, muvera, ef, ef_construction, max_connections:
+        The named multi-vector's configuration (see :func:`vector_config`).
+    rerank:
+        Score the ``candidates`` (default ``4 * k``) hits Weaviate returns with exact MaxSim on
+        their stored vectors and keep the best ``k`` (scores then never depend on Weaviate's
+        distance convention).
+    batch_size, max_rows_per_request:
+        Upserts go in requests of at most this many objects / vector rows.
+
+    Example (needs a server)::
+
+        store = WeaviateStore("Docs", url="http://localhost:8080")
+        store.upsert(ids, lists, metadata)
+        hits = store.search(query, k=10, filter={"lang": "en"})
+    """
+
+    backend: ClassVar[str] = "weaviate"
+    exact: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        client: Any = None,
+        url: str | None = None,
+        host: str | None = None,
+        port: int = 8080,
+        grpc_port: int | None = None,
+        grpc_host: str | None = None,
+        api_key: str | None = None,
+        cloud: bool = False,
+        headers: Mapping[str, str] | None = None,
+        vector_name: str = VECTOR_NAME,
+        muvera: bool | Mapping[str, int] | None = None,
+        ef: int | None = None,
+        ef_construction: int | None = None,
+        max_connections: int | None = None,
+        create: bool = True,
+        rerank: bool = False,
+        candidates: int | None = None,
+        batch_size: int = 64,
+        max_rows_per_request: int = 32768,
+        format: TaggedFormat | None = None,
+    ) -> None:
+        super().__init__(format)
+        if not isinstance(collection, str) or not collection:
+            raise ValueError("collection must be a non-empty string")
+        if batch_size < 1 or max_rows_per_request < 1:
+            raise ValueError("batch_size and max_rows_per_request must be positive")
+        if candidates is not None and candidates < 1:
+            raise ValueError("candidates must be positive")
+        self.vector_name = vector_name
+        self.rerank, self.candidates = bool(rerank), candidates
+        self.batch_size, self.max_rows_per_request = int(batch_size), int(max_rows_per_request)
+        wv = _wv()
+        self._owns_client = client is None
+        if client is None:
+            client = self._connect(wv, url=url, host=host, port=port, grpc_port=grpc_port,
+                                   grpc_host=grpc_host, api_key=api_key, cloud=cloud, headers=headers)
+        elif url is not None or host is not None:
+            raise ValueError("give either client= or url=/host=, not both")
+        self._client = client
+        try:
+            self._check_version(muvera)
+            self._collection = self._open_collection(
+                collection, create=create, muvera=muvera, ef=ef, ef_construction=ef_construction,
+                max_connections=max_connections)
+        except BaseException:
+            self.close()
+            raise
+
+    # setup -----------------------------------------------------------------------------------
+    @staticmethod
+    def _connect(wv: Any, *, url: str | None, host: str | None, port: int, grpc_port: int | None,
+                 grpc_host: str | None, api_key: str | None, cloud: bool,
+                 headers: Mapping[str, str] | None) -> Any:
+        auth = wv.classes.init.Auth.api_key(api_key) if api_key else None
+        hdrs = dict(headers) if headers else None
+        if url is not None and host is not None:
+            raise ValueError("give url= or host=, not both")
+        if cloud:
+            if url is None or auth is None:
+                raise ValueError("cloud=True needs url= (the cluster URL) and api_key=")
+            return wv.connect_to_weaviate_cloud(cluster_url=url, auth_credentials=auth, headers=hdrs)
+        if url is not None:
+            return wv.connect_to_custom(**connection_kwargs(url, grpc_port=grpc_port, grpc_host=grpc_host),
+                                        headers=hdrs, auth_credentials=auth)
+        if host is not None:
+            return wv.connect_to_local(host=host, port=port, grpc_port=grpc_port or 50051, headers=hdrs,
+                                       auth_credentials=auth)
+        raise ValueError("WeaviateStore needs client=, url= or host=")
+
+    def _check_version(self, muvera: Any) -> None:
+        version = str(self._client.get_meta().get("version", "0"))
+        v = parse_version(version)
+        if v < MIN_VERSION:
+            raise RuntimeError(f"Weaviate {version} has no self-provided multi-vectors; "
+                               f"version >= {'.'.join(map(str, MIN_VERSION))} is needed")
+        if muvera and v < MUVERA_MIN_VERSION:
+            raise RuntimeError(f"MUVERA encoding needs Weaviate >= "
+                               f"{'.'.join(map(str, MUVERA_MIN_VERSION))}; the server runs {version}")
+
+    def _open_collection(self, name: str, *, create: bool, muvera: Any, **hnsw: Any) -> Any:
+        cols = self._client.collections
+        if cols.exists(name):
+            col = cols.get(name)
+            problems = collection_problems(col.config.get(), self.vector_name, muvera)
+            if problems:
+                raise ValueError(
+                    f"Weaviate collection {name!r} cannot hold tagged multi-vectors (it was not "
+                    "changed): " + "; ".join(problems)
+                    + ". Use another collection name, or create it with "
+                    "uibk_embedding.adapters.weaviate.collection_spec()."
+                )
+            return col
+        if not create:
+            raise ValueError(f"Weaviate collection {name!r} does not exist (create=False)")
+        return cols.create(**collection_spec(name, vector_name=self.vector_name, muvera=muvera, **hnsw))
+
+    @property
+    def collection(self) -> Any:
+        """The underlying ``weaviate`` collection object."""
+        return self._collection
+
+    def drop(self) -> None:
+        """Delete the whole collection on the server (irreversible)."""
+        self._client.collections.delete(self._collection.name)
+
+    # writes ----------------------------------------------------------------------------------
+    def data_objects(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> list[Any]:
+        """The ``DataObject`` list an upsert sends (validated input; used by the tests)."""
+        DataObject = _wv().classes.data.DataObject
+        return [
+            DataObject(properties=object_properties(i, m), uuid=object_uuid(i),
+                       vector={self.vector_name: np.asarray(v, dtype=np.float32).tolist()})
+            for i, v, m in zip(ids, vectors, metadata, strict=True)
+        ]
+
+    def _chunks(self, ids: list[str], vectors: list[np.ndarray]) -> list[list[int]]:
+        chunks: list[list[int]] = []
+        cur: list[int] = []
+        rows = 0
+        for i, v in enumerate(vectors):
+            if cur and (len(cur) >= self.batch_size or rows + len(v) > self.max_rows_per_request):
+                chunks.append(cur)
+                cur, rows = [], 0
+            cur.append(i)
+            rows += len(v)
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        all_failed = _wv().exceptions.WeaviateInsertManyAllFailedError
+        failed: dict[str, str] = {}
+        written: list[str] = []
+        chunks = self._chunks(ids, vectors)
+        for n, chunk in enumerate(chunks):
+            objs = self.data_objects([ids[i] for i in chunk], [vectors[i] for i in chunk],
+                                     [metadata[i] for i in chunk])
+            try:
+                res = self._collection.data.insert_many(objs)
+            except all_failed as e:
+                failed.update({ids[i]: str(e) for i in chunk})
+                continue
+            except Exception as e:
+                rest = [ids[i] for c in chunks[n:] for i in c]
+                raise WeaviateBatchError(failed, written, rest) from e
+            for j, i in enumerate(chunk):
+                if j in res.errors:
+                    failed[ids[i]] = res.errors[j].message
+                else:
+                    written.append(ids[i])
+        if failed:
+            raise WeaviateBatchError(failed, written, [])
+
+    def _delete(self, ids: list[str]) -> None:
+        Filter = _wv().classes.query.Filter
+        for s in range(0, len(ids), 1000):
+            uuids = [object_uuid(x) for x in ids[s:s + 1000]]
+            res = self._collection.data.delete_many(where=Filter.by_id().contains_any(uuids))
+            if res.failed:
+                raise RuntimeError(f"Weaviate failed to delete {res.failed} of {len(uuids)} objects")
+
+    # reads ---------------------------------------------------------------------------------
+    def _vectors_of(self, obj: Any) -> np.ndarray:
+        vec = obj.vector
+        if isinstance(vec, Mapping):
+            vec = vec.get(self.vector_name)
+        arr = np.asarray(vec, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[1] != DIM:
+            raise RuntimeError(f"object {obj.uuid}: expected an (n, {DIM}) multi-vector "
+                               f"{self.vector_name!r}, got shape {arr.shape}")
+        return arr
+
+    def _record(self, obj: Any) -> Record:
+        props = obj.properties
+        return Record(props[PROP_ID], self._vectors_of(obj), json.loads(props[PROP_METADATA]))
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        unique = list(dict.fromkeys(ids))
+        found: dict[str, Record] = {}
+        for s in range(0, len(unique), 256):
+            part = unique[s:s + 256]
+            res = self._collection.query.fetch_objects_by_ids(
+                [object_uuid(x) for x in part], limit=len(part), include_vector=[self.vector_name],
+                return_properties=[PROP_ID, PROP_METADATA])
+            for obj in res.objects:
+                rec = self._record(obj)
+                found[rec.id] = rec
+        out = []
+        for x in ids:
+            if x in found:
+                r = found[x]
+                out.append(Record(r.id, r.vectors.copy(), json.loads(json.dumps(r.metadata))))
+        return out
+
+    def count(self) -> int:
+        """Number of objects in the collection."""
+        return int(self._collection.aggregate.over_all(total_count=True).total_count or 0)
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        MetadataQuery = _wv().classes.query.MetadataQuery
+        limit = max(k, self.candidates or 4 * k) if self.rerank else k
+        res = self._collection.query.near_vector(
+            near_vector=query.astype(np.float32).tolist(),
+            target_vector=self.vector_name,
+            limit=limit,
+            filters=to_weaviate_filter(conditions),
+            return_metadata=MetadataQuery(distance=True),
+            return_properties=[PROP_ID, PROP_METADATA],
+            include_vector=[self.vector_name] if self.rerank else False,
+        )
+        hits = []
+        q64 = query.astype(np.float64)
+        for obj in res.objects:
+            props = obj.properties
+            if self.rerank:
+                d = self._vectors_of(obj).astype(np.float64)
+                score = float((q64 @ d.T).max(axis=1).sum())
+            else:
+                score = distance_to_score(obj.metadata.distance)
+            hits.append(Hit(props[PROP_ID], score, json.loads(props[PROP_METADATA])))
+        if self.rerank:
+            hits.sort(key=lambda h: -h.score)
+        return hits[:k]
+
+    def close(self) -> None:
+        """Close the connection if the store opened it (a given ``client`` stays open)."""
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None and self._owns_client:
+            client.close()
