@@ -157,6 +157,23 @@ def object_properties(doc_id: str, metadata: Mapping[str, Any]) -> dict[str, Any
     }
 
 
+def data_objects(ids: list[str], vectors: list[np.ndarray], metadata: list[dict],
+                 vector_name: str = VECTOR_NAME) -> list[Any]:
+    """The ``weaviate`` ``DataObject`` list an upsert sends (input already validated).
+
+    >>> import numpy as np
+    >>> obj = data_objects(["a"], [np.eye(4, 128, dtype=np.float32)], [{}])[0]
+    >>> obj.uuid == object_uuid("a"), len(obj.vector["uibk"]), obj.properties["uibk_terms"]
+    (True, 4, [])
+    """
+    DataObject = _wv().classes.data.DataObject
+    return [
+        DataObject(properties=object_properties(i, m), uuid=object_uuid(i),
+                   vector={vector_name: np.asarray(v, dtype=np.float32).tolist()})
+        for i, v, m in zip(ids, vectors, metadata, strict=True)
+    ]
+
+
 def to_weaviate_filter(conditions: tuple[Condition, ...]) -> Any:
     """Parsed filter conditions as one Weaviate filter (``None`` for no conditions).
 
@@ -528,15 +545,6 @@ class WeaviateStore(MultiVectorStore):
         self._client.collections.delete(self._collection.name)
 
     # writes ----------------------------------------------------------------------------------
-    def data_objects(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> list[Any]:
-        """The ``DataObject`` list an upsert sends (validated input; used by the tests)."""
-        DataObject = _wv().classes.data.DataObject
-        return [
-            DataObject(properties=object_properties(i, m), uuid=object_uuid(i),
-                       vector={self.vector_name: np.asarray(v, dtype=np.float32).tolist()})
-            for i, v, m in zip(ids, vectors, metadata, strict=True)
-        ]
-
     def _chunks(self, ids: list[str], vectors: list[np.ndarray]) -> list[list[int]]:
         chunks: list[list[int]] = []
         cur: list[int] = []
@@ -557,8 +565,8 @@ class WeaviateStore(MultiVectorStore):
         written: list[str] = []
         chunks = self._chunks(ids, vectors)
         for n, chunk in enumerate(chunks):
-            objs = self.data_objects([ids[i] for i in chunk], [vectors[i] for i in chunk],
-                                     [metadata[i] for i in chunk])
+            objs = data_objects([ids[i] for i in chunk], [vectors[i] for i in chunk],
+                                [metadata[i] for i in chunk], self.vector_name)
             try:
                 res = self._collection.data.insert_many(objs)
             except all_failed as e:
