@@ -1,0 +1,619 @@
+"""Qdrant: tagged lists as native multivectors, on a cluster, a server or in local mode.
+
+One Qdrant point per document. Its named multivector (default ``"tagged"``) holds the whole
+tagged list with **DOT** distance and the **MAX_SIM** comparator, so Qdrant's multivector
+score is exactly the MaxSim of :mod:`uibk_embedding.maxsim` (COSINE is refused: it renormalises
+every vector and so would undo the query-time dense weight). HNSW is disabled on it by default
+(``m=0``): it serves exact MaxSim and reranking, not graph search. A second named vector
+(default ``"dense"``) holds :func:`~uibk_embedding.encoder.tagged.dense_vector` of the list
+(381-d, unit, HNSW) for candidate prefetch.
+
+Two search modes, chosen per store or per query:
+
+* ``"exact"``: MaxSim over the whole collection (or the filtered subset): identical to
+  the exact store; cost grows with the collection.
+* ``"prefetch"``: the dense vector fetches ``prefetch`` candidates (HNSW), and MaxSim reranks
+  them in the same request: approximate (recall depends on ``prefetch``), much cheaper on big
+  collections. ``benchmarks/qdrant_prefetch.py`` measures the trade-off.
+
+String ids become deterministic UUIDv5 point ids (:func:`point_id`); the original id is kept
+in the payload under ``_uibk_id`` next to the metadata. Existing collections are validated and
+never modified or dropped (see :class:`CollectionMismatch`).
+
+Example
+-------
+>>> import numpy as np
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> store = QdrantStore(location=":memory:")     # or url=..., api_key=... for a cluster
+>>> store.upsert(["a", "b"], [mk(5), mk(7)], [{"lang": "en"}, {"lang": "de"}])
+>>> [h.id for h in store.search(mk(4), k=5, filter={"lang": "de"})]
+['b']
+>>> len(store.search(mk(4), k=5, mode="prefetch", prefetch=50))
+2
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from uibk_embedding.adapters.base import (
+    RESERVED_PREFIX,
+    Hit,
+    MultiVectorStore,
+    Record,
+    finite_score,
+    validate_k,
+    validate_query,
+)
+from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
+from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
+
+from uibk_embedding._optional import require
+
+T = TypeVar("T")
+
+#: Namespace of the UUIDv5 point ids (fixed forever: changing it would orphan stored points).
+POINT_ID_NAMESPACE = uuid.UUID("5f0c8d4e-2b1a-5c7e-9a43-7d1e0b6f3a21")
+ID_KEY = f"{RESERVED_PREFIX}_id"
+META_KEY = "uibk_embedding"  # key of our entry in the collection metadata
+DENSE_DIM = N_SLOTS * (DIM - 1)
+MODES = ("exact", "prefetch", "hnsw")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_MAX_SAFE_INT = 2**53
+
+
+class CollectionMismatch(ValueError):
+    """An existing collection does not have the layout the store needs (nothing was changed)."""
+
+
+class QdrantUnavailable(ConnectionError):
+    """The Qdrant server could not be reached (after the configured retries)."""
+
+
+def point_id(doc_id: str) -> str:
+    """The Qdrant point id of a document id: a UUIDv5, the same on every machine and run.
+
+    >>> point_id("doc-1") == point_id("doc-1"), point_id("doc-1") == point_id("doc-2")
+    (True, False)
+    """
+    return str(uuid.uuid5(POINT_ID_NAMESPACE, doc_id))
+
+
+def json_key(field: str) -> str:
+    """A metadata field name as a Qdrant JSON path: plain names as they are, others quoted
+    (so ``"a.b"`` is the top-level key ``a.b``, not the nested path ``a`` -> ``b``).
+
+    >>> json_key("lang"), json_key("a.b")
+    ('lang', '"a.b"')
+    """
+    if _PLAIN_KEY.fullmatch(field):
+        return field
+    if '"' in field:
+        raise ValueError(f"filter field {field!r} contains a double quote, which a Qdrant JSON path "
+                         "cannot express; rename the metadata field to filter on it")
+    return f'"{field}"'
+
+
+def split_values(values: Iterable[Any]) -> tuple[list[str], list[bool], list[int | float], list[int]]:
+    """Filter values by how Qdrant must match them: strings, booleans, numbers compared as
+    numbers (range ``[v, v]``: ``1`` matches ``1`` and ``1.0`` but never ``True``), and integers
+    beyond 2**53 (exact integer match: a float64 range could not tell them apart)."""
+    strs: list[str] = []
+    bools: list[bool] = []
+    nums: list[int | float] = []
+    big: list[int] = []
+    for v in values:
+        if isinstance(v, bool):
+            bools.append(v)
+        elif isinstance(v, str):
+            strs.append(v)
+        elif isinstance(v, int) and abs(v) > _MAX_SAFE_INT:
+            big.append(v)
+        else:
+            nums.append(v)
+    return strs, bools, nums, big
+
+
+def split_payload(payload: Mapping[str, Any] | None, fallback_id: Any) -> tuple[str, dict]:
+    """(original id, user metadata) of a stored payload (reserved ``_uibk`` keys removed)."""
+    payload = payload or {}
+    doc_id = payload.get(ID_KEY)
+    md = {k: v for k, v in payload.items() if not k.startswith(RESERVED_PREFIX)}
+    return (str(doc_id) if doc_id is not None else str(fallback_id)), md
+
+
+def batched(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def progress(total: int, desc: str, show: bool | None, batches: int) -> Any:
+    """A tqdm bar (``show=None``: only for calls of several batches, on a terminal)."""
+    from tqdm.auto import tqdm
+
+    disable: bool | None = (not show) if show is not None else (True if batches <= 1 else None)
+    return tqdm(total=total, desc=desc, unit="doc", disable=disable)
+
+
+class _QdrantBase(MultiVectorStore):
+    """What the client store and the Edge store share: search modes and id/payload mapping."""
+
+    backend = "qdrant-base"
+    exact = True
+
+    def _init_modes(self, mode: str, prefetch: int, dense_name: str | None) -> None:
+        self._check_mode(mode, dense_name)
+        self.mode = mode
+        self.prefetch = self._check_prefetch(prefetch)
+        self.exact = mode == "exact"  # type: ignore[misc]  # per instance: follows the default mode
+
+    @staticmethod
+    def _check_mode(mode: str, dense_name: str | None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "prefetch" and dense_name is None:
+            raise ValueError("mode 'prefetch' needs the dense vector (dense_name is None)")
+
+    @staticmethod
+    def _check_prefetch(n: Any) -> int:
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
+            raise ValueError(f"prefetch must be a positive int, got {n!r}")
+        return int(n)
+
+    def _resolve(self, mode: str | None, prefetch: int | None) -> tuple[str, int]:
+        m = self.mode if mode is None else mode
+        self._check_mode(m, self.dense_name)
+        n = self.prefetch if prefetch is None else self._check_prefetch(prefetch)
+        return m, n
+
+    # the public search takes the mode per query; the base signature keeps working
+    def search(
+        self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False,
+        mode: str | None = None, prefetch: int | None = None,
+    ) -> list[Hit]:
+        """Top-``k`` by MaxSim; ``mode`` ("exact", "prefetch", "hnsw") and ``prefetch`` (the
+        number of dense candidates) override the store's defaults for this query."""
+        q = validate_query(query)
+        k = validate_k(k)
+        conds = parse_filter(filter)
+        m, n = self._resolve(mode, prefetch)
+        hits = self._run([q], k, conds, m, n)[0]
+        return self._explain(q, hits) if explain else hits
+
+    def search_batch(
+        self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None, *,
+        mode: str | None = None, prefetch: int | None = None,
+    ) -> list[list[Hit]]:
+        """``search`` for many queries, sent to the engine as batches."""
+        qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
+        k = validate_k(k)
+        conds = parse_filter(filter)
+        m, n = self._resolve(mode, prefetch)
+        return self._run(qs, k, conds, m, n) if qs else []
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        return self._run([query], k, conditions, self.mode, self.prefetch)[0]
+
+    def _search_batch(
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+    ) -> list[list[Hit]]:
+        return self._run(queries, k, conditions, self.mode, self.prefetch)
+
+    @staticmethod
+    def _query_dense(q: np.ndarray) -> list[float]:
+        if not np.any(q[:, 0] < 0):
+            raise ValueError("mode 'prefetch' needs a query with slot rows (the dense part); this "
+                             "query has token rows only: use mode='exact'")
+        return dense_vector(q).tolist()
+
+    @staticmethod
+    def _hit(pid: Any, score: float, payload: Mapping[str, Any] | None) -> Hit:
+        doc_id, md = split_payload(payload, pid)
+        return Hit(doc_id, finite_score(score), md)
+
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+             mode: str, n: int) -> list[list[Hit]]:
+        raise NotImplementedError
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether an error is worth retrying: connection failures, timeouts, 408/429/502/503/504
+    and gRPC UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED. Bad requests are not."""
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    if isinstance(exc, UnexpectedResponse):
+        return exc.status_code in (408, 429, 502, 503, 504)
+    if isinstance(exc, ResponseHandlingException):
+        return _is_transient(exc.source) or _is_transport(exc.source)
+    if _is_transport(exc) or isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    try:
+        import grpc
+    except ImportError:  # pragma: no cover - grpc comes with qdrant-client
+        return False
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return False
+
+
+def _is_transport(exc: BaseException) -> bool:
+    import httpx
+
+    return isinstance(exc, httpx.TransportError)
+
+
+class QdrantStore(_QdrantBase):
+    """Tagged multivectors in a Qdrant collection, through ``qdrant_client.QdrantClient``.
+
+    Parameters
+    ----------
+    collection: collection name; created when missing (unless ``create=False``), validated
+        (and never changed) when it exists.
+    url, host, port, grpc_port, prefer_grpc, https, api_key, timeout: a remote server or
+        cluster (passed to ``QdrantClient``). ``timeout`` (seconds) bounds every request.
+    location, path: local mode (``":memory:"`` or a directory): qdrant-client's pure-Python
+        engine, always exact; for tests and small collections. With no connection argument
+        at all the store runs in memory.
+    client: an existing ``QdrantClient`` (not closed by :meth:`close`).
+    vector_name, dense_name: names of the multivector and of the dense prefetch vector
+        (``dense_name=None``: no dense vector, exact mode only).
+    dense_distance: "dot" or "cosine" for a new dense vector (same ranking: it is unit).
+    multivector_hnsw: build HNSW on the multivector too (default False: ``m=0``).
+    dense_hnsw: ``HnswConfigDiff`` fields for the dense vector (e.g. ``{"m": 32}``).
+    shard_number, replication_factor, on_disk, on_disk_payload: passed to
+        ``create_collection`` (``on_disk`` applies to both vectors).
+    mode, prefetch: default search mode and number of dense candidates.
+    batch_size, max_retries, backoff: upsert batch size; retries of transient failures
+        (connection errors, timeouts, 429/502/503/504) with exponential backoff from
+        ``backoff`` seconds. Every retried call is idempotent (upserts and deletes by id).
+    payload_indexes: ``{field: schema}`` payload indexes to create (e.g. ``{"lang":
+        "keyword", "year": "integer"}``); see :meth:`create_payload_index`.
+    show_progress: progress bar for upserts (None: for multi-batch calls on a terminal).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from uibk_embedding.testing import make_list
+    >>> rng = np.random.default_rng(1)
+    >>> s = QdrantStore("docs", location=":memory:", payload_indexes={"lang": "keyword"})
+    >>> s.upsert(["x"], [make_list(s.format, rng, 6)], [{"lang": "en"}])
+    >>> s.get(["x"])[0].metadata, s.count()
+    ({'lang': 'en'}, 1)
+    >>> QdrantStore("docs", client=s.client, vector_name="other")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.adapters.qdrant.CollectionMismatch: Qdrant collection 'docs' does not fit ...
+    """
+
+    backend = "qdrant"
+    exact = True
+
+    def __init__(
+        self,
+        collection: str = "uibk",
+        *,
+        url: str | None = None,
+        host: str | None = None,
+        port: int | None = 6333,
+        grpc_port: int = 6334,
+        prefer_grpc: bool = False,
+        https: bool | None = None,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        location: str | None = None,
+        path: str | os.PathLike | None = None,
+        client: Any = None,
+        format: TaggedFormat | None = None,
+        vector_name: str = "tagged",
+        dense_name: str | None = "dense",
+        dense_distance: str = "dot",
+        multivector_hnsw: bool = False,
+        dense_hnsw: Mapping[str, Any] | None = None,
+        create: bool = True,
+        shard_number: int | None = None,
+        replication_factor: int | None = None,
+        on_disk: bool | None = None,
+        on_disk_payload: bool | None = None,
+        mode: str = "exact",
+        prefetch: int = 200,
+        batch_size: int = 64,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        payload_indexes: Mapping[str, Any] | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        qc = require("qdrant_client", "qdrant", "the Qdrant adapter")
+        self._models = require("qdrant_client.models", "qdrant", "the Qdrant adapter")
+        super().__init__(format)
+        if not isinstance(collection, str) or not collection:
+            raise ValueError(f"collection must be a non-empty string, got {collection!r}")
+        if vector_name == dense_name:
+            raise ValueError("vector_name and dense_name must differ")
+        if dense_distance.lower() not in ("dot", "cosine"):
+            raise ValueError(f"dense_distance must be 'dot' or 'cosine', got {dense_distance!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if max_retries < 0 or backoff < 0 or timeout <= 0:
+            raise ValueError("max_retries and backoff must be >= 0 and timeout > 0")
+        self.collection = collection
+        self.vector_name = vector_name
+        self.dense_name = dense_name
+        self.batch_size = batch_size
+        self.max_retries = int(max_retries)
+        self.backoff = float(backoff)
+        self.show_progress = show_progress
+        self._init_modes(mode, prefetch, dense_name)
+        self._own_client = client is None
+        remote = url is not None or host is not None
+        if client is not None:
+            if remote or location is not None or path is not None:
+                raise ValueError("pass either client= or connection arguments, not both")
+            self.client = client
+        elif remote:
+            if location is not None or path is not None:
+                raise ValueError("pass either url/host (a server) or location/path (local mode)")
+            self.client = qc.QdrantClient(
+                url=url, host=host, port=port, grpc_port=grpc_port, prefer_grpc=prefer_grpc,
+                https=https, api_key=api_key, timeout=timeout, check_compatibility=False)
+        else:
+            if location is not None and path is not None:
+                raise ValueError("pass location= or path=, not both")
+            self.client = qc.QdrantClient(
+                location=location if path is not None or location is not None else ":memory:",
+                path=None if path is None else str(path))
+        self.where = url or host or (str(path) if path is not None else location or ":memory:")
+        from qdrant_client.local.qdrant_local import QdrantLocal
+
+        self.local = isinstance(getattr(self.client, "_client", None), QdrantLocal)
+        self.created = False
+        try:
+            self._open(create, shard_number, replication_factor, on_disk, on_disk_payload,
+                       dense_distance, multivector_hnsw, dense_hnsw)
+            for field, schema in (payload_indexes or {}).items():
+                self.create_payload_index(field, schema)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connection and collection ------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one idempotent client call, retrying transient failures with backoff."""
+        attempt = 0
+        while True:
+            try:
+                with warnings.catch_warnings():
+                    # local mode warns that search params have no effect: it is always exact
+                    warnings.filterwarnings("ignore", message="Local mode performs exact")
+                    return fn(*args, **kwargs)
+            except Exception as e:
+                if not _is_transient(e):
+                    raise
+                if attempt >= self.max_retries:
+                    raise QdrantUnavailable(
+                        f"Qdrant at {self.where}: {what} failed after {attempt + 1} attempt(s) "
+                        f"({type(e).__name__}: {e}); check the URL, the network and the timeout"
+                    ) from e
+                time.sleep(min(self.backoff * 2**attempt, 30.0))
+                attempt += 1
+
+    def _vectors_config(self, dense_distance: str, multivector_hnsw: bool,
+                        dense_hnsw: Mapping[str, Any] | None, on_disk: bool | None) -> dict:
+        m = self._models
+        cfg = {self.vector_name: m.VectorParams(
+            size=DIM, distance=m.Distance.DOT, on_disk=on_disk,
+            multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
+            hnsw_config=None if multivector_hnsw else m.HnswConfigDiff(m=0))}
+        if self.dense_name is not None:
+            dist = m.Distance.DOT if dense_distance.lower() == "dot" else m.Distance.COSINE
+            cfg[self.dense_name] = m.VectorParams(
+                size=DENSE_DIM, distance=dist, on_disk=on_disk,
+                hnsw_config=m.HnswConfigDiff(**dense_hnsw) if dense_hnsw else None)
+        return cfg
+
+    def _open(self, create: bool, shard_number: int | None, replication_factor: int | None,
+              on_disk: bool | None, on_disk_payload: bool | None, dense_distance: str,
+              multivector_hnsw: bool, dense_hnsw: Mapping[str, Any] | None) -> None:
+        for _ in range(self.max_retries + 1):
+            if self._call("collection_exists", self.client.collection_exists, self.collection):
+                self._validate(self._call("get_collection", self.client.get_collection,
+                                          self.collection))
+                return
+            if not create:
+                raise CollectionMismatch(
+                    f"Qdrant collection {self.collection!r} does not exist at {self.where} "
+                    "(create=False)")
+            try:
+                # not retried blindly: after a lost reply, the existence check decides
+                self.client.create_collection(
+                    self.collection,
+                    vectors_config=self._vectors_config(dense_distance, multivector_hnsw,
+                                                        dense_hnsw, on_disk),
+                    shard_number=shard_number, replication_factor=replication_factor,
+                    on_disk_payload=on_disk_payload,
+                    metadata={META_KEY: {"version": 1, "format": self.format.to_dict()}})
+                self.created = True
+                return
+            except Exception as e:
+                if not _is_transient(e):
+                    raise
+                time.sleep(self.backoff)
+        raise QdrantUnavailable(f"Qdrant at {self.where}: could not create {self.collection!r}")
+
+    def _validate(self, info: Any) -> None:
+        """Refuse a collection whose layout differs, saying exactly what differs."""
+        m = self._models
+        vectors = info.config.params.vectors
+        problems: list[str] = []
+        if not isinstance(vectors, Mapping):
+            desc = "none" if vectors is None else f"size {vectors.size}, {vectors.distance.value}"
+            problems.append(f"it has a single unnamed vector ({desc}), not a named multivector "
+                            f"{self.vector_name!r}")
+            vectors = {}
+        names = sorted(vectors)
+        mv = vectors.get(self.vector_name)
+        if vectors and mv is None:
+            problems.append(f"it has no vector named {self.vector_name!r} (it has {names})")
+        if mv is not None:
+            if mv.size != DIM:
+                problems.append(f"{self.vector_name!r} has size {mv.size}, needs {DIM}")
+            if mv.distance != m.Distance.DOT:
+                problems.append(
+                    f"{self.vector_name!r} uses distance {mv.distance.value}, needs Dot "
+                    "(Cosine renormalises each vector and breaks the query-time dense weight)")
+            cmp = mv.multivector_config.comparator if mv.multivector_config else None
+            if cmp != m.MultiVectorComparator.MAX_SIM:
+                problems.append(f"{self.vector_name!r} is not a multivector with comparator max_sim "
+                                f"(multivector_config: {mv.multivector_config})")
+        if self.dense_name is not None and vectors:
+            dv = vectors.get(self.dense_name)
+            if dv is None:
+                problems.append(f"it has no dense vector named {self.dense_name!r} (it has {names}; "
+                                "pass dense_name=None to use exact search only)")
+            else:
+                if dv.size != DENSE_DIM:
+                    problems.append(f"{self.dense_name!r} has size {dv.size}, needs {DENSE_DIM}")
+                if dv.distance not in (m.Distance.DOT, m.Distance.COSINE):
+                    problems.append(f"{self.dense_name!r} uses distance {dv.distance.value}, "
+                                    "needs Dot or Cosine")
+                if dv.multivector_config is not None:
+                    problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
+        meta = (getattr(info.config, "metadata", None) or {}).get(META_KEY)
+        if isinstance(meta, Mapping) and "format" in meta:
+            saved = TaggedFormat.from_dict(meta["format"])
+            if saved != self.format:
+                problems.append(f"it was built with {saved}, not {self.format}")
+        if problems:
+            raise CollectionMismatch(
+                f"Qdrant collection {self.collection!r} does not fit uibk-embedding: "
+                + "; ".join(problems) + ". The collection was not changed.")
+
+    def create_payload_index(self, field: str, schema: Any = "keyword") -> None:
+        """Index a metadata field for fast filtering (``schema``: "keyword", "integer",
+        "float", "bool" or a qdrant-client schema object). Number filters run as ranges, so
+        use "integer" (with its default range support) or "float" for numeric fields."""
+        if isinstance(schema, str):
+            try:
+                schema = self._models.PayloadSchemaType(schema.lower())
+            except ValueError:
+                raise ValueError(f"unknown payload schema {schema!r} for field {field!r}") from None
+        self._call(f"create_payload_index({field!r})", self.client.create_payload_index,
+                   self.collection, field_name=json_key(field), field_schema=schema, wait=True)
+
+    # -- filters ------------------------------------------------------------------------------
+    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
+        if not conditions:
+            return None
+        m = self._models
+        must = []
+        for c in conditions:
+            key = json_key(c.field)
+            strs, bools, nums, big = split_values(c.values)
+            alts: list[Any] = []
+            if strs:
+                match = m.MatchValue(value=strs[0]) if len(strs) == 1 else m.MatchAny(any=strs)
+                alts.append(m.FieldCondition(key=key, match=match))
+            alts += [m.FieldCondition(key=key, match=m.MatchValue(value=b)) for b in dict.fromkeys(bools)]
+            alts += [m.FieldCondition(key=key, range=m.Range(gte=v, lte=v)) for v in dict.fromkeys(nums)]
+            if big:
+                alts.append(m.FieldCondition(key=key, match=m.MatchAny(any=big)))
+            must.append(alts[0] if len(alts) == 1 else m.Filter(should=alts))
+        return m.Filter(must=must)
+
+    # -- the interface ------------------------------------------------------------------------
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        m = self._models
+        n_batches = math.ceil(len(ids) / self.batch_size)
+        with progress(len(ids), f"upserting into {self.collection}", self.show_progress,
+                      n_batches) as bar:
+            for lo in range(0, len(ids), self.batch_size):
+                points = []
+                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
+                                    metadata[lo:lo + self.batch_size], strict=True):
+                    vec = {self.vector_name: v.tolist()}
+                    if self.dense_name is not None:
+                        vec[self.dense_name] = dense_vector(v).tolist()
+                    points.append(m.PointStruct(id=point_id(x), vector=vec, payload={**md, ID_KEY: x}))
+                self._call("upsert", self.client.upsert, self.collection, points=points, wait=True)
+                bar.update(len(points))
+
+    def _delete(self, ids: list[str]) -> None:
+        m = self._models
+        for chunk in batched(ids, 1024):
+            self._call("delete", self.client.delete, self.collection,
+                       points_selector=m.PointIdsList(points=[point_id(x) for x in chunk]), wait=True)
+
+    def count(self) -> int:
+        return int(self._call("count", self.client.count, self.collection, exact=True).count)
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        found: dict[str, Record] = {}
+        unique = list(dict.fromkeys(ids))
+        for chunk in batched(unique, 256):
+            recs = self._call("retrieve", self.client.retrieve, self.collection,
+                              ids=[point_id(x) for x in chunk], with_payload=True,
+                              with_vectors=[self.vector_name])
+            for r in recs:
+                doc_id, md = split_payload(r.payload, r.id)
+                vec = r.vector[self.vector_name] if isinstance(r.vector, Mapping) else r.vector
+                found[doc_id] = Record(doc_id, np.asarray(vec, dtype=np.float32), md)
+        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
+                for x in ids if x in found]
+
+    def _requests(self, queries: list[np.ndarray], k: int, flt: Any, mode: str, n: int) -> list:
+        m = self._models
+        params = None if self.local or mode == "hnsw" else m.SearchParams(exact=True)
+        out = []
+        for q in queries:
+            pre = None
+            if mode == "prefetch":
+                pre = m.Prefetch(query=self._query_dense(q), using=self.dense_name,
+                                 limit=max(n, k), filter=flt)
+                params = None  # reranking scores the prefetched candidates exactly
+            out.append(m.QueryRequest(query=q.tolist(), using=self.vector_name, prefetch=pre,
+                                      filter=flt, params=params, limit=k, with_payload=True))
+        return out
+
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+             mode: str, n: int) -> list[list[Hit]]:
+        flt = self._filter(conditions)
+        results: list[list[Hit]] = []
+        for chunk in batched(queries, 32):
+            reqs = self._requests(list(chunk), k, flt, mode, n)
+            if len(reqs) == 1:
+                r = reqs[0]
+                resps = [self._call("query_points", self.client.query_points, self.collection,
+                                    query=r.query, using=r.using, prefetch=r.prefetch,
+                                    query_filter=r.filter, search_params=r.params, limit=k,
+                                    with_payload=True)]
+            else:
+                resps = self._call("query_batch_points", self.client.query_batch_points,
+                                   self.collection, requests=reqs)
+            results += [[self._hit(p.id, p.score, p.payload) for p in resp.points] for resp in resps]
+        return results
+
+    def drop_collection(self) -> None:
+        """Delete the collection, only if this store created it (a user's collection never is)."""
+        if not self.created:
+            raise PermissionError(f"collection {self.collection!r} was not created by this store; "
+                                  "refusing to drop it")
+        self._call("delete_collection", self.client.delete_collection, self.collection)
+        self.created = False
+
+    def close(self) -> None:
+        """Close the client if the store opened it (local mode: releases the path lock)."""
+        client = getattr(self, "client", None)
+        if client is not None and self._own_client:
+            client.close()
