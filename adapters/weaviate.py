@@ -602,9 +602,15 @@ class WeaviateStore(MultiVectorStore):
                                f"{self.vector_name!r}, got shape {arr.shape}")
         return arr
 
+    @staticmethod
+    def _id_and_metadata(obj: Any) -> tuple[str, dict]:
+        """An object written by another tool has no ``uibk_id``: it shows up under its UUID."""
+        props = obj.properties or {}
+        return props.get(PROP_ID) or str(obj.uuid), json.loads(props.get(PROP_METADATA) or "{}")
+
     def _record(self, obj: Any) -> Record:
-        props = obj.properties
-        return Record(props[PROP_ID], self._vectors_of(obj), json.loads(props[PROP_METADATA]))
+        doc_id, md = self._id_and_metadata(obj)
+        return Record(doc_id, self._vectors_of(obj), md)
 
     def _get(self, ids: list[str]) -> list[Record]:
         unique = list(dict.fromkeys(ids))
@@ -643,13 +649,13 @@ class WeaviateStore(MultiVectorStore):
         hits = []
         q64 = query.astype(np.float64)
         for obj in res.objects:
-            props = obj.properties
+            doc_id, md = self._id_and_metadata(obj)
             if self.rerank:
                 d = self._vectors_of(obj).astype(np.float64)
                 score = float((q64 @ d.T).max(axis=1).sum())
             else:
                 score = distance_to_score(obj.metadata.distance)
-            hits.append(Hit(props[PROP_ID], score, json.loads(props[PROP_METADATA])))
+            hits.append(Hit(doc_id, score, md))
         if self.rerank:
             hits.sort(key=lambda h: -h.score)
         return hits[:k]
