@@ -397,6 +397,8 @@ class QdrantStore(_QdrantBase):
                 with warnings.catch_warnings():
                     # local mode warns that search params have no effect: it is always exact
                     warnings.filterwarnings("ignore", message="Local mode performs exact")
+                    # ... and that payload indexes do nothing there (they matter on a server)
+                    warnings.filterwarnings("ignore", message="Payload indexes have no effect")
                     return fn(*args, **kwargs)
             except Exception as e:
                 if not _is_transient(e):

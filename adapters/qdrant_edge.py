@@ -1,0 +1,318 @@
+"""Qdrant Edge: the real Qdrant engine (Rust segments and shard) in-process, no server.
+
+Same layout and search modes as :class:`~uibk_embedding.adapters.qdrant.QdrantStore`: one
+point per document with the tagged list as a DOT / MaxSim multivector (``"tagged"``) and the
+381-d :func:`~uibk_embedding.encoder.tagged.dense_vector` (``"dense"``) for prefetch. Searches
+are exact by default (``SearchParams(exact=True)``, and no HNSW on the multivector): HNSW on
+multivectors builds slowly and reached low recall on hard data (see DESIGN.md 2.1), so it
+is opt-in (``multivector_hnsw=True`` plus ``mode="hnsw"`` after :meth:`QdrantEdgeStore.optimize`).
+
+Engine difference handled here: qdrant-edge-py 0.9 turns a boolean ``MatchValue(True)`` into
+the integer 1, so a bool filter would match ``1`` and never ``true``. Boolean metadata fields
+are therefore also written to a reserved payload list (``_uibk_bools``, entries
+``'["field", true]'``) and boolean filters match there: ``True`` never matches ``1``.
+
+Example
+-------
+>>> import numpy as np, tempfile
+>>> from uibk_embedding.testing import make_list
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> d = tempfile.mkdtemp()
+>>> with QdrantEdgeStore(path=d + "/shard") as s:
+...     s.upsert(["a", "b"], [make_list(fmt, rng, 5), make_list(fmt, rng, 7)],
+...              [{"ok": True}, {"ok": 1}])
+...     [h.id for h in s.search(make_list(fmt, rng, 4), k=5, filter={"ok": True})]
+['a']
+>>> QdrantEdgeStore(path=d + "/shard").count()      # persisted
+2
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record
+from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.qdrant import (
+    DENSE_DIM,
+    ID_KEY,
+    CollectionMismatch,
+    _QdrantBase,
+    batched,
+    json_key,
+    point_id,
+    progress,
+    split_payload,
+    split_values,
+)
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat, dense_vector
+
+from uibk_embedding._optional import require
+
+BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
+CONFIG_FILE = "uibk_embedding.json"
+EDGE_CONFIG = "edge_config.json"
+
+
+def bool_token(field: str, value: bool) -> str:
+    """The entry of ``_uibk_bools`` that stands for ``field == value``.
+
+    >>> bool_token("a=b", True)
+    '["a=b", true]'
+    """
+    return json.dumps([field, value], ensure_ascii=False)
+
+
+class QdrantEdgeStore(_QdrantBase):
+    """Tagged multivectors in a Qdrant Edge shard at ``path`` (a temporary directory, removed
+    on :meth:`close`, when ``path`` is None).
+
+    Parameters
+    ----------
+    path: the shard directory (created when missing, reopened and validated when it holds one).
+    format: the tagged format (saved next to the shard in ``uibk_embedding.json``).
+    vector_name, dense_name: names of the multivector and of the dense vector (None: none).
+    multivector_hnsw: give the multivector an HNSW index (built by :meth:`optimize`) for
+        ``mode="hnsw"``; default False (``m=0``, exact search only).
+    mode, prefetch: default search mode ("exact", "prefetch", "hnsw") and candidate count.
+    batch_size, show_progress: upsert batching and progress bar.
+    payload_indexes: ``{field: "keyword" | "integer" | "float" | "bool"}`` to index.
+    max_search_threads: the shard's search thread pool size (None: from the CPU count).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from uibk_embedding.testing import make_list
+    >>> s = QdrantEdgeStore()          # temporary shard
+    >>> q = make_list(s.format, np.random.default_rng(3), 6)
+    >>> s.upsert(["q"], [q], [{"n": 2}])
+    >>> [(h.id, h.metadata) for h in s.search(q, k=1, filter={"n": 2.0})]
+    [('q', {'n': 2})]
+    >>> s.close()
+    """
+
+    backend = "qdrant-edge"
+    exact = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        format: TaggedFormat | None = None,
+        vector_name: str = "tagged",
+        dense_name: str | None = "dense",
+        multivector_hnsw: bool = False,
+        mode: str = "exact",
+        prefetch: int = 200,
+        batch_size: int = 256,
+        show_progress: bool | None = None,
+        payload_indexes: Mapping[str, str] | None = None,
+        max_search_threads: int | None = None,
+    ) -> None:
+        self._e = require("qdrant_edge", "qdrant", "the Qdrant Edge adapter")
+        super().__init__(format)
+        if vector_name == dense_name:
+            raise ValueError("vector_name and dense_name must differ")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.vector_name = vector_name
+        self.dense_name = dense_name
+        self.multivector_hnsw = multivector_hnsw
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+        self._init_modes(mode, prefetch, dense_name)
+        self._tmp = path is None
+        self.path = Path(tempfile.mkdtemp(prefix="uibk-edge-")) / "shard" if path is None else Path(path)
+        self.shard: Any = None
+        self._open(format, max_search_threads)
+        try:
+            for field, schema in (payload_indexes or {}).items():
+                self.create_payload_index(field, schema)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- shard ----------------------------------------------------------------------------
+    def _config(self, max_search_threads: int | None) -> Any:
+        e = self._e
+        hnsw = None if self.multivector_hnsw else e.HnswIndexConfig(m=0, ef_construct=100,
+                                                                     full_scan_threshold=10000)
+        vectors = {self.vector_name: e.EdgeVectorParams(
+            DIM, e.Distance.Dot, multivector_config=e.MultiVectorConfig(e.MultiVectorComparator.MaxSim),
+            hnsw_config=hnsw)}
+        if self.dense_name is not None:
+            vectors[self.dense_name] = e.EdgeVectorParams(DENSE_DIM, e.Distance.Dot)
+        return e.EdgeConfig(vectors=vectors, max_search_threads=max_search_threads)
+
+    def _open(self, format: TaggedFormat | None, max_search_threads: int | None) -> None:
+        e = self._e
+        cfg_path = self.path / EDGE_CONFIG
+        ours = self.path / CONFIG_FILE
+        if cfg_path.exists():
+            self._validate(json.loads(cfg_path.read_text()))
+            if ours.exists():
+                saved = TaggedFormat.from_dict(json.loads(ours.read_text())["format"])
+                if format is not None and format != saved:
+                    raise CollectionMismatch(f"Edge shard at {self.path} was built with {saved}, "
+                                             f"not {format}. The shard was not changed.")
+                self.format = saved
+            cfg = None if max_search_threads is None else e.EdgeConfig(max_search_threads=max_search_threads)
+            self.shard = e.EdgeShard.load(str(self.path), cfg)
+            return
+        if self.path.exists() and any(self.path.iterdir()):
+            raise CollectionMismatch(f"{self.path} exists and is not an empty directory or an Edge "
+                                     "shard; refusing to write into it")
+        self.shard = e.EdgeShard.create(str(self.path), self._config(max_search_threads))
+        tmp = ours.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"backend": "qdrant-edge", "version": 1,
+                                   "format": self.format.to_dict()}))
+        os.replace(tmp, ours)
+
+    def _validate(self, cfg: Mapping[str, Any]) -> None:
+        vectors = cfg.get("vectors") or {}
+        problems: list[str] = []
+        mv = vectors.get(self.vector_name)
+        if mv is None:
+            problems.append(f"it has no vector named {self.vector_name!r} (it has {sorted(vectors)})")
+        else:
+            if mv.get("size") != DIM:
+                problems.append(f"{self.vector_name!r} has size {mv.get('size')}, needs {DIM}")
+            if mv.get("distance") != "Dot":
+                problems.append(f"{self.vector_name!r} uses distance {mv.get('distance')}, needs Dot "
+                                "(Cosine renormalises each vector and breaks the query-time dense weight)")
+            if (mv.get("multivector_config") or {}).get("comparator") != "max_sim":
+                problems.append(f"{self.vector_name!r} is not a multivector with comparator max_sim")
+        if self.dense_name is not None:
+            dv = vectors.get(self.dense_name)
+            if dv is None:
+                problems.append(f"it has no dense vector named {self.dense_name!r} "
+                                "(pass dense_name=None to use exact search only)")
+            else:
+                if dv.get("size") != DENSE_DIM:
+                    problems.append(f"{self.dense_name!r} has size {dv.get('size')}, needs {DENSE_DIM}")
+                if dv.get("distance") not in ("Dot", "Cosine"):
+                    problems.append(f"{self.dense_name!r} uses distance {dv.get('distance')}, needs Dot "
+                                    "or Cosine")
+                if dv.get("multivector_config"):
+                    problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
+        if problems:
+            raise CollectionMismatch(f"Edge shard at {self.path} does not fit uibk-embedding: "
+                                     + "; ".join(problems) + ". The shard was not changed.")
+
+    def create_payload_index(self, field: str, schema: str = "keyword") -> None:
+        """Index a metadata field ("keyword", "integer", "float" or "bool"; boolean filters use
+        the reserved ``_uibk_bools`` list, indexed as a keyword field when "bool" is asked)."""
+        e = self._e
+        kinds = {"keyword": e.PayloadSchemaType.Keyword, "integer": e.PayloadSchemaType.Integer,
+                 "float": e.PayloadSchemaType.Float, "bool": e.PayloadSchemaType.Keyword}
+        if schema not in kinds:
+            raise ValueError(f"unknown payload schema {schema!r} for field {field!r}; "
+                             f"one of {sorted(kinds)}")
+        key = BOOLS_KEY if schema == "bool" else json_key(field)
+        self.shard.update(e.UpdateOperation.create_field_index(key, kinds[schema]))
+
+    def optimize(self) -> bool:
+        """Merge segments and build the HNSW indexes (slow on multivectors): True if it did work."""
+        return bool(self.shard.optimize())
+
+    # -- filters --------------------------------------------------------------------------
+    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
+        if not conditions:
+            return None
+        e = self._e
+        must = []
+        for c in conditions:
+            key = json_key(c.field)
+            strs, bools, nums, big = split_values(c.values)
+            alts: list[Any] = []
+            if strs:
+                match = e.MatchValue(strs[0]) if len(strs) == 1 else e.MatchAny(strs)
+                alts.append(e.FieldCondition(key, match=match))
+            if bools:
+                toks = [bool_token(c.field, b) for b in dict.fromkeys(bools)]
+                match = e.MatchValue(toks[0]) if len(toks) == 1 else e.MatchAny(toks)
+                alts.append(e.FieldCondition(BOOLS_KEY, match=match))
+            alts += [e.FieldCondition(key, range=e.RangeFloat(gte=float(v), lte=float(v)))
+                     for v in dict.fromkeys(nums)]
+            if big:
+                alts.append(e.FieldCondition(key, match=e.MatchAny(big)))
+            must.append(alts[0] if len(alts) == 1 else e.Filter(should=alts))
+        return e.Filter(must=must)
+
+    # -- the interface --------------------------------------------------------------------
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        e = self._e
+        n_batches = math.ceil(len(ids) / self.batch_size)
+        with progress(len(ids), f"upserting into {self.path.name}", self.show_progress,
+                      n_batches) as bar:
+            for lo in range(0, len(ids), self.batch_size):
+                points = []
+                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
+                                    metadata[lo:lo + self.batch_size], strict=True):
+                    vec = {self.vector_name: v.tolist()}
+                    if self.dense_name is not None:
+                        vec[self.dense_name] = dense_vector(v).tolist()
+                    payload = {**md, ID_KEY: x}
+                    bools = [bool_token(f, val) for f, val in md.items() if isinstance(val, bool)]
+                    if bools:
+                        payload[BOOLS_KEY] = bools
+                    points.append(e.Point(point_id(x), vec, payload))
+                self.shard.update(e.UpdateOperation.upsert_points(points))
+                bar.update(len(points))
+
+    def _delete(self, ids: list[str]) -> None:
+        for chunk in batched(ids, 1024):
+            self.shard.update(self._e.UpdateOperation.delete_points([point_id(x) for x in chunk]))
+
+    def count(self) -> int:
+        return int(self.shard.count(self._e.CountRequest(exact=True)))
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        found: dict[str, Record] = {}
+        for chunk in batched(list(dict.fromkeys(ids)), 256):
+            # with_payload must be given although the stub marks it optional (DESIGN.md 2.1)
+            recs = self.shard.retrieve([point_id(x) for x in chunk], with_payload=True,
+                                       with_vector=[self.vector_name])
+            for r in recs:
+                doc_id, md = split_payload(r.payload, r.id)
+                found[doc_id] = Record(doc_id, np.asarray(r.vector[self.vector_name], np.float32), md)
+        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
+                for x in ids if x in found]
+
+    def _request(self, q: np.ndarray, k: int, flt: Any, mode: str, n: int) -> Any:
+        e = self._e
+        query = e.Query.Nearest(q.tolist(), using=self.vector_name)
+        if mode == "prefetch":
+            pre = e.Prefetch(limit=max(n, k), query=e.Query.Nearest(self._query_dense(q),
+                                                                   using=self.dense_name), filter=flt)
+            return e.QueryRequest(limit=k, query=query, prefetches=[pre], filter=flt, with_payload=True)
+        params = e.SearchParams(exact=mode == "exact")
+        return e.QueryRequest(limit=k, query=query, filter=flt, params=params, with_payload=True)
+
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+             mode: str, n: int) -> list[list[Hit]]:
+        flt = self._filter(conditions)
+        reqs = [self._request(q, k, flt, mode, n) for q in queries]
+        if len(reqs) == 1:
+            results = [self.shard.query(reqs[0])]
+        else:
+            results = self.shard.query_batch(self._e.QueryBatchRequest(reqs))
+        return [[self._hit(p.id, p.score, p.payload) for p in res] for res in results]
+
+    def close(self) -> None:
+        """Flush and close the shard (a temporary shard is deleted)."""
+        shard, self.shard = getattr(self, "shard", None), None
+        if shard is not None:
+            shard.flush()
+            shard.close()
+        if getattr(self, "_tmp", False):
+            shutil.rmtree(self.path.parent, ignore_errors=True)
