@@ -10,7 +10,6 @@ import pytest
 
 import uibk_embedding
 
-
 SUBPACKAGES = ["encoder", "adapters", "plaid_backend", "integrations"]
 
 
