@@ -1,0 +1,362 @@
+"""The framework-neutral core of the LangChain and LlamaIndex integrations.
+
+:class:`RetrievalCore` holds an encoder and a store (any backend of
+:func:`~uibk_embedding.adapters.open_store`) and speaks in *texts*: it encodes and adds texts
+with their metadata (the text itself is kept in the metadata under ``text_key``), deletes,
+gets by id and searches with ``k``, a filter and a query-time dense weight, returning hits
+with their score and its decomposition (token part, dense part). It only uses the public
+:class:`~uibk_embedding.adapters.base.MultiVectorStore` interface, so it never knows which
+backend it talks to; the framework wrappers are thin layers over it.
+
+Filters are the library's filter language (:mod:`~uibk_embedding.adapters.filters`);
+:func:`translate_langchain_filter` and :func:`merge_conditions` turn the frameworks' filter
+shapes into it and refuse what it cannot express with a precise error.
+
+Example
+-------
+>>> import uibk_embedding as ue
+>>> core = RetrievalCore(encoder=ue.load_encoder(), store=ue.open_store("exact"))
+>>> core.add_texts(["lift on a wing in a propeller slipstream", "sourdough bread recipe"],
+...                [{"topic": "aero"}, {"topic": "food"}], ids=["wing", "bread"])
+['wing', 'bread']
+>>> hit = core.search("propeller slipstream", k=1)[0]
+>>> hit.id, hit.text, hit.metadata
+('wing', 'lift on a wing in a propeller slipstream', {'topic': 'aero'})
+>>> abs(hit.score - (hit.decomposition.constant + hit.token_part + hit.dense_part)) < 1e-4
+True
+>>> [h.id for h in core.search("propeller slipstream", k=2, filter={"topic": "food"})]
+['bread']
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from uibk_embedding.adapters.base import MultiVectorStore, validate_ids, validate_k, validate_metadata
+from uibk_embedding.adapters.filters import Filter, parse_filter
+from uibk_embedding.encoder.base import Encoder, validate_texts
+from uibk_embedding.encoder.tagged import Decomposition, decompose
+
+DEFAULT_TEXT_KEY = "text"
+ADD_BATCH = 256  # texts encoded and upserted per store call
+
+
+class _NeverMatches:
+    """A filter no document can satisfy (e.g. ``a == 1 AND a == 2``): searches return []."""
+
+    def __repr__(self) -> str:
+        return "NEVER_MATCHES"
+
+
+NEVER_MATCHES = _NeverMatches()
+
+
+@dataclass
+class StoredText:
+    """A stored document as the frameworks see it: id, text and the user's metadata."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ScoredText(StoredText):
+    """A search hit: a :class:`StoredText` with its MaxSim ``score`` and its decomposition
+    (``None`` when the search was run with ``explain=False``)."""
+
+    score: float = 0.0
+    decomposition: Decomposition | None = None
+
+    @property
+    def token_part(self) -> float | None:
+        """Contribution of token matching to the score (``beta * token MaxSim``)."""
+        return None if self.decomposition is None else self.decomposition.token_part
+
+    @property
+    def dense_part(self) -> float | None:
+        """Contribution of the dense head to the score (``beta * lambda * w * cosine``)."""
+        return None if self.decomposition is None else self.decomposition.dense_part
+
+    def explanation(self) -> dict[str, Any]:
+        """``score``, ``token_part``, ``dense_part`` (the keys the wrappers put in metadata)."""
+        return {"score": self.score, "token_part": self.token_part, "dense_part": self.dense_part}
+
+
+class RetrievalCore:
+    """An encoder plus a store, speaking texts; see the module docstring for an example.
+
+    Parameters
+    ----------
+    encoder: a tagged encoder (:func:`~uibk_embedding.load_encoder`).
+    store: any :class:`~uibk_embedding.adapters.base.MultiVectorStore`.
+    text_key: metadata key that holds each document's text (``"text"``, as ``uibk-embed
+        index`` writes it, so stores indexed by the CLI are read back with their texts).
+    dense_weight: default query-time dense weight (``None``: the encoder's default).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        store: MultiVectorStore,
+        *,
+        text_key: str = DEFAULT_TEXT_KEY,
+        dense_weight: float | None = None,
+    ) -> None:
+        if not (hasattr(encoder, "encode_queries") and hasattr(encoder, "encode_documents")):
+            raise TypeError(
+                f"encoder must be a uibk encoder (uibk_embedding.load_encoder()), got "
+                f"{type(encoder).__name__}"
+            )
+        if not isinstance(store, MultiVectorStore):
+            raise TypeError(
+                f"store must be a uibk store (uibk_embedding.open_store(...)), got {type(store).__name__}"
+            )
+        if not isinstance(text_key, str) or not text_key:
+            raise ValueError(f"text_key must be a non-empty string, got {text_key!r}")
+        enc_fmt, st_fmt = getattr(encoder, "format", None), store.format
+        if enc_fmt is not None and (enc_fmt.beta, enc_fmt.lambda_) != (st_fmt.beta, st_fmt.lambda_):
+            raise ValueError(
+                f"the encoder's tagged format (beta={enc_fmt.beta}, lambda={enc_fmt.lambda_}) differs "
+                f"from the store's (beta={st_fmt.beta}, lambda={st_fmt.lambda_}): open the store "
+                "with format=encoder.format"
+            )
+        if dense_weight is not None:
+            _check_weight(dense_weight)
+        self.encoder = encoder
+        self.store = store
+        self.text_key = text_key
+        self.dense_weight = dense_weight
+
+    # -- writing ---------------------------------------------------------------------------
+    def add_texts(
+        self,
+        texts: Sequence[str],
+        metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        ids: Sequence[str | None] | None = None,
+    ) -> list[str]:
+        """Encode and upsert ``texts``; returns their ids (a fresh UUID where none is given).
+
+        Every input is checked before anything is encoded or written; an id that is already
+        stored is overwritten (text, vectors and metadata).
+        """
+        texts = validate_texts(texts)
+        n = len(texts)
+        if ids is None:
+            ids = [None] * n
+        if isinstance(ids, str | bytes):
+            raise TypeError("ids must be a list of strings, not a single string")
+        ids = list(ids)
+        if len(ids) != n:
+            raise ValueError(f"got {n} texts but {len(ids)} ids")
+        out_ids = validate_ids([str(uuid.uuid4()) if x is None else x for x in ids])
+        mds = validate_metadata(metadatas, n)
+        for i, m in enumerate(mds):
+            if self.text_key in m:
+                raise ValueError(
+                    f"metadata[{i}] has the key {self.text_key!r}, which holds the document text in "
+                    "this store; rename that metadata key or choose another text_key"
+                )
+            m[self.text_key] = texts[i]
+        for start in range(0, n, ADD_BATCH):
+            sl = slice(start, start + ADD_BATCH)
+            vectors = self.encoder.encode_documents(texts[sl])
+            self.store.upsert(out_ids[sl], vectors, mds[sl])
+        return out_ids
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Delete documents by id (ids that are not stored are ignored)."""
+        self.store.delete(ids)
+
+    def delete_where(self, filter: Filter, *, batch: int = 256) -> int:
+        """Delete every document whose metadata matches ``filter``; returns how many.
+
+        The store interface has no listing call, so matching ids are found by filtered
+        searches (any query: the filter decides), deleted, and searched again until none is
+        left; this works on every backend, including approximate ones.
+        """
+        parse_filter(filter)  # refuse a bad filter before touching anything
+        probe = self._probe_query()
+        deleted, seen = 0, set()
+        while True:
+            n = self.store.count()
+            if n == 0:
+                return deleted
+            hits = self.store.search(probe, k=min(batch, n), filter=filter)
+            ids = [h.id for h in hits if h.id not in seen]
+            if not ids:
+                return deleted
+            self.store.delete(ids)
+            seen.update(ids)
+            deleted += len(ids)
+
+    # -- reading ---------------------------------------------------------------------------
+    def get(self, ids: Sequence[str]) -> list[StoredText]:
+        """Stored documents for the ids that exist, in the order asked (missing ids skipped)."""
+        return [self._stored(r.id, r.metadata) for r in self.store.get(ids)]
+
+    def count(self) -> int:
+        """Number of stored documents."""
+        return self.store.count()
+
+    def encode_query(self, query: str, dense_weight: float | None = None) -> np.ndarray:
+        """The tagged query list of ``query`` with the given (or default) dense weight."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        w = dense_weight if dense_weight is not None else self.dense_weight
+        if w is not None:
+            _check_weight(w)
+        return self.encoder.encode_queries([query], dense_weight=w)[0]
+
+    def search(
+        self,
+        query: str,
+        k: int = 4,
+        filter: Filter | _NeverMatches | None = None,
+        *,
+        dense_weight: float | None = None,
+        explain: bool = True,
+    ) -> list[ScoredText]:
+        """The ``k`` best documents for ``query``, best first, with score and decomposition.
+
+        ``filter`` is the library's filter language (or :data:`NEVER_MATCHES`);
+        ``dense_weight`` scales the dense head for this query only (no re-index).
+        """
+        k = validate_k(k)
+        if filter is NEVER_MATCHES:
+            return []
+        if filter is not None:
+            parse_filter(filter)  # type: ignore[arg-type]
+        q = self.encode_query(query, dense_weight)
+        hits = self.store.search(q, k=k, filter=filter, explain=explain)  # type: ignore[arg-type]
+        return [
+            ScoredText(**vars(self._stored(h.id, h.metadata)), score=float(h.score),
+                       decomposition=h.decomposition)
+            for h in hits
+        ]
+
+    def rank_ids(
+        self, query: str, ids: Sequence[str], k: int, *, dense_weight: float | None = None
+    ) -> list[ScoredText]:
+        """Exact MaxSim ranking of the stored documents ``ids`` only (best ``k``).
+
+        For callers that restrict a search to known ids (LlamaIndex ``node_ids``): the
+        vectors are fetched and scored here, exactly, whatever the backend.
+        """
+        k = validate_k(k)
+        q = self.encode_query(query, dense_weight)
+        scored = []
+        for r in self.store.get(list(dict.fromkeys(ids))):
+            d = decompose(q, r.vectors, self.store.format)
+            scored.append(ScoredText(**vars(self._stored(r.id, r.metadata)), score=d.total,
+                                     decomposition=d))
+        scored.sort(key=lambda s: -s.score)
+        return scored[:k]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _stored(self, id: str, metadata: Mapping[str, Any]) -> StoredText:
+        md = dict(metadata)
+        text = md.pop(self.text_key, "")
+        return StoredText(id=id, text=text if isinstance(text, str) else str(text), metadata=md)
+
+    def _probe_query(self) -> np.ndarray:
+        fmt = self.store.format
+        return fmt.build(np.ones((3, 127)), np.ones((1, 127)))
+
+
+def _check_weight(w: Any) -> None:
+    if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w) or w <= 0:
+        raise ValueError(f"dense_weight must be a positive finite number, got {w!r}")
+
+
+# -- filter translation ----------------------------------------------------------------------
+def merge_conditions(conditions: Sequence[tuple[str, Sequence[Any]]]) -> Filter | _NeverMatches | None:
+    """AND of ``(field, allowed values)`` pairs -> one filter of the library's language.
+
+    Two conditions on one field keep the values both allow; when none is left, no document
+    can match and :data:`NEVER_MATCHES` is returned.
+
+    >>> merge_conditions([("lang", ["en"]), ("year", [2023, 2024]), ("year", [2024, 2025])])
+    {'lang': 'en', 'year': 2024}
+    >>> merge_conditions([("lang", ["en"]), ("lang", ["de"])])
+    NEVER_MATCHES
+    >>> merge_conditions([]) is None
+    True
+    """
+    allowed: dict[str, list[Any]] = {}
+    for fld, values in conditions:
+        vals = list(values)
+        if fld in allowed:
+            vals = [v for v in allowed[fld] if any(_same(v, x) for x in vals)]
+        allowed[fld] = vals
+    if not allowed:
+        return None
+    if any(not v for v in allowed.values()):
+        return NEVER_MATCHES
+    out: dict[str, Any] = {f: v[0] if len(v) == 1 else {"$in": v} for f, v in allowed.items()}
+    parse_filter(out)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def translate_langchain_filter(filter: Mapping[str, Any] | None) -> Filter | _NeverMatches | None:
+    """A LangChain-style metadata filter -> the library's filter language.
+
+    Accepted: ``{"field": value}``, ``{"field": {"$eq": value}}``, ``{"field": {"$in": [...]}}``
+    and ``{"$and": [filter, ...]}`` of those. Anything else (``$or``, ``$ne``, ``$gt``, ...)
+    is refused with an error that names the operator.
+
+    >>> translate_langchain_filter({"$and": [{"lang": "en"}, {"year": {"$in": [2023, 2024]}}]})
+    {'lang': 'en', 'year': {'$in': [2023, 2024]}}
+    >>> translate_langchain_filter({"year": {"$gt": 2020}})
+    Traceback (most recent call last):
+    ...
+    ValueError: filter operator '$gt' (on 'year') is not supported: use a value, {'$eq': value}, ...
+    """
+    if filter is None:
+        return None
+    if not isinstance(filter, Mapping):
+        raise TypeError(f"filter must be a dict, got {type(filter).__name__}")
+    return merge_conditions(_langchain_conditions(filter))
+
+
+_SUPPORTED = "use a value, {'$eq': value}, {'$in': [values]} or {'$and': [filters]}"
+
+
+def _langchain_conditions(filter: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
+    out: list[tuple[str, list[Any]]] = []
+    for key, cond in filter.items():
+        if not isinstance(key, str):
+            raise TypeError(f"filter field names must be strings, got {key!r}")
+        if key == "$and":
+            if not isinstance(cond, list | tuple) or not all(isinstance(c, Mapping) for c in cond):
+                raise TypeError("'$and' takes a list of filters")
+            for sub in cond:
+                out.extend(_langchain_conditions(sub))
+            continue
+        if key.startswith("$"):
+            raise ValueError(f"filter operator {key!r} is not supported: {_SUPPORTED}")
+        if isinstance(cond, Mapping):
+            if len(cond) != 1:
+                raise ValueError(f"filter on {key!r}: one operator per field, got {dict(cond)!r}")
+            op, arg = next(iter(cond.items()))
+            if op == "$eq":
+                out.append((key, [arg]))
+            elif op == "$in":
+                if isinstance(arg, str | bytes) or not isinstance(arg, Sequence):
+                    raise TypeError(f"filter on {key!r}: $in takes a list of values, got {arg!r}")
+                parse_filter({key: {"$in": list(arg)}})
+                out.append((key, list(arg)))
+            else:
+                raise ValueError(f"filter operator {op!r} (on {key!r}) is not supported: {_SUPPORTED}")
+        else:
+            parse_filter({key: cond})
+            out.append((key, [cond]))
+    return out

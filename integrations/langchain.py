@@ -1,0 +1,364 @@
+"""LangChain integration: a ``VectorStore`` and a ``BaseRetriever`` over any uibk store.
+
+Both take our encoder (``encoder=``) and a store of :func:`~uibk_embedding.open_store`
+(``store=``), whatever its backend: a multi-vector encoder does not fit LangChain's
+single-vector ``Embeddings`` interface, so the store encodes texts itself. ``embeddings``
+returns :class:`UIBKDenseEmbeddings`, the encoder's dense head as a plain ``Embeddings``
+(for other LangChain components; searches never use it).
+
+* :class:`UIBKVectorStore`: ``add_texts`` / ``add_documents`` (ids kept, generated when
+  missing, re-adding an id overwrites it), ``delete`` (by ids or by filter), ``get_by_ids``,
+  ``similarity_search`` / ``similarity_search_with_score`` (the MaxSim score), ``from_texts``,
+  ``from_existing_store`` (e.g. a store indexed by ``uibk-embed index``), async variants
+  (LangChain's default executor) and ``as_retriever``.
+* :class:`UIBKRetriever`: ``k``, ``filter`` and ``dense_weight`` as fields or per call
+  (``invoke(query, k=3)``); every returned Document carries ``score``, ``token_part`` and
+  ``dense_part`` in its metadata: one hybrid search, explained.
+
+Filters: ``{"field": value}``, ``{"field": {"$in": [...]}}``, ``{"$and": [...]}``; other
+operators are refused with an error naming them.
+
+Example
+-------
+>>> import uibk_embedding as ue
+>>> from uibk_embedding.integrations.langchain import UIBKVectorStore
+>>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=ue.open_store("exact"))
+>>> vs.add_texts(["lift on a wing in a propeller slipstream", "a sourdough bread recipe"],
+...              [{"topic": "aero"}, {"topic": "food"}], ids=["wing", "bread"])
+['wing', 'bread']
+>>> [d.id for d in vs.similarity_search("propeller slipstream", k=1)]
+['wing']
+>>> doc = vs.as_retriever(search_kwargs={"k": 1}).invoke("bread recipe")[0]
+>>> doc.id, doc.metadata["topic"], sorted(k for k in doc.metadata if k.endswith("_part"))
+('bread', 'food', ['dense_part', 'token_part'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any
+
+from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.encoder.tagged import dense_vector
+from uibk_embedding.integrations.core import (
+    DEFAULT_TEXT_KEY,
+    RetrievalCore,
+    ScoredText,
+    StoredText,
+    translate_langchain_filter,
+)
+
+from uibk_embedding._optional import require
+
+require("langchain_core", "langchain", "the LangChain integration")
+
+from langchain_core.callbacks import (  # noqa: E402
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.embeddings import Embeddings  # noqa: E402
+from langchain_core.retrievers import BaseRetriever  # noqa: E402
+from langchain_core.runnables.config import run_in_executor  # noqa: E402
+from langchain_core.vectorstores import VectorStore  # noqa: E402
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator  # noqa: E402
+
+__all__ = ["UIBKDenseEmbeddings", "UIBKRetriever", "UIBKVectorStore"]
+
+SEARCH_KWARGS = ("k", "filter", "dense_weight")
+
+
+def _document(t: StoredText, extra: dict[str, Any] | None = None) -> Document:
+    return Document(page_content=t.text, metadata={**t.metadata, **(extra or {})}, id=t.id)
+
+
+def _default_encoder() -> Any:
+    from uibk_embedding.encoder import load_encoder
+
+    return load_encoder()
+
+
+class UIBKDenseEmbeddings(Embeddings):
+    """The encoder's dense head as a LangChain ``Embeddings`` (381-d unit vectors).
+
+    Dot products of these vectors are the dense cosine of the tagged lists (the three slot
+    bodies, see :func:`~uibk_embedding.encoder.tagged.dense_vector`). The vector store does
+    not search with them; they are for LangChain components that need one vector per text.
+
+    >>> import uibk_embedding as ue
+    >>> len(UIBKDenseEmbeddings(ue.load_encoder()).embed_query("wing lift"))
+    381
+    """
+
+    def __init__(self, encoder: Any) -> None:
+        self.encoder = encoder
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [dense_vector(x).tolist() for x in self.encoder.encode_documents(texts)]
+
+    def embed_query(self, text: str) -> list[float]:
+        q = self.encoder.encode_queries([text])[0]
+        return dense_vector(q).tolist()
+
+
+class UIBKVectorStore(VectorStore):
+    """LangChain vector store over a uibk store; see the module docstring for an example.
+
+    Parameters
+    ----------
+    encoder: a uibk encoder (``uibk_embedding.load_encoder()``; also the default).
+    store: a store of ``uibk_embedding.open_store(...)``, any backend.
+    text_key: metadata key holding the page content in the store (``"text"``).
+    dense_weight: default query-time dense weight (``None``: the encoder's default).
+    """
+
+    def __init__(
+        self,
+        *,
+        encoder: Any = None,
+        store: MultiVectorStore,
+        text_key: str = DEFAULT_TEXT_KEY,
+        dense_weight: float | None = None,
+    ) -> None:
+        self.core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
+                                  text_key=text_key, dense_weight=dense_weight)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_existing_store(cls, store: MultiVectorStore, encoder: Any = None,
+                            **kwargs: Any) -> UIBKVectorStore:
+        """Wrap a store that already holds documents (e.g. indexed by ``uibk-embed index``).
+
+        >>> import uibk_embedding as ue
+        >>> s = ue.open_store("exact")
+        >>> enc = ue.load_encoder()
+        >>> s.upsert(["a"], enc.encode_documents(["wing flutter"]), [{"text": "wing flutter"}])
+        >>> UIBKVectorStore.from_existing_store(s, enc).get_by_ids(["a"])[0].page_content
+        'wing flutter'
+        """
+        return cls(encoder=encoder, store=store, **kwargs)
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Any = None,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        encoder: Any = None,
+        store: MultiVectorStore | None = None,
+        **kwargs: Any,
+    ) -> UIBKVectorStore:
+        """A store filled with ``texts``. ``store`` defaults to a new in-memory exact store;
+        ``embedding`` may be a uibk encoder (LangChain ``Embeddings`` cannot be used).
+
+        >>> vs = UIBKVectorStore.from_texts(["wing lift", "bread"], ids=["w", "b"])
+        >>> vs.similarity_search("lift of a wing", k=1)[0].id
+        'w'
+        """
+        if embedding is not None:
+            if isinstance(embedding, Embeddings) or not hasattr(embedding, "encode_queries"):
+                raise TypeError(
+                    "UIBKVectorStore encodes with a uibk multi-vector encoder, not a LangChain "
+                    "Embeddings: pass encoder=uibk_embedding.load_encoder(...) (or leave it out "
+                    "for the embedded default)"
+                )
+            if encoder is not None:
+                raise TypeError("give the encoder once: as embedding or as encoder=, not both")
+            encoder = embedding
+        if store is None:
+            from uibk_embedding.adapters import open_store
+
+            store = open_store("exact")
+        vs = cls(encoder=encoder, store=store, **kwargs)
+        vs.add_texts(texts, metadatas, ids=ids)
+        return vs
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def embeddings(self) -> Embeddings | None:
+        """The encoder's dense head as an ``Embeddings`` (not used for searching)."""
+        return UIBKDenseEmbeddings(self.core.encoder)
+
+    @property
+    def store(self) -> MultiVectorStore:
+        """The uibk store this vector store writes to and searches."""
+        return self.core.store
+
+    @property
+    def encoder(self) -> Any:
+        """The uibk encoder."""
+        return self.core.encoder
+
+    # -- writing -----------------------------------------------------------------------------
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Encode and add ``texts``; ids not given (or ``None``) get a UUID."""
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        return self.core.add_texts(list(texts), metadatas, ids)
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
+        """Delete by ``ids``, or every document matching ``filter=`` (``filter={}``: all).
+
+        Deleting ids that are not stored is not an error.
+        """
+        flt = kwargs.pop("filter", None)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        if ids is None and flt is None:
+            raise ValueError("delete needs ids, or filter=... ({} deletes every document)")
+        if ids is not None and flt is not None:
+            raise ValueError("delete takes ids or a filter, not both")
+        if ids is not None:
+            self.core.delete(list(ids))
+        else:
+            translated = translate_langchain_filter(flt)
+            if translated is not None and not isinstance(translated, dict):
+                return True  # the filter can match nothing
+            self.core.delete_where(translated or {})
+        return True
+
+    # -- reading -----------------------------------------------------------------------------
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """Documents for the ids that exist, in the order asked (missing ids skipped)."""
+        return [_document(t) for t in self.core.get(list(ids))]
+
+    def _search(self, query: str, k: int, filter: dict | None, dense_weight: float | None,
+                explain: bool, **kwargs: Any) -> list[ScoredText]:
+        if kwargs:
+            raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
+        return self.core.search(query, k, translate_langchain_filter(filter),
+                                dense_weight=dense_weight, explain=explain)
+
+    def similarity_search(self, query: str, k: int = 4, filter: dict | None = None,
+                          dense_weight: float | None = None, **kwargs: Any) -> list[Document]:
+        """The ``k`` best documents for ``query`` (metadata exactly as stored)."""
+        return [_document(t) for t in self._search(query, k, filter, dense_weight, False, **kwargs)]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: dict | None = None,
+        dense_weight: float | None = None, **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
+        """``(document, MaxSim score)`` pairs, best first (higher is better)."""
+        hits = self._search(query, k, filter, dense_weight, False, **kwargs)
+        return [(_document(t), t.score) for t in hits]
+
+    def similarity_search_with_explanation(
+        self, query: str, k: int = 4, filter: dict | None = None,
+        dense_weight: float | None = None,
+    ) -> list[Document]:
+        """Like ``similarity_search``, with ``score``, ``token_part`` and ``dense_part`` added to
+        each Document's metadata (what :class:`UIBKRetriever` returns)."""
+        hits = self._search(query, k, filter, dense_weight, True)
+        return [_document(t, t.explanation()) for t in hits]
+
+    def similarity_search_by_vector(self, embedding: list[float], k: int = 4,
+                                    **kwargs: Any) -> list[Document]:
+        """Not supported: a single vector cannot express a multi-vector query."""
+        raise NotImplementedError(
+            "UIBKVectorStore searches with multi-vector queries it encodes itself: "
+            "use similarity_search(query_text)"
+        )
+
+    def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20,
+                                      lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
+        """Not supported (MMR needs one vector per document)."""
+        raise NotImplementedError("UIBKVectorStore does not implement MMR search")
+
+    def as_retriever(self, **kwargs: Any) -> UIBKRetriever:  # type: ignore[override]
+        """A :class:`UIBKRetriever` over this store; ``search_kwargs`` may hold ``k``,
+        ``filter`` and ``dense_weight``. Only ``search_type="similarity"`` exists."""
+        search_type = kwargs.pop("search_type", "similarity")
+        if search_type != "similarity":
+            raise ValueError(
+                f"search_type {search_type!r} is not supported by UIBKVectorStore; use 'similarity'"
+            )
+        tags = kwargs.pop("tags", None) or []
+        tags.extend(self._get_retriever_tags())
+        return UIBKRetriever(vectorstore=self, tags=tags, **kwargs)
+
+
+class UIBKRetriever(BaseRetriever):
+    """LangChain retriever over a uibk store: hybrid MaxSim search, explained.
+
+    Build it from ``encoder=`` and ``store=`` (or ``vectorstore=`` a :class:`UIBKVectorStore`).
+    ``k``, ``filter`` and ``dense_weight`` are fields, may come in ``search_kwargs``, and may be
+    given per call: ``retriever.invoke("query", k=3)``. Each Document's metadata holds the
+    stored metadata plus ``score`` (MaxSim), ``token_part`` and ``dense_part``.
+
+    >>> import uibk_embedding as ue
+    >>> store = ue.open_store("exact")
+    >>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=store)
+    >>> _ = vs.add_texts(["wing lift", "panel flutter", "bread"], ids=["w", "p", "b"])
+    >>> r = UIBKRetriever(encoder=vs.encoder, store=store, k=2)
+    >>> len(r.invoke("lift of a wing")), len(r.invoke("lift of a wing", k=1))
+    (2, 1)
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    encoder: Any = None
+    store: Any = None
+    vectorstore: UIBKVectorStore | None = None
+    k: int = 4
+    filter: dict[str, Any] | None = None
+    dense_weight: float | None = None
+    search_kwargs: dict[str, Any] = Field(default_factory=dict)
+    text_key: str = DEFAULT_TEXT_KEY
+    _core: RetrievalCore = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _build_core(self) -> UIBKRetriever:
+        unknown = set(self.search_kwargs) - set(SEARCH_KWARGS)
+        if unknown:
+            raise ValueError(f"unknown search_kwargs {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
+        if self.vectorstore is not None:
+            if self.store is not None and self.store is not self.vectorstore.store:
+                raise ValueError("give store= or vectorstore=, not two different stores")
+            self._core = self.vectorstore.core
+        else:
+            if self.store is None:
+                raise ValueError("UIBKRetriever needs store= (a uibk_embedding.open_store store) "
+                                 "or vectorstore= (a UIBKVectorStore)")
+            enc = self.encoder if self.encoder is not None else _default_encoder()
+            self._core = RetrievalCore(enc, self.store, text_key=self.text_key)
+        if self.encoder is None:
+            self.encoder = self._core.encoder
+        if self.store is None:
+            self.store = self._core.store
+        translate_langchain_filter(self.filter)  # refuse a bad filter now, not at query time
+        return self
+
+    def _params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(kwargs) - set(SEARCH_KWARGS)
+        if unknown:
+            raise TypeError(f"unexpected arguments {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
+        p = {"k": self.k, "filter": self.filter, "dense_weight": self.dense_weight}
+        p.update(self.search_kwargs)
+        p.update(kwargs)
+        return p
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        p = self._params(kwargs)
+        hits = self._core.search(query, p["k"], translate_langchain_filter(p["filter"]),
+                                 dense_weight=p["dense_weight"], explain=True)
+        return [_document(t, t.explanation()) for t in hits]
+
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        # encoding and searching block: run them in LangChain's default executor
+        return await run_in_executor(None, partial(self._get_relevant_documents, query,
+                                                   run_manager=run_manager.get_sync(), **kwargs))
