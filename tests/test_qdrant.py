@@ -1,0 +1,395 @@
+"""What is specific to the Qdrant adapters (the store contract itself is the conformance suite):
+existing collections are validated and left untouched, ids map to UUIDv5 points, prefetch
+mode, payload indexes, filter value types, and retries / unreachable servers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("qdrant_client")
+qdrant_edge = pytest.importorskip("qdrant_edge")
+
+from qdrant_client import QdrantClient, models  # noqa: E402
+from uibk_embedding.adapters.qdrant import (  # noqa: E402
+    ID_KEY,
+    POINT_ID_NAMESPACE,
+    CollectionMismatch,
+    QdrantStore,
+    QdrantUnavailable,
+    _is_transient,
+    point_id,
+)
+from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore  # noqa: E402
+from uibk_embedding.encoder.tagged import TaggedFormat  # noqa: E402
+
+from uibk_embedding.maxsim import maxsim  # noqa: E402
+from uibk_embedding.testing import make_list  # noqa: E402
+
+MULTI = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+
+
+def _vp(size=128, distance=models.Distance.DOT, multi=MULTI):
+    return models.VectorParams(size=size, distance=distance, multivector_config=multi)
+
+
+def _user_collection(client, name, vectors_config):
+    """A collection as a user would have made it, with one point in it."""
+    client.create_collection(name, vectors_config=vectors_config)
+    if isinstance(vectors_config, dict):
+        vec = {}
+        for k, p in vectors_config.items():
+            v = np.full(p.size, 1 / np.sqrt(p.size)).tolist()
+            vec[k] = [v, v] if p.multivector_config else v
+    else:
+        v = np.full(vectors_config.size, 1 / np.sqrt(vectors_config.size)).tolist()
+        vec = [v, v] if vectors_config.multivector_config else v
+    client.upsert(name, [models.PointStruct(id=7, vector=vec, payload={"owner": "user"})])
+    return client.get_collection(name).config.model_dump_json()
+
+
+@pytest.fixture
+def client():
+    c = QdrantClient(location=":memory:")
+    yield c
+    c.close()
+
+
+# -- existing collections ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("vectors", "message"),
+    [
+        ({"tagged": _vp(distance=models.Distance.COSINE), "dense": _vp(381, multi=None)},
+         "'tagged' uses distance Cosine, needs Dot"),
+        ({"tagged": _vp(multi=None), "dense": _vp(381, multi=None)},
+         "'tagged' is not a multivector with comparator max_sim"),
+        ({"tagged": _vp(size=64), "dense": _vp(381, multi=None)}, "'tagged' has size 64, needs 128"),
+        ({"colbert": _vp(), "sentence": _vp(381, multi=None)},
+         "it has no vector named 'tagged' (it has ['colbert', 'sentence'])"),
+        ({"tagged": _vp()}, "it has no dense vector named 'dense'"),
+        ({"tagged": _vp(), "dense": _vp(384, multi=None)}, "'dense' has size 384, needs 381"),
+        (_vp(), "it has a single unnamed vector"),
+    ],
+    ids=["cosine", "no-multivector", "wrong-size", "wrong-names", "no-dense", "dense-size", "unnamed"],
+)
+def test_wrong_existing_collection_is_refused_and_untouched(client, vectors, message):
+    before = _user_collection(client, "theirs", vectors)
+    with pytest.raises(CollectionMismatch) as err:
+        QdrantStore("theirs", client=client)
+    assert message in str(err.value)
+    assert "The collection was not changed" in str(err.value)
+    assert client.get_collection("theirs").config.model_dump_json() == before
+    assert client.count("theirs").count == 1
+    assert client.retrieve("theirs", [7])[0].payload == {"owner": "user"}
+
+
+def test_all_differences_reported_at_once(client):
+    _user_collection(client, "theirs", {"tagged": _vp(size=96, distance=models.Distance.COSINE)})
+    with pytest.raises(CollectionMismatch, match=r"size 96.*distance Cosine.*no dense vector"):
+        QdrantStore("theirs", client=client)
+
+
+def test_matching_existing_collection_is_used_as_is(client, fmt, rng):
+    _user_collection(client, "theirs", {"colbert": _vp()})
+    store = QdrantStore("theirs", client=client, vector_name="colbert", dense_name=None)
+    assert not store.created and store.count() == 1
+    doc = make_list(fmt, rng, 5)
+    store.upsert(["mine"], [doc])
+    assert store.search(doc, k=1)[0].id == "mine"
+    assert client.retrieve("theirs", [7])[0].payload == {"owner": "user"}
+    with pytest.raises(PermissionError, match="not created by this store"):
+        store.drop_collection()
+    assert client.collection_exists("theirs")
+    with pytest.raises(ValueError, match="needs the dense vector"):
+        store.search(doc, k=1, mode="prefetch")
+
+
+def test_missing_collection_without_create(client):
+    with pytest.raises(CollectionMismatch, match="does not exist"):
+        QdrantStore("nothing", client=client, create=False)
+    assert not client.collection_exists("nothing")
+
+
+def test_format_recorded_and_checked(client):
+    QdrantStore("c", client=client, format=TaggedFormat(beta=0.8))
+    with pytest.raises(CollectionMismatch, match="was built with"):
+        QdrantStore("c", client=client)
+    assert QdrantStore("c", client=client, format=TaggedFormat(beta=0.8)).count() == 0
+
+
+def test_created_collection_layout(client):
+    QdrantStore("c", client=client, shard_number=2, replication_factor=1, on_disk=True)
+    params = client.get_collection("c").config.params
+    mv, dv = params.vectors["tagged"], params.vectors["dense"]
+    assert (mv.size, mv.distance, mv.multivector_config.comparator) == (
+        128, models.Distance.DOT, models.MultiVectorComparator.MAX_SIM)
+    assert mv.hnsw_config.m == 0 and mv.on_disk
+    assert (dv.size, dv.distance, dv.multivector_config) == (381, models.Distance.DOT, None)
+
+
+def test_wrong_edge_shard_is_refused_and_untouched(tmp_path):
+    e = qdrant_edge
+    path = tmp_path / "shard"
+    cfg = e.EdgeConfig(vectors={"tagged": e.EdgeVectorParams(
+        128, e.Distance.Cosine, multivector_config=e.MultiVectorConfig(e.MultiVectorComparator.MaxSim))})
+    e.EdgeShard.create(str(path), cfg).close()
+    before = (path / "edge_config.json").read_bytes()
+    with pytest.raises(CollectionMismatch, match=r"distance Cosine, needs Dot.*no dense vector"):
+        QdrantEdgeStore(path=path)
+    assert (path / "edge_config.json").read_bytes() == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(CollectionMismatch, match="not an empty directory"):
+        QdrantEdgeStore(path=tmp_path / "other")
+
+
+# -- ids -------------------------------------------------------------------------------------------
+def test_uuid5_point_ids_keep_the_original_id(client, fmt, rng):
+    store = QdrantStore("c", client=client)
+    ids = ["doc-1", "ünïcode id", "x" * 512]
+    store.upsert(ids, [make_list(fmt, rng, 4) for _ in ids], [{"k": i} for i in range(3)])
+    for i, x in enumerate(ids):
+        pid = str(uuid.uuid5(POINT_ID_NAMESPACE, x))
+        assert point_id(x) == pid
+        rec = client.retrieve("c", [pid], with_payload=True)[0]
+        assert rec.payload == {"k": i, ID_KEY: x}
+    got = store.get(ids)
+    assert [r.id for r in got] == ids and got[1].metadata == {"k": 1}
+    assert all(not k.startswith("_uibk") for h in store.search(got[0].vectors, k=3) for k in h.metadata)
+
+
+def test_edge_uses_the_same_point_ids(tmp_path, fmt, rng):
+    with QdrantEdgeStore(path=tmp_path / "s") as s:
+        s.upsert(["doc-1"], [make_list(fmt, rng, 4)], [{"flag": True}])
+        rec = s.shard.retrieve([point_id("doc-1")], with_payload=True, with_vector=False)
+        assert rec[0].payload[ID_KEY] == "doc-1"
+        assert s.get(["doc-1"])[0].metadata == {"flag": True}
+
+
+def test_batched_upserts(client, fmt, rng):
+    store = QdrantStore("c", client=client, batch_size=3, show_progress=False)
+    docs = [make_list(fmt, rng, 4) for _ in range(10)]
+    store.upsert([f"d{i}" for i in range(10)], docs)
+    assert store.count() == 10
+    assert [r.id for r in store.get(["d9", "d0"])] == ["d9", "d0"]
+
+
+# -- prefetch mode ---------------------------------------------------------------------------------
+@pytest.fixture(params=["qdrant", "edge"])
+def loaded(request, real_data, tmp_path):
+    store = (QdrantStore(location=":memory:") if request.param == "qdrant"
+             else QdrantEdgeStore(path=tmp_path / "edge"))
+    store.upsert(real_data.doc_ids, real_data.docs)
+    yield store
+    store.close()
+
+
+def test_prefetch_reranks_dense_candidates_exactly(loaded, real_data):
+    docs = dict(zip(real_data.doc_ids, real_data.docs, strict=True))
+    from uibk_embedding.encoder.tagged import dense_vector
+
+    dense = np.stack([dense_vector(d) for d in real_data.docs])
+    for q in real_data.queries[:2]:  # local mode is pure Python: keep it short
+        exact = loaded.search(q, k=10)
+        # N >= collection size: prefetch mode is exact
+        full = loaded.search(q, k=10, mode="prefetch", prefetch=len(docs))
+        assert [h.id for h in full] == [h.id for h in exact]
+        # small N: the hits are the N dense candidates, reranked by exact MaxSim
+        hits = loaded.search(q, k=10, mode="prefetch", prefetch=20)
+        cand = {real_data.doc_ids[i] for i in np.argsort(-(dense @ dense_vector(q)))[:20]}
+        assert {h.id for h in hits} <= cand and len(hits) == 10
+        for h in hits:
+            assert h.score == pytest.approx(maxsim(q, docs[h.id]), rel=1e-5)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_prefetch_with_filter_and_batch(loaded, real_data):
+    md = [{"half": i % 2} for i in range(len(real_data.doc_ids))]
+    loaded.upsert(real_data.doc_ids, real_data.docs, md)
+    allowed = {x for x, m in zip(real_data.doc_ids, md, strict=True) if m["half"] == 1}
+    qs = real_data.queries[:2]
+    batch = loaded.search_batch(qs, k=5, filter={"half": 1}, mode="prefetch", prefetch=30)
+    for q, hits in zip(qs, batch, strict=True):
+        assert {h.id for h in hits} <= allowed and len(hits) == 5
+        single = loaded.search(q, k=5, filter={"half": 1}, mode="prefetch", prefetch=30)
+        assert [h.id for h in single] == [h.id for h in hits]
+
+
+def test_mode_arguments(fmt, rng):
+    store = QdrantStore(location=":memory:", mode="prefetch", prefetch=5)
+    assert store.exact is False and QdrantStore.exact is True
+    docs = [make_list(fmt, rng, 4) for _ in range(8)]
+    store.upsert([f"d{i}" for i in range(8)], docs)
+    q = make_list(fmt, rng, 3)
+    # the base signature (positional k, filter, explain) still works
+    hits = store.search(q, 3, None, explain=True)
+    assert len(hits) == 3 and hits[0].decomposition is not None
+    assert [h.id for h in store.search(q, k=8, mode="exact")] == [
+        h.id for h in store.search(q, k=8, mode="prefetch", prefetch=100)]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        store.search(q, mode="fast")
+    with pytest.raises(ValueError, match="prefetch must be a positive int"):
+        store.search(q, mode="prefetch", prefetch=0)
+    with pytest.raises(ValueError, match="token rows only"):
+        store.search(q[3:], mode="prefetch")
+    assert len(store.search(q[3:], k=2, mode="exact")) == 2
+    with pytest.raises(ValueError, match="needs the dense vector"):
+        QdrantStore(location=":memory:", dense_name=None, mode="prefetch")
+
+
+# -- filters and payload indexes -------------------------------------------------------------------
+@pytest.fixture(params=["qdrant", "edge"])
+def typed(request, tmp_path, fmt, rng):
+    store = (QdrantStore(location=":memory:") if request.param == "qdrant"
+             else QdrantEdgeStore(path=tmp_path / "edge"))
+    md = {"t": {"v": True}, "one": {"v": 1}, "onef": {"v": 1.0}, "s": {"v": "1"}, "f": {"v": False},
+          "zero": {"v": 0}, "big": {"v": 2**60}, "dot": {"a.b": "x"}, "list": {"v": ["1", 1]},
+          "none": {}}
+    store.upsert(list(md), [make_list(fmt, rng, 4) for _ in md], list(md.values()))
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"v": True}, {"t"}),
+        ({"v": False}, {"f"}),
+        ({"v": 1}, {"one", "onef", "list"}),
+        ({"v": 1.0}, {"one", "onef", "list"}),
+        ({"v": 0}, {"zero"}),
+        ({"v": "1"}, {"s", "list"}),
+        ({"v": {"$in": [True, "1"]}}, {"t", "s", "list"}),
+        ({"v": {"$in": [False, 0, 2**60]}}, {"f", "zero", "big"}),
+        ({"v": 2**60}, {"big"}),
+        ({"a.b": "x"}, {"dot"}),
+        ({"a": "x"}, set()),
+        ({"missing": 1}, set()),
+    ],
+)
+def test_filter_value_types(typed, fmt, rng, flt, expected):
+    """Types match as in the exact store (True is not 1, "1" is not 1, 1 is 1.0), except that
+    a list-valued field matches when one element does (Qdrant's array semantics, documented)."""
+    hits = typed.search(make_list(fmt, rng, 3), k=20, filter=flt)
+    assert {h.id for h in hits} == expected
+
+
+def test_filter_field_with_quote_is_refused(typed, fmt, rng):
+    with pytest.raises(ValueError, match="double quote"):
+        typed.search(make_list(fmt, rng, 3), k=3, filter={'a"b': 1})
+
+
+def test_payload_indexes_on_request(tmp_path, fmt, rng):
+    with QdrantEdgeStore(path=tmp_path / "e", payload_indexes={"lang": "keyword", "year": "integer"}) as s:
+        schema = s.shard.info().payload_schema
+        assert {"lang", "year"} <= set(schema)
+        s.upsert(["a", "b"], [make_list(fmt, rng, 4) for _ in "ab"],
+                 [{"lang": "en", "year": 2024}, {"lang": "de", "year": 2023}])
+        assert [h.id for h in s.search(make_list(fmt, rng, 3), k=5, filter={"year": 2024})] == ["a"]
+        with pytest.raises(ValueError, match="unknown payload schema"):
+            s.create_payload_index("x", "fancy")
+    store = QdrantStore(location=":memory:", payload_indexes={"lang": "keyword"})
+    with pytest.raises(ValueError, match="unknown payload schema"):
+        store.create_payload_index("x", "fancy")
+
+
+# -- retries and unreachable servers ---------------------------------------------------------------
+def test_transient_errors_are_classified():
+    import httpx
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    def resp(code):
+        return UnexpectedResponse(code, "x", b"", httpx.Headers())
+
+    assert all(_is_transient(resp(c)) for c in (429, 502, 503, 504))
+    assert not any(_is_transient(resp(c)) for c in (400, 401, 403, 404, 409, 422))
+    assert _is_transient(ResponseHandlingException(httpx.ConnectError("refused")))
+    assert _is_transient(ResponseHandlingException(httpx.ReadTimeout("slow")))
+    assert not _is_transient(ValueError("bad vector"))
+
+
+def test_retries_only_transient_failures():
+    import httpx
+
+    store = QdrantStore(location=":memory:", max_retries=2, backoff=0.01)
+    calls = []
+
+    def flaky(kind):
+        calls.append(kind)
+        raise httpx.ConnectError("refused") if kind == "net" else ValueError("bad request")
+
+    with pytest.raises(ValueError, match="bad request"):
+        store._call("op", flaky, "bad")
+    assert calls == ["bad"]  # not retried
+    calls.clear()
+    with pytest.raises(QdrantUnavailable, match="op failed after 3 attempt"):
+        store._call("op", flaky, "net")
+    assert calls == ["net"] * 3
+    calls.clear()
+
+    def recovers():
+        calls.append(1)
+        if len(calls) < 2:
+            raise httpx.ReadTimeout("slow")
+        return "ok"
+
+    assert store._call("op", recovers) == "ok" and len(calls) == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_url_fails_fast_with_a_clear_error():
+    port = _free_port()  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(QdrantUnavailable, match=rf"Qdrant at http://127.0.0.1:{port}.*failed after 2"):
+        QdrantStore(url=f"http://127.0.0.1:{port}", timeout=1, max_retries=1, backoff=0.1)
+    assert time.monotonic() - t0 < 5
+
+
+def test_silent_server_times_out_within_the_configured_timeout():
+    """A socket that accepts connections and never answers: each attempt ends at the timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(QdrantUnavailable, match="failed after 2 attempt"):
+            QdrantStore(url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=1, max_retries=1,
+                        backoff=0.1)
+        elapsed = time.monotonic() - t0
+        assert 1.5 < elapsed < 6, elapsed  # two attempts of ~1 s each, plus the backoff
+        assert len(accepted) >= 2  # the read was retried
+    finally:
+        stop.set()
+        th.join()
+        for c in accepted:
+            c.close()
+        srv.close()
+
+
+def test_edge_bool_workaround_is_needed():
+    """Why the Edge store keeps ``_uibk_bools``: the binding turns MatchValue(True) into 1."""
+    value = qdrant_edge.MatchValue(True).value
+    assert type(value) is int and value == 1
