@@ -1,0 +1,322 @@
+"""One encoder, one device, many callers: :class:`SharedEncoder`.
+
+A :class:`SharedEncoder` owns a tagged encoder (and so the model and the device) and one worker
+thread. Callers, from any thread, put requests on a queue; the worker takes every request that
+is waiting (and those that arrive within ``max_wait_ms``), sorts all their texts by length, cuts
+them into batches by a token budget (not a fixed count), runs the model and hands each caller
+its own lists back. Concurrent callers are therefore batched together, and only the worker ever
+touches the model. It is what ``uibk-embed serve`` exposes over HTTP.
+
+* device: CUDA when present, else CPU (or ``device=``); the model runs in bfloat16 on a GPU and
+  float32 on CPU (outputs are float32 either way);
+* long jobs are cut into chunks of ``chunk_texts`` texts and show a progress bar
+  (``show_progress``: True, False, or None = on a terminal for 256 texts or more);
+* :meth:`SharedEncoder.encode_documents_iter` streams over any iterable with a bounded number
+  of chunks in flight, so a million texts never sit in memory at once;
+* :meth:`SharedEncoder.stats` counts requests, forward passes and the passes that merged
+  several requests (or several clients of a server).
+
+Results of a text can differ in the last bits depending on which texts share its batch (the
+padding length changes the arithmetic); a single caller gets exactly the batches that the
+wrapped encoder would make itself.
+
+Example
+-------
+>>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+>>> cfg = UIBKConfig.tiny()
+>>> inner = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing", "heat transfer"]))
+>>> with SharedEncoder(inner) as enc:
+...     d = enc.encode_documents(["lift of a wing", "heat transfer"])
+...     q = enc.encode_queries(["wing lift"], dense_weight=2.0)
+...     [x.shape for x in d], enc.stats()["texts"]
+([(7, 128), (5, 128)], 3)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from uibk_embedding.encoder.base import TaggedEncoder, resolve_device, validate_texts, warn_truncated
+
+_STOP = object()
+
+
+@dataclass
+class _Request:
+    texts: list[str]
+    is_query: bool
+    weight: float
+    client: str
+    future: Future = field(default_factory=Future)
+    results: list[np.ndarray | None] = field(default_factory=list)
+    remaining: int = 0
+    truncated: int = 0
+    rid: int = 0
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.texts)
+        self.remaining = len(self.texts)
+
+
+class EncodeResult(list):
+    """The tagged lists of one request, with ``truncated``: how many texts were cut."""
+
+    truncated: int = 0
+
+
+class SharedEncoder:
+    """A thread-safe front of one :class:`~uibk_embedding.encoder.base.TaggedEncoder`.
+
+    Parameters
+    ----------
+    encoder: a TaggedEncoder, or a path for :func:`~uibk_embedding.encoder.load_encoder`
+        (None: the embedded default), loaded on ``device``.
+    device: where to load a model given by path (default: CUDA when present, else CPU).
+    batch_tokens: padded tokens per forward pass (default: the encoder's).
+    max_wait_ms: how long the worker waits for more requests before a pass (merging window).
+    chunk_texts: texts per queued request when a caller passes a long list.
+    show_progress: progress bar for long calls (None: on a terminal, 256 texts or more).
+    **load_options: passed to ``load_encoder`` when ``encoder`` is a path.
+
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> enc = SharedEncoder(UIBKEncoder.random(cfg, train_tokenizer(cfg, ["a flat plate"])))
+    >>> len(list(enc.encode_documents_iter(iter(["a flat plate"] * 5), chunk_size=2)))
+    5
+    >>> enc.close()
+    """
+
+    def __init__(
+        self,
+        encoder: TaggedEncoder | str | os.PathLike | None = None,
+        *,
+        device: str | None = None,
+        batch_tokens: int | None = None,
+        max_wait_ms: float = 2.0,
+        chunk_texts: int = 256,
+        show_progress: bool | None = None,
+        **load_options: Any,
+    ) -> None:
+        if encoder is None or isinstance(encoder, str | os.PathLike):
+            from uibk_embedding.encoder import load_encoder
+
+            encoder = load_encoder(encoder, device=resolve_device(device), **load_options)
+        if not isinstance(encoder, TaggedEncoder):
+            raise TypeError(
+                f"SharedEncoder wraps an in-process TaggedEncoder, got {type(encoder).__name__}; "
+                "a RemoteEncoder is already shared by its server")
+        if max_wait_ms < 0 or chunk_texts < 1:
+            raise ValueError("max_wait_ms must be >= 0 and chunk_texts >= 1")
+        self.encoder = encoder
+        if batch_tokens is not None:
+            encoder.batch_tokens = int(batch_tokens)
+        self.format = encoder.format
+        self.max_wait = max_wait_ms / 1000.0
+        self.chunk_texts = int(chunk_texts)
+        self.show_progress = show_progress
+        self._queue: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        self._stats_lock = threading.Lock()
+        self._stats = {"requests": 0, "texts": 0, "passes": 0, "merged_passes": 0,
+                       "multi_client_passes": 0, "max_requests_per_pass": 0, "errors": 0}
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="uibk-shared-encoder", daemon=True)
+        self._worker.start()
+
+    # -- what the protocol needs -------------------------------------------------------------
+    @property
+    def dense_weight(self) -> float:
+        return self.encoder.dense_weight
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.encoder, "model_name", type(self.encoder).__name__))
+
+    @property
+    def device(self) -> str:
+        return str(getattr(self.encoder, "device", "cpu"))
+
+    def encode_queries(self, texts: Sequence[str], *, dense_weight: float | None = None,
+                       show_progress: bool | None = None) -> list[np.ndarray]:
+        """Tagged query lists (see :meth:`TaggedEncoder.encode_queries`)."""
+        w = self.encoder.dense_weight if dense_weight is None else dense_weight
+        self.encoder._check_weight(w)
+        return self._call(validate_texts(texts), True, float(w), show_progress)
+
+    def encode_documents(self, texts: Sequence[str], *,
+                         show_progress: bool | None = None) -> list[np.ndarray]:
+        """Tagged document lists (see :meth:`TaggedEncoder.encode_documents`)."""
+        return self._call(validate_texts(texts), False, 1.0, show_progress)
+
+    def encode_documents_iter(self, texts: Iterable[str], *, chunk_size: int | None = None,
+                              in_flight: int = 2) -> Iterator[np.ndarray]:
+        """Stream tagged lists over any iterable, in order, ``in_flight`` chunks queued at most."""
+        size = int(chunk_size or self.chunk_texts)
+        pending: deque[Future] = deque()
+        it = iter(texts)
+        offset = 0
+        while True:
+            chunk = list(itertools.islice(it, size))
+            if chunk:
+                try:
+                    chunk = validate_texts(chunk)
+                except (TypeError, ValueError) as e:  # name the position in the whole stream
+                    raise type(e)(f"in the chunk starting at text {offset}: {e}") from None
+                pending.append(self.submit(chunk, is_query=False))
+                offset += len(chunk)
+            while pending and (len(pending) >= in_flight or not chunk):
+                res = pending.popleft().result()
+                warn_truncated(res.truncated, len(res), self.encoder.doc_max_length, "documents")
+                yield from res
+            if not chunk and not pending:
+                return
+
+    # -- requests --------------------------------------------------------------------------
+    def submit(self, texts: list[str], *, is_query: bool, dense_weight: float = 1.0,
+               client: str = "") -> Future:
+        """Queue one request (validated texts); the future gives an :class:`EncodeResult`.
+
+        ``client`` names the caller in :meth:`stats` (the server passes the client's id).
+        """
+        if self._closed:
+            raise RuntimeError("this SharedEncoder is closed")
+        req = _Request(list(texts), bool(is_query), float(dense_weight), client, rid=next(self._ids))
+        with self._stats_lock:
+            self._stats["requests"] += 1
+        if not req.texts:
+            req.future.set_result(EncodeResult())
+        else:
+            self._queue.put(req)
+        return req.future
+
+    def _call(self, texts: list[str], is_query: bool, w: float,
+              show_progress: bool | None) -> list[np.ndarray]:
+        if not texts:
+            return []
+        from tqdm.auto import tqdm
+
+        progress = self.show_progress if show_progress is None else show_progress
+        disable = {True: False, False: True}.get(progress, None if len(texts) >= 256 else True)
+        futures = [self.submit(texts[i:i + self.chunk_texts], is_query=is_query, dense_weight=w)
+                   for i in range(0, len(texts), self.chunk_texts)]
+        out: list[np.ndarray] = []
+        truncated = 0
+        desc = "encoding queries" if is_query else "encoding documents"
+        with tqdm(total=len(texts), desc=desc, unit="text", disable=disable) as bar:
+            for f in futures:
+                res = f.result()
+                out.extend(res)
+                truncated += res.truncated
+                bar.update(len(res))
+        limit = self.encoder.query_max_length if is_query else self.encoder.doc_max_length
+        warn_truncated(truncated, len(texts), limit, "queries" if is_query else "documents")
+        return out
+
+    # -- the worker ------------------------------------------------------------------------
+    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
+        reqs, stop = [first], False
+        budget = 8 * self.encoder.batch_tokens
+        est = len(first.texts)
+        deadline = time.monotonic() + self.max_wait
+        while est * 64 < budget:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stop = True
+                break
+            reqs.append(item)
+            est += len(item.texts)
+        return reqs, stop
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            reqs, stop = self._gather(first)
+            for is_query in (True, False):
+                group = [r for r in reqs if r.is_query == is_query]
+                if group:
+                    self._process(group, is_query)
+            if stop:
+                return
+
+    def _process(self, group: list[_Request], is_query: bool) -> None:
+        enc = self.encoder
+        items = [(r, i) for r in group for i in range(len(r.texts))]
+        texts = [r.texts[i] for r, i in items]
+        order = enc._length_order(texts)
+        try:
+            for batch in enc._batches(texts, order, is_query):
+                with enc._lock:
+                    enc._tls.last_truncated = None
+                    before = getattr(enc._tls, "truncated", 0)
+                    embedded = enc._embed([texts[j] for j in batch], is_query)
+                    flags = getattr(enc._tls, "last_truncated", None)
+                    n_cut = getattr(enc._tls, "truncated", 0) - before
+                owners = {items[j][0].rid for j in batch}
+                clients = {items[j][0].client for j in batch}
+                with self._stats_lock:
+                    s = self._stats
+                    s["passes"] += 1
+                    s["texts"] += len(batch)
+                    s["merged_passes"] += len(owners) > 1
+                    s["multi_client_passes"] += len(clients) > 1
+                    s["max_requests_per_pass"] = max(s["max_requests_per_pass"], len(owners))
+                if flags is None and n_cut:  # encoder without per-text flags: attribute to all
+                    flags = [True] * len(batch)
+                for pos, (j, (g, toks)) in enumerate(zip(batch, embedded, strict=True)):
+                    req, i = items[j]
+                    req.results[i] = enc._tag(g, toks, is_query, req.weight)
+                    req.truncated += bool(flags and flags[pos])
+                    req.remaining -= 1
+                    if req.remaining == 0:
+                        res = EncodeResult(req.results)
+                        res.truncated = min(req.truncated, len(res))
+                        req.future.set_result(res)
+        except BaseException as e:  # the callers get the error; the worker lives on
+            with self._stats_lock:
+                self._stats["errors"] += 1
+            for r in group:
+                if not r.future.done():
+                    r.future.set_exception(e)
+
+    # -- status and lifetime -----------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters: requests, texts, forward ``passes``, ``merged_passes`` (texts of several
+        requests in one pass), ``multi_client_passes`` (of several clients), ``errors``.
+        """
+        with self._stats_lock:
+            s = dict(self._stats)
+        s["queued"] = self._queue.qsize()
+        s["device"] = self.device
+        return s
+
+    def close(self) -> None:
+        """Finish the queued work and stop the worker thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._worker.join()
+
+    def __enter__(self) -> SharedEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["EncodeResult", "SharedEncoder"]

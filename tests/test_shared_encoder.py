@@ -1,0 +1,140 @@
+"""SharedEncoder: same vectors as the wrapped encoder, concurrent callers batched, streaming."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from uibk_embedding.encoder.shared import SharedEncoder
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+
+TEXTS = [
+    "lift on a wing in a propeller slipstream",
+    "laminar to turbulent transition in the boundary layer of a flat plate",
+    "heat transfer to a blunt body in hypersonic flow",
+    "panel flutter in supersonic flow",
+    "oblique shock wave and a laminar boundary layer interaction at high mach number",
+    "dielectric constant of liquids",
+]
+
+
+@pytest.fixture(scope="module")
+def inner():
+    cfg = UIBKConfig.tiny()
+    return UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS), seed=1)
+
+
+def test_single_caller_gets_the_wrapped_encoders_bytes(inner):
+    with SharedEncoder(inner) as enc:
+        assert enc.format == inner.format and enc.dense_weight == inner.dense_weight
+        assert enc.device == "cpu" and inner.dtype == "float32"
+        for a, b in zip(enc.encode_documents(TEXTS), inner.encode_documents(TEXTS), strict=True):
+            assert a.tobytes() == b.tobytes()
+        for a, b in zip(enc.encode_queries(TEXTS, dense_weight=3.0),
+                        inner.encode_queries(TEXTS, dense_weight=3.0), strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+def test_concurrent_callers_are_batched_together(inner):
+    expected = inner.encode_documents(TEXTS)
+    results: dict[int, list[np.ndarray]] = {}
+    barrier = threading.Barrier(4)
+
+    def call(k: int) -> None:
+        barrier.wait()
+        results[k] = enc.encode_documents(TEXTS[k:] + TEXTS[:k])
+
+    with SharedEncoder(inner, max_wait_ms=300) as enc:
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = enc.stats()
+    assert s["requests"] == 4 and s["texts"] == 4 * len(TEXTS)
+    assert s["merged_passes"] >= 1 and s["max_requests_per_pass"] >= 2
+    assert s["passes"] < 4, s  # fewer forward passes than callers
+    for k, got in results.items():
+        want = expected[k:] + expected[:k]
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, atol=1e-5)  # other batch-mates, same vectors
+
+
+def test_token_budget_cuts_length_sorted_batches(inner):
+    with SharedEncoder(inner, batch_tokens=64) as enc:
+        out = enc.encode_documents(TEXTS)
+        s = enc.stats()
+    order = inner._length_order(TEXTS)
+    assert order[0] == 4  # longest first
+    assert s["passes"] == len(list(inner._batches(TEXTS, order, False))) > 1
+    for a, b in zip(out, inner.encode_documents(TEXTS), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_streaming_keeps_a_bounded_number_of_texts_in_flight(inner):
+    drawn = 0
+
+    def gen():
+        nonlocal drawn
+        for i in range(40):
+            drawn += 1
+            yield TEXTS[i % len(TEXTS)]
+
+    with SharedEncoder(inner) as enc:
+        it = enc.encode_documents_iter(gen(), chunk_size=4, in_flight=2)
+        first = next(it)
+        assert drawn <= 3 * 4  # at most in_flight chunks (+ the one being read) were drawn
+        rest = list(it)
+    assert len(rest) + 1 == 40
+    want = inner.encode_documents([TEXTS[i % len(TEXTS)] for i in range(40)])
+    np.testing.assert_allclose(first, want[0], atol=1e-5)
+    for a, b in zip(rest, want[1:], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_progress_bar_for_long_jobs(inner, capsys):
+    with SharedEncoder(inner, chunk_texts=8) as enc:
+        enc.encode_documents(TEXTS * 5, show_progress=True)
+    assert "encoding documents" in capsys.readouterr().err
+
+
+def test_bad_input_and_lifetime(inner):
+    enc = SharedEncoder(inner)
+    assert enc.encode_documents([]) == []
+    with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+        enc.encode_documents(["ok", " "])
+    with pytest.raises(TypeError, match="single string"):
+        enc.encode_queries("one string")
+    with pytest.raises(ValueError, match="dense_weight"):
+        enc.encode_queries(["q"], dense_weight=-1)
+    with pytest.raises(ValueError, match="chunk starting at text 4"):
+        list(enc.encode_documents_iter(iter(["a", "b", "c", "d", ""]), chunk_size=4))
+    enc.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        enc.encode_documents(["late"])
+    with pytest.raises(TypeError, match="TaggedEncoder"):
+        SharedEncoder(object())  # type: ignore[arg-type]
+
+
+def test_a_model_error_reaches_the_caller_and_the_worker_lives_on(inner):
+    class Fails(UIBKEncoder):
+        def _embed(self, texts, is_query):
+            if any("boom" in t for t in texts):
+                raise RuntimeError("model exploded")
+            return super()._embed(texts, is_query)
+
+    broken = Fails(inner.model, inner.tokenizer, inner.uibk_config)
+    with SharedEncoder(broken) as enc:
+        with pytest.raises(RuntimeError, match="model exploded"):
+            enc.encode_documents(["boom"])
+        assert len(enc.encode_documents(["fine"])) == 1
+        assert enc.stats()["errors"] == 1
+
+
+def test_wraps_the_embedded_default(encoder):
+    with SharedEncoder(encoder) as enc:
+        got = enc.encode_documents(TEXTS[:3])
+    for a, b in zip(got, encoder.encode_documents(TEXTS[:3]), strict=True):
+        assert a.tobytes() == b.tobytes()
