@@ -275,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...
     SystemExit: uibk-embed: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.compare"}
+    if argv and argv[0] in delegated:  # argparse.REMAINDER refuses leading options ("serve --port 1")
+        return _delegate(delegated[argv[0]])(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     from uibk_embedding.data import DataError
 
