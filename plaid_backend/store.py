@@ -1,0 +1,675 @@
+"""PLAID over fast-plaid: string ids, upserts, deletes, filters, a durable id map, exact rerank.
+
+:class:`PlaidStore` keeps two things in a directory:
+
+* ``store.sqlite`` (SQLite in WAL mode, ``synchronous=FULL``): the source of truth. One row
+  per document: its string id, an insertion sequence number, its original vectors (float16 by
+  default) and its JSON metadata; plus a small state table (the saved build parameters, the
+  name of the current PLAID index directory and a *dirty* flag). No pickle anywhere.
+* ``plaid-NNNNNN/``: a fast-plaid index built from those vectors. fast-plaid numbers documents
+  by insertion position and renumbers later documents on delete, so the position of a document
+  is, by construction, its rank by sequence number among the live documents: the id map needs
+  no separate bookkeeping that could drift.
+
+A write is one SQLite transaction that stores the batch and marks the index dirty, then the
+fast-plaid update, then a second transaction that clears the flag. A process killed at any
+point leaves either the whole batch (committed; the index is rebuilt from the stored vectors
+on the next open because it is dirty) or none of it (not committed). A rebuild writes a
+fresh ``plaid-NNNNNN/`` directory and switches to it in one transaction.
+
+Searching asks PLAID for candidates and, with ``rerank=True`` (the default), rescores them
+with exact MaxSim on the stored vectors. fast-plaid does not normalise query vectors, so the
+query-time dense weight (scaled query slots) also works without rerank. Collections with
+fewer than ``min_index_vectors`` vectors have no PLAID index (fast-plaid cannot train its
+codec on a handful of vectors) and are searched exactly; with rerank on, so are collections
+(or filtered subsets) no larger than the rerank pool, since reranking all of them *is*
+exact search.
+
+Example
+-------
+>>> import numpy as np
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> store = PlaidStore(nbits=2, num_threads=1)          # a temporary directory
+>>> docs = [mk(30) for _ in range(4)]
+>>> store.upsert(["a", "b", "c", "d"], docs, [{"lang": "en"}, {}, {"lang": "de"}, {}])
+>>> store.has_index, store.count()
+(True, 4)
+>>> [h.id for h in store.search(docs[2], k=2, filter={"lang": "de"})]
+['c']
+>>> store.delete(["a"]); store.count()
+3
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import importlib.metadata
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat
+
+from uibk_embedding._optional import require
+from uibk_embedding.maxsim import maxsim_scores, pack, top_k
+
+SCHEMA_VERSION = 1
+DB_NAME = "store.sqlite"
+LOCK_NAME = "store.lock"
+_INDEX_PREFIX = "plaid-"
+_SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
+
+#: Build parameters saved with a store (the engine's defaults; ``vector_dtype`` is ours).
+BUILD_DEFAULTS: dict[str, Any] = {
+    "nbits": 4,
+    "kmeans_niters": 4,
+    "max_points_per_centroid": 256,
+    "n_samples_kmeans": None,
+    "seed": 42,
+    "vector_dtype": "float16",
+}
+
+
+class PlaidEngineError(RuntimeError):
+    """fast-plaid failed or panicked (its Rust panics are BaseException; they become this)."""
+
+
+@contextlib.contextmanager
+def _frozen_gc() -> Iterator[None]:
+    """fast-plaid calls ``gc.collect()`` up to 14 times per update; with torch loaded each call
+    walks ~180k objects (1.5 s apiece measured on a busy 2-core machine). Objects that exist
+    before the call are frozen for its duration, so those collections only look at the new
+    ones; nothing is lost (they are unfrozen afterwards). Left alone if the application froze
+    objects itself."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call into fast-plaid, turning its errors and Rust panics into :class:`PlaidEngineError`.
+
+    pyo3's ``PanicException`` derives from ``BaseException``, so ``except Exception`` does not
+    catch it; this does (and lets KeyboardInterrupt / SystemExit through).
+
+    >>> try:
+    ...     engine_call("a division", lambda: 1 / 0)
+    ... except PlaidEngineError as e:
+    ...     print(e)
+    fast-plaid failed during a division: ZeroDivisionError: division by zero
+    """
+    try:
+        with _frozen_gc():
+            return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except Exception as e:
+        raise PlaidEngineError(f"fast-plaid failed during {what}: {type(e).__name__}: {e}") from e
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+        raise PlaidEngineError(f"fast-plaid panicked during {what}: {first}") from e
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PlaidStore(MultiVectorStore):
+    """A PLAID index (fast-plaid) with string ids, metadata filters and optional exact rerank.
+
+    Parameters
+    ----------
+    path:
+        Directory of the store (created when missing, reopened when it holds one). ``None``:
+        a temporary directory removed by :meth:`close`.
+    format:
+        The tagged format (saved with the store; used for decompositions).
+    nbits, kmeans_niters, max_points_per_centroid, n_samples_kmeans, seed:
+        fast-plaid build parameters (bits per residual dimension; k-means iterations, points
+        per centroid and sample size; the seed of k-means and of torch's generator, which is
+        seeded before every build so builds are reproducible). Saved with the store; ``None``
+        means the saved value (or the engine default for a new store: 4, 4, 256, auto, 42).
+    vector_dtype:
+        ``"float16"`` (default) or ``"float32"``: how the original vectors are kept (for
+        ``get``, rerank and rebuilds). float32 makes the reranked scores exact to float32.
+    n_ivf_probe, n_full_scores:
+        fast-plaid search parameters (centroids probed per query vector; candidates scored in
+        full). Engine defaults 8 and 4096.
+    rerank:
+        Rescore PLAID's candidates with exact MaxSim on the stored vectors (default on; see
+        ``docs/plaid.md`` for the measurements behind that default).
+    n_rerank:
+        Candidates asked from PLAID when reranking (at least ``k``).
+    index_batch_size, search_batch_size:
+        fast-plaid ``batch_size`` for create/update (embeddings) and for search (queries).
+    buffer_size, start_from_scratch:
+        fast-plaid update parameters: new documents buffered before centroids are extended,
+        and the index size below which an update rebuilds the index (engine defaults 100, 999).
+    min_index_vectors:
+        Below this many stored vectors no PLAID index is built and search is exact.
+    num_threads:
+        ``torch.set_num_threads`` (process-wide) when given. Under CPU contention libtorch's
+        threads can stall each other (one query took 2.2 s instead of 35 ms); 1 avoids that.
+    device:
+        fast-plaid device, ``"cpu"`` or ``"cuda:N"``.
+    """
+
+    backend = "plaid"
+    exact = False
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        format: TaggedFormat | None = None,
+        *,
+        nbits: int | None = None,
+        kmeans_niters: int | None = None,
+        max_points_per_centroid: int | None = None,
+        n_samples_kmeans: int | None = None,
+        seed: int | None = None,
+        vector_dtype: str | None = None,
+        n_ivf_probe: int = 8,
+        n_full_scores: int = 4096,
+        rerank: bool = True,
+        n_rerank: int = 100,
+        index_batch_size: int = 50_000,
+        search_batch_size: int = 2000,
+        buffer_size: int = 100,
+        start_from_scratch: int = 999,
+        min_index_vectors: int = 64,
+        num_threads: int | None = None,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(format)
+        for name, value in [("n_ivf_probe", n_ivf_probe), ("n_full_scores", n_full_scores),
+                            ("n_rerank", n_rerank), ("index_batch_size", index_batch_size),
+                            ("search_batch_size", search_batch_size), ("buffer_size", buffer_size),
+                            ("min_index_vectors", min_index_vectors)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
+        self._torch = require("torch", "plaid", "the PLAID backend")
+        self._fp_mod = require("fast_plaid.search", "plaid", "the PLAID backend")
+        self.engine_version = importlib.metadata.version("fast-plaid")
+        if num_threads is not None:
+            self._torch.set_num_threads(num_threads)
+        self.num_threads = num_threads
+        self.n_ivf_probe = n_ivf_probe
+        self.n_full_scores = n_full_scores
+        self.rerank = bool(rerank)
+        self.n_rerank = n_rerank
+        self.index_batch_size = index_batch_size
+        self.search_batch_size = search_batch_size
+        self.buffer_size = buffer_size
+        self.start_from_scratch = start_from_scratch
+        self.min_index_vectors = min_index_vectors
+        self.device = device
+        given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
+                 "max_points_per_centroid": max_points_per_centroid,
+                 "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype}
+        self._check_build_params(given)
+
+        self._lock = threading.RLock()
+        self._closed = False
+        self._tmpdir: str | None = None
+        if path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="uibk-plaid-")
+            path = self._tmpdir
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lockfile = self._acquire_dir_lock()
+        self._fp: Any = None
+        # in-memory view of the id map: position i <-> sequence number self._order[i]
+        self._order = np.zeros(0, np.int64)
+        self._id_of: dict[int, str] = {}
+        self._seq_of: dict[str, int] = {}
+        self._meta: dict[int, dict] = {}
+        self._rows: dict[int, int] = {}
+        self._n_vectors = 0
+        try:
+            self._db = self._connect()
+            self._open(format, given)
+        except BaseException:
+            self._release()
+            raise
+
+    # -- configuration ---------------------------------------------------------------------
+    @staticmethod
+    def _check_build_params(given: dict[str, Any]) -> None:
+        for name in ("nbits", "kmeans_niters", "max_points_per_centroid", "n_samples_kmeans", "seed"):
+            v = given[name]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+        if given["nbits"] is not None and given["nbits"] not in (1, 2, 4, 8):
+            raise ValueError(f"nbits must be 1, 2, 4 or 8, got {given['nbits']!r}")
+        if given["vector_dtype"] not in (None, "float16", "float32"):
+            raise ValueError(f"vector_dtype must be 'float16' or 'float32', got {given['vector_dtype']!r}")
+
+    @property
+    def build_params(self) -> dict[str, Any]:
+        """The saved build parameters (nbits, k-means settings, seed, vector dtype)."""
+        return dict(self._build)
+
+    @property
+    def has_index(self) -> bool:
+        """Whether a PLAID index exists (False for empty or tiny stores, searched exactly)."""
+        return self._fp is not None
+
+    # -- files -----------------------------------------------------------------------------
+    def _acquire_dir_lock(self) -> Any:
+        f = open(self.path / LOCK_NAME, "a+b")  # held for the store's lifetime
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise RuntimeError(
+                f"the PLAID store at {self.path} is open in another PlaidStore (this or another "
+                "process); close it first"
+            ) from None
+        return f
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
+            "n_rows INTEGER NOT NULL, vectors BLOB NOT NULL, metadata TEXT NOT NULL)"
+        )
+        db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        return db
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _state_get(self, key: str, default: str | None = None) -> str | None:
+        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    @staticmethod
+    def _state_set(db: sqlite3.Connection, **values: str) -> None:
+        db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)", list(values.items()))
+
+    def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
+        raw = self._state_get("config")
+        if raw is None:
+            self._build = {k: (BUILD_DEFAULTS[k] if v is None else v) for k, v in given.items()}
+            config = {"backend": "plaid", "schema": SCHEMA_VERSION, "format": self.format.to_dict(),
+                      "build": self._build, "engine": f"fast-plaid {self.engine_version}"}
+            with self._tx() as db:
+                self._state_set(db, config=json.dumps(config), plaid_dir="", dirty="0", generation="0")
+            self._generation = 0
+            self._plaid_dir = ""
+            return
+        config = json.loads(raw)
+        if config.get("backend") != "plaid" or config.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"{self.path} does not hold a PLAID store of schema {SCHEMA_VERSION}")
+        saved = TaggedFormat.from_dict(config["format"])
+        if format is not None and format != saved:
+            raise ValueError(f"store at {self.path} was built with {saved}, not {format}")
+        self.format = saved
+        self._build = dict(config["build"])
+        for k, v in given.items():
+            if v is not None and v != self._build[k]:
+                raise ValueError(
+                    f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
+                    f"without {k}, or index into a new store"
+                )
+        self._generation = int(self._state_get("generation", "0") or 0)
+        self._plaid_dir = self._state_get("plaid_dir", "") or ""
+        rows = self._db.execute("SELECT seq, id, n_rows, metadata FROM docs ORDER BY seq").fetchall()
+        self._order = np.array([r[0] for r in rows], dtype=np.int64)
+        for seq, doc_id, n_rows, md in rows:
+            self._id_of[seq] = doc_id
+            self._seq_of[doc_id] = seq
+            self._rows[seq] = n_rows
+            self._meta[seq] = json.loads(md)
+        self._n_vectors = sum(self._rows.values())
+
+        reason = None
+        engine = config.get("engine")
+        if self._state_get("dirty") == "1":
+            reason = "an interrupted write left it out of date"
+        elif engine != f"fast-plaid {self.engine_version}":
+            reason = f"it was built by {engine}, this is fast-plaid {self.engine_version}"
+        elif self._plaid_dir:
+            n_index = self._index_doc_count(self.path / self._plaid_dir)
+            if n_index != len(self._order):
+                reason = f"it holds {n_index} documents, the store {len(self._order)}"
+            else:
+                try:
+                    self._fp = engine_call("open", self._fp_mod.FastPlaid,
+                                           index=str(self.path / self._plaid_dir), device=self.device)
+                except PlaidEngineError as e:
+                    reason = str(e)
+        elif self._n_vectors >= self.min_index_vectors:
+            reason = "it is missing"
+        if reason is not None:
+            if self._plaid_dir or self._n_vectors >= self.min_index_vectors:
+                warnings.warn(f"rebuilding the PLAID index at {self.path} from the stored vectors: "
+                              f"{reason}", RuntimeWarning, stacklevel=3)
+            if engine != f"fast-plaid {self.engine_version}":
+                config["engine"] = f"fast-plaid {self.engine_version}"
+                with self._tx() as db:
+                    self._state_set(db, config=json.dumps(config))
+            self._rebuild()
+        self._remove_stale_indexes()
+
+    @staticmethod
+    def _index_doc_count(index_dir: Path) -> int | None:
+        try:
+            return int(json.loads((index_dir / "metadata.json").read_text())["num_documents"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _remove_stale_indexes(self) -> None:
+        for p in self.path.iterdir():
+            if p.is_dir() and p.name.startswith(_INDEX_PREFIX) and p.name != self._plaid_dir:
+                shutil.rmtree(p, ignore_errors=True)
+
+    # -- the engine ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _seeded(self) -> Iterator[None]:
+        """torch's global generator seeded for a build (k-means sampling), then restored."""
+        with self._torch.random.fork_rng(devices=[]):
+            self._torch.manual_seed(int(self._build["seed"]))
+            yield
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        b = self._build
+        return {"kmeans_niters": b["kmeans_niters"], "max_points_per_centroid": b["max_points_per_centroid"],
+                "n_samples_kmeans": b["n_samples_kmeans"], "batch_size": self.index_batch_size,
+                "seed": b["seed"], "start_from_scratch": self.start_from_scratch}
+
+    def _as_tensors(self, vectors: Sequence[np.ndarray]) -> list:
+        return [self._torch.from_numpy(np.ascontiguousarray(v, dtype=np.float16)) for v in vectors]
+
+    def _rebuild(self) -> None:
+        """Build a fresh index from the stored vectors into a new directory, then switch to it."""
+        gen = self._generation + 1
+        name = f"{_INDEX_PREFIX}{gen:06d}" if self._n_vectors >= self.min_index_vectors else ""
+        new_fp = None
+        if name:
+            target = self.path / name
+            shutil.rmtree(target, ignore_errors=True)
+            vectors = self._load_vectors(self._order.tolist())
+            new_fp = engine_call("open", self._fp_mod.FastPlaid, index=str(target), device=self.device)
+            with self._seeded():
+                engine_call("create", new_fp.create, self._as_tensors(vectors), nbits=self._build["nbits"],
+                            **self._engine_kwargs())
+            del vectors
+            _fsync_dir(target)
+        old_fp, old_dir = self._fp, self._plaid_dir
+        with self._tx() as db:
+            self._state_set(db, plaid_dir=name, generation=str(gen), dirty="0")
+        self._fp, self._plaid_dir, self._generation = new_fp, name, gen
+        if old_fp is not None:
+            old_fp.close()
+        if old_dir and old_dir != name:
+            shutil.rmtree(self.path / old_dir, ignore_errors=True)
+
+    def rebuild(self) -> None:
+        """Re-cluster: build the PLAID index anew from the stored vectors (e.g. after the
+        collection drifted far from the one the centroids were trained on)."""
+        with self._lock:
+            self._check_open()
+            self._rebuild()
+
+    def _sync_engine(self, del_positions: list[int], n_index_before: int, added: list[np.ndarray]) -> None:
+        """Bring the PLAID index in line with the committed store; rebuild on any failure."""
+        try:
+            if self._fp is None or self._n_vectors < self.min_index_vectors \
+                    or len(del_positions) >= n_index_before:
+                self._rebuild()
+                return
+            if del_positions:
+                engine_call("delete", self._fp.delete, sorted(del_positions))
+            if added:
+                with self._seeded():
+                    engine_call("update", self._fp.update, self._as_tensors(added),
+                                buffer_size=self.buffer_size, **self._engine_kwargs())
+            n_index = self._index_doc_count(self.path / self._plaid_dir)
+            if n_index != len(self._order):
+                raise PlaidEngineError(f"after the update the index holds {n_index} documents, "
+                                       f"the store {len(self._order)}")
+            with self._tx() as db:
+                self._state_set(db, dirty="0")
+        except PlaidEngineError as e:
+            warnings.warn(f"{e}; rebuilding the PLAID index from the stored vectors", RuntimeWarning,
+                          stacklevel=4)
+            self._rebuild()
+
+    # -- stored vectors --------------------------------------------------------------------
+    def _load_vectors(self, seqs: Sequence[int]) -> list[np.ndarray]:
+        """Stored vectors (float32) of ``seqs``, in that order."""
+        dtype = np.dtype(self._build["vector_dtype"])
+        found: dict[int, np.ndarray] = {}
+        seqs = list(seqs)
+        for i in range(0, len(seqs), _SQL_CHUNK):
+            chunk = seqs[i:i + _SQL_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for seq, n_rows, blob in self._db.execute(
+                    f"SELECT seq, n_rows, vectors FROM docs WHERE seq IN ({marks})", chunk):
+                found[seq] = np.frombuffer(blob, dtype=dtype).reshape(n_rows, DIM).astype(np.float32)
+        return [found[s] for s in seqs]
+
+    def _positions(self, seqs: Sequence[int]) -> list[int]:
+        return np.searchsorted(self._order, np.asarray(seqs, dtype=np.int64)).tolist()
+
+    # -- writes ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this PlaidStore is closed")
+
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        with self._lock:
+            self._check_open()
+            old = [self._seq_of[x] for x in ids if x in self._seq_of]
+            del_positions = self._positions(old)
+            n_before = len(self._order)
+            top = int(self._order[-1]) if len(self._order) else 0
+            new = list(range(top + 1, top + 1 + len(ids)))
+            dtype = self._build["vector_dtype"]
+            rows = [(s, x, len(v), np.ascontiguousarray(v, dtype=dtype).tobytes(),
+                     json.dumps(m, ensure_ascii=False))
+                    for s, x, v, m in zip(new, ids, vectors, metadata, strict=True)]
+            with self._tx() as db:
+                self._state_set(db, dirty="1")
+                for i in range(0, len(old), _SQL_CHUNK):
+                    chunk = old[i:i + _SQL_CHUNK]
+                    db.execute(f"DELETE FROM docs WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
+                db.executemany("INSERT INTO docs (seq, id, n_rows, vectors, metadata) VALUES (?, ?, ?, ?, ?)",
+                               rows)
+            self._forget(old)
+            for s, x, v, m in zip(new, ids, vectors, metadata, strict=True):
+                self._id_of[s], self._seq_of[x], self._rows[s], self._meta[s] = x, s, len(v), m
+            self._n_vectors += sum(len(v) for v in vectors)
+            keep = np.ones(len(self._order), bool)
+            keep[del_positions] = False
+            self._order = np.concatenate([self._order[keep], np.asarray(new, dtype=np.int64)])
+            if dtype == "float16":  # the index is built from what is stored
+                vectors = [v.astype(np.float16) for v in vectors]
+            self._sync_engine(del_positions, n_before, vectors)
+
+    def _forget(self, seqs: list[int]) -> None:
+        for s in seqs:
+            self._n_vectors -= self._rows.pop(s)
+            del self._seq_of[self._id_of.pop(s)]
+            del self._meta[s]
+
+    def _delete(self, ids: list[str]) -> None:
+        with self._lock:
+            self._check_open()
+            old = [self._seq_of[x] for x in ids if x in self._seq_of]
+            if not old:
+                return
+            del_positions = self._positions(old)
+            n_before = len(self._order)
+            with self._tx() as db:
+                self._state_set(db, dirty="1")
+                for i in range(0, len(old), _SQL_CHUNK):
+                    chunk = old[i:i + _SQL_CHUNK]
+                    db.execute(f"DELETE FROM docs WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
+            self._forget(old)
+            keep = np.ones(len(self._order), bool)
+            keep[del_positions] = False
+            self._order = self._order[keep]
+            self._sync_engine(del_positions, n_before, [])
+
+    # -- reads -----------------------------------------------------------------------------
+    def count(self) -> int:
+        return len(self._order)
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        with self._lock:
+            self._check_open()
+            seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
+            vecs = self._load_vectors(seqs)
+            return [Record(self._id_of[s], v, json.loads(json.dumps(self._meta[s])))
+                    for s, v in zip(seqs, vecs, strict=True)]
+
+    def _hit(self, seq: int, score: float) -> Hit:
+        return Hit(self._id_of[seq], finite_score(score), json.loads(json.dumps(self._meta[seq])))
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        return self._search_batch([query], k, conditions)[0]
+
+    def _search_batch(
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+    ) -> list[list[Hit]]:
+        with self._lock:
+            self._check_open()
+            n = len(self._order)
+            if n == 0:
+                return [[] for _ in queries]
+            allowed: np.ndarray | None = None
+            if conditions:
+                mask = np.fromiter((matches(self._meta[s], conditions) for s in self._order.tolist()),
+                                   dtype=bool, count=n)
+                allowed = np.flatnonzero(mask)
+                if len(allowed) == 0:
+                    return [[] for _ in queries]
+            n_allowed = n if allowed is None else len(allowed)
+            pool = max(self.n_rerank, k) if self.rerank else k
+            if self._fp is None or (self.rerank and n_allowed <= pool):
+                positions = np.arange(n) if allowed is None else allowed
+                return self._exact(queries, self._order[positions].tolist(), k)
+            found = self._engine_search(queries, pool, allowed)
+            if self.rerank:
+                return [self._exact([q], sorted(c for c, _ in cands), k)[0]
+                        for q, cands in zip(queries, found, strict=True)]
+            out = []
+            for q, cands in zip(queries, found, strict=True):
+                if len(cands) < min(k, n_allowed):
+                    cands = self._fill_decompressed(q, cands, allowed, k)
+                out.append([self._hit(s, sc) for s, sc in cands[:k]])
+            return out
+
+    def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
+        """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
+        if not seqs:
+            return [[] for _ in queries]
+        mat, off = pack(self._load_vectors(seqs))
+        scores = maxsim_scores(queries, mat, off)
+        return [[self._hit(seqs[i], row[i]) for i in top_k(row, k)] for row in scores]
+
+    def _engine_search(self, queries: list[np.ndarray], top: int,
+                       allowed: np.ndarray | None) -> list[list[tuple[int, float]]]:
+        """PLAID candidates per query as (seq, score), best first. Queries of one length go
+        together, so no zero padding changes which centroids are probed."""
+        torch = self._torch
+        subset = None if allowed is None else allowed.tolist()
+        out: list[list[tuple[int, float]]] = [[] for _ in queries]
+        by_len: dict[int, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_len.setdefault(len(q), []).append(i)
+        n = len(self._order)
+        for idx in by_len.values():
+            batch = torch.from_numpy(np.stack([queries[i] for i in idx]).astype(np.float16))
+            res = engine_call("search", self._fp.search, batch, top_k=top, batch_size=self.search_batch_size,
+                              n_full_scores=max(self.n_full_scores, top), n_ivf_probe=self.n_ivf_probe,
+                              show_progress=False, subset=subset, n_processes=1)
+            for i, pairs in zip(idx, res, strict=True):
+                if any(not 0 <= p < n for p, _ in pairs):
+                    raise PlaidEngineError(f"fast-plaid returned a position outside 0..{n - 1}")
+                out[i] = [(int(self._order[p]), float(s)) for p, s in pairs]
+        return out
+
+    def _fill_decompressed(self, q: np.ndarray, cands: list[tuple[int, float]],
+                           allowed: np.ndarray | None, k: int) -> list[tuple[int, float]]:
+        """PLAID found fewer than ``k`` of the allowed documents: score the rest on their
+        decompressed vectors (what PLAID scores), so ``k >= count`` returns every document."""
+        have = {s for s, _ in cands}
+        positions = np.arange(len(self._order)) if allowed is None else allowed
+        missing = [int(p) for p in positions if int(self._order[p]) not in have]
+        embs = engine_call("get_embeddings", self._fp.get_embeddings, missing)
+        mat, off = pack([e.float().numpy() for e in embs])
+        scores = maxsim_scores([q], mat, off)[0]
+        extra = [(int(self._order[p]), float(s)) for p, s in zip(missing, scores, strict=True)]
+        return sorted(cands + extra, key=lambda t: -t[1])
+
+    # -- housekeeping ----------------------------------------------------------------------
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes on disk: ``plaid_index`` (the fast-plaid directory) and ``stored`` (SQLite:
+        original vectors, ids, metadata)."""
+        with self._lock:
+            self._check_open()
+            idx = sum(p.stat().st_size for p in (self.path / self._plaid_dir).rglob("*") if p.is_file()) \
+                if self._plaid_dir else 0
+            stored = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
+            return {"plaid_index": idx, "stored": stored}
+
+    def _release(self) -> None:
+        if self._fp is not None:
+            self._fp.close()
+            self._fp = None
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+        if self._lockfile is not None:
+            self._lockfile.close()  # releases the flock
+            self._lockfile = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._release()
