@@ -53,11 +53,15 @@ class Collection:
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, "rb")
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror or e}") from None
     with f:
-        for n, line in enumerate(f, 1):
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             try:
@@ -136,9 +140,11 @@ def read_qrels(path: str | os.PathLike, split: str = "test") -> dict[str, dict[s
         p = p / "qrels" / f"{split}.tsv"
     qrels: dict[str, dict[str, int]] = {}
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_bytes().decode("utf-8").splitlines()
     except OSError as e:
         raise DataError(f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -1,0 +1,101 @@
+"""The embedded default encoder: output invariants, caps, dense weight, bad input, persistence."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.base import Encoder
+
+
+def test_protocol_and_invariants(encoder):
+    assert isinstance(encoder, Encoder)
+    docs = encoder.encode_documents(["a wing in a slipstream", "heat transfer at high speed"])
+    qs = encoder.encode_queries(["wing lift?"], dense_weight=1.0)
+    for x in docs + qs:
+        assert x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == 128
+        np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1, atol=1e-5)
+        assert (x[:3, 0] < 0).all() and (x[3:, 0] > 0).all()
+    # 3 slots + one vector per wordpiece of the text ([CLS] and [SEP] are not kept)
+    n = len(encoder.tokenizer("a wing in a slipstream", add_special_tokens=False)["input_ids"])
+    assert len(docs[0]) == 3 + n
+
+
+def test_deterministic(encoder):
+    a = encoder.encode_documents(["the same text twice"])[0]
+    b = encoder.encode_documents(["the same text twice", "and another one"])[0]
+    np.testing.assert_allclose(a, b, atol=1e-5)  # batching with padding changes nothing
+
+
+def test_query_token_cap_and_dense_length(encoder):
+    long_q = " ".join(["the wing flutter"] * 40)  # 120 wordpieces: over 64, under 256
+    q = encoder.encode_queries([long_q])[0]
+    assert len(q) == 3 + encoder.query_token_cap == 67
+    # the dense head reads past the 64 tokens: a change after token 64 moves the slots only
+    q2 = encoder.encode_queries([long_q + " zebra giraffe"])[0]
+    assert not np.allclose(q[:3], q2[:3])
+
+
+def test_dense_weight(encoder):
+    q1 = encoder.encode_queries(["flutter of panels"], dense_weight=1.0)[0]
+    q4 = encoder.encode_queries(["flutter of panels"], dense_weight=4.0)[0]
+    np.testing.assert_allclose(q4[:3], 4 * q1[:3], atol=1e-5)
+    np.testing.assert_allclose(q4[3:], q1[3:], atol=1e-6)
+    for bad in (0, -1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="dense_weight"):
+            encoder.encode_queries(["x"], dense_weight=bad)
+
+
+@pytest.mark.parametrize(
+    ("texts", "error", "match"),
+    [
+        (["ok", ""], ValueError, r"texts\[1\] is empty"),
+        (["   \n\t"], ValueError, r"texts\[0\] is empty"),
+        (["ok", 3], TypeError, r"texts\[1\] must be a str"),
+        (["ok", None], TypeError, r"texts\[1\] must be a str"),
+        ("a single string", TypeError, "not a single string"),
+    ],
+)
+def test_bad_input(encoder, texts, error, match):
+    with pytest.raises(error, match=match):
+        encoder.encode_documents(texts)
+    with pytest.raises(error, match=match):
+        encoder.encode_queries(texts)
+
+
+def test_empty_list_gives_empty_result(encoder):
+    assert encoder.encode_documents([]) == [] and encoder.encode_queries([]) == []
+
+
+def test_truncation_reported_once(encoder):
+    long_doc = "turbulence " * 700
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = encoder.encode_documents([long_doc, "short", long_doc, long_doc], show_progress=False)
+    msgs = [str(w.message) for w in caught if "truncated" in str(w.message)]
+    assert msgs == ["3 of 4 documents were longer than 512 tokens and were truncated"]
+    assert len(out[0]) == 3 + 510  # the model's 512 positions less [CLS] and [SEP]
+
+
+def test_save_and_load_round_trip(encoder, tmp_path):
+    encoder.save_projections(tmp_path)
+    again = load_encoder(tmp_path)
+    text = ["boundary layer transition on a flat plate"]
+    np.testing.assert_array_equal(again.encode_documents(text)[0], encoder.encode_documents(text)[0])
+    assert again.dense_weight == encoder.dense_weight
+
+
+def test_load_encoder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no encoder"):
+        load_encoder(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="neither"):
+        load_encoder(tmp_path)
+
+
+def test_streaming(encoder):
+    texts = (f"text number {i}" for i in range(7))
+    out = list(encoder.encode_documents_iter(texts, chunk_size=3))
+    assert len(out) == 7

@@ -1,0 +1,106 @@
+"""Metrics against hand-computed values; BEIR/JSONL readers, including fuzzed input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from uibk_embedding.data import DataError, load_beir, read_corpus, read_qrels, read_queries
+from uibk_embedding.metrics import evaluate, ndcg_at_k, overlap_at_k, recall_at_k
+
+
+def test_ndcg_by_hand():
+    qrels = {"q1": {"a": 3, "b": 1, "c": 0}, "q2": {"x": 1}}
+    run = {"q1": ["c", "b", "a"], "q2": ["x"]}
+    dcg1 = 0 + 1 / math.log2(3) + 3 / math.log2(4)
+    idcg1 = 3 + 1 / math.log2(3)
+    assert ndcg_at_k(run, qrels, 10) == pytest.approx((dcg1 / idcg1 + 1.0) / 2)
+    assert ndcg_at_k(run, qrels, 1) == pytest.approx((0 + 1) / 2)
+
+
+def test_recall_and_missing_queries():
+    qrels = {"q1": {"a": 1, "b": 2}, "q2": {"x": 1}, "q3": {"z": 0}}  # q3 has no relevant doc
+    run = {"q1": ["a", "zz", "b"]}
+    assert recall_at_k(run, qrels, 2) == pytest.approx((0.5 + 0) / 2)
+    assert recall_at_k(run, qrels, 3) == pytest.approx((1 + 0) / 2)
+    assert set(evaluate(run, qrels)) == {"ndcg@10", "recall@2", "recall@10", "recall@100"}
+    assert overlap_at_k({"q": ["a", "b", "c"]}, {"q": ["c", "a", "d"]}, 3) == pytest.approx(2 / 3)
+
+
+def _write_beir(root, corpus, queries, qrels):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "qrels").mkdir(exist_ok=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in qrels))
+
+
+def test_load_beir(tmp_path):
+    _write_beir(tmp_path / "c", [{"_id": "1", "title": "T", "text": "body"}, {"_id": "2", "text": "x"}],
+                [{"_id": "q", "text": "?"}, {"_id": "u", "text": "unjudged"}], [("q", "1", 1)])
+    c = load_beir(tmp_path / "c")
+    assert [d.id for d in c.corpus] == ["1", "2"] and c.corpus[0].full_text == "T. body"
+    assert c.queries == {"q": "?"} and c.qrels == {"q": {"1": 1}}
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"_id": "1", "text": "a"}\n{"_id": "1", "text": "b"}\n', "duplicate document id"),
+        ('{"_id": "1", "text": "a"}\nnot json\n', r":2: not valid JSON"),
+        ('["a list"]\n', "expected a JSON object"),
+        ('{"text": "no id"}\n', "missing field"),
+        ('{"_id": "1", "text": ["x"]}\n', "must be a string"),
+        ('{"_id": "", "text": "x"}\n', "empty document id"),
+        ("", "no documents"),
+    ],
+)
+def test_corpus_errors(tmp_path, content, match):
+    p = tmp_path / "c.jsonl"
+    p.write_text(content)
+    with pytest.raises(DataError, match=match):
+        read_corpus(p)
+
+
+def test_qrels_errors(tmp_path):
+    p = tmp_path / "q.tsv"
+    p.write_text("query-id\tcorpus-id\tscore\nq1\td1\n")
+    with pytest.raises(DataError, match="3 tab-separated"):
+        read_qrels(p)
+    p.write_text("q1\td1\thigh\n")
+    with pytest.raises(DataError, match="not a number"):
+        read_qrels(p)
+    with pytest.raises(DataError, match="cannot read"):
+        read_qrels(tmp_path / "nope.tsv")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300))
+def test_fuzz_readers_fail_only_with_data_error(tmp_path, blob):
+    """Arbitrary bytes: the readers either parse them or raise DataError, never anything else."""
+    for reader, name in ((read_corpus, "c.jsonl"), (read_queries, "q.jsonl"), (read_qrels, "r.tsv")):
+        p = tmp_path / name
+        p.write_bytes(blob)
+        try:
+            reader(p)
+        except DataError:
+            pass
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({"_id": st.text(min_size=1, max_size=8),
+                                       "text": st.text(max_size=30)}), max_size=6))
+def test_fuzz_corpus_records(tmp_path, docs):
+    p = tmp_path / "c.jsonl"
+    p.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    try:
+        out = read_corpus(p)
+    except DataError:
+        return
+    assert all(d.full_text.strip() for d in out)
+    assert len({d.id for d in out}) == len(out)
