@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import Encoder
 
