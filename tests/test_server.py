@@ -1,0 +1,267 @@
+"""``uibk-embed serve`` + RemoteEncoder: a real server process on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra (httpx) is not installed")
+pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+
+from uibk_embedding.encoder import load_encoder  # noqa: E402
+from uibk_embedding.encoder.remote import (  # noqa: E402
+    MEDIA_TYPE,
+    RemoteEncoder,
+    RemoteEncoderError,
+    ServerUnavailable,
+    pack_payload,
+    unpack_payload,
+)
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
+
+TEXTS = [
+    "lift on a wing in a propeller slipstream",
+    "laminar to turbulent transition in the boundary layer of a flat plate",
+    "heat transfer to a blunt body in hypersonic flow",
+    "panel flutter in supersonic flow and damping",
+    "oblique shock wave and laminar boundary layer interaction at high mach number",
+]
+MAX_TEXTS = 16
+MAX_CHARS = 20_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    cfg = UIBKConfig.tiny()
+    enc = UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS), seed=2)
+    return enc.save_pretrained(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    port = free_port()
+    cmd = [sys.executable, "-m", "uibk_embedding.cli", "serve", "--encoder", str(checkpoint),
+           "--port", str(port), "--max-wait-ms", "150", "--max-texts", str(MAX_TEXTS),
+           "--max-text-chars", str(MAX_CHARS), "--max-body-mb", "0.25", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # importing torch on a busy 2-core machine is slow
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("server did not become healthy within 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def local(checkpoint):
+    return load_encoder(checkpoint)
+
+
+def test_health_and_stats(server, checkpoint):
+    with RemoteEncoder(server) as enc:
+        h = enc.health()
+        assert h["service"] == "uibk-embed" and h["kind"] == "uibk" and h["device"] == "cpu"
+        assert h["limits"]["max_texts"] == MAX_TEXTS and h["dim"] == 128
+        assert enc.model_name == str(checkpoint)
+        assert {"requests", "passes", "merged_passes", "multi_client_passes", "clients"} <= set(enc.stats())
+
+
+def test_remote_is_byte_identical_to_in_process(server, local):
+    with RemoteEncoder(server) as enc:
+        assert enc.format == local.format and enc.dense_weight == local.dense_weight
+        for a, b in zip(enc.encode_documents(TEXTS), local.encode_documents(TEXTS), strict=True):
+            assert a.dtype == np.float32 and a.tobytes() == b.tobytes()
+        for a, b in zip(enc.encode_queries(TEXTS, dense_weight=2.5),
+                        local.encode_queries(TEXTS, dense_weight=2.5), strict=True):
+            assert a.tobytes() == b.tobytes()
+        # more texts than one request may hold: the client splits, the order is kept
+        many = [f"{t} {i}" for i in range(3) for t in TEXTS * 2]
+        assert len(many) > MAX_TEXTS
+        got = enc.encode_documents(many)
+    assert [g.shape for g in got] == [d.shape for d in local.encode_documents(many)]
+
+
+CLIENT = textwrap.dedent("""
+    import sys, time
+    from uibk_embedding.encoder.remote import RemoteEncoder
+    url, start = sys.argv[1], float(sys.argv[2])
+    enc = RemoteEncoder(url)
+    while time.time() < start:
+        time.sleep(0.01)
+    for i in range(12):
+        out = enc.encode_documents([f"flow over a wing {i} {j}" for j in range(4)])
+        assert len(out) == 4
+    print("done")
+""")
+
+
+def test_two_client_processes_are_batched_by_one_server(server):
+    before = httpx.get(server + "/stats").json()
+    start = time.time() + 20  # both clients import and connect first, then start together
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, server, str(start)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    after = httpx.get(server + "/stats").json()
+    requests = after["requests"] - before["requests"]
+    passes = after["passes"] - before["passes"]
+    assert requests == 24
+    assert after["clients"] >= before["clients"] + 2
+    assert after["multi_client_passes"] > before["multi_client_passes"], (before, after)
+    assert passes < requests, (before, after)
+
+
+def test_bad_input_gives_clear_errors(server, local):
+    with RemoteEncoder(server) as enc:
+        assert enc.encode_documents([]) == []
+        with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+            enc.encode_documents(["fine", ""])
+        with pytest.raises(ValueError, match=f"accepts at most {MAX_CHARS} per text"):
+            enc.encode_documents(["wing " * (MAX_CHARS // 4)])
+        with pytest.raises(ValueError, match="dense_weight"):
+            enc.encode_queries(["q"], dense_weight=0)
+        # over-long in tokens (not in characters): truncated with a warning, as in-process
+        long_doc = " ".join(TEXTS * 60)  # about 17,000 characters, 3,000 words
+        with pytest.warns(UserWarning, match="longer than 2048 tokens"):
+            remote = enc.encode_documents([long_doc])[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert remote.tobytes() == local.encode_documents([long_doc])[0].tobytes()
+        assert remote.shape == (3 + 2044, 128)
+    # the server checks on its own too (clients in other languages)
+    post = lambda body: httpx.post(server + "/encode", content=body, timeout=30)  # noqa: E731
+    r = post(json.dumps({"kind": "documents", "texts": ["ok", ""]}))
+    assert r.status_code == 400 and "texts[1] is empty" in r.json()["detail"]
+    r = post(json.dumps({"kind": "documents", "texts": ["x"] * (MAX_TEXTS + 1)}))
+    assert r.status_code == 413 and f"at most {MAX_TEXTS}" in r.json()["detail"]
+    r = post(json.dumps({"kind": "documents", "texts": ["x" * 19_000] * 15}))
+    assert r.status_code == 413 and "exceeds the limit" in r.json()["detail"]
+    r = post(b"{not json")
+    assert r.status_code == 400 and "not JSON" in r.json()["detail"]
+    r = post(json.dumps({"kind": "passages", "texts": ["x"]}))
+    assert r.status_code == 400 and "'kind'" in r.json()["detail"]
+    r = post(json.dumps({"kind": "documents", "texts": "a single string"}))
+    assert r.status_code == 400 and "list of strings" in r.json()["detail"]
+
+
+def test_server_down_is_a_clear_error():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServerUnavailable, match=f"no uibk-embed server at {url}.*uibk-embed serve"):
+        RemoteEncoder(url, connect_timeout=2)
+
+
+class _Junk(http.server.BaseHTTPRequestHandler):
+    """A real HTTP server that is not a (working) uibk-embed server."""
+
+    health: ClassVar[dict] = {}
+    payload: ClassVar[bytes] = b""
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health" and self.health:
+            self._send(200, json.dumps(self.health).encode(), "application/json")
+        else:
+            self._send(404, b"not found", "text/plain")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send(200, self.payload, MEDIA_TYPE)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def junk_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Junk)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_garbage_answers_are_clear_errors(junk_server, server):
+    srv, url = junk_server
+    _Junk.health = {}
+    with pytest.raises(RemoteEncoderError, match=r"HTTP 404.*is this a uibk-embed server"):
+        RemoteEncoder(url)
+    _Junk.health = httpx.get(server + "/health").json()  # a health report that looks right ...
+    enc = RemoteEncoder(url)
+    _Junk.payload = b"\x00garbage" * 10  # ... then vectors that are not
+    with pytest.raises(RemoteEncoderError, match="malformed vector payload"):
+        enc.encode_documents(["a wing"])
+    good = pack_payload([np.ones((4, 128), np.float32)])
+    _Junk.payload = good[:-4]  # one float short
+    with pytest.raises(RemoteEncoderError, match="the header announces"):
+        enc.encode_documents(["a wing"])
+    _Junk.payload = pack_payload([np.ones((4, 128), np.float32)] * 2)
+    with pytest.raises(RemoteEncoderError, match="2 lists for 1 texts"):
+        enc.encode_documents(["a wing"])
+    srv.shutdown()
+    srv.server_close()
+    with pytest.raises(ServerUnavailable):
+        enc.encode_documents(["a wing"])
+
+
+def test_payload_round_trip_and_corruption():
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(n, 128)).astype(np.float32) for n in (3, 0, 7)]
+    back = unpack_payload(pack_payload(arrays), expected=3)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays, back, strict=True))
+    assert unpack_payload(pack_payload([])) == []
+    bad = bytearray(pack_payload(arrays))
+    bad[-4:] = np.float32(np.nan).tobytes()
+    with pytest.raises(RemoteEncoderError, match="non-finite"):
+        unpack_payload(bytes(bad))
+    with pytest.raises(RemoteEncoderError, match="starts with"):
+        unpack_payload(b"NOTUIBK!" + bytes(8))
+
+
+def test_cli_delegates_serve_help():
+    out = subprocess.run([sys.executable, "-m", "uibk_embedding.cli", "serve", "--help"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert out.returncode == 0 and "--max-text-chars" in out.stdout
