@@ -1,0 +1,136 @@
+"""Milvus (token_rows) vs the exact store on NPL: build time, latency, candidate budget vs recall.
+
+Encodes ``../shared/datasets/npl`` with the embedded default encoder (cached on disk), indexes
+it into the exact store and into Milvus (Milvus Lite in-process by default, or the real
+standalone server with ``--server``), then for each candidate budget (nearest rows per query
+vector) reports recall@10 against exact MaxSim and the median latency per query. Everything is
+measured side by side in one run; latencies are medians over the queries of ``--repeats`` runs.
+
+    python benchmarks/milvus_budget.py                      # Milvus Lite, HNSW rows
+    python benchmarks/milvus_budget.py --server --docs 3000 # real standalone 2.3.5 server
+    python benchmarks/milvus_budget.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.adapters.milvus import (
+    DEFAULT_CANDIDATES,
+    LocalMilvusServer,
+    MilvusStore,
+    open_milvus_lite,
+)
+from uibk_embedding.encoder import load_encoder
+
+from uibk_embedding.data import Collection, load_beir
+from uibk_embedding.evaluation import encode_collection
+from uibk_embedding.testing import datasets_dir
+
+
+def timed_search(store, queries, k, repeats):
+    """Per-query latencies (seconds, median of ``repeats`` runs each) and the last results."""
+    lat = []
+    results = []
+    for q in queries:
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            hits = store.search(q, k=k)
+            runs.append(time.perf_counter() - t)
+        lat.append(statistics.median(runs))
+        results.append([h.id for h in hits])
+    return lat, results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="npl")
+    ap.add_argument("--docs", type=int, default=0, help="first N documents only (0: all)")
+    ap.add_argument("--queries", type=int, default=0, help="first N queries only (0: all)")
+    ap.add_argument("--budgets", default="4,8,16,32,64,128,256")
+    ap.add_argument("--index", default="HNSW", help="row index type (HNSW, IVF_FLAT, FLAT)")
+    ap.add_argument("--server", action="store_true", help="the real standalone server (milvus package)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    full = load_beir(datasets_dir() / args.dataset)
+    corpus = full.corpus[: args.docs] if args.docs else full.corpus
+    qids = list(full.queries)[: args.queries] if args.queries else list(full.queries)
+    coll = Collection(f"{full.name}" if not args.docs else f"{full.name}-{args.docs}", corpus,
+                      {q: full.queries[q] for q in qids}, {q: full.qrels.get(q, {}) for q in qids})
+    t = time.perf_counter()
+    enc = encode_collection(load_encoder(), coll)
+    print(f"encoded {len(enc.docs)} docs ({sum(len(d) for d in enc.docs)} vectors), "
+          f"{len(enc.queries)} queries in {time.perf_counter() - t:.1f} s (cached after the first run)",
+          file=sys.stderr)
+
+    exact = ExactStore()
+    t = time.perf_counter()
+    exact.upsert(enc.doc_ids, enc.docs)
+    exact_build = time.perf_counter() - t
+    exact_lat, exact_res = timed_search(exact, enc.queries, args.k, args.repeats)
+
+    server = LocalMilvusServer() if args.server else None
+    tmp = tempfile.mkdtemp(prefix="uibk-milvus-bench-")
+    try:
+        if server is not None:
+            server.start()
+            store = MilvusStore(uri=server.uri, collection="bench", index_type=args.index)
+        else:
+            store = open_milvus_lite(path=Path(tmp) / "bench.db", index_type=args.index)
+        t = time.perf_counter()
+        for i in range(0, len(enc.docs), 256):
+            store.upsert(enc.doc_ids[i:i + 256], enc.docs[i:i + 256])
+        store.search(enc.queries[0], k=1)  # the index is built / loaded when the first search returns
+        milvus_build = time.perf_counter() - t
+        rows = []
+        for budget in [int(b) for b in args.budgets.split(",")]:
+            store.candidates = budget
+            lat, res = timed_search(store, enc.queries, args.k, args.repeats)
+            recall = float(np.mean([len(set(a) & set(b)) / len(b)
+                                    for a, b in zip(res, exact_res, strict=True)]))
+            rows.append({"candidates": budget, "recall@10_vs_exact": round(recall, 4),
+                         "median_latency_ms": round(1000 * statistics.median(lat), 2)})
+        engine = f"milvus {store.server_version} ({'standalone' if server else 'Lite'}, {args.index} rows)"
+        store.close()
+    finally:
+        if server is not None:
+            server.stop()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    out = {
+        "dataset": coll.name, "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
+        "queries": len(enc.queries), "engine": engine, "default_candidates": DEFAULT_CANDIDATES,
+        "exact_store": {"build_s": round(exact_build, 2),
+                        "median_latency_ms": round(1000 * statistics.median(exact_lat), 2)},
+        "milvus": {"build_s": round(milvus_build, 2), "budgets": rows},
+    }
+    print(f"\n{out['dataset']}: {out['docs']} docs, {out['vectors']} vectors, {out['queries']} queries; "
+          f"{engine}")
+    print(f"build: exact store {out['exact_store']['build_s']} s, milvus {out['milvus']['build_s']} s; "
+          f"exact store median latency {out['exact_store']['median_latency_ms']} ms/query\n")
+    print("| candidates per query vector | recall@10 vs exact | median latency (ms/query) |")
+    print("|---:|---:|---:|")
+    for r in rows:
+        mark = " (default)" if r["candidates"] == DEFAULT_CANDIDATES else ""
+        print(f"| {r['candidates']}{mark} | {r['recall@10_vs_exact']:.4f} | {r['median_latency_ms']} |")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Milvus-specific behaviour (the shared behaviour is in the conformance suite).
+
+Runs on Milvus Lite in-process; the version and existing-collection checks also run against the
+real standalone server that the conformance suite starts (one per session, shared).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.adapters.milvus import (
+    ARRAY_CAPACITY,
+    DIM,
+    MilvusStore,
+    open_milvus_lite,
+    user_namespaces_available,
+)
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.testing import make_list
+
+
+@pytest.fixture
+def lite(tmp_path):
+    s = open_milvus_lite(path=tmp_path / "m.db", exact=True, index_type="FLAT")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def standalone():
+    pytest.importorskip("milvus")
+    if not user_namespaces_available():
+        pytest.skip("cannot confine the Milvus standalone server to 127.0.0.1 (no user namespaces)")
+    from uibk_embedding.adapters.milvus import LocalMilvusServer
+
+    return LocalMilvusServer.shared()
+
+
+def test_existing_collection_is_validated_never_modified(tmp_path, fmt, rng):
+    path = tmp_path / "m.db"
+    with open_milvus_lite(path=path, collection="c1") as s:
+        s.upsert(["a"], [make_list(fmt, rng, 5)])
+    # another tagged format: refused, and the data is still there afterwards
+    with pytest.raises(ValueError, match="holds lists of TaggedFormat"):
+        open_milvus_lite(path=path, collection="c1", format=TaggedFormat(beta=0.8))
+    # a foreign collection with the same name: refused with a precise message, left unchanged
+    from pymilvus import DataType, MilvusClient
+
+    with open_milvus_lite(path=path, collection="other") as probe:
+        client: MilvusClient = probe.client
+        schema = client.create_schema(auto_id=True)
+        schema.add_field("pk", DataType.INT64, is_primary=True)
+        schema.add_field("vec", DataType.FLOAT_VECTOR, dim=DIM)
+        ip = client.prepare_index_params()
+        ip.add_index("vec", index_type="FLAT", metric_type="COSINE")
+        for n in ("foreign_rows", "foreign_docs"):
+            client.create_collection(n, schema=schema, index_params=ip)
+        client.insert("foreign_rows", [{"vec": [1.0] + [0.0] * (DIM - 1)}])
+    with pytest.raises(ValueError, match=r"does not fit this store.*left unchanged"):
+        open_milvus_lite(path=path, collection="foreign")
+    with open_milvus_lite(path=path, collection="other") as probe:
+        res = probe.client.query("foreign_rows", filter="", output_fields=["count(*)"])
+        assert res[0]["count(*)"] == 1
+        assert [f["name"] for f in probe.client.describe_collection("foreign_rows")["fields"]] == \
+            ["pk", "vec"]
+    with open_milvus_lite(path=path, collection="c1") as s:
+        assert s.count() == 1
+
+
+def test_half_created_store_is_refused(tmp_path, fmt):
+    path = tmp_path / "m.db"
+    with open_milvus_lite(path=path, collection="half") as s:
+        s.client.drop_collection("half_docs")
+    with pytest.raises(ValueError, match="incomplete"):
+        open_milvus_lite(path=path, collection="half")
+
+
+@pytest.mark.parametrize("value", [
+    'x" or 1==1 or "',
+    "a' || true || 'b",
+    'back\\slash \\" and " quote',
+    '"]) or (f["k"] == "s',
+    "line\nbreak\ttab \u00e9\U0001F600",
+    "exists f",
+])
+def test_metadata_with_quotes_and_operators_is_literal(lite, fmt, rng, value):
+    docs = [make_list(fmt, rng, 6) for _ in range(4)]
+    md = [{"k": value}, {"k": "other"}, {"k": value + " "}, {}]
+    lite.upsert(["hit", "miss", "near", "none"], docs, md)
+    assert lite.get(["hit"])[0].metadata == {"k": value}
+    for flt in ({"k": value}, {"k": {"$in": [value, "nothing"]}}):
+        hits = lite.search(docs[1], k=4, filter=flt)
+        assert [h.id for h in hits] == ["hit"]
+
+
+def test_filter_types_are_not_conflated(lite, fmt, rng):
+    """Milvus Lite's JSON comparison treats True as 1; the stored type tags keep them apart."""
+    docs = [make_list(fmt, rng, 5) for _ in range(4)]
+    lite.upsert(["bool", "int", "str", "float"], docs,
+                [{"v": True}, {"v": 1}, {"v": "1"}, {"v": 1.0}])
+    q = docs[0]
+    assert {h.id for h in lite.search(q, k=4, filter={"v": True})} == {"bool"}
+    assert {h.id for h in lite.search(q, k=4, filter={"v": 1})} == {"int", "float"}
+    assert {h.id for h in lite.search(q, k=4, filter={"v": "1"})} == {"str"}
+    assert {h.id for h in lite.search(q, k=4, filter={"v": {"$in": [False, "2"]}})} == set()
+
+
+def test_long_document_split_across_rows(lite, fmt, rng):
+    per_part = ARRAY_CAPACITY // DIM
+    long_doc = make_list(fmt, rng, 5 * per_part + 7)  # 6 parts
+    short = make_list(fmt, rng, 4)
+    lite.upsert(["long", "short"], [long_doc, short], [{"n": 1}, None])
+    parts = lite.client.query(lite.docs_name, filter='doc_id == "long"', output_fields=["part"])
+    assert sorted(p["part"] for p in parts) == list(range(6))
+    got = lite.get(["long"])[0]
+    np.testing.assert_array_equal(got.vectors, long_doc)
+    assert got.metadata == {"n": 1}
+    hit = lite.search(long_doc[:20], k=1)[0]
+    assert hit.id == "long"
+    # overwrite with a shorter version: no stale part survives
+    lite.upsert(["long"], [short])
+    parts = lite.client.query(lite.docs_name, filter='doc_id == "long"', output_fields=["part"])
+    assert [p["part"] for p in parts] == [0]
+    np.testing.assert_array_equal(lite.get(["long"])[0].vectors, short)
+
+
+def test_interrupted_upsert_keeps_old_or_new_and_repair_cleans(lite, fmt, rng):
+    old, new = make_list(fmt, rng, 40), make_list(fmt, rng, 9)
+    lite.upsert(["d"], [old], [{"v": "old"}])
+    # simulate a crash after the new version's parts were written but before the rest
+    lite.batch_rows = 10**9
+    original = lite._delete_versions
+    lite._delete_versions = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash"))
+    with pytest.raises(RuntimeError, match="crash"):
+        lite.upsert(["d"], [new], [{"v": "new"}])
+    lite._delete_versions = original
+    rec = lite.get(["d"])[0]  # the newest complete version wins
+    np.testing.assert_array_equal(rec.vectors, new)
+    assert rec.metadata == {"v": "new"}
+    assert [h.id for h in lite.search(new, k=5)] == ["d"]
+    assert lite.repair() == 1
+    assert lite.count() == 1 and lite.repair() == 0
+    # an incomplete newer version (crash while writing parts) is ignored
+    ver = lite._versions.next()
+    lite.client.insert(lite.docs_name, [{"doc_id": "d", "ver": ver, "part": 0, "n_parts": 2,
+                                         "n_rows": 40, "meta": "{}", "f": {},
+                                         "vecs": [0.0] * ARRAY_CAPACITY, "dummy": [0.0, 0.0]}])
+    np.testing.assert_array_equal(lite.get(["d"])[0].vectors, new)
+    assert lite.repair() == 1
+    np.testing.assert_array_equal(lite.get(["d"])[0].vectors, new)
+
+
+def test_budget_small_is_approximate_but_scores_exact(tmp_path, real_data):
+    """With a tiny budget and exact=False, every returned score is still exact MaxSim."""
+    ref = ExactStore()
+    ref.upsert(real_data.doc_ids[:80], real_data.docs[:80])
+    with open_milvus_lite(path=tmp_path / "m.db", candidates=2, index_type="FLAT") as s:
+        s.upsert(real_data.doc_ids[:80], real_data.docs[:80])
+        q = real_data.queries[3]
+        exact = ref.scores(q, dtype=np.float64)
+        for h in s.search(q, k=10):
+            assert h.score == pytest.approx(exact[h.id], rel=1e-6)
+
+
+def test_embedding_list_refused_on_lite(tmp_path):
+    with pytest.raises(ValueError, match="Milvus Lite supports only layout='token_rows'"):
+        open_milvus_lite(path=tmp_path / "m.db", layout="embedding_list")
+    with pytest.raises(RuntimeError, match=r"needs a Milvus server >= 2\.6\.4.*milvus_lite"):
+        MilvusStore(uri=str(tmp_path / "x.db"), layout="embedding_list")
+
+
+def test_embedding_list_refused_on_standalone_2_3(standalone):
+    with pytest.raises(RuntimeError, match=r"needs a Milvus server >= 2\.6\.4.*v2\.3\.5"):
+        MilvusStore(uri=standalone.uri, collection="refused", layout="embedding_list")
+
+
+def test_exact_needs_flat_index(tmp_path):
+    with pytest.raises(ValueError, match="exact=True needs"):
+        open_milvus_lite(path=tmp_path / "m.db", exact=True, index_type="HNSW")
+
+
+def test_unreachable_uri_fails_fast_with_clear_error():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"cannot connect to Milvus at 'http://127.0.0.1:{port}'"):
+        MilvusStore(uri=f"http://127.0.0.1:{port}", timeout=2.0)
+    assert time.monotonic() - t < 10
