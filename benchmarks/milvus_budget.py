@@ -31,7 +31,7 @@ from uibk_embedding.adapters.milvus import (
 )
 from uibk_embedding.encoder import load_encoder
 
-from uibk_embedding.data import Collection, load_beir
+from uibk_embedding.data import load_beir
 from uibk_embedding.evaluation import encode_collection
 from uibk_embedding.testing import datasets_dir
 
@@ -64,13 +64,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    full = load_beir(datasets_dir() / args.dataset)
-    corpus = full.corpus[: args.docs] if args.docs else full.corpus
-    qids = list(full.queries)[: args.queries] if args.queries else list(full.queries)
-    coll = Collection(f"{full.name}" if not args.docs else f"{full.name}-{args.docs}", corpus,
-                      {q: full.queries[q] for q in qids}, {q: full.qrels.get(q, {}) for q in qids})
+    coll = load_beir(datasets_dir() / args.dataset)
     t = time.perf_counter()
-    enc = encode_collection(load_encoder(), coll)
+    enc = encode_collection(load_encoder(), coll)  # the whole collection (cached), then subsets
+    if args.docs:
+        enc.doc_ids, enc.docs = enc.doc_ids[: args.docs], enc.docs[: args.docs]
+    if args.queries:
+        enc.query_ids, enc.queries = enc.query_ids[: args.queries], enc.queries[: args.queries]
     print(f"encoded {len(enc.docs)} docs ({sum(len(d) for d in enc.docs)} vectors), "
           f"{len(enc.queries)} queries in {time.perf_counter() - t:.1f} s (cached after the first run)",
           file=sys.stderr)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = {
-        "dataset": coll.name, "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
+        "dataset": coll.name + (f" (first {args.docs} docs)" if args.docs else ""), "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
         "queries": len(enc.queries), "engine": engine, "default_candidates": DEFAULT_CANDIDATES,
         "exact_store": {"build_s": round(exact_build, 2),
                         "median_latency_ms": round(1000 * statistics.median(exact_lat), 2)},
