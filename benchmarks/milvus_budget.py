@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = {
-        "dataset": coll.name + (f" (first {args.docs} docs)" if args.docs else ""), "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
+        "dataset": coll.name + (f" (first {args.docs} docs)" if args.docs else ""),
+        "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
         "queries": len(enc.queries), "engine": engine, "default_candidates": DEFAULT_CANDIDATES,
         "exact_store": {"build_s": round(exact_build, 2),
                         "median_latency_ms": round(1000 * statistics.median(exact_lat), 2)},
