@@ -1,0 +1,402 @@
+"""LlamaIndex integration: a vector store and a retriever over any uibk store.
+
+LlamaIndex's ``VectorStoreQuery`` holds one query vector, and a tagged query is a list of
+vectors: :class:`UIBKVectorStore` therefore sets ``is_embedding_query=False`` and encodes
+``query_str`` itself, with our encoder (DESIGN 2.1). It stores text (``stores_text=True``):
+each node's text is kept in the store's metadata, next to LlamaIndex's node record, so nodes
+come back whole, and ``delete(ref_doc_id)`` removes every node of a source document.
+
+:class:`UIBKRetriever` returns ``NodeWithScore`` (the MaxSim score) whose node metadata holds
+``score``, ``token_part`` and ``dense_part`` (kept out of the LLM and embedding views).
+
+To use LlamaIndex's ``VectorStoreIndex`` / query engines on top, build the index with
+:func:`index_from_store`: it passes :class:`NoEmbedding` as the embed model, so no
+single-vector model ever runs (documents inserted through the index are encoded once, by the
+store; queries are encoded by the store).
+
+Filters: ``MetadataFilters`` of ``EQ`` and ``IN`` filters combined with ``AND`` (nested
+``AND`` groups too); other operators and ``OR`` / ``NOT`` are refused with an error naming
+them. ``VectorStoreQuery.doc_ids`` restricts to source documents, ``node_ids`` to nodes.
+
+Example
+-------
+>>> import uibk_embedding as ue
+>>> from llama_index.core.schema import TextNode
+>>> from llama_index.core.vector_stores.types import MetadataFilters, MetadataFilter
+>>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=ue.open_store("exact"))
+>>> vs.add([TextNode(id_="wing", text="lift on a wing in a propeller slipstream",
+...                  metadata={"topic": "aero"}),
+...         TextNode(id_="bread", text="a sourdough bread recipe", metadata={"topic": "food"})])
+['wing', 'bread']
+>>> r = UIBKRetriever(vector_store=vs, similarity_top_k=1)
+>>> hit = r.retrieve("propeller slipstream")[0]
+>>> hit.node.node_id, hit.node.metadata["topic"], "dense_part" in hit.node.metadata
+('wing', 'aero', True)
+>>> only_food = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
+>>> [n.node.node_id for n in UIBKRetriever(vector_store=vs, filters=only_food).retrieve("wing")]
+['bread']
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.integrations.core import (
+    DEFAULT_TEXT_KEY,
+    NEVER_MATCHES,
+    RetrievalCore,
+    ScoredText,
+    merge_conditions,
+)
+
+from uibk_embedding._optional import require
+
+require("llama_index.core", "llamaindex", "the LlamaIndex integration")
+
+from llama_index.core.base.base_retriever import BaseRetriever  # noqa: E402
+from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
+from llama_index.core.callbacks import CallbackManager  # noqa: E402
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
+from llama_index.core.vector_stores.types import (  # noqa: E402
+    BasePydanticVectorStore,
+    FilterCondition,
+    FilterOperator,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+    VectorStoreQueryResult,
+)
+from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict  # noqa: E402
+from pydantic import PrivateAttr  # noqa: E402
+
+__all__ = ["NoEmbedding", "UIBKRetriever", "UIBKVectorStore", "index_from_store", "translate_filters"]
+
+REF_DOC_KEY = "ref_doc_id"  # written by LlamaIndex's node_to_metadata_dict
+EXPLAIN_KEYS = ("score", "token_part", "dense_part")
+DEFAULT_TOP_K = 2  # LlamaIndex's DEFAULT_SIMILARITY_TOP_K
+
+
+def _default_encoder() -> Any:
+    from uibk_embedding.encoder import load_encoder
+
+    return load_encoder()
+
+
+# -- filters -----------------------------------------------------------------------------------
+def _filter_conditions(filters: MetadataFilters) -> list[tuple[str, list[Any]]]:
+    cond = filters.condition or FilterCondition.AND
+    if cond != FilterCondition.AND and not (cond == FilterCondition.OR and len(filters.filters) == 1):
+        raise ValueError(
+            f"MetadataFilters condition {cond.value!r} is not supported: combine EQ / IN filters with 'and'"
+        )
+    out: list[tuple[str, list[Any]]] = []
+    for f in filters.filters:
+        if isinstance(f, MetadataFilters):
+            out.extend(_filter_conditions(f))
+            continue
+        op = f.operator
+        if op == FilterOperator.EQ:
+            if isinstance(f.value, list):
+                raise ValueError(f"filter on {f.key!r}: EQ takes one value; use IN for a list")
+            out.append((f.key, [f.value]))
+        elif op == FilterOperator.IN:
+            if not isinstance(f.value, list):
+                raise ValueError(f"filter on {f.key!r}: IN takes a list of values, got {f.value!r}")
+            out.append((f.key, list(f.value)))
+        else:
+            raise ValueError(
+                f"filter operator {op.name} ({op.value!r}) on {f.key!r} is not supported: use EQ or IN"
+            )
+    for field, values in out:
+        parse_filter({field: {"$in": values}})  # types and emptiness, with the library's message
+    return out
+
+
+def translate_filters(filters: MetadataFilters | None) -> Any:
+    """LlamaIndex ``MetadataFilters`` -> the library's filter language (or ``None``).
+
+    >>> from llama_index.core.vector_stores.types import MetadataFilter
+    >>> translate_filters(MetadataFilters(filters=[
+    ...     MetadataFilter(key="lang", value="en"),
+    ...     MetadataFilter(key="year", value=[2023, 2024], operator="in")]))
+    {'lang': 'en', 'year': {'$in': [2023, 2024]}}
+    >>> translate_filters(MetadataFilters(filters=[MetadataFilter(key="year", value=2020, operator=">")]))
+    Traceback (most recent call last):
+    ...
+    ValueError: filter operator GT ('>') on 'year' is not supported: use EQ or IN
+    """
+    if filters is None:
+        return None
+    return merge_conditions(_filter_conditions(filters))
+
+
+# -- the embed model for VectorStoreIndex ------------------------------------------------------
+class NoEmbedding(BaseEmbedding):
+    """The embed model to give ``VectorStoreIndex`` over a :class:`UIBKVectorStore`: it runs no model.
+
+    ``VectorStoreIndex`` insists on an embed model and asks it for a vector per inserted node;
+    the store ignores those vectors (it encodes each text itself, as a multi-vector list), so
+    this returns a one-number placeholder instead of running a single-vector model for
+    nothing. Query embeddings are never needed (``is_embedding_query=False``) and are refused.
+
+    >>> NoEmbedding().get_text_embedding("anything")
+    [0.0]
+    """
+
+    model_name: str = "uibk-store-encodes"
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return [0.0]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        raise RuntimeError(
+            "NoEmbedding produces no query vectors: UIBKVectorStore encodes query_str itself "
+            "(is_embedding_query=False); search it through a retriever or query engine"
+        )
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+
+def index_from_store(vector_store: UIBKVectorStore, **kwargs: Any) -> Any:
+    """A ``VectorStoreIndex`` on ``vector_store`` that never runs a single-vector embed model.
+
+    ``index.insert(document)`` splits and stores nodes (encoded once, by the store);
+    ``index.as_retriever(similarity_top_k=...)`` and ``index.as_query_engine(...)`` search it.
+
+    >>> import uibk_embedding as ue
+    >>> from llama_index.core import Document
+    >>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=ue.open_store("exact"))
+    >>> index = index_from_store(vs)
+    >>> index.insert(Document(text="Flutter of thin panels in supersonic flow.", doc_id="d1"))
+    >>> index.as_retriever(similarity_top_k=1).retrieve("panel flutter")[0].node.ref_doc_id
+    'd1'
+    """
+    from llama_index.core import VectorStoreIndex
+
+    kwargs.setdefault("embed_model", NoEmbedding())
+    return VectorStoreIndex.from_vector_store(vector_store, **kwargs)
+
+
+# -- the vector store --------------------------------------------------------------------------
+class UIBKVectorStore(BasePydanticVectorStore):
+    """LlamaIndex vector store over a uibk store; see the module docstring for an example.
+
+    Parameters
+    ----------
+    encoder: a uibk encoder (default: the embedded default, ``uibk_embedding.load_encoder()``).
+    store: a store of ``uibk_embedding.open_store(...)``, any backend.
+    text_key: metadata key holding each node's text in the store (``"text"``).
+    dense_weight: default query-time dense weight (``None``: the encoder's default).
+    """
+
+    stores_text: bool = True
+    is_embedding_query: bool = False
+    flat_metadata: bool = False
+    text_key: str = DEFAULT_TEXT_KEY
+    dense_weight: float | None = None
+
+    _core: RetrievalCore = PrivateAttr()
+
+    def __init__(
+        self,
+        *,
+        encoder: Any = None,
+        store: MultiVectorStore,
+        text_key: str = DEFAULT_TEXT_KEY,
+        dense_weight: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(text_key=text_key, dense_weight=dense_weight, **kwargs)
+        self._core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
+                                   text_key=text_key, dense_weight=dense_weight)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "UIBKVectorStore"
+
+    @property
+    def client(self) -> MultiVectorStore:
+        """The uibk store."""
+        return self._core.store
+
+    @property
+    def core(self) -> RetrievalCore:
+        """The framework-neutral core (encoder + store)."""
+        return self._core
+
+    # -- writing -------------------------------------------------------------------------------
+    def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
+        """Encode and store ``nodes`` (their text and metadata); returns their ids.
+
+        Node embeddings, if any, are ignored: the store encodes each text as a tagged list.
+        """
+        if add_kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(add_kwargs))}")
+        texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
+        metadatas = [node_to_metadata_dict(n, remove_text=True, flat_metadata=self.flat_metadata)
+                     for n in nodes]
+        return self._core.add_texts(texts, metadatas, [n.node_id for n in nodes])
+
+    async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        return await asyncio.to_thread(self.add, nodes, **kwargs)
+
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Delete every node whose source document is ``ref_doc_id``."""
+        if not isinstance(ref_doc_id, str) or not ref_doc_id:
+            raise ValueError(f"ref_doc_id must be a non-empty string, got {ref_doc_id!r}")
+        self._core.delete_where({REF_DOC_KEY: ref_doc_id})
+
+    async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        await asyncio.to_thread(self.delete, ref_doc_id, **delete_kwargs)
+
+    def delete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
+                     **delete_kwargs: Any) -> None:
+        """Delete nodes by id, by filters, or the ids among ``node_ids`` that match ``filters``."""
+        if node_ids is None and filters is None:
+            raise ValueError("delete_nodes needs node_ids or filters (clear() deletes everything)")
+        flt = translate_filters(filters)
+        if flt is NEVER_MATCHES:
+            return
+        if node_ids is None:
+            self._core.delete_where(flt or {})
+            return
+        if flt is not None:
+            conds = parse_filter(flt)
+            node_ids = [r.id for r in self._core.store.get(node_ids) if matches(r.metadata, conds)]
+        self._core.delete(node_ids)
+
+    def clear(self) -> None:
+        """Delete every node."""
+        self._core.delete_where({})
+
+    def get_nodes(self, node_ids: list[str] | None = None,
+                  filters: MetadataFilters | None = None) -> list[BaseNode]:
+        """Stored nodes by id (those that exist, in the order asked), optionally filtered."""
+        if node_ids is None:
+            raise NotImplementedError("UIBKVectorStore.get_nodes needs node_ids (the store cannot list)")
+        flt = translate_filters(filters)
+        if flt is NEVER_MATCHES:
+            return []
+        conds = parse_filter(flt)
+        return [self._to_node(t.id, t.text, t.metadata) for t in self._core.get(node_ids)
+                if matches({**t.metadata}, conds)]
+
+    # -- searching -----------------------------------------------------------------------------
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """Search with ``query.query_str`` (encoded here), ``similarity_top_k``, ``filters``,
+        ``doc_ids`` and ``node_ids``. ``dense_weight=`` may be given as a keyword."""
+        dense_weight = kwargs.pop("dense_weight", None)
+        explain = kwargs.pop("explain", True)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        if query.query_str is None or not query.query_str.strip():
+            raise ValueError(
+                "UIBKVectorStore encodes the query text itself (a tagged query is many vectors, "
+                "VectorStoreQuery holds one): set query_str; query_embedding is not used"
+            )
+        if query.mode not in (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.HYBRID):
+            raise ValueError(
+                f"query mode {query.mode.value!r} is not supported: UIBKVectorStore runs one hybrid "
+                "MaxSim search (mode 'default' or 'hybrid')"
+            )
+        conditions = _filter_conditions(query.filters) if query.filters is not None else []
+        if query.doc_ids:
+            conditions.append((REF_DOC_KEY, list(query.doc_ids)))
+        flt = merge_conditions(conditions)
+        k = query.similarity_top_k
+        if query.node_ids:
+            hits = [h for h in self._core.rank_ids(query.query_str, query.node_ids, len(query.node_ids),
+                                                   dense_weight=dense_weight)
+                    if flt is not NEVER_MATCHES and matches({**h.metadata}, parse_filter(flt))][:k]
+        else:
+            hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain)
+        nodes = [self._to_node(h.id, h.text, h.metadata, h) for h in hits]
+        return VectorStoreQueryResult(nodes=nodes, similarities=[h.score for h in hits],
+                                      ids=[h.id for h in hits])
+
+    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        return await asyncio.to_thread(self.query, query, **kwargs)
+
+    def _to_node(self, id: str, text: str, metadata: dict[str, Any],
+                 hit: ScoredText | None = None) -> BaseNode:
+        if "_node_content" in metadata:
+            node = metadata_dict_to_node(metadata, text=text)
+        else:  # stored by someone else (e.g. uibk-embed index): text + metadata only
+            node = TextNode(id_=id, text=text, metadata=dict(metadata))
+        if hit is not None and hit.decomposition is not None:
+            node.metadata.update(hit.explanation())
+            for keys in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
+                keys.extend(k for k in EXPLAIN_KEYS if k not in keys)
+        return node
+
+
+# -- the retriever -----------------------------------------------------------------------------
+class UIBKRetriever(BaseRetriever):
+    """LlamaIndex retriever: hybrid MaxSim search with each hit's decomposition.
+
+    Build it from ``vector_store=`` (a :class:`UIBKVectorStore`) or from ``encoder=`` and
+    ``store=`` (a store of ``uibk_embedding.open_store``). ``similarity_top_k``, ``filters``
+    (``MetadataFilters``) and ``dense_weight`` follow LlamaIndex's names. Each
+    ``NodeWithScore`` has the MaxSim score; its node metadata adds ``score``, ``token_part``
+    and ``dense_part``.
+
+    >>> import uibk_embedding as ue
+    >>> from llama_index.core.schema import TextNode
+    >>> store = ue.open_store("exact")
+    >>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=store)
+    >>> _ = vs.add([TextNode(id_=i, text=t) for i, t in [("w", "wing lift"), ("b", "bread")]])
+    >>> [n.node.node_id for n in UIBKRetriever(encoder=vs.core.encoder, store=store).retrieve("lift")]
+    ['w', 'b']
+    """
+
+    def __init__(
+        self,
+        *,
+        vector_store: UIBKVectorStore | None = None,
+        encoder: Any = None,
+        store: MultiVectorStore | None = None,
+        similarity_top_k: int = DEFAULT_TOP_K,
+        filters: MetadataFilters | None = None,
+        dense_weight: float | None = None,
+        text_key: str = DEFAULT_TEXT_KEY,
+        callback_manager: CallbackManager | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if vector_store is not None:
+            if store is not None and store is not vector_store.client:
+                raise ValueError("give store= or vector_store=, not two different stores")
+            if encoder is not None and encoder is not vector_store.core.encoder:
+                raise ValueError("give encoder= or vector_store=, not two different encoders")
+        elif store is not None:
+            vector_store = UIBKVectorStore(encoder=encoder, store=store, text_key=text_key)
+        else:
+            raise ValueError("UIBKRetriever needs vector_store= (a UIBKVectorStore) or store= "
+                             "(a uibk_embedding.open_store store) with encoder=")
+        if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) \
+                or similarity_top_k <= 0:
+            raise ValueError(f"similarity_top_k must be a positive int, got {similarity_top_k!r}")
+        translate_filters(filters)  # refuse unsupported filters now, not at query time
+        self._vector_store = vector_store
+        self._similarity_top_k = similarity_top_k
+        self._filters = filters
+        self._dense_weight = dense_weight
+        super().__init__(callback_manager=callback_manager, **kwargs)
+
+    @property
+    def vector_store(self) -> UIBKVectorStore:
+        return self._vector_store
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        q = VectorStoreQuery(query_str=query_bundle.query_str, similarity_top_k=self._similarity_top_k,
+                             filters=self._filters)
+        res = self._vector_store.query(q, dense_weight=self._dense_weight)
+        return [NodeWithScore(node=n, score=s) for n, s in zip(res.nodes or [], res.similarities or [],
+                                                               strict=True)]
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)

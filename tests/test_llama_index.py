@@ -1,0 +1,221 @@
+"""LlamaIndex integration: insert, query with filters, delete by ref_doc_id, the retriever end
+to end, and a VectorStoreIndex / query engine on the store with no single-vector embed model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("llama_index.core")
+
+from llama_index.core import Document
+from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.vector_stores.types import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+)
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.integrations.llama_index import (
+    NoEmbedding,
+    UIBKRetriever,
+    UIBKVectorStore,
+    index_from_store,
+)
+
+# (node id, source document, text, metadata)
+NODES = [
+    ("wing-1", "doc-a", "Lift on a wing in the slipstream of a propeller.", {"topic": "aero", "year": 1958}),
+    ("wing-2", "doc-a", "The propeller slipstream raises the wing's maximum lift.",
+     {"topic": "aero", "year": 1958}),
+    ("plate", "doc-b", "Boundary layer transition on a flat plate.", {"topic": "aero", "year": 1960}),
+    ("body", "doc-c", "Heat transfer to a blunt body in hypersonic flow.", {"topic": "heat", "year": 1960}),
+    ("bread", "doc-d", "A sourdough bread recipe with a long cold fermentation.",
+     {"topic": "food", "year": 2020}),
+    ("tennis", "doc-e", "The serve and volley style in modern tennis.", {"topic": "sport", "year": 2021}),
+]
+
+
+def make_nodes() -> list[TextNode]:
+    return [
+        TextNode(id_=i, text=t, metadata=dict(m),
+                 relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=d)})
+        for i, d, t, m in NODES
+    ]
+
+
+@pytest.fixture
+def vs(encoder) -> UIBKVectorStore:
+    v = UIBKVectorStore(encoder=encoder, store=ExactStore())
+    assert v.add(make_nodes()) == [n[0] for n in NODES]
+    return v
+
+
+def ids(result) -> list[str]:
+    return list(result.ids)
+
+
+def flt(*filters: MetadataFilter | MetadataFilters, condition=FilterCondition.AND) -> MetadataFilters:
+    return MetadataFilters(filters=list(filters), condition=condition)
+
+
+def test_flags():
+    assert UIBKVectorStore.model_fields["stores_text"].default is True
+    assert UIBKVectorStore.model_fields["is_embedding_query"].default is False
+
+
+def test_insert_and_query_round_trip(vs):
+    res = vs.query(VectorStoreQuery(query_str="propeller slipstream and wing lift", similarity_top_k=3))
+    assert ids(res)[:2] in (["wing-1", "wing-2"], ["wing-2", "wing-1"])
+    assert res.similarities == sorted(res.similarities, reverse=True)
+    node = res.nodes[0]
+    assert node.get_content() == dict((n[0], n[2]) for n in NODES)[node.node_id]
+    assert node.metadata["topic"] == "aero" and node.metadata["year"] == 1958
+    assert node.ref_doc_id == "doc-a"
+    assert {"score", "token_part", "dense_part"} <= set(node.metadata)
+    # the decomposition keys stay out of what the LLM sees
+    assert "token_part" not in node.get_content(metadata_mode="llm")
+    assert "topic" in node.get_content(metadata_mode="llm")
+    assert vs.get_nodes(["plate", "nope", "body"])[0].node_id == "plate"
+    assert [n.node_id for n in vs.get_nodes(["plate", "nope", "body"])] == ["plate", "body"]
+
+
+def test_query_filters(vs):
+    q = "flow over a wing"
+
+    def run(filters, k=10, **kw):
+        return set(ids(vs.query(VectorStoreQuery(query_str=q, similarity_top_k=k, filters=filters, **kw))))
+
+    assert run(flt(MetadataFilter(key="topic", value="aero"))) == {"wing-1", "wing-2", "plate"}
+    assert run(flt(MetadataFilter(key="year", value=[1960, 2021], operator=FilterOperator.IN))) == {
+        "plate", "body", "tennis"}
+    nested = flt(MetadataFilter(key="topic", value="aero"),
+                 flt(MetadataFilter(key="year", value=[1960, 1962], operator="in")))
+    assert run(nested) == {"plate"}
+    clash = flt(MetadataFilter(key="topic", value="aero"), MetadataFilter(key="topic", value="food"))
+    assert run(clash) == set()
+    assert run(flt(MetadataFilter(key="year", value="1960"))) == set()  # types must match
+    assert run(None, doc_ids=["doc-a", "doc-c"]) == {"wing-1", "wing-2", "body"}
+    aero = flt(MetadataFilter(key="topic", value="aero"))
+    assert run(aero, doc_ids=["doc-a", "doc-c"]) == {"wing-1", "wing-2"}
+    # node_ids: exact ranking among those nodes only, filters still apply
+    res = vs.query(VectorStoreQuery(query_str="sourdough", similarity_top_k=2,
+                                    node_ids=["tennis", "bread", "body"]))
+    assert ids(res) == ["bread", res.ids[1]] and res.ids[1] in {"tennis", "body"}
+    full = vs.query(VectorStoreQuery(query_str="sourdough", similarity_top_k=6))
+    score = dict(zip(full.ids, full.similarities, strict=True))
+    assert res.similarities[0] == pytest.approx(score["bread"], rel=1e-5)
+    for bad, msg in [
+        (flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.GT)), "GT"),
+        (flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.NE)), "NE"),
+        (flt(MetadataFilter(key="topic", value="x"), MetadataFilter(key="year", value=1),
+             condition=FilterCondition.OR), "'or'"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            run(bad)
+    with pytest.raises(ValueError, match="query_str"):
+        vs.query(VectorStoreQuery(query_embedding=[0.1] * 8, similarity_top_k=2))
+    with pytest.raises(ValueError, match="mode"):
+        vs.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.MMR))
+
+
+def test_delete_by_ref_doc_id_and_nodes(vs):
+    vs.delete("doc-a")
+    assert vs.client.count() == len(NODES) - 2
+    assert vs.get_nodes(["wing-1", "wing-2", "plate"])[0].node_id == "plate"
+    vs.delete("doc-that-does-not-exist")
+    assert vs.client.count() == len(NODES) - 2
+    vs.delete_nodes(["body", "bread"], filters=flt(MetadataFilter(key="topic", value="food")))
+    assert [n.node_id for n in vs.get_nodes(["body", "bread"])] == ["body"]
+    vs.delete_nodes(filters=flt(MetadataFilter(key="year", value=[1960], operator="in")))
+    assert [n.node_id for n in vs.get_nodes([n[0] for n in NODES])] == ["tennis"]
+    vs.clear()
+    assert vs.client.count() == 0
+
+
+def test_bad_nodes_change_nothing(vs):
+    n = vs.client.count()
+    with pytest.raises(ValueError, match="key 'text'"):
+        vs.add([TextNode(id_="x", text="fine", metadata={"text": "clash"})])
+    with pytest.raises(ValueError, match="empty"):
+        vs.add([TextNode(id_="y", text="fine"), TextNode(id_="z", text="  ")])
+    assert vs.client.count() == n
+
+
+def test_retriever_end_to_end(encoder, vs):
+    r = UIBKRetriever(vector_store=vs, similarity_top_k=3)
+    hits = r.retrieve("hypersonic heat transfer")
+    assert len(hits) == 3 and hits[0].node.node_id == "body"
+    q = vs.core.encode_query("hypersonic heat transfer")
+    for h in hits:
+        d = vs.client.explain(q, h.node.node_id)
+        assert h.score == pytest.approx(d.total, rel=1e-5)
+        assert h.node.metadata["token_part"] == pytest.approx(d.token_part, abs=1e-5)
+        assert h.node.metadata["dense_part"] == pytest.approx(d.dense_part, abs=1e-5)
+    # from encoder= + store=, with filters and a dense weight
+    r2 = UIBKRetriever(encoder=encoder, store=vs.client, similarity_top_k=5,
+                       filters=flt(MetadataFilter(key="topic", value="aero")), dense_weight=2.0)
+    got = r2.retrieve("hypersonic heat transfer")
+    assert {h.node.node_id for h in got} == {"wing-1", "wing-2", "plate"}
+    one = {h.node.node_id: h.node.metadata for h in UIBKRetriever(
+        vector_store=vs, similarity_top_k=6, dense_weight=1.0).retrieve("hypersonic heat transfer")}
+    for h in got:
+        assert h.node.metadata["dense_part"] == pytest.approx(2 * one[h.node.node_id]["dense_part"], rel=1e-4)
+    with pytest.raises(ValueError, match="needs vector_store"):
+        UIBKRetriever(encoder=encoder)
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        UIBKRetriever(vector_store=vs, similarity_top_k=0)
+    with pytest.raises(ValueError, match="GT"):
+        UIBKRetriever(vector_store=vs, filters=flt(MetadataFilter(key="year", value=1, operator=">")))
+    hits = asyncio.run(r.aretrieve("sourdough bread"))
+    assert hits[0].node.node_id == "bread"
+
+
+@pytest.fixture
+def no_llm():
+    """LlamaIndex's documented way to run without an LLM (``Settings.llm = None``), restored after."""
+    from llama_index.core import Settings
+
+    saved = Settings._llm
+    Settings.llm = None
+    yield
+    Settings._llm = saved
+
+
+def test_vector_store_index_and_query_engine(encoder, no_llm):
+    vs = UIBKVectorStore(encoder=encoder, store=ExactStore())
+    index = index_from_store(vs)
+    assert isinstance(index._embed_model, NoEmbedding)
+    index.insert(Document(text="Flutter of thin panels in supersonic flow. Damping suppresses it.",
+                          doc_id="panels", metadata={"topic": "aero"}))
+    index.insert(Document(text="A sourdough bread recipe with a long cold fermentation.",
+                          doc_id="bread", metadata={"topic": "food"}))
+    assert vs.client.count() == 2
+    nodes = index.as_retriever(similarity_top_k=1).retrieve("supersonic panel flutter")
+    assert nodes[0].node.ref_doc_id == "panels" and "dense_part" in nodes[0].node.metadata
+    filtered = index.as_retriever(
+        similarity_top_k=2, filters=flt(MetadataFilter(key="topic", value="food"))).retrieve("flutter")
+    assert [n.node.ref_doc_id for n in filtered] == ["bread"]
+    # the query engine retrieves through the store ("no_text": the LLM is never called)
+    engine = index.as_query_engine(similarity_top_k=1, response_mode="no_text")
+    response = engine.query("how is panel flutter suppressed?")
+    assert [n.node.ref_doc_id for n in response.source_nodes] == ["panels"]
+    index.delete_ref_doc("panels")
+    assert vs.client.count() == 1
+    with pytest.raises(RuntimeError, match="encodes query_str itself"):
+        NoEmbedding().get_query_embedding("x")
+
+
+def test_async_add_and_delete(encoder):
+    vs = UIBKVectorStore(encoder=encoder, store=ExactStore())
+
+    async def go():
+        await vs.async_add(make_nodes()[:3])
+        await vs.adelete("doc-a")
+        return await vs.aquery(VectorStoreQuery(query_str="boundary layer", similarity_top_k=5))
+
+    assert ids(asyncio.run(go())) == ["plate"]
