@@ -17,8 +17,8 @@ pytest.importorskip("milvus_lite")
 
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.milvus import (
-    ARRAY_CAPACITY,
     DIM,
+    PART_ROWS,
     MilvusStore,
     open_milvus_lite,
     user_namespaces_available,
@@ -115,7 +115,7 @@ def test_filter_types_are_not_conflated(lite, fmt, rng):
 
 
 def test_long_document_split_across_rows(lite, fmt, rng):
-    per_part = ARRAY_CAPACITY // DIM
+    per_part = PART_ROWS
     long_doc = make_list(fmt, rng, 5 * per_part + 7)  # 6 parts
     short = make_list(fmt, rng, 4)
     lite.upsert(["long", "short"], [long_doc, short], [{"n": 1}, None])
@@ -153,7 +153,7 @@ def test_interrupted_upsert_keeps_old_or_new_and_repair_cleans(lite, fmt, rng):
     ver = lite._versions.next()
     lite.client.insert(lite.docs_name, [{"doc_id": "d", "ver": ver, "part": 0, "n_parts": 2,
                                          "n_rows": 40, "meta": "{}", "f": {},
-                                         "vecs": [0.0] * ARRAY_CAPACITY, "dummy": [0.0, 0.0]}])
+                                         "vecs": "", "dummy": [0.0, 0.0]}])
     np.testing.assert_array_equal(lite.get(["d"])[0].vectors, new)
     assert lite.repair() == 1
     np.testing.assert_array_equal(lite.get(["d"])[0].vectors, new)
