@@ -865,6 +865,10 @@ parent = os.getppid()
 while os.getppid() == parent and server.server_proc.poll() is None:
     time.sleep(0.5)
 os.kill(pid, 9)  # the parent died (or the server did): never leave milvus behind
+if os.getppid() != parent:  # nobody will call stop(): remove the data directory ourselves
+    import shutil
+    time.sleep(1)
+    shutil.rmtree(base, ignore_errors=True)
 '''
 
 
