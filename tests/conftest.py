@@ -55,6 +55,14 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture(scope="session")
+def datasets() -> Path:
+    root = datasets_dir()
+    if not (root / "cranfield").exists():
+        pytest.fail(f"test collections missing under {root} (set UIBK_DATASETS)")
+    return root
+
+
+@pytest.fixture(scope="session")
 def encoder():
     from uibk_embedding.encoder import load_encoder
 

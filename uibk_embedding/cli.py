@@ -87,7 +87,8 @@ def _load_encoder(args: argparse.Namespace, **kw: Any):
     return load_encoder(args.encoder, **kw)
 
 
-def _print_hits(hits: list, out=sys.stdout) -> None:
+def _print_hits(hits: list, out=None) -> None:
+    out = out or sys.stdout
     print(f"{'rank':>4}  {'score':>8}  {'token':>7}  {'dense':>7}  {'sep':>3}  id", file=out)
     for r, h in enumerate(hits, 1):
         d = h.decomposition
