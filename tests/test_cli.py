@@ -28,7 +28,7 @@ def test_index_then_search(tmp_path, capsys):
     assert "indexed 3 documents" in capsys.readouterr().out
     assert main(["search", "wing lift in a slipstream", "--path", str(store), "--json", "-k", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert [h["id"] for h in res["hits"]][0] == "d1"
+    assert res["hits"][0]["id"] == "d1"
     d = res["hits"][0]["decomposition"]
     assert d["total"] == pytest.approx(d["constant"] + d["token_part"] + d["dense_part"], abs=1e-4)
     assert main(["search", "wing", "--path", str(store), "--json", "--filter", '{"lang": "de"}']) == 0
