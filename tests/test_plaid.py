@@ -1,0 +1,232 @@
+"""What is specific to the PLAID store (the shared contract is in tests/conformance):
+the id map across deletes and reopen, crash safety of writes (kill -9), the query-time dense
+weight without rerank, thread count, panics, reproducible builds, tiny stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fast_plaid")
+
+from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, engine_call
+
+from uibk_embedding.maxsim import maxsim
+from uibk_embedding.testing import make_list
+
+CHEAP = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1}
+
+
+def docs_for(seed: int, n: int, rows: int = 20) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [make_list(TaggedFormat(), rng, rows) for _ in range(n)]
+
+
+def self_hits(store: PlaidStore, ids: list[str], vecs: list[np.ndarray]) -> list[str]:
+    return [store.search(v, k=1)[0].id for v in vecs]
+
+
+def test_id_map_survives_deletes_upserts_and_reopen(tmp_path):
+    ids, vecs = [f"d{i}" for i in range(30)], docs_for(0, 30)
+    s = PlaidStore(tmp_path / "p", rerank=False, **CHEAP)
+    s.upsert(ids, vecs, [{"i": i} for i in range(30)])
+    assert s.has_index
+    s.delete(["d3", "d10", "d11"])  # fast-plaid renumbers every later document
+    s.upsert(["d20", "new"], [vecs[3], docs_for(1, 1)[0]], [{"i": 3}, {"i": -1}])
+    vecs[20] = vecs[3]
+    live = [i for i in range(30) if i not in (3, 10, 11)]
+    expect = [ids[i] for i in live]
+    # PLAID alone (no rerank) maps its positions back to the right ids
+    assert self_hits(s, expect, [vecs[i] for i in live]) == expect
+    assert s.get(["d20"])[0].metadata == {"i": 3}
+    s.close()
+    s2 = PlaidStore(tmp_path / "p", rerank=False, num_threads=1)
+    assert s2.count() == 28 and s2.has_index
+    assert self_hits(s2, expect, [vecs[i] for i in live]) == expect
+    assert s2.search(docs_for(1, 1)[0], k=1)[0].id == "new"
+    s2.close()
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys, numpy as np
+    from uibk_embedding.encoder.tagged import TaggedFormat
+    from uibk_embedding.plaid_backend.store import PlaidStore
+    from uibk_embedding.testing import make_list
+    path, mode = sys.argv[1], sys.argv[2]
+    def batch(b):
+        rng = np.random.default_rng(100 + b)
+        return [f"b{b}-{j}" for j in range(8)], [make_list(TaggedFormat(), rng, 20) for _ in range(8)]
+    s = PlaidStore(path, nbits=2, kmeans_niters=1, num_threads=1, start_from_scratch=5)
+    ids, vecs = batch(0)
+    s.upsert(ids, vecs)
+    if mode == "inside-update":   # die after fast-plaid rewrote its files, before the store is clean
+        import fast_plaid.search.update as u
+        u.partial_reload = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    print("ready", flush=True)
+    b = 1
+    while True:
+        s.upsert(*batch(b))
+        print("done", b, flush=True)
+        b += 1
+""")
+
+
+def _check_after_kill(path: Path) -> int:
+    with pytest.warns(RuntimeWarning, match="rebuilding") if _dirty(path) else _nothing():
+        s = PlaidStore(path, num_threads=1)
+    try:
+        n = s.count()
+        assert n % 8 == 0 and n >= 8, f"{n} documents: a batch was half stored"
+        for b in range(n // 8):
+            rng = np.random.default_rng(100 + b)
+            vecs = [make_list(TaggedFormat(), rng, 20) for _ in range(8)]
+            recs = s.get([f"b{b}-{j}" for j in range(8)])
+            assert len(recs) == 8
+            for r, v in zip(recs, vecs, strict=True):
+                np.testing.assert_allclose(r.vectors, v, atol=1e-3)
+            s.rerank = False  # PLAID's own positions -> ids
+            assert [s.search(v, k=1)[0].id for v in vecs[:3]] == [f"b{b}-{j}" for j in range(3)]
+            s.rerank = True
+        return n
+    finally:
+        s.close()
+
+
+def _dirty(path: Path) -> bool:
+    db = sqlite3.connect(path / "store.sqlite")
+    try:
+        row = db.execute("SELECT value FROM state WHERE key = 'dirty'").fetchone()
+        return bool(row) and row[0] == "1"
+    finally:
+        db.close()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _spawn(path: Path, mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def test_kill_inside_engine_update_keeps_the_committed_batch(tmp_path):
+    proc = _spawn(tmp_path / "p", "inside-update")
+    proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    assert _dirty(tmp_path / "p")  # the batch was committed, the index not yet in line
+    assert _check_after_kill(tmp_path / "p") == 16  # reopened with the interrupted batch
+    assert not _dirty(tmp_path / "p")
+
+
+def test_kill_at_a_random_moment_of_a_write_loop(tmp_path):
+    proc = _spawn(tmp_path / "p", "loop")
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(float(np.random.default_rng().uniform(0.5, 2.5)))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    assert _check_after_kill(tmp_path / "p") >= 8
+
+
+def test_dense_weight_survives_without_rerank(tmp_path):
+    """fast-plaid does not normalise query vectors: scaled slots scale their contribution."""
+    vecs = docs_for(2, 30)
+    s = PlaidStore(tmp_path / "p", rerank=False, nbits=4, kmeans_niters=1, num_threads=1)
+    s.upsert([f"d{i}" for i in range(30)], vecs)
+    q = make_list(TaggedFormat(), np.random.default_rng(3), 10)
+    base = {h.id: h.score for h in s.search(q, k=30)}
+    exact_base = {f"d{i}": maxsim(q, v) for i, v in enumerate(vecs)}
+    for w in (0.25, 8.0):
+        qw = q.copy()
+        qw[:3] *= w
+        hits = {h.id: h.score for h in s.search(qw, k=30)}
+        assert hits.keys() == base.keys()
+        # token errors of the compressed vectors cancel in the difference; the slot part remains
+        got = [hits[x] - base[x] for x in sorted(hits)]
+        want = [maxsim(qw, vecs[int(x[1:])]) - exact_base[x] for x in sorted(hits)]
+        np.testing.assert_allclose(got, want, atol=0.02 * abs(w - 1) * 3)
+    s.close()
+
+
+def test_thread_count_is_set():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        with PlaidStore(num_threads=1) as s:
+            assert s.num_threads == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_engine_panic_becomes_a_clear_error(tmp_path):
+    with PlaidStore(tmp_path / "p", **CHEAP) as s:
+        s.upsert([f"d{i}" for i in range(10)], docs_for(4, 10))
+        with pytest.raises(PlaidEngineError, match="panicked during get_embeddings"):
+            engine_call("get_embeddings", s._fp.get_embeddings, [10**6])  # a real Rust panic
+        assert s.count() == 10 and s.search(docs_for(4, 1)[0], k=1)[0].id == "d0"
+
+
+def test_builds_are_reproducible(tmp_path):
+    vecs = docs_for(5, 30)
+    cents = []
+    for name in ("a", "b"):
+        with PlaidStore(tmp_path / name, **CHEAP) as s:
+            s.upsert([f"d{i}" for i in range(30)], vecs)
+            cents.append(np.load(next((tmp_path / name).glob("plaid-*")) / "centroids.npy"))
+    np.testing.assert_array_equal(cents[0], cents[1])
+
+
+def test_tiny_store_has_no_index_and_is_exact(tmp_path):
+    with PlaidStore(tmp_path / "p", min_index_vectors=64, rerank=False, **CHEAP) as s:
+        one = make_list(TaggedFormat(), np.random.default_rng(6), 1)  # 4 rows: too few for PLAID
+        s.upsert(["one"], [one])
+        assert not s.has_index
+        q = make_list(TaggedFormat(), np.random.default_rng(7), 5)
+        assert s.search(q, k=3)[0].score == pytest.approx(maxsim(q, one.astype(np.float16)), rel=1e-5)
+        s.upsert([f"d{i}" for i in range(5)], docs_for(8, 5))
+        assert s.has_index
+        s.delete([f"d{i}" for i in range(5)])
+        assert not s.has_index and [h.id for h in s.search(q, k=3)] == ["one"]
+        assert [p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("plaid-")] == []
+
+
+def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
+    p = tmp_path / "p"
+    s = PlaidStore(p, **CHEAP)
+    s.upsert([f"d{i}" for i in range(10)], docs_for(9, 10))
+    with pytest.raises(RuntimeError, match="open in another PlaidStore"):
+        PlaidStore(p)
+    s.close()
+    with pytest.raises(ValueError, match="nbits=2, not 8"):
+        PlaidStore(p, nbits=8)
+    db = sqlite3.connect(p / "store.sqlite")
+    cfg = json.loads(db.execute("SELECT value FROM state WHERE key = 'config'").fetchone()[0])
+    cfg["engine"] = "fast-plaid 0.0.0"
+    with db:
+        db.execute("UPDATE state SET value = ? WHERE key = 'config'", (json.dumps(cfg),))
+    db.close()
+    old = {x.name for x in p.iterdir() if x.name.startswith("plaid-")}
+    with pytest.warns(RuntimeWarning, match="built by fast-plaid 0.0.0"):
+        s2 = PlaidStore(p, num_threads=1)
+    assert s2.count() == 10 and s2.search(docs_for(9, 1)[0], k=1)[0].id == "d0"
+    assert old.isdisjoint(x.name for x in p.iterdir() if x.name.startswith("plaid-"))
+    s2.close()
+    assert os.path.exists(p / "store.sqlite")
