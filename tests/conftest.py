@@ -6,7 +6,6 @@ file defines ``SPECS``, a list of :class:`BackendSpec`. Adding a backend needs n
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,24 +13,13 @@ import numpy as np
 import pytest
 from uibk_embedding.encoder.tagged import TaggedFormat
 
-from uibk_embedding.testing import BackendSpec, datasets_dir
+from uibk_embedding.testing import datasets_dir, load_backend_specs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
-def _load_specs() -> list[BackendSpec]:
-    specs: list[BackendSpec] = []
-    for path in sorted((HERE / "backends").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"uibk_test_backends_{path.stem}", path)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        specs.extend(mod.SPECS)
-    return specs
-
-
-BACKEND_SPECS = _load_specs()
+BACKEND_SPECS = load_backend_specs(HERE / "backends")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -59,3 +59,17 @@ class BackendSpec:
     score_rtol: float = 1e-5
     get_atol: float = 1e-6
     skip: str | None = None
+
+
+def load_backend_specs(folder: str | os.PathLike) -> list[BackendSpec]:
+    """All ``SPECS`` of the ``*.py`` files in ``folder`` (``tests/backends``), in name order."""
+    import importlib.util
+
+    specs: list[BackendSpec] = []
+    for path in sorted(Path(folder).glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"uibk_test_backends_{path.stem}", path)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        specs.extend(mod.SPECS)
+    return specs

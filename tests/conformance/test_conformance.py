@@ -196,32 +196,3 @@ def test_persistence_round_trip(spec, tmp_path, fmt, rng):
         assert s2.get([ids[2]]) == []
     finally:
         s2.close()
-
-
-@pytest.mark.parametrize(
-    "bad",
-    ["wrong_dim", "nan", "int_dtype", "too_few_rows", "untagged", "dup_ids", "empty_id",
-     "not_json", "len_mismatch"],
-)
-def test_bad_input_leaves_store_unchanged(store, fmt, rng, bad):
-    fill(store, fmt, rng, n=8)
-    q = make_list(fmt, rng, 6)
-    before = [(h.id, h.score) for h in store.search(q, k=8)]
-    good = make_list(fmt, rng, 5)
-    cases = {
-        "wrong_dim": (["x"], [np.ones((5, 64), np.float32)], None),
-        "nan": (["x"], [np.where(np.arange(128) == 5, np.nan, good[:1]).repeat(5, 0)], None),
-        "int_dtype": (["x"], [good.astype(np.int32)], None),
-        "too_few_rows": (["x"], [good[:2]], None),
-        "untagged": (["x"], [good * np.r_[-1, np.ones(127)]], None),
-        "dup_ids": (["x", "x"], [good, good], None),
-        "empty_id": ([""], [good], None),
-        "not_json": (["x"], [good], [{"f": object()}]),
-        "len_mismatch": (["x", "y"], [good], None),
-    }
-    new_ids, vecs, md = cases[bad]
-    with pytest.raises((ValueError, TypeError)):
-        store.upsert(["fresh", *new_ids], [good, *vecs], None if md is None else [{}, *md])
-    assert store.count() == 8
-    assert store.get(["fresh"]) == []
-    assert [(h.id, h.score) for h in store.search(q, k=8)] == before

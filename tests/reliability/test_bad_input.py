@@ -1,0 +1,160 @@
+"""Bad input against every backend: a precise error (or a documented behaviour), and the store
+exactly as before (same count, same search results, nothing half-written)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from uibk_embedding.adapters.base import MAX_ID_LENGTH
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.testing import make_list
+
+FMT = TaggedFormat()
+_rng = np.random.default_rng(7)
+GOOD = make_list(FMT, _rng, 6)
+
+
+def _nan():
+    x = GOOD.copy()
+    x[4, 9] = np.nan
+    return x
+
+
+def _inf():
+    x = GOOD.copy()
+    x[0, 3] = np.inf
+    return x
+
+
+# case -> (upsert arguments, expected exception, message fragment)
+UPSERT_CASES = {
+    "empty id": (([""], [GOOD], None), ValueError, "empty"),
+    "whitespace id": ((["  "], [GOOD], None), ValueError, "empty"),
+    "duplicate ids in one batch": ((["x", "x"], [GOOD, GOOD], None), ValueError, "duplicate ids"),
+    "very long id": ((["x" * (MAX_ID_LENGTH + 1)], [GOOD], None), ValueError, "limit is"),
+    "non-string id": (([17], [GOOD], None), TypeError, "must be a str"),
+    "ids as one string": (("abc", [GOOD], None), TypeError, "not a single string"),
+    "metadata not JSON": ((["x"], [GOOD], [{"f": {1, 2}}]), TypeError, "not JSON-serialisable"),
+    "metadata NaN": ((["x"], [GOOD], [{"f": float("nan")}]), TypeError, "not JSON-serialisable"),
+    "metadata not a dict": ((["x"], [GOOD], ["text"]), TypeError, "must be a dict"),
+    "reserved metadata key": ((["x"], [GOOD], [{"_uibk_id": 1}]), ValueError, "reserved"),
+    "wrong dim": ((["x"], [np.ones((6, 64), np.float32)], None), ValueError, r"shape must be \(n, 128\)"),
+    "1-d vector": ((["x"], [GOOD[0]], None), ValueError, "shape"),
+    "int dtype": ((["x"], [GOOD.astype(np.int64)], None), TypeError, "dtype"),
+    "object dtype": ((["x"], [GOOD.astype(object)], None), TypeError, "dtype"),
+    "NaN": ((["x"], [_nan()], None), ValueError, "NaN or inf"),
+    "inf": ((["x"], [_inf()], None), ValueError, "NaN or inf"),
+    "zero rows": ((["x"], [np.zeros((0, 128), np.float32)], None), ValueError, "at least 4 rows"),
+    "slots only": ((["x"], [GOOD[:3]], None), ValueError, "at least 4 rows"),
+    "tag signs wrong": ((["x"], [GOOD * np.r_[-1.0, np.ones(127)]], None), ValueError, "not a tagged list"),
+    "not unit rows": ((["x"], [GOOD * 2], None), ValueError, "unit"),
+    "ids/vectors mismatch": ((["x", "y"], [GOOD], None), ValueError, "3 ids but 2 multivectors"),
+    "ids/metadata mismatch": ((["x"], [GOOD], [{}, {}]), ValueError, "metadata entries"),
+    "one matrix for many ids": ((["x"], GOOD, None), TypeError, "list of"),
+}
+
+QUERY_CASES = {
+    "query with no vectors": ((np.zeros((0, 128), np.float32), 5, None), ValueError, "no vectors"),
+    "query wrong dim": ((np.ones((4, 10), np.float32), 5, None), ValueError, "shape"),
+    "query NaN": ((_nan(), 5, None), ValueError, "NaN"),
+    "query slots not first": ((GOOD[::-1].copy(), 5, None), ValueError, "not a tagged list"),
+    "query tag zero": ((GOOD * np.r_[0.0, np.ones(127)], 5, None), ValueError, "tag"),
+    "k = 0": ((GOOD, 0, None), ValueError, "k must be positive"),
+    "k < 0": ((GOOD, -3, None), ValueError, "k must be positive"),
+    "k not int": ((GOOD, 2.5, None), TypeError, "k must be an int"),
+    "filter bad operator": ((GOOD, 5, {"f": {"$gt": 1}}), ValueError, "condition is"),
+    "filter empty $in": ((GOOD, 5, {"f": {"$in": []}}), ValueError, "at least one value"),
+    "filter not a mapping": ((GOOD, 5, ["f"]), TypeError, "mapping"),
+    "filter list value": ((GOOD, 5, {"f": [1, 2]}), TypeError, "values must be"),
+}
+
+
+@pytest.fixture
+def filled(spec, tmp_path):
+    store = spec.make(tmp_path)
+    rng = np.random.default_rng(3)
+    ids = [f"d{i}" for i in range(8)]
+    store.upsert(ids, [make_list(FMT, rng, 5 + i) for i in range(8)],
+                 [{"f": i, "g": "even" if i % 2 == 0 else "odd"} for i in range(8)])
+    q = make_list(FMT, rng, 5)
+    yield store, q, [(h.id, h.score) for h in store.search(q, k=8)]
+    store.close()
+
+
+def _unchanged(store, q, before):
+    assert store.count() == 8
+    assert [(h.id, h.score) for h in store.search(q, k=8)] == before
+    assert store.get(["fresh", "x", "y"]) == []
+
+
+@pytest.mark.parametrize("case", list(UPSERT_CASES))
+def test_bad_upsert(spec, filled, record, case):
+    store, q, before = filled
+    (ids, vecs, md), exc, match = UPSERT_CASES[case]
+    # a good document first in the same call: it must not be written either (all or nothing)
+    ids = ["fresh", *ids] if not isinstance(ids, str) else ids
+    vecs = [GOOD, *vecs] if isinstance(vecs, list) else vecs
+    md = [{}, *md] if md is not None else None
+    with pytest.raises(exc, match=match) as e:
+        store.upsert(ids, vecs, md)
+    _unchanged(store, q, before)
+    record(case, spec.name, f"{exc.__name__}")
+    assert str(e.value)
+
+
+@pytest.mark.parametrize("case", list(QUERY_CASES))
+def test_bad_query(spec, filled, record, case):
+    store, q, before = filled
+    (query, k, flt), exc, match = QUERY_CASES[case]
+    with pytest.raises(exc, match=match):
+        store.search(query, k=k, filter=flt)
+    _unchanged(store, q, before)
+    record(case, spec.name, exc.__name__)
+
+
+def test_documented_behaviours(spec, filled, record):
+    store, q, before = filled
+    # a filter on a field no document has: no hits (documented, same on every backend)
+    assert store.search(q, k=5, filter={"no_such_field": 1}) == []
+    record("filter on unknown field", spec.name, "no hits")
+    # deleting unknown ids: not an error, nothing changes
+    store.delete(["unknown-1", "unknown-2"])
+    _unchanged(store, q, before)
+    record("delete unknown ids", spec.name, "ignored")
+    # duplicate ids in delete are fine
+    store.delete(["unknown-1", "unknown-1"])
+    _unchanged(store, q, before)
+    # float64 and float16 input is accepted and stored as float32
+    store.upsert(["fresh"], [GOOD.astype(np.float64)])
+    assert store.count() == 9
+    store.delete(["fresh"])
+    record("float64 vectors", spec.name, "accepted (stored float32)")
+    # a query made of slots only or tokens only (the dense / token heads) is valid
+    assert len(store.search(q[:3], k=3)) == 3
+    assert len(store.search(q[3:], k=3)) == 3
+    record("query of slots only / tokens only", spec.name, "accepted")
+
+
+SPECIAL_VALUES = ['say "hi"', "it's", "a\\b", "x' OR 1=1 --", '") || (', "ünïcödé 日本", "$in", "",
+                  "line\nbreak", "%_*"]
+
+
+def test_metadata_values_are_literal(spec, tmp_path, record):
+    """Quotes, operators and unicode in metadata are stored and filtered literally."""
+    store = spec.make(tmp_path)
+    try:
+        rng = np.random.default_rng(5)
+        ids = [f"s{i}" for i in range(len(SPECIAL_VALUES))]
+        store.upsert(ids, [make_list(FMT, rng, 4) for _ in ids],
+                     [{"v": v, "n": i} for i, v in enumerate(SPECIAL_VALUES)])
+        q = make_list(FMT, rng, 4)
+        for i, v in enumerate(SPECIAL_VALUES):
+            assert store.get([ids[i]])[0].metadata == {"v": v, "n": i}
+            hits = store.search(q, k=20, filter={"v": v})
+            assert [h.id for h in hits] == [ids[i]], f"filter on {v!r}"
+        hits = store.search(q, k=20, filter={"v": {"$in": SPECIAL_VALUES[:3]}})
+        assert {h.id for h in hits} == set(ids[:3])
+        record("metadata with quotes/operators/unicode", spec.name, "stored and filtered literally")
+    finally:
+        store.close()
