@@ -648,6 +648,7 @@ class PlaidStore(MultiVectorStore):
         original vectors, ids, metadata)."""
         with self._lock:
             self._check_open()
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count each stored byte once
             idx = sum(p.stat().st_size for p in (self.path / self._plaid_dir).rglob("*") if p.is_file()) \
                 if self._plaid_dir else 0
             stored = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
