@@ -4,7 +4,11 @@
 ``(total_rows, dim)`` matrix with row offsets; the maximum over each document's rows is a
 segment reduction (``np.maximum.reduceat``) over exactly its own rows, so no padding row can
 ever win (the same as masking with ``-inf``; never zero padding, DESIGN 2.1). Work is chunked
-over documents so memory stays bounded (``max_chunk_bytes``) whatever the collection size.
+over documents so memory stays bounded (``max_chunk_bytes``) whatever the collection size: each
+block is one float32 BLAS product ``(query vectors x document rows)``, a segment max along its
+contiguous rows and a sum over each query's vectors, so the kernel runs at the speed of the bare
+matrix product of the same shape (``benchmarks/maxsim_kernel.py``). A document matrix of
+another dtype is converted block by block, never as a whole.
 
 Example
 -------
@@ -23,7 +27,13 @@ from collections.abc import Sequence
 import numpy as np
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
-
+"""Hard upper bound on the memory of one similarity block (``query rows x document rows``)."""
+BLOCK_BYTES = 16 * 2**20
+"""Target size of one similarity block. Smaller blocks did not run faster (the segment max is
+cheap next to the matrix product) and multi-threaded BLAS loses much time synchronising on
+small products; larger ones only cost memory (``benchmarks/maxsim_kernel.py``)."""
+MIN_BLOCK_ROWS = 4096
+"""Fewest document rows per block (amortises the per-block call overhead for wide queries)."""
 
 def pack(lists: Sequence[np.ndarray], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate multi-vectors into one matrix plus ``offsets`` (length ``n + 1``)."""
@@ -68,24 +78,33 @@ def maxsim_scores(
     out = np.empty((len(queries), n_docs), dtype=dtype)
     if n_docs == 0:
         return out
-    mat = doc_matrix if doc_matrix.dtype == dtype else doc_matrix.astype(dtype)
+    offsets = np.asarray(doc_offsets, dtype=np.int64)
     itemsize = np.dtype(dtype).itemsize
-    rows_budget = max(1, max_chunk_bytes // (itemsize * max(1, qmat.shape[0])))
+    row_bytes = itemsize * max(1, qmat.shape[0])
+    # cache-sized blocks, never above the memory bound, never below one document
+    rows_budget = max(1, min(max(BLOCK_BYTES // row_bytes, MIN_BLOCK_ROWS), max_chunk_bytes // row_bytes))
+    convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
+    single = len(queries) == 1
     start_doc = 0
     while start_doc < n_docs:
-        r0 = doc_offsets[start_doc]
+        r0 = offsets[start_doc]
         # the largest end_doc whose rows fit the budget (at least one document)
-        end_doc = int(np.searchsorted(doc_offsets, r0 + rows_budget, side="right")) - 1
+        end_doc = int(np.searchsorted(offsets, r0 + rows_budget, side="right")) - 1
         end_doc = min(max(end_doc, start_doc + 1), n_docs)
-        r1 = doc_offsets[end_doc]
+        r1 = offsets[end_doc]
+        block = doc_matrix[r0:r1]
+        if convert:
+            block = block.astype(dtype)
         # (query vectors, document rows): the per-document max then runs along contiguous
         # memory, which is ~10x faster than reducing over the other axis
-        sims = qmat @ mat[r0:r1].T
-        best = np.maximum.reduceat(sims, doc_offsets[start_doc:end_doc] - r0, axis=1)
-        out[:, start_doc:end_doc] = np.add.reduceat(best, qoff[:-1], axis=0)
+        sims = qmat @ block.T
+        best = np.maximum.reduceat(sims, offsets[start_doc:end_doc] - r0, axis=1)
+        if single:
+            best.sum(axis=0, out=out[0, start_doc:end_doc])
+        else:
+            out[:, start_doc:end_doc] = np.add.reduceat(best, qoff[:-1], axis=0)
         start_doc = end_doc
     return out
-
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` best scores, best first; ties keep the lower index first.
