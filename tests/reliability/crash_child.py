@@ -1,0 +1,40 @@
+"""Child process of the crash test: opens a store and upserts (and deletes) batches forever,
+appending ``ACK <op>`` to a log after each call returns. The parent kills it with SIGKILL.
+
+Usage: python crash_child.py SPEC_NAME STORE_DIR ACK_FILE SEED
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.testing import load_backend_specs, make_list
+
+BATCH = 8
+
+
+def main() -> None:
+    name, store_dir, ack_file, seed = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    spec = next(s for s in load_backend_specs(Path(__file__).parent.parent / "backends") if s.name == name)
+    store = spec.reopen(store_dir)
+    rng = np.random.default_rng(seed)
+    fmt = TaggedFormat()
+    with open(ack_file, "a", buffering=1) as ack:
+        ack.write("OPEN\n")
+        for i in range(10_000):
+            if i % 4 == 3:  # every fourth operation deletes the batch two before
+                store.delete([f"s{seed}-b{i - 2}-{j}" for j in range(BATCH)])
+                ack.write(f"DEL s{seed}-b{i - 2}\n")
+                continue
+            ids = [f"s{seed}-b{i}-{j}" for j in range(BATCH)]
+            store.upsert(ids, [make_list(fmt, rng, int(rng.integers(4, 30))) for _ in ids],
+                         [{"seed": seed, "batch": i} for _ in ids])
+            ack.write(f"ACK s{seed}-b{i}\n")
+
+
+if __name__ == "__main__":
+    main()
