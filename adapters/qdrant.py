@@ -45,6 +45,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -58,6 +59,7 @@ from uibk_embedding.adapters.base import (
     validate_query,
 )
 from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
+from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
 from uibk_embedding._optional import require
@@ -379,9 +381,13 @@ class QdrantStore(_QdrantBase):
 
         self.local = isinstance(getattr(self.client, "_client", None), QdrantLocal)
         self.created = False
+        # local mode on disk commits point by point: a redo log makes each call all-or-nothing
+        self._redo = RedoLog(Path(path) / "uibk-redo") if path is not None else None
         try:
             self._open(create, shard_number, replication_factor, on_disk, on_disk_payload,
                        dense_distance, multivector_hnsw, dense_hnsw)
+            if self._redo is not None:
+                self._redo.replay(self._write_points, self._delete_points)
             for field, schema in (payload_indexes or {}).items():
                 self.create_payload_index(field, schema)
         except BaseException:
@@ -536,6 +542,13 @@ class QdrantStore(_QdrantBase):
 
     # -- the interface ------------------------------------------------------------------------
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        if self._redo is None:
+            self._write_points(ids, vectors, metadata)
+            return
+        with self._redo.pending("upsert", ids, vectors, metadata):
+            self._write_points(ids, vectors, metadata)
+
+    def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         m = self._models
         n_batches = math.ceil(len(ids) / self.batch_size)
         with progress(len(ids), f"upserting into {self.collection}", self.show_progress,
@@ -552,6 +565,13 @@ class QdrantStore(_QdrantBase):
                 bar.update(len(points))
 
     def _delete(self, ids: list[str]) -> None:
+        if self._redo is None:
+            self._delete_points(ids)
+            return
+        with self._redo.pending("delete", ids):
+            self._delete_points(ids)
+
+    def _delete_points(self, ids: list[str]) -> None:
         m = self._models
         for chunk in batched(ids, 1024):
             self._call("delete", self.client.delete, self.collection,

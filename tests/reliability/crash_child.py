@@ -27,10 +27,12 @@ def main() -> None:
         ack.write("OPEN\n")
         for i in range(10_000):
             if i % 4 == 3:  # every fourth operation deletes the batch two before
+                ack.write(f"START-DEL s{seed}-b{i - 2}\n")
                 store.delete([f"s{seed}-b{i - 2}-{j}" for j in range(BATCH)])
                 ack.write(f"DEL s{seed}-b{i - 2}\n")
                 continue
             ids = [f"s{seed}-b{i}-{j}" for j in range(BATCH)]
+            ack.write(f"START-ACK s{seed}-b{i}\n")
             store.upsert(ids, [make_list(fmt, rng, int(rng.integers(4, 30))) for _ in ids],
                          [{"seed": seed, "batch": i} for _ in ids])
             ack.write(f"ACK s{seed}-b{i}\n")
