@@ -424,6 +424,9 @@ class WeaviateStore(MultiVectorStore):
         distance convention).
     batch_size, max_rows_per_request:
         Upserts go in requests of at most this many objects / vector rows.
+    timeout:
+        Seconds for connecting (an unreachable server fails with ``ConnectionError`` after this)
+        and for each query; inserts get at least 90 s.
 
     Example (needs a server)::
 
@@ -458,6 +461,7 @@ class WeaviateStore(MultiVectorStore):
         candidates: int | None = None,
         batch_size: int = 64,
         max_rows_per_request: int = 32768,
+        timeout: float = 30.0,
         format: TaggedFormat | None = None,
     ) -> None:
         super().__init__(format)
@@ -473,8 +477,15 @@ class WeaviateStore(MultiVectorStore):
         wv = _wv()
         self._owns_client = client is None
         if client is None:
-            client = self._connect(wv, url=url, host=host, port=port, grpc_port=grpc_port,
-                                   grpc_host=grpc_host, api_key=api_key, cloud=cloud, headers=headers)
+            where = url or f"{host}:{port}"
+            try:
+                client = self._connect(wv, url=url, host=host, port=port, grpc_port=grpc_port,
+                                       grpc_host=grpc_host, api_key=api_key, cloud=cloud,
+                                       headers=headers, timeout=timeout)
+            except wv.exceptions.WeaviateBaseError as e:
+                raise ConnectionError(
+                    f"cannot connect to Weaviate at {where!r} within {timeout:g} s: {e}; check the "
+                    "URL, the ports (HTTP and gRPC), the network and the timeout") from None
         elif url is not None or host is not None:
             raise ValueError("give either client= or url=/host=, not both")
         self._client = client
@@ -491,21 +502,24 @@ class WeaviateStore(MultiVectorStore):
     @staticmethod
     def _connect(wv: Any, *, url: str | None, host: str | None, port: int, grpc_port: int | None,
                  grpc_host: str | None, api_key: str | None, cloud: bool,
-                 headers: Mapping[str, str] | None) -> Any:
+                 headers: Mapping[str, str] | None, timeout: float = 30.0) -> Any:
         auth = wv.classes.init.Auth.api_key(api_key) if api_key else None
+        extra = wv.classes.init.AdditionalConfig(
+            timeout=wv.classes.init.Timeout(init=timeout, query=timeout, insert=max(timeout, 90)))
         hdrs = dict(headers) if headers else None
         if url is not None and host is not None:
             raise ValueError("give url= or host=, not both")
         if cloud:
             if url is None or auth is None:
                 raise ValueError("cloud=True needs url= (the cluster URL) and api_key=")
-            return wv.connect_to_weaviate_cloud(cluster_url=url, auth_credentials=auth, headers=hdrs)
+            return wv.connect_to_weaviate_cloud(cluster_url=url, auth_credentials=auth, headers=hdrs,
+                                                additional_config=extra)
         if url is not None:
             return wv.connect_to_custom(**connection_kwargs(url, grpc_port=grpc_port, grpc_host=grpc_host),
-                                        headers=hdrs, auth_credentials=auth)
+                                        headers=hdrs, auth_credentials=auth, additional_config=extra)
         if host is not None:
             return wv.connect_to_local(host=host, port=port, grpc_port=grpc_port or 50051, headers=hdrs,
-                                       auth_credentials=auth)
+                                       auth_credentials=auth, additional_config=extra)
         raise ValueError("WeaviateStore needs client=, url= or host=")
 
     def _check_version(self, muvera: Any) -> None:
