@@ -67,3 +67,49 @@ def test_argument_errors(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+# -- fuzzing the argument parsers (hypothesis) --------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from uibk_embedding.adapters.filters import parse_filter  # noqa: E402
+
+from uibk_embedding.cli import _parse_options, build_parser  # noqa: E402
+
+_tokens = st.one_of(st.sampled_from(["-k", "--dense-weight", "--backend", "--option", "--path", "--json",
+                                     "--filter", "--split", "exact", "qdrant", "0", "-1", "nan", "1e309",
+                                     "x=1", "x", "=", "{}", "--", ""]), st.text(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["search", "index", "eval", "quickstart"]), st.lists(_tokens, max_size=6))
+def test_fuzz_cli_arguments(command, rest):
+    """Any argument list either parses into valid values or exits with argparse's usage error."""
+    try:
+        args = build_parser().parse_args([command, *rest])
+    except SystemExit as e:
+        assert e.code == 2
+        return
+    if getattr(args, "k", None) is not None:
+        assert args.k > 0
+    if getattr(args, "dense_weight", None) is not None:
+        assert 0 < args.dense_weight < float("inf")
+    try:
+        _parse_options(getattr(args, "option", []))
+    except SystemExit as e:
+        assert "KEY=VALUE" in str(e)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json)
+def test_fuzz_filters(value):
+    """Whatever JSON a user passes as --filter: parsed, or a ValueError / TypeError that says why."""
+    try:
+        parse_filter(value)
+    except (ValueError, TypeError) as e:
+        assert str(e)
