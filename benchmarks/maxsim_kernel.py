@@ -81,7 +81,7 @@ def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int) ->
     q = rng.standard_normal((q_rows, DIM)).astype(np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     flops = 2.0 * q_rows * len(mat) * DIM
-    n = int(round((flops / 2) ** (1 / 3)))
+    n = round((flops / 2) ** (1 / 3))
     a = rng.standard_normal((n, n)).astype(np.float32)
     b = rng.standard_normal((n, n)).astype(np.float32)
     fns = {
@@ -118,7 +118,7 @@ def bench_scaling(mat: np.ndarray, offsets: np.ndarray, sizes: list[int], q_rows
     out = []
     subsets = [(n, mat[: offsets[n]], offsets[: n + 1]) for n in sizes if n < len(offsets)]
     times: dict[int, list[float]] = {n: [] for n, _, _ in subsets}
-    for n, m, o in subsets:
+    for _n, m, o in subsets:
         M.maxsim_scores([q], m, o)
     for _ in range(runs):
         for n, m, o in subsets:

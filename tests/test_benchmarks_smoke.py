@@ -1,0 +1,128 @@
+"""Smoke runs of the benchmarks on tiny data, so that they cannot rot (figures are not checked
+for speed, only for being produced and consistent: exact backends agree with exact MaxSim)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from uibk_embedding import compare
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH))
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny_beir(tmp_path_factory, datasets) -> Path:
+    """30 Cranfield documents and the 3 first queries with a relevant document among them."""
+    src = datasets / "cranfield"
+    rows = [line.split("\t") for line in (src / "qrels" / "test.tsv").read_text().splitlines()[1:]]
+    queries = [json.loads(x) for x in (src / "queries.jsonl").read_text().splitlines()]
+    corpus = {json.loads(x)["_id"]: x for x in (src / "corpus.jsonl").read_text().splitlines()}
+    keep_q = [q["_id"] for q in queries[:3]]
+    rel = [r for r in rows if r[0] in keep_q and int(r[2]) > 0 and r[1] in corpus]
+    ids = list(dict.fromkeys([r[1] for r in rel][:12] + list(corpus)[:30]))[:30]
+    d = tmp_path_factory.mktemp("tiny") / "tiny"
+    (d / "qrels").mkdir(parents=True)
+    (d / "corpus.jsonl").write_text("\n".join(corpus[i] for i in ids) + "\n")
+    (d / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries[:3]) + "\n")
+    (d / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(
+        "\t".join(r) for r in rel if r[1] in ids) + "\n")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("UIBK_CACHE", str(tmp_path_factory.getbasetemp() / "uibk-cache"))
+
+
+def test_compare_cli(tiny_beir, tmp_path, capsys):
+    out = tmp_path / "out"
+    backends = "exact,qdrant-edge,broken=exact,weaviate"
+    assert compare.main([str(tiny_beir), "--backends", backends, "--option", "broken:no_such_option=1",
+                         "--out", str(out), "--quiet", "--threads", "1"]) == 0
+    res = json.loads((out / "compare.json").read_text())
+    assert res["dataset"] == "tiny" and res["n_docs"] == 30
+    for name in ("exact", "qdrant-edge"):
+        r = res["backends"][name]
+        for key in ("ndcg@10", "recall@10_vs_exact", "latency_ms_p50", "latency_ms_p95", "index_bytes",
+                    "build_s", "peak_rss_mb"):
+            assert r[key] is not None, (name, key)
+        assert r["recall@10_vs_exact"] == 1.0 and r["count"] == 30
+        assert r["index_bytes"] > 0 and r["peak_rss_mb"] > r["base_rss_mb"] > 0
+    assert res["backends"]["exact"]["ndcg@10"] == res["backends"]["qdrant-edge"]["ndcg@10"]
+    assert "no_such_option" in res["backends"]["broken"]["skipped"]
+    assert "WEAVIATE_URL" in res["backends"]["weaviate"]["skipped"]
+    for png in ("recall_vs_latency.png", "index_size.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "| qdrant-edge |" in (out / "compare.md").read_text()
+    assert "broken: skipped" in capsys.readouterr().out
+
+
+def test_compare_scale_synthetic(tiny_beir, tmp_path):
+    out = tmp_path / "scale"
+    assert compare.main([str(tiny_beir), "--backends", "exact", "--scale", "20,45", "--out", str(out),
+                         "--quiet", "--max-queries", "2"]) == 0
+    res = json.loads((out / "compare.json").read_text())
+    assert sorted(res["scale"], key=int) == ["20", "45"] and res["n_docs"] == 45
+    assert res["backends"]["exact"]["count"] == 45
+    assert (out / "latency_vs_size.png").exists()
+
+
+def test_compare_argument_errors(tiny_beir):
+    with pytest.raises(SystemExit, match="unknown backend 'nope'"):
+        compare.main([str(tiny_beir), "--backends", "exact,nope"])
+    with pytest.raises(SystemExit, match="LABEL:KEY=VALUE"):
+        compare.main([str(tiny_beir), "--backends", "exact", "--option", "plaid:x=1"])
+
+
+def test_synthetic_documents_are_valid_tagged_lists(rng):
+    from uibk_embedding.adapters.base import validate_document
+    from uibk_embedding.encoder.tagged import TaggedFormat
+
+    from uibk_embedding.testing import make_list
+
+    fmt = TaggedFormat()
+    docs = [make_list(fmt, rng, int(n)) for n in rng.integers(1, 20, 10)]
+    syn = compare.synthetic_corpus(docs, 50, seed=3)
+    for d in syn:
+        validate_document(d)
+    lengths = [len(d) for d in syn]
+    assert min(lengths) >= 4 and max(lengths) <= max(len(d) for d in docs)
+    assert not any(np.array_equal(s, d) for s in syn[:5] for d in docs)
+
+
+def test_hybrid_baseline_smoke(tiny_beir, tmp_path, capsys):
+    out = tmp_path / "hybrid.json"
+    assert _bench("hybrid_baseline").main([str(tiny_beir), "--runs", "1", "--depth", "30",
+                                           "--encode-docs", "4", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    nd = res["ndcg@10"]
+    # with every document a candidate, the weighted sum IS the tagged score (up to a constant)
+    assert nd["b_two_indexes_weighted_sum"] == pytest.approx(nd["a_one_index"], abs=1e-9)
+    assert res["ratios"]["index_bytes_two_over_one"] > 0
+    assert res["ratios"]["encode_two_pass_over_one_pass"] > 0
+    assert "paper Table 11" in capsys.readouterr().out
+
+
+def test_maxsim_kernel_smoke(tmp_path):
+    out = tmp_path / "kernel.json"
+    assert _bench("maxsim_kernel").main(["--small", "--runs", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["shapes"][0]["ratio_vs_gemm_square"] > 0
+    assert [r["n_docs"] for r in res["scaling"]] == [50, 100, 200]
