@@ -78,7 +78,7 @@ def test_search_matches_exact_reference_random(spec, store, fmt, rng):
 def test_search_matches_exact_reference_real(spec, store, real_data):
     store.upsert(real_data.doc_ids, real_data.docs)
     recalls = []
-    for q in real_data.queries:
+    for q in real_data.queries[:12]:  # 12 queries keep the slow engines (Milvus Lite) in budget
         ref_ids, ref_scores = reference_top(q, real_data.docs, real_data.doc_ids, 10)
         hits = store.search(q, k=10)
         check_ranking(spec, hits, ref_ids, ref_scores, 10)
