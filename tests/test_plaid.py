@@ -50,6 +50,8 @@ def test_id_map_survives_deletes_upserts_and_reopen(tmp_path):
     # PLAID alone (no rerank) maps its positions back to the right ids
     assert self_hits(s, expect, [vecs[i] for i in live]) == expect
     assert s.get(["d20"])[0].metadata == {"i": 3}
+    usage = s.disk_usage()
+    assert usage["plaid_index"] > 0 and usage["stored"] >= 28 * 23 * 128 * 2  # float16 originals
     s.close()
     s2 = PlaidStore(tmp_path / "p", rerank=False, num_threads=1)
     assert s2.count() == 28 and s2.has_index
