@@ -76,16 +76,17 @@ def _previous(q: np.ndarray, mat: np.ndarray, offsets: np.ndarray) -> None:
         M.BLOCK_BYTES = saved
 
 
-def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int) -> dict:
+def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int, n_queries: int = 1) -> dict:
     rng = np.random.default_rng(1)
-    q = rng.standard_normal((q_rows, DIM)).astype(np.float32)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    flops = 2.0 * q_rows * len(mat) * DIM
+    qs = [rng.standard_normal((q_rows, DIM)).astype(np.float32) for _ in range(n_queries)]
+    qs = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in qs]
+    q = np.concatenate(qs)  # the kernel stacks a batch's query rows into one product
+    flops = 2.0 * len(q) * len(mat) * DIM
     n = round((flops / 2) ** (1 / 3))
     a = rng.standard_normal((n, n)).astype(np.float32)
     b = rng.standard_normal((n, n)).astype(np.float32)
     fns = {
-        "kernel": lambda: M.maxsim_scores([q], mat, offsets),
+        "kernel": lambda: M.maxsim_scores(qs, mat, offsets),
         "previous": lambda: _previous(q, mat, offsets),
         "gemm_same_shape": lambda: _gemm_same_shape(q, mat, offsets),
         "gemm_square": lambda: a @ b,
@@ -99,7 +100,7 @@ def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int) ->
             gf[k].append(flop_of[k] / _timed(fn) / 1e9)
     med = {k: statistics.median(v) for k, v in gf.items()}
     return {
-        "n_docs": len(offsets) - 1, "doc_rows": len(mat), "query_rows": q_rows,
+        "n_docs": len(offsets) - 1, "doc_rows": len(mat), "query_rows": q_rows, "n_queries": n_queries,
         "gflops": {k: round(v, 2) for k, v in med.items()},
         "kernel_ms": round(flops / med["kernel"] / 1e6, 2),
         "ratio_vs_gemm_square": round(statistics.median(
@@ -144,26 +145,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: BLAS's own)")
     p.add_argument("--scale", default="10000,20000,50000,100000", help="collection sizes")
     p.add_argument("--small", action="store_true", help="tiny shapes (CI smoke run)")
+    p.add_argument("--shape", action="append", default=[], metavar="DOCS,MIN,MAX,QROWS,NQ",
+                   help="run only these shapes (documents, vectors per document, query vectors, queries "
+                        "per batch); the scaling table then uses the last one")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.scale.split(",") if x]
     if args.small:
-        shapes, sizes = [(200, 30, 300, 32)], [50, 100, 200]
+        shapes, sizes = [(200, 30, 300, 32, 1), (200, 30, 300, 32, 4)], [50, 100, 200]
     else:
-        # (documents, min vectors, max vectors, query vectors)
-        shapes = [(10_000, 30, 300, 32), (10_000, 30, 300, 64), (max(sizes), 30, 60, 32)]
+        # (documents, min vectors, max vectors, query vectors, queries in one batch)
+        shapes = [(10_000, 30, 300, 32, 1), (10_000, 30, 300, 64, 1), (10_000, 30, 300, 32, 16),
+                  (max(sizes), 30, 60, 32, 1)]
+    if args.shape:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
     result: dict = {"threads": args.threads, "block_bytes": M.BLOCK_BYTES, "shapes": [], "scaling": []}
     with _limit_threads(args.threads):
         cache: dict[tuple, tuple] = {}
-        for n_docs, lo, hi, q_rows in shapes:
+        for n_docs, lo, hi, q_rows, nq in shapes:
             key = (n_docs, lo, hi)
             if key not in cache:
                 cache.clear()
                 cache[key] = make_collection(n_docs, lo, hi)
             mat, off = cache[key]
-            r = bench_shape(mat, off, q_rows, args.runs) | {"doc_vectors": f"{lo}-{hi}"}
+            r = bench_shape(mat, off, q_rows, args.runs, nq) | {"doc_vectors": f"{lo}-{hi}"}
             result["shapes"].append(r)
-            print(f"{n_docs:>7} docs x {lo}-{hi} vectors ({len(mat):,} rows), query {q_rows}: "
+            print(f"{n_docs:>7} docs x {lo}-{hi} vectors ({len(mat):,} rows), {nq} x query {q_rows}: "
                   f"kernel {r['gflops']['kernel']} GFLOP/s, gemm same shape "
                   f"{r['gflops']['gemm_same_shape']}, square gemm {r['gflops']['gemm_square']} -> "
                   f"ratio {r['ratio_vs_gemm_square']} (vs same shape {r['ratio_vs_gemm_same_shape']}; "
