@@ -37,10 +37,13 @@ Example
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import re
+import threading
 import time
 import uuid
 import warnings
@@ -257,6 +260,17 @@ def _is_transport(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError)
 
 
+def _serialized(method: Callable[..., T]) -> Callable[..., T]:
+    """Run the method under the store's guard (a lock in local mode, nothing on a server)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
+        with self._guard:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class QdrantStore(_QdrantBase):
     """Tagged multivectors in a Qdrant collection, through ``qdrant_client.QdrantClient``.
 
@@ -360,6 +374,9 @@ class QdrantStore(_QdrantBase):
         self._init_modes(mode, prefetch, dense_name)
         self._own_client = client is None
         remote = url is not None or host is not None
+        # qdrant-client's local mode is pure Python and not thread-safe (concurrent calls raced:
+        # readers saw writes go backwards, SQLite refused nested transactions): one call at a time
+        self._guard: Any = contextlib.nullcontext()
         if client is not None:
             if remote or location is not None or path is not None:
                 raise ValueError("pass either client= or connection arguments, not both")
@@ -380,6 +397,8 @@ class QdrantStore(_QdrantBase):
         from qdrant_client.local.qdrant_local import QdrantLocal
 
         self.local = isinstance(getattr(self.client, "_client", None), QdrantLocal)
+        if self.local:
+            self._guard = threading.RLock()
         self.created = False
         # local mode on disk commits point by point: a redo log makes each call all-or-nothing
         self._redo = RedoLog(Path(path) / "uibk-redo") if path is not None else None
@@ -541,6 +560,7 @@ class QdrantStore(_QdrantBase):
         return m.Filter(must=must)
 
     # -- the interface ------------------------------------------------------------------------
+    @_serialized
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         if self._redo is None:
             self._write_points(ids, vectors, metadata)
@@ -564,6 +584,7 @@ class QdrantStore(_QdrantBase):
                 self._call("upsert", self.client.upsert, self.collection, points=points, wait=True)
                 bar.update(len(points))
 
+    @_serialized
     def _delete(self, ids: list[str]) -> None:
         if self._redo is None:
             self._delete_points(ids)
@@ -577,9 +598,11 @@ class QdrantStore(_QdrantBase):
             self._call("delete", self.client.delete, self.collection,
                        points_selector=m.PointIdsList(points=[point_id(x) for x in chunk]), wait=True)
 
+    @_serialized
     def count(self) -> int:
         return int(self._call("count", self.client.count, self.collection, exact=True).count)
 
+    @_serialized
     def _get(self, ids: list[str]) -> list[Record]:
         found: dict[str, Record] = {}
         unique = list(dict.fromkeys(ids))
@@ -608,6 +631,7 @@ class QdrantStore(_QdrantBase):
                                       filter=flt, params=params, limit=k, with_payload=True))
         return out
 
+    @_serialized
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
              mode: str, n: int) -> list[list[Hit]]:
         flt = self._filter(conditions)
