@@ -4,7 +4,9 @@ The collection is encoded once (cached on disk by :func:`~uibk_embedding.evaluat
 and written as plain arrays to a work folder. Each backend then runs in a FRESH Python process
 (so its peak memory is its own and a crash or a missing dependency only skips that backend):
 open the store, upsert every document, run one warm-up query (which also triggers lazy index
-builds, e.g. PLAID's), time every query one by one (``--repeat`` passes) and once as a batch,
+builds, e.g. PLAID's), time every query one by one (``--repeat`` passes; a backend that reaches
+80% of ``--timeout`` stops there and its figures cover the queries it ran, ``queries_run``) and
+once as a batch,
 measure the store's folder on disk, close. The parent scores the top-10 of each backend against
 the qrels (nDCG@10, recall@10) and against exact MaxSim (recall@10 = overlap of the top-10s,
 rank agreement), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
@@ -232,6 +234,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Index and query one backend as described by ``spec`` (run in a fresh process)."""
     from uibk_embedding.adapters.registry import open_store
 
+    started = time.perf_counter()
     doc_ids, docs, query_ids, queries = _load_arrays(Path(spec["arrays"]))
     base_rss = _rss_mb()
     folder = Path(spec["folder"])
@@ -258,15 +261,21 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             res["count"] = store.count()
             lat: list[float] = []
             runs: dict[str, list[str]] = {}
+            deadline = started + float(spec.get("query_budget_s", math.inf))
             for _ in range(max(1, int(spec.get("repeat", 1)))):
                 for qid, q in zip(query_ids, queries, strict=True):
+                    if time.perf_counter() > deadline:
+                        break
                     t1 = time.perf_counter()
                     hits = store.search(q, k=K)
                     lat.append(time.perf_counter() - t1)
                     runs.setdefault(qid, [h.id for h in hits])
-            t1 = time.perf_counter()
-            store.search_batch(queries, k=K)
-            res["batch_s"] = time.perf_counter() - t1
+            if len(runs) < len(query_ids):  # out of time: the figures cover the queries run
+                res["queries_run"] = len(runs)
+            else:
+                t1 = time.perf_counter()
+                store.search_batch(queries, k=K)
+                res["batch_s"] = time.perf_counter() - t1
             res["latencies_s"] = lat
             res["runs"] = runs
             if server is not None and server.pid is not None:
@@ -292,7 +301,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RA
 def _run_backend(label: str, backend: str, options: dict[str, Any], arrays: Path, folder: Path,
                  repeat: int, timeout: float, threads: int | None = None) -> dict[str, Any]:
     spec = {"backend": backend, "options": options, "arrays": str(arrays), "folder": str(folder),
-            "repeat": repeat}
+            "repeat": repeat, "query_budget_s": 0.8 * timeout}
     spec_path = folder.parent / f"{label}.spec.json"
     out_path = folder.parent / f"{label}.result.json"
     spec_path.write_text(json.dumps(spec))
@@ -386,6 +395,8 @@ def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
         return {"skipped": res["skipped"]}
     runs, lat = res["runs"], res["latencies_s"]
     judged = {q: r for q, r in qrels.items() if q in runs}
+    if reference is not None:
+        reference = {q: r for q, r in reference.items() if q in runs}
     out: dict[str, Any] = {
         "ndcg@10": ndcg_at_k(runs, judged, K) if judged else None,
         "recall@10": recall_at_k(runs, judged, K) if judged else None,
@@ -404,6 +415,7 @@ def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
         "peak_rss_mb": res["peak_rss_mb"],
         "base_rss_mb": res["base_rss_mb"],
         "count": res["count"],
+        "queries_run": res.get("queries_run", len(runs)),
     }
     if "server_peak_rss_mb" in res:
         out["server_peak_rss_mb"] = res["server_peak_rss_mb"]
@@ -461,7 +473,7 @@ def markdown_table(backends: dict[str, dict[str, Any]]) -> str:
     - x: skipped (no server)
     """
     head = ("| backend | nDCG@10 | recall@10 | recall@10 vs exact | rank agreement | build (s) "
-            "| index (MiB) | peak RSS (MiB) | p50 (ms) | p95 (ms) | QPS |")
+            "| index (MiB) | peak RSS (MiB) | p50 (ms) | p95 (ms) | QPS | queries |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     skipped = []
     for name, r in backends.items():
@@ -473,7 +485,7 @@ def markdown_table(backends: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {_fmt(r['ndcg@10'])} | {_fmt(r['recall@10'])} | {_fmt(r['recall@10_vs_exact'])} "
             f"| {_fmt(r['rank_agreement@10'])} | {_fmt(r['build_s'], 1)} | {_fmt(size, 1)} "
             f"| {_fmt(r['peak_rss_mb'], 0)} | {_fmt(r['latency_ms_p50'], 2)} "
-            f"| {_fmt(r['latency_ms_p95'], 2)} | {_fmt(r['qps'], 1)} |")
+            f"| {_fmt(r['latency_ms_p95'], 2)} | {_fmt(r['qps'], 1)} | {r.get('queries_run', '-')} |")
     return "\n".join(lines + (["", *skipped] if skipped else []))
 
 
