@@ -38,6 +38,7 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
+from uibk_embedding._durable import atomic_savez
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 
 _OP = re.compile(r"^(\d{12})\.npz$")
@@ -64,24 +65,6 @@ class _State:
 def _empty_state() -> _State:
     return _State(np.zeros((0, DIM), np.float32), 0, np.zeros(1, np.int64),
                   np.zeros(0, bool), (), (), {})
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _encode_docs(ids: Sequence[str], vectors: Sequence[np.ndarray], metadata: Sequence[dict]):
@@ -181,7 +164,7 @@ class ExactStore(MultiVectorStore):
         if self.path is None:
             return
         self._seq += 1
-        _atomic_savez(self.path / "ops" / f"{self._seq:012d}.npz", op=np.array(op), **arrays)
+        atomic_savez(self.path / "ops" / f"{self._seq:012d}.npz", op=np.array(op), **arrays)
         if self._seq - self._snap_seq >= self.compact_every:
             self._compact_locked()
 
@@ -198,7 +181,7 @@ class ExactStore(MultiVectorStore):
         live = sorted(st.index.values())
         vecs = [st.buf[st.offsets[i]:st.offsets[i + 1]] for i in live]
         arrays = _encode_docs([st.ids[i] for i in live], vecs, [st.metadata[i] for i in live])
-        _atomic_savez(self.path / f"snapshot-{self._seq:012d}.npz", **arrays)
+        atomic_savez(self.path / f"snapshot-{self._seq:012d}.npz", **arrays)
         old_snap = self._snap_seq
         self._snap_seq = self._seq
         for p in (self.path / "ops").iterdir():

@@ -30,15 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from uibk_embedding._durable import atomic_savez, fsync_dir
+
 _counter = itertools.count()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class RedoLog:
@@ -52,18 +46,12 @@ class RedoLog:
                metadata: Sequence[dict] | None) -> Path:
         name = f"{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}-{next(_counter)}.npz"
         path = self.folder / name
-        tmp = self.folder / f".tmp-{name}"
         arrays = {"op": np.array(op), "ids": np.array(json.dumps(list(ids), ensure_ascii=False))}
         if vectors is not None:
             arrays["lengths"] = np.array([len(v) for v in vectors], dtype=np.int64)
             arrays["vectors"] = np.concatenate(vectors).astype(np.float32)
             arrays["metadata"] = np.array(json.dumps(list(metadata or []), ensure_ascii=False))
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.folder)
+        atomic_savez(path, **arrays)
         return path
 
     @contextlib.contextmanager
@@ -76,7 +64,7 @@ class RedoLog:
         path = self._write(op, ids, vectors, metadata)
         yield
         path.unlink()
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
 
     def replay(self, upsert: Callable[[list[str], list[np.ndarray], list[dict]], None],
                delete: Callable[[list[str]], None]) -> int:
@@ -95,5 +83,5 @@ class RedoLog:
             path.unlink()
             done += 1
         if done:
-            _fsync_dir(self.folder)
+            fsync_dir(self.folder)
         return done

@@ -65,6 +65,7 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_s
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
+from uibk_embedding._durable import fsync_dir
 from uibk_embedding._optional import require
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 
@@ -130,14 +131,6 @@ def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
         raise PlaidEngineError(f"fast-plaid panicked during {what}: {first}") from e
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PlaidStore(MultiVectorStore):
@@ -432,7 +425,7 @@ class PlaidStore(MultiVectorStore):
                 engine_call("create", new_fp.create, self._as_tensors(vectors), nbits=self._build["nbits"],
                             **self._engine_kwargs())
             del vectors
-            _fsync_dir(target)
+            fsync_dir(target)
         old_fp, old_dir = self._fp, self._plaid_dir
         with self._tx() as db:
             self._state_set(db, plaid_dir=name, generation=str(gen), dirty="0")

@@ -1,0 +1,39 @@
+"""Durable file writes shared by the stores: fsync'd temporary file, atomic rename, fsync'd folder.
+
+A reader (or a process opening the folder after a crash) sees either the old file or the whole
+new one; leftovers are named ``.tmp-*`` and can be deleted on open.
+
+>>> import numpy as np, tempfile, pathlib
+>>> p = pathlib.Path(tempfile.mkdtemp()) / "x.npz"
+>>> atomic_savez(p, a=np.arange(3))
+>>> np.load(p)["a"].tolist()
+[0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or unlink inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """Write ``arrays`` as ``.npz`` (no pickle) to ``path`` atomically and durably."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
