@@ -90,6 +90,8 @@ ID_BYTES = 2048  # ids are <= 512 characters, <= 4 bytes each in UTF-8
 SCHEMA_VERSION = 1
 EMBEDDING_LIST_MIN = (2, 6, 4)
 DEFAULT_CANDIDATES = 64
+# Milvus returns float32 scores: a bound is trusted only this far above an exact score
+_BOUND_SLACK = 1e-4
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
 
 
@@ -662,8 +664,8 @@ class MilvusStore(MultiVectorStore):
             depth = min(max(self.candidates, 1), MAX_LIMIT)
             cache: dict[str, tuple[np.ndarray, dict]] = {}  # lists fetched for this query
             while True:
-                union, bound, complete = self._row_candidates(q, depth, expr)
-                hits, kth = self._rescore(q, union, k, conditions, cache)
+                upper, bound, complete = self._row_candidates(q, depth, expr)
+                hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper)
                 if not self.exact or complete or (len(hits) == k and kth >= bound):
                     break
                 if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
@@ -673,18 +675,22 @@ class MilvusStore(MultiVectorStore):
             out.append(hits)
         return out
 
-    def _row_candidates(self, q: np.ndarray, depth: int, expr: str) -> tuple[list[str], float, bool]:
-        """Union of documents owning each query vector's ``depth`` nearest rows.
+    def _row_candidates(self, q: np.ndarray, depth: int,
+                        expr: str) -> tuple[dict[str, float], float, bool]:
+        """Documents owning each query vector's ``depth`` nearest rows, with score upper bounds.
 
-        Returns the union, the score bound for documents outside it (sum over query vectors of
-        the last returned score) and whether some list came back short (then every row passing
-        the filter was seen, so the union is every matching document)."""
+        Returns ``{doc_id: upper bound of its MaxSim}`` ordered best bound first, the bound for
+        documents outside the union (sum over query vectors of the last returned score) and
+        whether some list came back short (then every row passing the filter was seen, so the
+        union is every matching document). A document's bound takes, per query vector, its best
+        returned row, or the last returned score where it has none; with an exhaustive row
+        search (FLAT) it is a true upper bound, so rescoring in bound order can stop early."""
         params = {"metric_type": "IP", "params": dict(self.search_params)}
         if self.index_type == "HNSW":
             params["params"].setdefault("ef", max(depth, 64))
         elif self.index_type.startswith("IVF"):
             params["params"].setdefault("nprobe", 32)
-        union: dict[str, None] = {}
+        gain: dict[str, float] = {}  # sum over query vectors of (best row - last row)
         bound = 0.0
         complete = False
         per_call = max(1, min(len(q), 2_000_000 // depth))
@@ -695,24 +701,44 @@ class MilvusStore(MultiVectorStore):
             for hits in res:
                 if len(hits) < depth:
                     complete = True
-                if hits:
-                    bound += float(hits[-1]["distance"])
+                if not hits:
+                    continue
+                last = min(float(h["distance"]) for h in hits)
+                bound += last
+                best: dict[str, float] = {}
                 for h in hits:
-                    union[h["entity"]["doc_id"]] = None
-        return list(union), bound, complete
+                    d, s = h["entity"]["doc_id"], float(h["distance"])
+                    if s > best.get(d, -math.inf):
+                        best[d] = s
+                for d, s in best.items():
+                    gain[d] = gain.get(d, 0.0) + (s - last)
+        upper = {d: bound + g for d, g in sorted(gain.items(), key=lambda kv: -kv[1])}
+        return upper, bound, complete
 
     def _all_ids(self, expr: str) -> list[str]:
         e = "part == 0" + (f" and ({expr})" if expr else "")
         return list(dict.fromkeys(r["doc_id"] for r in self._query_all(self.docs_name, e, ["doc_id"])))
 
     def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Condition, ...],
-                 cache: dict[str, tuple[np.ndarray, dict]] | None = None) -> tuple[list[Hit], float]:
-        """Exact MaxSim over ``ids`` (fetched in pieces); the hits and the k-th score."""
+                 cache: dict[str, tuple[np.ndarray, dict]] | None = None,
+                 upper: dict[str, float] | None = None) -> tuple[list[Hit], float]:
+        """Exact MaxSim over ``ids`` (fetched in pieces); the hits and the k-th score.
+
+        With ``upper`` (score upper bounds, ``ids`` in descending bound order) rescoring stops
+        once the k-th exact score reaches the next document's bound: no later document can
+        enter the top k."""
         best_ids: list[str] = []
         best_scores = np.zeros(0)
         meta: dict[str, dict] = {}
         cache = {} if cache is None else cache
-        for chunk in _chunks(list(ids), 512):
+        kth = -math.inf
+        step = 64 if upper is not None else 512  # small first fetches when bounds can stop early
+        pos, ids = 0, list(ids)
+        while pos < len(ids):
+            if upper is not None and len(best_scores) >= k and kth >= upper[ids[pos]] + _BOUND_SLACK:
+                break
+            chunk, pos = ids[pos: pos + step], pos + step
+            step = min(step * 2, 512)
             missing = [x for x in chunk if x not in cache]
             if missing:
                 got = self._fetch(missing)
@@ -730,8 +756,9 @@ class MilvusStore(MultiVectorStore):
             best_ids = [best_ids[i] for i in idx]
             best_scores = best_scores[idx]
             meta.update((x, found[x][1]) for x in keep)
+            if len(best_scores) >= k:
+                kth = float(best_scores[-1])
         hits = [Hit(x, finite_score(s), meta[x]) for x, s in zip(best_ids, best_scores, strict=True)]
-        kth = float(best_scores[-1]) if len(best_scores) >= k else -math.inf
         return hits, kth
 
     def _search_embedding_list(self, q: np.ndarray, k: int, expr: str,
