@@ -11,8 +11,12 @@ Two layouts behind one class, :class:`MilvusStore`:
     twice as many vectors.
     A search sends every query vector (slots included) to the row index, takes the union of the
     documents owning the ``candidates`` nearest rows of each query vector, fetches their lists and
-    rescores the union with exact MaxSim. Scores are therefore always exact MaxSim; the ranking
-    is exact when the candidate union contains the true top-k.
+    rescores them with exact MaxSim, best score bound first (a candidate's bound takes, per query
+    vector, its best returned row or else the last returned score), stopping once the k-th exact
+    score reaches the next bound. Scores are therefore always exact MaxSim; the ranking is exact
+    when the candidate union contains the true top-k and the row search is exhaustive. Only the
+    row search waits for ``Strong`` consistency; lists are read without waiting and re-read if
+    older than the rows that nominated them.
 
     ``exact=True`` (needs ``index_type="FLAT"``, an exhaustive row search) makes that a
     guarantee: a document outside the union can score at most the sum, over query vectors, of
