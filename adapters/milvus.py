@@ -97,6 +97,7 @@ DEFAULT_CANDIDATES = 64
 # Milvus returns float32 scores: a bound is trusted only this far above an exact score
 _BOUND_SLACK = 1e-4
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
+_Stored = tuple[np.ndarray, dict, int]  # a fetched document: its list, metadata, write version
 
 
 def _pymilvus():
@@ -607,13 +608,13 @@ class MilvusStore(MultiVectorStore):
             it.close()
         return out
 
-    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, tuple[np.ndarray, dict, int]]:
+    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
         """Newest complete stored list, metadata and version of each id (missing ids absent).
 
         ``wait=False`` reads what the server holds now (``Eventually``) instead of waiting for
         the collection's ``Strong`` consistency point (one time tick, ~200 ms on Milvus 2.3):
         callers that know which version they need check it and re-read the stale ones."""
-        out: dict[str, tuple[np.ndarray, dict, int]] = {}
+        out: dict[str, _Stored] = {}
         level = {} if wait else {"consistency_level": "Eventually"}
         if self.layout == "embedding_list":
             for chunk in _chunks(list(dict.fromkeys(ids)), 256):
@@ -671,7 +672,7 @@ class MilvusStore(MultiVectorStore):
         out = []
         for q in queries:
             depth = min(max(self.candidates, 1), MAX_LIMIT)
-            cache: dict[str, tuple[np.ndarray, dict]] = {}  # lists fetched for this query
+            cache: dict[str, _Stored | None] = {}  # lists fetched for this query
             while True:
                 upper, seen, bound, complete = self._row_candidates(q, depth, expr)
                 hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen)
@@ -732,7 +733,7 @@ class MilvusStore(MultiVectorStore):
         return list(dict.fromkeys(r["doc_id"] for r in self._query_all(self.docs_name, e, ["doc_id"])))
 
     def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Condition, ...],
-                 cache: dict[str, tuple[np.ndarray, dict]] | None = None,
+                 cache: dict[str, _Stored | None] | None = None,
                  upper: dict[str, float] | None = None,
                  seen: dict[str, int] | None = None) -> tuple[list[Hit], float]:
         """Exact MaxSim over ``ids`` (fetched in pieces); the hits and the k-th score.
@@ -765,7 +766,7 @@ class MilvusStore(MultiVectorStore):
                     if stale:
                         got.update(self._fetch(stale))
                 cache.update(got)
-                cache.update((x, None) for x in missing if x not in got)  # type: ignore[misc]
+                cache.update((x, None) for x in missing if x not in got)
             found = {x: cache[x] for x in chunk if cache.get(x) is not None}
             keep = [x for x in chunk if x in found and matches(found[x][1], conditions)]
             if not keep:
