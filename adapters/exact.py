@@ -161,11 +161,16 @@ class ExactStore(MultiVectorStore):
                 p.unlink(missing_ok=True)
 
     def _log(self, op: str, **arrays: np.ndarray) -> None:
+        """Write-ahead: make the operation durable before it is applied in memory."""
         if self.path is None:
             return
         self._seq += 1
         atomic_savez(self.path / "ops" / f"{self._seq:012d}.npz", op=np.array(op), **arrays)
-        if self._seq - self._snap_seq >= self.compact_every:
+
+    def _maybe_compact(self) -> None:
+        """Fold the log into a snapshot once it is long; call only AFTER the logged operations
+        are applied to ``self._state``, since the snapshot replaces their files."""
+        if self.path is not None and self._seq - self._snap_seq >= self.compact_every:
             self._compact_locked()
 
     def compact(self) -> None:
@@ -175,6 +180,8 @@ class ExactStore(MultiVectorStore):
             self._state = self._packed(self._state)
 
     def _compact_locked(self) -> None:
+        """Snapshot ``self._state`` as of ``self._seq``; every operation up to ``self._seq`` must
+        already be applied to it, since their files are deleted once the snapshot is durable."""
         if self.path is None:
             return
         st = self._state
@@ -251,6 +258,7 @@ class ExactStore(MultiVectorStore):
         with self._lock:
             self._log("upsert", **_encode_docs(ids, vectors, metadata))
             self._apply_upsert(ids, [v.copy() for v in vectors], metadata)
+            self._maybe_compact()
 
     def _delete(self, ids: list[str]) -> None:
         with self._lock:
@@ -258,6 +266,7 @@ class ExactStore(MultiVectorStore):
                 return
             self._log("delete", ids=np.array(json.dumps(ids, ensure_ascii=False)))
             self._apply_delete(ids)
+            self._maybe_compact()
 
     def count(self) -> int:
         return self._state.n_docs

@@ -565,8 +565,14 @@ class QdrantStore(_QdrantBase):
         if self._redo is None:
             self._write_points(ids, vectors, metadata)
             return
+        self._replay_failed()
         with self._redo.pending("upsert", ids, vectors, metadata):
             self._write_points(ids, vectors, metadata)
+
+    def _replay_failed(self) -> None:
+        """Finish an earlier call that failed half-way before the next write (keeps log order)."""
+        if self._redo is not None and self._redo.dirty:
+            self._redo.replay(self._write_points, self._delete_points)
 
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         m = self._models
@@ -589,6 +595,7 @@ class QdrantStore(_QdrantBase):
         if self._redo is None:
             self._delete_points(ids)
             return
+        self._replay_failed()
         with self._redo.pending("delete", ids):
             self._delete_points(ids)
 

@@ -36,11 +36,17 @@ _counter = itertools.count()
 
 
 class RedoLog:
-    """Operations logged in ``folder`` until the engine has applied them."""
+    """Operations logged in ``folder`` until the engine has applied them.
+
+    ``dirty`` is true while an entry of a failed engine call is still logged in this process:
+    the caller must :meth:`replay` before its next write. Otherwise a later write of the same id
+    would be applied first and the stale entry replayed over it on the next open.
+    """
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.dirty = any(self.folder.glob("*.npz"))
 
     def _write(self, op: str, ids: Sequence[str], vectors: Sequence[np.ndarray] | None,
                metadata: Sequence[dict] | None) -> Path:
@@ -59,10 +65,16 @@ class RedoLog:
                 metadata: Sequence[dict] | None = None) -> Iterator[None]:
         """Log the operation, run the body (the engine call), then drop the log entry.
 
-        If the body raises, the entry stays and is replayed on the next open (the engine may
-        have applied part of it)."""
+        If the body raises, the entry stays (the engine may have applied part of it) and
+        ``dirty`` is set: it is replayed before the next write, or on the next open."""
+        if self.dirty:
+            raise RuntimeError(f"{self.folder} holds operations not yet applied: replay() first")
         path = self._write(op, ids, vectors, metadata)
-        yield
+        try:
+            yield
+        except BaseException:
+            self.dirty = True
+            raise
         path.unlink()
         fsync_dir(self.folder)
 
@@ -84,4 +96,5 @@ class RedoLog:
             done += 1
         if done:
             fsync_dir(self.folder)
+        self.dirty = False
         return done

@@ -65,7 +65,7 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_s
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
-from uibk_embedding._durable import fsync_dir
+from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 
@@ -425,7 +425,7 @@ class PlaidStore(MultiVectorStore):
                 engine_call("create", new_fp.create, self._as_tensors(vectors), nbits=self._build["nbits"],
                             **self._engine_kwargs())
             del vectors
-            fsync_dir(target)
+            fsync_tree(target)  # durable before the state row points at it
         old_fp, old_dir = self._fp, self._plaid_dir
         with self._tx() as db:
             self._state_set(db, plaid_dir=name, generation=str(gen), dirty="0")
@@ -443,7 +443,21 @@ class PlaidStore(MultiVectorStore):
             self._rebuild()
 
     def _sync_engine(self, del_positions: list[int], n_index_before: int, added: list[np.ndarray]) -> None:
-        """Bring the PLAID index in line with the committed store; rebuild on any failure."""
+        """Bring the PLAID index in line with the committed store; rebuild on any failure.
+
+        If even the rebuild fails, the index is dropped (searches fall back to exact MaxSim on
+        the stored vectors, which stay committed) and the error is raised; the dirty flag stays
+        set, so the next write or open rebuilds it."""
+        try:
+            self._sync_engine_or_rebuild(del_positions, n_index_before, added)
+        except BaseException:
+            if self._fp is not None:
+                self._fp.close()
+                self._fp = None
+            raise
+
+    def _sync_engine_or_rebuild(self, del_positions: list[int], n_index_before: int,
+                                added: list[np.ndarray]) -> None:
         try:
             if self._fp is None or self._n_vectors < self.min_index_vectors \
                     or len(del_positions) >= n_index_before:

@@ -90,7 +90,7 @@ def server(checkpoint):
 
 @pytest.fixture(scope="module")
 def local(checkpoint):
-    return load_encoder(checkpoint)
+    return load_encoder(checkpoint, device="cpu")  # the server under test runs on the CPU
 
 
 def test_health_and_stats(server, checkpoint):

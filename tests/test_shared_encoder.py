@@ -28,7 +28,8 @@ def inner():
 def test_single_caller_gets_the_wrapped_encoders_bytes(inner):
     with SharedEncoder(inner) as enc:
         assert enc.format == inner.format and enc.dense_weight == inner.dense_weight
-        assert enc.device == "cpu" and inner.dtype == "float32"
+        assert enc.device == inner.device
+        assert inner.dtype == ("bfloat16" if inner.device.startswith("cuda") else "float32")
         for a, b in zip(enc.encode_documents(TEXTS), inner.encode_documents(TEXTS), strict=True):
             assert a.tobytes() == b.tobytes()
         for a, b in zip(enc.encode_queries(TEXTS, dense_weight=3.0),

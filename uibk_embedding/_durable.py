@@ -28,6 +28,19 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def fsync_tree(path: str | os.PathLike) -> None:
+    """Flush every file below ``path`` and every folder's entries (e.g. an engine's index folder
+    written without fsync), so that switching to it after this call survives a power loss."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
+
+
 def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     """Write ``arrays`` as ``.npz`` (no pickle) to ``path`` atomically and durably."""
     tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")

@@ -1,0 +1,246 @@
+"""Durability at the edges of every persistence path: compaction, redo log, PLAID rebuild.
+
+Deterministic (no kill timing): each test drives a store to a boundary where a write and a
+cleanup meet, then reopens it the way a crash leaves it (no ``close()``) and compares the
+contents with a plain dict model of what was acknowledged. The random-kill test is
+``tests/reliability/test_crash.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.testing import make_list
+
+FMT = TaggedFormat()
+REMOTE = ("server", "standalone", "live")
+
+
+def _doc(seed: int, n: int = 6) -> np.ndarray:
+    return make_list(FMT, np.random.default_rng(seed), n)
+
+
+def _script(n_ops: int) -> list[tuple[str, str, int]]:
+    """A fixed mix of single-document upserts, overwrites and deletes (op, id, vector seed)."""
+    ops: list[tuple[str, str, int]] = []
+    for i in range(n_ops):
+        if i % 5 == 4:
+            ops.append(("delete", f"d{i - 3}", 0))        # delete an earlier document
+        elif i % 7 == 6:
+            ops.append(("upsert", f"d{i - 5}", 1000 + i))  # overwrite an earlier document
+        else:
+            ops.append(("upsert", f"d{i}", i))
+    return ops
+
+
+def _apply(model: dict[str, int], op: tuple[str, str, int]) -> None:
+    kind, doc_id, seed = op
+    if kind == "delete":
+        model.pop(doc_id, None)
+    else:
+        model[doc_id] = seed
+
+
+def _assert_holds(store, model: dict[str, int]) -> None:
+    every = sorted({op[1] for op in _script(40)} | set(model))
+    got = {r.id: r for r in store.get(every)}
+    assert sorted(got) == sorted(model), f"ids {sorted(got)} != acknowledged {sorted(model)}"
+    for doc_id, seed in model.items():
+        np.testing.assert_allclose(got[doc_id].vectors, _doc(seed), atol=1e-3)
+        assert got[doc_id].metadata == {"seed": seed}
+    assert store.count() == len(model)
+
+
+# -- the exact store: every compaction boundary ------------------------------------------------
+
+@pytest.mark.parametrize("compact_every", [1, 2, 3, 5])
+def test_exact_store_reopened_without_close_at_every_step(tmp_path, compact_every):
+    """Reopen after every single operation, without close(): the compaction that an operation
+    triggers must fold that operation into the snapshot, never delete it. Fails on the old order
+    (compaction before the operation was applied in memory) at the first boundary."""
+    path = tmp_path / "exact"
+    store = ExactStore(path=path, compact_every=compact_every)
+    model: dict[str, int] = {}
+    for step, op in enumerate(_script(23)):
+        kind, doc_id, seed = op
+        if kind == "delete":
+            store.delete([doc_id])
+        else:
+            store.upsert([doc_id], [_doc(seed)], [{"seed": seed}])
+        _apply(model, op)
+        reopened = ExactStore(path=path, compact_every=compact_every)  # what a crash leaves
+        try:
+            _assert_holds(reopened, model)
+        except AssertionError as e:
+            raise AssertionError(f"after step {step} ({op}), compact_every={compact_every}: {e}") from e
+    assert len(list((path / "ops").iterdir())) < compact_every  # the log was folded
+
+
+def test_exact_store_three_upserts_at_compact_every_three(tmp_path):
+    """The report's case: compact_every=3, three single-document upserts, reopen: 3 documents."""
+    store = ExactStore(path=tmp_path, compact_every=3)
+    for i in range(3):
+        store.upsert([f"x{i}"], [_doc(i)], [{}])
+    assert ExactStore(path=tmp_path).count() == 3
+
+
+def test_exact_store_delete_on_the_boundary_stays_deleted(tmp_path):
+    store = ExactStore(path=tmp_path, compact_every=2)
+    store.upsert(["a", "b"], [_doc(1), _doc(2)], [{}, {}])
+    store.delete(["a"])  # the second operation: triggers compaction
+    assert ExactStore(path=tmp_path).ids() == ["b"]
+
+
+# -- every local persistent backend: a child process that never closes -----------------------
+
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from test_durability import _doc, _script
+    from uibk_embedding.testing import load_backend_specs
+    name, folder, n_ops = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    spec = next(s for s in load_backend_specs({backends!r}) if s.name == name)
+    store = spec.reopen(folder)
+    for kind, doc_id, seed in _script(n_ops):
+        if kind == "delete":
+            store.delete([doc_id])
+        else:
+            store.upsert([doc_id], [_doc(seed)], [{{"seed": seed}}])
+    sys.stdout.flush()
+    os._exit(0)  # no close(), no atexit, no flush of anything the store buffered
+""")
+
+
+def test_reopen_without_close(spec, tmp_path):
+    """Single-document writes across index creation, updates, overwrites and deletes, by a
+    process that exits without close(); the reopened store holds exactly what was written."""
+    if spec.reopen is None or any(r in spec.name for r in REMOTE):
+        pytest.skip(f"{spec.name} does not persist to local files")
+    here = Path(__file__).resolve().parent
+    child = tmp_path / "child.py"
+    child.write_text(CHILD.format(tests=str(here), backends=str(here / "backends")))
+    folder = tmp_path / "store"
+    folder.mkdir()
+    n_ops = 17  # PLAID: crosses min_index_vectors (64 rows), then updates and deletes
+    proc = subprocess.run([sys.executable, str(child), spec.name, str(folder), str(n_ops)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model: dict[str, int] = {}
+    for op in _script(n_ops):
+        _apply(model, op)
+    store = spec.reopen(folder)
+    try:
+        _assert_holds(store, model)
+        for doc_id, seed in model.items():  # and search finds each document by its own vectors
+            hits = store.search(_doc(seed), k=1)
+            assert hits and hits[0].id == doc_id, (doc_id, hits)
+    finally:
+        store.close()
+
+
+# -- the Qdrant redo log: a failed engine call is finished before the next write ---------------
+
+def test_qdrant_failed_write_is_not_replayed_over_a_later_one(tmp_path, monkeypatch):
+    """An upsert whose engine call fails half-way leaves a redo entry. A later successful upsert
+    of the same id must win: before the fix, the stale entry was replayed over it on reopen."""
+    pytest.importorskip("qdrant_client")
+    from uibk_embedding.adapters.qdrant import QdrantStore
+
+    store = QdrantStore(path=tmp_path / "q")
+    real = store._write_points
+
+    def half_then_fail(ids, vectors, metadata):  # the real engine writes the first half
+        real(ids[:1], vectors[:1], metadata[:1])
+        raise ConnectionError("engine went away half-way")
+
+    monkeypatch.setattr(store, "_write_points", half_then_fail)
+    with pytest.raises(ConnectionError):
+        store.upsert(["a", "b"], [_doc(1), _doc(2)], [{"seed": 1}, {"seed": 2}])
+    monkeypatch.setattr(store, "_write_points", real)
+    store.upsert(["a"], [_doc(3)], [{"seed": 3}])  # acknowledged: a is now seed 3
+    _assert_holds(store, {"a": 3, "b": 2})  # the failed call was finished first, in order
+    store.close()
+    again = QdrantStore(path=tmp_path / "q")
+    try:
+        _assert_holds(again, {"a": 3, "b": 2})
+    finally:
+        again.close()
+
+
+def test_qdrant_failed_write_is_whole_after_reopen(tmp_path, monkeypatch):
+    pytest.importorskip("qdrant_client")
+    from uibk_embedding.adapters.qdrant import QdrantStore
+
+    store = QdrantStore(path=tmp_path / "q")
+    real = store._write_points
+
+    def half_then_fail(ids, vectors, metadata):
+        real(ids[:1], vectors[:1], metadata[:1])
+        raise ConnectionError("engine went away half-way")
+
+    monkeypatch.setattr(store, "_write_points", half_then_fail)
+    with pytest.raises(ConnectionError):
+        store.upsert(["a", "b"], [_doc(1), _doc(2)], [{"seed": 1}, {"seed": 2}])
+    store.close()
+    again = QdrantStore(path=tmp_path / "q")
+    try:
+        _assert_holds(again, {"a": 1, "b": 2})
+    finally:
+        again.close()
+
+
+# -- PLAID: a failed engine update and a failed rebuild ----------------------------------------
+
+def _plaid_store(path: Path, **kw):
+    pytest.importorskip("fast_plaid")
+    from uibk_embedding.plaid_backend.store import PlaidStore
+
+    return PlaidStore(path, num_threads=1, rerank=False, nbits=2, **kw)
+
+
+def test_plaid_search_never_reads_an_index_that_lost_sync(tmp_path, monkeypatch):
+    """The engine's delete fails and so does the rebuild that should repair it: the delete is
+    committed (acknowledged), the stale index must not be searched (positions would map to the
+    wrong ids), and the next open rebuilds it."""
+    import uibk_embedding.plaid_backend.store as mod
+
+    store = _plaid_store(tmp_path / "p")
+    docs = {f"d{i}": i for i in range(30)}
+    store.upsert(list(docs), [_doc(s) for s in docs.values()], [{"seed": s} for s in docs.values()])
+    assert store.has_index
+    real = mod.engine_call
+
+    def failing(what, fn, *a, **kw):
+        if what in ("delete", "create"):
+            raise mod.PlaidEngineError(f"injected failure during {what}")
+        return real(what, fn, *a, **kw)
+
+    monkeypatch.setattr(mod, "engine_call", failing)
+    with pytest.warns(RuntimeWarning, match="rebuilding"), pytest.raises(mod.PlaidEngineError):
+        store.delete(["d0"])
+    monkeypatch.setattr(mod, "engine_call", real)
+    del docs["d0"]
+    _assert_holds(store, docs)
+    for doc_id, seed in docs.items():  # every later position moved down by one
+        assert store.search(_doc(seed), k=1)[0].id == doc_id
+    store.upsert(["new"], [_doc(99)], [{"seed": 99}])  # the next write rebuilds the index
+    docs["new"] = 99
+    assert store.has_index
+    assert store.search(_doc(99), k=1)[0].id == "new"
+    store.close()
+    again = _plaid_store(tmp_path / "p")
+    try:
+        _assert_holds(again, docs)
+    finally:
+        again.close()
