@@ -1,10 +1,12 @@
 """The one store interface every backend implements, with shared input validation.
 
 A store holds *documents*: a string id, one tagged multi-vector (float32, ``(n, 128)``, see
-:mod:`uibk_embedding.encoder.tagged`) and a JSON metadata dict. Backends implement five small
-methods (``_upsert``, ``_delete``, ``_search``, ``_get``, ``count``); the public methods here
-validate every input first, so bad input is refused with the same precise error on every
-backend and never reaches (or half-changes) the engine.
+:mod:`uibk_embedding.encoder.tagged`) and a JSON metadata dict. Backends implement six small
+methods (``_upsert``, ``_delete``, ``_search``, ``_get``, ``count`` and ``_scan``, a paged
+listing of ids and metadata by filter with the engine's own listing call) and, where the engine
+deletes by filter natively, ``_delete_where``. The public methods here validate every input
+first, so bad input is refused with the same precise error on every backend and never reaches
+(or half-changes) the engine.
 
 Example
 -------
@@ -17,6 +19,10 @@ Example
 >>> store.upsert(["a", "b"], [mk(5), mk(7)], [{"lang": "en"}, {"lang": "de"}])
 >>> [h.id for h in store.search(mk(4), k=5, filter={"lang": "de"})]
 ['b']
+>>> list(store.scan({"lang": "en"}))
+[('a', {'lang': 'en'})]
+>>> store.delete(filter={"lang": "de"}), store.count()
+(1, 1)
 >>> store.upsert(["a"], [mk(1)[:2]])   # two rows: not a tagged list
 Traceback (most recent call last):
 ...
@@ -28,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -228,11 +234,32 @@ class MultiVectorStore(ABC):
             return
         self._upsert(ids, arrays, md)
 
-    def delete(self, ids: Sequence[str]) -> None:
-        """Delete documents by id; ids that are not stored are ignored (not an error)."""
+    def delete(self, ids: Sequence[str] | None = None, *, filter: Filter | None = None) -> int | None:
+        """Delete documents by id, or every document whose metadata matches ``filter``.
+
+        By id (``delete(ids)``): ids that are not stored are ignored (not an error); returns
+        None. By filter (``delete(filter={...})``): every match is deleted with the engine's own
+        filtered delete or listing (never an approximate search), and the number deleted is
+        returned; ``filter={}`` deletes every document.
+        """
+        if (ids is None) == (filter is None):
+            raise TypeError("delete() takes ids or filter=..., exactly one of them")
+        if filter is not None:
+            return self._delete_where(parse_filter(filter))
         ids = validate_ids(ids, unique=False)
         if ids:
             self._delete(list(dict.fromkeys(ids)))
+        return None
+
+    def scan(self, filter: Filter | None = None, *, batch_size: int = 1000) -> Iterator[tuple[str, dict]]:
+        """Every stored ``(id, metadata)`` whose metadata matches ``filter`` (all without one),
+        read from the engine ``batch_size`` at a time. The order is the engine's; a document
+        written or deleted while the scan runs may or may not be listed."""
+        conds = parse_filter(filter)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        for page in self._scan(conds, batch_size):
+            yield from page
 
     def search(
         self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False
@@ -303,6 +330,18 @@ class MultiVectorStore(ABC):
 
     @abstractmethod
     def _get(self, ids: list[str]) -> list[Record]: ...
+
+    @abstractmethod
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Pages (of at most about ``batch_size``) of ``(id, metadata)`` matching ``conditions``."""
+
+    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+        """Delete every match; returns how many. Default: list the matches with ``_scan``, then
+        one ``_delete``. Engines with a native filtered delete override this."""
+        ids = list(dict.fromkeys(x for page in self._scan(conditions, 1000) for x, _ in page))
+        if ids:
+            self._delete(ids)
+        return len(ids)
 
     def _explain(self, q: np.ndarray, hits: list[Hit]) -> list[Hit]:
         records = {r.id: r for r in self.get([h.id for h in hits])}

@@ -268,6 +268,28 @@ class ExactStore(MultiVectorStore):
             self._apply_delete(ids)
             self._maybe_compact()
 
+    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+        with self._lock:  # one logged operation: the whole filtered delete or none of it
+            st = self._state
+            ids = [st.ids[i] for i in sorted(st.index.values()) if matches(st.metadata[i], conditions)]
+            if ids:
+                self._log("delete", ids=np.array(json.dumps(ids, ensure_ascii=False)))
+                self._apply_delete(ids)
+                self._maybe_compact()
+            return len(ids)
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int):
+        st = self._state  # one consistent snapshot for the whole scan
+        page: list[tuple[str, dict]] = []
+        for i in sorted(st.index.values()):
+            if matches(st.metadata[i], conditions):
+                page.append((st.ids[i], json.loads(json.dumps(st.metadata[i]))))
+                if len(page) == batch_size:
+                    yield page
+                    page = []
+        if page:
+            yield page
+
     def count(self) -> int:
         return self._state.n_docs
 

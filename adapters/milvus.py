@@ -73,7 +73,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -592,6 +592,29 @@ class MilvusStore(MultiVectorStore):
         res = self.client.query(self.docs_name, filter=expr, output_fields=["count(*)"],
                                 timeout=self.timeout)
         return int(res[0]["count(*)"]) if res else 0
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Milvus's query iterator over the document collection (a lock per page, not per scan)."""
+        expr = filter_expression(conditions)
+        if self.layout == "token_rows":  # one row per document holds its metadata: part 0
+            expr = "part == 0" + (f" and ({expr})" if expr else "")
+        with self._guard:
+            it = self.client.query_iterator(self.docs_name, batch_size=batch_size, filter=expr,
+                                            output_fields=["doc_id", "meta"], timeout=self.timeout)
+        seen: set[str] = set()  # an overwrite in progress briefly holds two versions of a document
+        try:
+            while True:
+                with self._guard:
+                    rows = it.next()
+                if not rows:
+                    return
+                page = [(r["doc_id"], json.loads(r["meta"])) for r in rows if r["doc_id"] not in seen]
+                seen.update(x for x, _ in page)
+                if page:
+                    yield page
+        finally:
+            with self._guard:
+                it.close()
 
     def _query_all(self, name: str, expr: str, fields: list[str], *, batch: int = 1024) -> list[dict]:
         """Every row matching ``expr`` (paged: ``query`` returns at most 16,384 rows per call)."""

@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -608,6 +608,36 @@ class QdrantStore(_QdrantBase):
     @_serialized
     def count(self) -> int:
         return int(self._call("count", self.client.count, self.collection, exact=True).count)
+
+    @_serialized
+    def _scroll_page(self, flt: Any, offset: Any, limit: int) -> tuple[list[tuple[str, dict]], Any]:
+        recs, nxt = self._call("scroll", self.client.scroll, self.collection, scroll_filter=flt,
+                               limit=limit, offset=offset, with_payload=True, with_vectors=False)
+        return [split_payload(r.payload, r.id) for r in recs], nxt
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        flt, offset = self._filter(conditions), None
+        while True:  # Qdrant's scroll: pages in point-id order, each with the next page's offset
+            page, offset = self._scroll_page(flt, offset, batch_size)
+            if page:
+                yield page
+            if offset is None:
+                return
+
+    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+        if self._redo is not None:  # local files: list the ids so the redo log can hold them
+            return super()._delete_where(conditions)
+        return self._delete_by_filter(conditions)
+
+    @_serialized
+    def _delete_by_filter(self, conditions: tuple[Condition, ...]) -> int:
+        m = self._models
+        flt = self._filter(conditions) or m.Filter(must=[])
+        n = int(self._call("count", self.client.count, self.collection, count_filter=flt, exact=True).count)
+        if n:
+            self._call("delete", self.client.delete, self.collection,
+                       points_selector=m.FilterSelector(filter=flt), wait=True)
+        return n
 
     @_serialized
     def _get(self, ids: list[str]) -> list[Record]:

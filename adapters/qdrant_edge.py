@@ -35,7 +35,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +275,24 @@ class QdrantEdgeStore(_QdrantBase):
 
     def count(self) -> int:
         return int(self.shard.count(self._e.CountRequest(exact=True)))
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        e, flt, offset = self._e, self._filter(conditions), None
+        while True:
+            recs, offset = self.shard.scroll(e.ScrollRequest(offset=offset, limit=batch_size, filter=flt,
+                                                             with_payload=True, with_vector=False))
+            if recs:
+                yield [split_payload(r.payload, r.id) for r in recs]
+            if offset is None:
+                return
+
+    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+        e = self._e
+        flt = self._filter(conditions) or e.Filter(must=[])
+        n = int(self.shard.count(e.CountRequest(exact=True, filter=flt)))
+        if n:
+            self.shard.update(e.UpdateOperation.delete_points_by_filter(flt))
+        return n
 
     def _get(self, ids: list[str]) -> list[Record]:
         found: dict[str, Record] = {}

@@ -52,13 +52,13 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
@@ -643,6 +643,21 @@ class WeaviateStore(MultiVectorStore):
                 r = found[x]
                 out.append(Record(r.id, r.vectors.copy(), json.loads(json.dumps(r.metadata))))
         return out
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Weaviate's cursor iterator over every object (it takes no filter: the conditions are
+        checked on the stored metadata, with the library's exact type semantics)."""
+        page: list[tuple[str, dict]] = []
+        for obj in self._collection.iterator(include_vector=False, return_properties=[PROP_ID, PROP_METADATA],
+                                             cache_size=batch_size):
+            doc_id, md = self._id_and_metadata(obj)
+            if matches(md, conditions):
+                page.append((doc_id, md))
+                if len(page) >= batch_size:
+                    yield page
+                    page = []
+        if page:
+            yield page
 
     def count(self) -> int:
         """Number of objects in the collection."""

@@ -31,7 +31,7 @@ True
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,27 +172,17 @@ class RetrievalCore:
         """Delete documents by id (ids that are not stored are ignored)."""
         self.store.delete(ids)
 
-    def delete_where(self, filter: Filter, *, batch: int = 256) -> int:
+    def delete_where(self, filter: Filter) -> int:
         """Delete every document whose metadata matches ``filter``; returns how many.
 
-        The store interface has no listing call, so matching ids are found by filtered
-        searches (any query: the filter decides), deleted, and searched again until none is
-        left; this works on every backend, including approximate ones.
-        """
-        parse_filter(filter)  # refuse a bad filter before touching anything
-        probe = self._probe_query()
-        deleted, seen = 0, set()
-        while True:
-            n = self.store.count()
-            if n == 0:
-                return deleted
-            hits = self.store.search(probe, k=min(batch, n), filter=filter)
-            ids = [h.id for h in hits if h.id not in seen]
-            if not ids:
-                return deleted
-            self.store.delete(ids)
-            seen.update(ids)
-            deleted += len(ids)
+        One call to the store's own filtered delete (``store.delete(filter=...)``): every match
+        goes, on every backend, approximate ones included. ``{}`` deletes everything."""
+        return int(self.store.delete(filter=filter) or 0)
+
+    def scan(self, filter: Filter | None = None) -> Iterator[StoredText]:
+        """Every stored document (id, text, metadata) whose metadata matches ``filter``."""
+        for doc_id, md in self.store.scan(filter):
+            yield self._stored(doc_id, md)
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, ids: Sequence[str]) -> list[StoredText]:
@@ -262,10 +252,6 @@ class RetrievalCore:
         md = dict(metadata)
         text = md.pop(self.text_key, "")
         return StoredText(id=id, text=text if isinstance(text, str) else str(text), metadata=md)
-
-    def _probe_query(self) -> np.ndarray:
-        fmt = self.store.format
-        return fmt.build(np.ones((3, 127)), np.ones((1, 127)))
 
 
 def _check_weight(w: Any) -> None:

@@ -276,12 +276,13 @@ class UIBKVectorStore(BasePydanticVectorStore):
 
     def get_nodes(self, node_ids: list[str] | None = None,
                   filters: MetadataFilters | None = None) -> list[BaseNode]:
-        """Stored nodes by id (those that exist, in the order asked), optionally filtered."""
-        if node_ids is None:
-            raise NotImplementedError("UIBKVectorStore.get_nodes needs node_ids (the store cannot list)")
+        """Stored nodes by id (those that exist, in the order asked), optionally filtered;
+        without ``node_ids``, every stored node that matches ``filters`` (the store's listing)."""
         flt = translate_filters(filters)
         if flt is NEVER_MATCHES:
             return []
+        if node_ids is None:
+            return [self._to_node(t.id, t.text, t.metadata) for t in self._core.scan(flt)]
         conds = parse_filter(flt)
         return [self._to_node(t.id, t.text, t.metadata) for t in self._core.get(node_ids)
                 if matches({**t.metadata}, conds)]

@@ -558,6 +558,15 @@ class PlaidStore(MultiVectorStore):
             self._sync_engine(del_positions, n_before, [])
 
     # -- reads -----------------------------------------------------------------------------
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """From the id map in memory (the committed SQLite rows), in insertion order."""
+        with self._lock:
+            self._check_open()
+            found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
+                     for s in self._order.tolist() if matches(self._meta[s], conditions)]
+        for i in range(0, len(found), batch_size):
+            yield found[i:i + batch_size]
+
     def count(self) -> int:
         return len(self._order)
 

@@ -124,6 +124,10 @@ def test_query_filters(vs):
 
 
 def test_delete_by_ref_doc_id_and_nodes(vs):
+    assert {n.node_id for n in vs.get_nodes()} == {n[0] for n in NODES}  # the store's listing
+    aero = vs.get_nodes(filters=flt(MetadataFilter(key="topic", value="aero")))
+    assert {n.node_id for n in aero} == {"wing-1", "wing-2", "plate"}
+    assert {n.get_content() for n in aero} == {n[2] for n in NODES if n[3]["topic"] == "aero"}
     vs.delete("doc-a")
     assert vs.client.count() == len(NODES) - 2
     assert vs.get_nodes(["wing-1", "wing-2", "plate"])[0].node_id == "plate"

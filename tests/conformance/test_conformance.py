@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.filters import matches, parse_filter
 
 from uibk_embedding.maxsim import maxsim, maxsim_scores, pack, top_k
 from uibk_embedding.testing import BackendSpec, make_list
@@ -196,3 +197,55 @@ def test_persistence_round_trip(spec, tmp_path, fmt, rng):
         assert s2.get([ids[2]]) == []
     finally:
         s2.close()
+
+
+def test_scan_lists_exactly_the_matches(spec, store, fmt, rng):
+    ids, _docs, md = fill(store, fmt, rng, n=40)
+    stored = dict(zip(ids, md, strict=True))
+    for flt in [None, {"group": "b"}, {"n": {"$in": [3, 4, 39, 1000]}}, {"even": True, "group": "a"},
+                {"n": True}, {"missing": 1}]:
+        want = {x for x, m in stored.items() if matches(m, parse_filter(flt))}
+        got = list(store.scan(flt, batch_size=7))  # several pages
+        assert len(got) == len({x for x, _ in got}), f"{spec.name}: duplicate ids in scan({flt})"
+        assert {x for x, _ in got} == want, f"{spec.name}: scan({flt})"
+        for x, m in got:
+            assert m == stored[x]
+    with pytest.raises(ValueError, match="batch_size"):
+        list(store.scan(None, batch_size=0))
+
+
+def test_delete_by_filter_removes_every_match_and_nothing_else(spec, store, fmt, rng):
+    """1,200 matching documents among 1,600: a filtered delete removes all of them (a search
+    based emulation stops early on approximate backends) and leaves every other one intact."""
+    n = 1600
+    ids = [f"doc-{i}" for i in range(n)]
+    docs = [make_list(fmt, rng, int(rng.integers(1, 5))) for _ in ids]
+    md = [{"doomed": i % 4 != 0, "i": i} for i in range(n)]
+    for lo in range(0, n, 400):
+        store.upsert(ids[lo:lo + 400], docs[lo:lo + 400], md[lo:lo + 400])
+    assert store.count() == n
+    assert store.delete(filter={"doomed": True}) == 1200
+    keep = [i for i in range(n) if i % 4 == 0]
+    assert store.count() == len(keep)
+    assert sorted(x for x, _ in store.scan({"doomed": True})) == []
+    recs = {r.id: r for r in store.get(ids)}
+    assert sorted(recs) == sorted(ids[i] for i in keep)
+    for i in keep:
+        np.testing.assert_allclose(recs[ids[i]].vectors, docs[i], atol=spec.get_atol)
+        assert recs[ids[i]].metadata == md[i]
+    for i in keep[:: len(keep) // 8]:  # still found by search
+        assert store.search(docs[i], k=1)[0].id == ids[i]
+    assert store.delete(filter={"doomed": True}) == 0
+    assert store.delete(filter={}) == len(keep)
+    assert store.count() == 0
+
+
+def test_delete_takes_ids_or_a_filter(store, fmt, rng):
+    fill(store, fmt, rng, n=5)
+    with pytest.raises(TypeError, match="exactly one"):
+        store.delete()
+    with pytest.raises(TypeError, match="exactly one"):
+        store.delete(["doc-1"], filter={"n": 1})
+    with pytest.raises(ValueError, match="filter"):
+        store.delete(filter={"n": {"$gt": 1}})
+    assert store.count() == 5
