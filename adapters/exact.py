@@ -39,6 +39,7 @@ from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import atomic_savez
+from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 
 _OP = re.compile(r"^(\d{12})\.npz$")
@@ -128,7 +129,7 @@ class ExactStore(MultiVectorStore):
         if cfg.exists():
             saved = TaggedFormat.from_dict(json.loads(cfg.read_text())["format"])
             if format is not None and format != saved:
-                raise ValueError(f"store at {self.path} was built with {saved}, not {format}")
+                raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
             self.format = saved
         else:
             tmp = cfg.with_suffix(".tmp")

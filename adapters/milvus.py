@@ -82,6 +82,7 @@ from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 
 LAYOUTS = ("token_rows", "embedding_list")
@@ -323,7 +324,7 @@ class MilvusStore(MultiVectorStore):
             return result["client"]
         why = f"{type(result['error']).__name__}: {result['error']}" if "error" in result else \
             f"no answer within {timeout:g} s"
-        raise ConnectionError(f"cannot connect to Milvus at {uri!r} ({why}); is the server running "
+        raise BackendUnavailable(f"cannot connect to Milvus at {uri!r} ({why}); is the server running "
                               "and the URI right (e.g. http://localhost:19530)?") from result.get("error")
 
     @staticmethod
@@ -331,7 +332,7 @@ class MilvusStore(MultiVectorStore):
         v = parse_version(version)
         if v is None or v < EMBEDDING_LIST_MIN:
             need = ".".join(map(str, EMBEDDING_LIST_MIN))
-            raise RuntimeError(
+            raise ServerTooOld(
                 f"layout='embedding_list' needs a Milvus server >= {need} (ARRAY of STRUCT with "
                 f"MAX_SIM_IP); this server reports {version!r}. Use layout='token_rows', which "
                 "runs on every Milvus including Milvus Lite."
@@ -402,7 +403,7 @@ class MilvusStore(MultiVectorStore):
         present = [n for n in names if self.client.has_collection(n, timeout=self.timeout)]
         if present and len(present) != len(names):
             missing = sorted(set(names) - set(present))
-            raise ValueError(
+            raise CollectionMismatch(
                 f"Milvus store {self.collection!r} is incomplete: {present} exist but {missing} do "
                 "not (a crash during creation, or a name clash). Drop the existing collection(s) or "
                 "choose another collection name; nothing was changed."
@@ -471,7 +472,7 @@ class MilvusStore(MultiVectorStore):
             if self.exact and idx not in (None, "FLAT"):
                 problems.append(f"exact=True needs a FLAT row index, the collection has {idx}")
         if problems:
-            raise ValueError(
+            raise CollectionMismatch(
                 f"existing Milvus collection {name!r} does not fit this store: " + "; ".join(problems)
                 + ". It was left unchanged: use another collection name or drop it yourself."
             )

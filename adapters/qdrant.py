@@ -66,6 +66,7 @@ from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
 from uibk_embedding._optional import require
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
 
 T = TypeVar("T")
 
@@ -79,11 +80,7 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MAX_SAFE_INT = 2**53
 
 
-class CollectionMismatch(ValueError):
-    """An existing collection does not have the layout the store needs (nothing was changed)."""
-
-
-class QdrantUnavailable(ConnectionError):
+class QdrantUnavailable(BackendUnavailable):
     """The Qdrant server could not be reached (after the configured retries)."""
 
 
@@ -311,7 +308,7 @@ class QdrantStore(_QdrantBase):
     >>> QdrantStore("docs", client=s.client, vector_name="other")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    uibk_embedding.adapters.qdrant.CollectionMismatch: Qdrant collection 'docs' does not fit ...
+    uibk_embedding.errors.CollectionMismatch: Qdrant collection 'docs' does not fit ...
     """
 
     backend = "qdrant"

@@ -16,6 +16,8 @@ from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
 
+from uibk_embedding.errors import UnknownBackend
+
 # name -> ("module:callable", extra that provides its dependencies)
 BACKENDS: dict[str, tuple[str, str]] = {
     "exact": ("uibk_embedding.adapters.exact:ExactStore", ""),
@@ -31,14 +33,14 @@ BACKENDS: dict[str, tuple[str, str]] = {
 def backend_factory(backend: str) -> Any:
     """The class (or factory function) behind a backend name."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}")
+        raise UnknownBackend(f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}")
     target, _extra = BACKENDS[backend]
     mod_name, attr = target.split(":")
     try:
         mod = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("uibk_embedding"):
-            raise NotImplementedError(f"backend {backend!r} is not available in this version") from e
+            raise UnknownBackend(f"backend {backend!r} is not available in this version") from e
         raise
     return getattr(mod, attr)
 

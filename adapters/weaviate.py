@@ -62,6 +62,7 @@ from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 
 DEFAULT_COLLECTION = "UibkEmbedding"
 VECTOR_NAME = "uibk"
@@ -74,6 +75,7 @@ MIN_VERSION = (1, 29, 0)  # self-provided multi-vectors
 MUVERA_MIN_VERSION = (1, 31, 0)
 MAX_TERM_CHARS = 256  # longer filter terms are stored and matched as a SHA-256 digest
 MUVERA_KEYS = ("ksim", "dprojections", "repetitions")
+FORMAT_MARKER = "uibk_embedding_format"  # key of the tagged format in the collection description
 
 _PURPOSE = "the Weaviate adapter"
 
@@ -272,14 +274,24 @@ def collection_properties() -> list[Any]:
 
 
 def collection_spec(name: str = DEFAULT_COLLECTION, *, vector_name: str = VECTOR_NAME,
-                    **vector_options: Any) -> dict[str, Any]:
+                    format: TaggedFormat | None = None, **vector_options: Any) -> dict[str, Any]:
     """Keyword arguments for ``client.collections.create`` (``vector_options``: see
-    :func:`vector_config`). See the module docstring for an example."""
+    :func:`vector_config`). The tagged ``format`` is recorded in the collection's description
+    and checked on reopen. See the module docstring for an example."""
     return {
         "name": name,
+        "description": json.dumps({FORMAT_MARKER: (format or TaggedFormat()).to_dict()}, sort_keys=True),
         "properties": collection_properties(),
         "vector_config": vector_config(vector_name, **vector_options),
     }
+
+
+def saved_format(config: Any) -> TaggedFormat | None:
+    """The tagged format recorded in a collection's description (None: none recorded)."""
+    try:
+        return TaggedFormat.from_dict(json.loads(config.description or "")[FORMAT_MARKER])
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def _enum_value(x: Any) -> Any:
@@ -287,13 +299,17 @@ def _enum_value(x: Any) -> Any:
 
 
 def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
-                        muvera: bool | Mapping[str, int] | None = None) -> list[str]:
+                        muvera: bool | Mapping[str, int] | None = None,
+                        format: TaggedFormat | None = None) -> list[str]:
     """What makes an existing collection (its ``collection.config.get()``) unusable, if anything.
 
     ``muvera=None`` accepts either; ``True``/``False``/a dict demand MUVERA on/off.
     The collection is never changed: the caller reports these problems.
     """
     problems = []
+    saved = saved_format(config)
+    if format is not None and saved is not None and saved != format:
+        problems.append(f"it holds lists of {saved}, not {format}")
     if getattr(config.multi_tenancy_config, "enabled", False):
         problems.append("multi-tenancy is enabled (the store does not pass tenants)")
     named = config.vector_config or {}
@@ -465,6 +481,7 @@ class WeaviateStore(MultiVectorStore):
         format: TaggedFormat | None = None,
     ) -> None:
         super().__init__(format)
+        self._given_format = format
         if not isinstance(collection, str) or not collection:
             raise ValueError("collection must be a non-empty string")
         if batch_size < 1 or max_rows_per_request < 1:
@@ -483,7 +500,7 @@ class WeaviateStore(MultiVectorStore):
                                        grpc_host=grpc_host, api_key=api_key, cloud=cloud,
                                        headers=headers, timeout=timeout)
             except wv.exceptions.WeaviateBaseError as e:
-                raise ConnectionError(
+                raise BackendUnavailable(
                     f"cannot connect to Weaviate at {where!r} within {timeout:g} s: {e}; check the "
                     "URL, the ports (HTTP and gRPC), the network and the timeout") from None
         elif url is not None or host is not None:
@@ -526,28 +543,31 @@ class WeaviateStore(MultiVectorStore):
         version = str(self._client.get_meta().get("version", "0"))
         v = parse_version(version)
         if v < MIN_VERSION:
-            raise RuntimeError(f"Weaviate {version} has no self-provided multi-vectors; "
+            raise ServerTooOld(f"Weaviate {version} has no self-provided multi-vectors; "
                                f"version >= {'.'.join(map(str, MIN_VERSION))} is needed")
         if muvera and v < MUVERA_MIN_VERSION:
-            raise RuntimeError(f"MUVERA encoding needs Weaviate >= "
+            raise ServerTooOld(f"MUVERA encoding needs Weaviate >= "
                                f"{'.'.join(map(str, MUVERA_MIN_VERSION))}; the server runs {version}")
 
     def _open_collection(self, name: str, *, create: bool, muvera: Any, **hnsw: Any) -> Any:
         cols = self._client.collections
         if cols.exists(name):
             col = cols.get(name)
-            problems = collection_problems(col.config.get(), self.vector_name, muvera)
+            config = col.config.get()
+            problems = collection_problems(config, self.vector_name, muvera, self._given_format)
             if problems:
-                raise ValueError(
+                raise CollectionMismatch(
                     f"Weaviate collection {name!r} cannot hold tagged multi-vectors (it was not "
                     "changed): " + "; ".join(problems)
                     + ". Use another collection name, or create it with "
                     "uibk_embedding.adapters.weaviate.collection_spec()."
                 )
+            self.format = saved_format(config) or self.format
             return col
         if not create:
             raise ValueError(f"Weaviate collection {name!r} does not exist (create=False)")
-        return cols.create(**collection_spec(name, vector_name=self.vector_name, muvera=muvera, **hnsw))
+        return cols.create(**collection_spec(name, vector_name=self.vector_name, format=self.format,
+                                             muvera=muvera, **hnsw))
 
     @property
     def collection(self) -> Any:

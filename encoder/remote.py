@@ -32,16 +32,18 @@ import numpy as np
 from uibk_embedding.encoder.base import validate_texts, warn_truncated
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
+from uibk_embedding.errors import BackendUnavailable, UIBKError
+
 MAGIC = b"UIBKVEC1"
 MEDIA_TYPE = "application/x-uibk-vectors"
 _HEAD = struct.Struct("<8sII")  # magic, number of lists, dimension
 
 
-class RemoteEncoderError(RuntimeError):
+class RemoteEncoderError(UIBKError, RuntimeError):
     """The server answered, but not with what the protocol promises."""
 
 
-class ServerUnavailable(RemoteEncoderError, ConnectionError):
+class ServerUnavailable(RemoteEncoderError, BackendUnavailable):
     """No uibk-embed server answered at the URL (refused, unreachable or timed out)."""
 
 

@@ -67,6 +67,7 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 
 SCHEMA_VERSION = 1
@@ -86,7 +87,7 @@ BUILD_DEFAULTS: dict[str, Any] = {
 }
 
 
-class PlaidEngineError(RuntimeError):
+class PlaidEngineError(EngineError):
     """fast-plaid failed or panicked (its Rust panics are BaseException; they become this)."""
 
 
@@ -282,7 +283,7 @@ class PlaidStore(MultiVectorStore):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise RuntimeError(
+            raise StoreInUse(
                 f"the PLAID store at {self.path} is open in another PlaidStore (this or another "
                 "process); close it first"
             ) from None
@@ -330,15 +331,15 @@ class PlaidStore(MultiVectorStore):
             return
         config = json.loads(raw)
         if config.get("backend") != "plaid" or config.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"{self.path} does not hold a PLAID store of schema {SCHEMA_VERSION}")
+            raise CollectionMismatch(f"{self.path} does not hold a PLAID store of schema {SCHEMA_VERSION}")
         saved = TaggedFormat.from_dict(config["format"])
         if format is not None and format != saved:
-            raise ValueError(f"store at {self.path} was built with {saved}, not {format}")
+            raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
         self.format = saved
         self._build = dict(config["build"])
         for k, v in given.items():
             if v is not None and v != self._build[k]:
-                raise ValueError(
+                raise CollectionMismatch(
                     f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
                     f"without {k}, or index into a new store"
                 )
@@ -500,7 +501,7 @@ class PlaidStore(MultiVectorStore):
     # -- writes ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this PlaidStore is closed")
+            raise StoreInUse("this PlaidStore is closed")
 
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         with self._lock:

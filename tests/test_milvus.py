@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
+
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
@@ -50,7 +52,7 @@ def test_existing_collection_is_validated_never_modified(tmp_path, fmt, rng):
     with open_milvus_lite(path=path, collection="c1") as s:
         s.upsert(["a"], [make_list(fmt, rng, 5)])
     # another tagged format: refused, and the data is still there afterwards
-    with pytest.raises(ValueError, match="holds lists of TaggedFormat"):
+    with pytest.raises(CollectionMismatch, match="holds lists of TaggedFormat"):
         open_milvus_lite(path=path, collection="c1", format=TaggedFormat(beta=0.8))
     # a foreign collection with the same name: refused with a precise message, left unchanged
     from pymilvus import DataType, MilvusClient
@@ -65,7 +67,7 @@ def test_existing_collection_is_validated_never_modified(tmp_path, fmt, rng):
         for n in ("foreign_rows", "foreign_docs"):
             client.create_collection(n, schema=schema, index_params=ip)
         client.insert("foreign_rows", [{"vec": [1.0] + [0.0] * (DIM - 1)}])
-    with pytest.raises(ValueError, match=r"does not fit this store.*left unchanged"):
+    with pytest.raises(CollectionMismatch, match=r"does not fit this store.*left unchanged"):
         open_milvus_lite(path=path, collection="foreign")
     with open_milvus_lite(path=path, collection="other") as probe:
         res = probe.client.query("foreign_rows", filter="", output_fields=["count(*)"])
@@ -80,7 +82,7 @@ def test_half_created_store_is_refused(tmp_path, fmt):
     path = tmp_path / "m.db"
     with open_milvus_lite(path=path, collection="half") as s:
         s.client.drop_collection("half_docs")
-    with pytest.raises(ValueError, match="incomplete"):
+    with pytest.raises(CollectionMismatch, match="incomplete"):
         open_milvus_lite(path=path, collection="half")
 
 
@@ -174,12 +176,12 @@ def test_budget_small_is_approximate_but_scores_exact(tmp_path, real_data):
 def test_embedding_list_refused_on_lite(tmp_path):
     with pytest.raises(ValueError, match="Milvus Lite supports only layout='token_rows'"):
         open_milvus_lite(path=tmp_path / "m.db", layout="embedding_list")
-    with pytest.raises(RuntimeError, match=r"needs a Milvus server >= 2\.6\.4.*milvus_lite"):
+    with pytest.raises(ServerTooOld, match=r"needs a Milvus server >= 2\.6\.4.*milvus_lite"):
         MilvusStore(uri=str(tmp_path / "x.db"), layout="embedding_list")
 
 
 def test_embedding_list_refused_on_standalone_2_3(standalone):
-    with pytest.raises(RuntimeError, match=r"needs a Milvus server >= 2\.6\.4.*v2\.3\.5"):
+    with pytest.raises(ServerTooOld, match=r"needs a Milvus server >= 2\.6\.4.*v2\.3\.5"):
         MilvusStore(uri=standalone.uri, collection="refused", layout="embedding_list")
 
 
@@ -193,6 +195,6 @@ def test_unreachable_uri_fails_fast_with_clear_error():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t = time.monotonic()
-    with pytest.raises(ConnectionError, match=f"cannot connect to Milvus at 'http://127.0.0.1:{port}'"):
+    with pytest.raises(BackendUnavailable, match=f"cannot connect to Milvus at 'http://127.0.0.1:{port}'"):
         MilvusStore(uri=f"http://127.0.0.1:{port}", timeout=2.0)
     assert time.monotonic() - t < 10

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from uibk_embedding.errors import CollectionMismatch, StoreInUse
+
 pytest.importorskip("fast_plaid")
 
 from uibk_embedding.encoder.tagged import TaggedFormat
@@ -214,10 +216,10 @@ def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
     p = tmp_path / "p"
     s = PlaidStore(p, **CHEAP)
     s.upsert([f"d{i}" for i in range(10)], docs_for(9, 10))
-    with pytest.raises(RuntimeError, match="open in another PlaidStore"):
+    with pytest.raises(StoreInUse, match="open in another PlaidStore"):
         PlaidStore(p)
     s.close()
-    with pytest.raises(ValueError, match="nbits=2, not 8"):
+    with pytest.raises(CollectionMismatch, match="nbits=2, not 8"):
         PlaidStore(p, nbits=8)
     db = sqlite3.connect(p / "store.sqlite")
     cfg = json.loads(db.execute("SELECT value FROM state WHERE key = 'config'").fetchone()[0])

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class DataError(ValueError):
-    """A user file that cannot be read, with the file and line that failed."""
+from uibk_embedding.errors import DataError
 
 
 @dataclass

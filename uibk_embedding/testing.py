@@ -44,7 +44,8 @@ class BackendSpec:
     """How the conformance suite drives one backend.
 
     make(dir) -> an empty store whose files (if any) live under ``dir``;
-    reopen(dir) -> the same store opened again after ``close()`` (None: not persistent);
+    reopen(dir, **options) -> the same store opened again after ``close()``, ``options`` (e.g.
+    ``format=``) passed to the constructor (None: not persistent);
     contract "exact": same ids, order and scores (rel. 1e-5) as exact MaxSim;
     contract "approximate": recall@10 against exact MaxSim >= recall_floor on real data.
     get_atol: how close ``get`` must return the stored vectors.
@@ -53,7 +54,7 @@ class BackendSpec:
 
     name: str
     make: Callable[[Path], MultiVectorStore]
-    reopen: Callable[[Path], MultiVectorStore] | None = None
+    reopen: Callable[..., MultiVectorStore] | None = None
     contract: str = "exact"
     recall_floor: float = 1.0
     score_rtol: float = 1e-5

@@ -7,5 +7,5 @@ from uibk_embedding.testing import BackendSpec
 SPECS = [
     BackendSpec("exact-memory", make=lambda d: ExactStore()),
     BackendSpec("exact-disk", make=lambda d: ExactStore(path=d / "exact"),
-                reopen=lambda d: ExactStore(path=d / "exact")),
+                reopen=lambda d, **kw: ExactStore(path=d / "exact", **kw)),
 ]

@@ -29,13 +29,13 @@ def _name(d: Path, prefix: str) -> str:
     return f"{prefix}_{hashlib.sha1(str(d).encode()).hexdigest()[:16]}"
 
 
-def _lite(d: Path):
+def _lite(d: Path, **kw):
     from uibk_embedding.adapters.milvus import open_milvus_lite
 
-    return open_milvus_lite(path=d / "lite.db", exact=True, index_type="FLAT")
+    return open_milvus_lite(path=d / "lite.db", exact=True, index_type="FLAT", **kw)
 
 
-def _standalone(d: Path, fresh: bool):
+def _standalone(d: Path, fresh: bool, **kw):
     from uibk_embedding.adapters.milvus import LocalMilvusServer, MilvusStore
 
     server = LocalMilvusServer.shared()
@@ -50,7 +50,7 @@ def _standalone(d: Path, fresh: bool):
                     client.drop_collection(c)
         finally:
             client.close()
-    return MilvusStore(uri=server.uri, collection=name, exact=True, index_type="FLAT")
+    return MilvusStore(uri=server.uri, collection=name, exact=True, index_type="FLAT", **kw)
 
 
 def _live(d: Path, layout: str):
@@ -76,7 +76,7 @@ SPECS = [
     BackendSpec("milvus-lite", make=_lite, reopen=_lite,
                 skip=None if HAVE_LITE else "pymilvus / milvus-lite not installed"),
     BackendSpec("milvus-standalone", make=lambda d: _standalone(d, True),
-                reopen=lambda d: _standalone(d, False), skip=_skip_standalone()),
+                reopen=lambda d, **kw: _standalone(d, False, **kw), skip=_skip_standalone()),
     BackendSpec("milvus-live-embedding-list", make=lambda d: _live(d, "embedding_list"),
                 contract="approximate", recall_floor=0.9,
                 skip=None if MILVUS_URI else "MILVUS_URI is not set (a Milvus >= 2.6.4 server)"),

@@ -21,11 +21,12 @@ def _opts(**kw):
 
 SPECS = [
     BackendSpec("plaid-exact", make=lambda d: PlaidStore(d / "p", vector_dtype="float32", **_opts()),
-                reopen=lambda d: PlaidStore(d / "p", **_opts()), contract="exact"),
+                reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="exact"),
     BackendSpec("plaid", make=lambda d: PlaidStore(d / "p", **_opts()),
-                reopen=lambda d: PlaidStore(d / "p", **_opts()), contract="approximate",
+                reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="approximate",
                 recall_floor=1.0, get_atol=1e-3),
     BackendSpec("plaid-norerank", make=lambda d: PlaidStore(d / "p", **_opts(rerank=False)),
-                reopen=lambda d: PlaidStore(d / "p", **_opts(rerank=False)), contract="approximate",
+                reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(rerank=False, **kw)),
+                contract="approximate",
                 recall_floor=0.85, get_atol=1e-3),
 ]

@@ -21,10 +21,10 @@ def _qdrant(**kw):
     return QdrantStore(**kw)
 
 
-def _edge(path: Path):
+def _edge(path: Path, **kw):
     from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore
 
-    return QdrantEdgeStore(path=path)
+    return QdrantEdgeStore(path=path, **kw)
 
 
 def _server_name(d: Path) -> str:
@@ -32,9 +32,9 @@ def _server_name(d: Path) -> str:
     return "uibk_test_" + hashlib.sha1(str(d).encode()).hexdigest()[:16]
 
 
-def _server(d: Path):
+def _server(d: Path, **kw):
     name = _server_name(d)
-    store = _qdrant(collection=name, url=URL, api_key=API_KEY, timeout=30)
+    store = _qdrant(collection=name, url=URL, api_key=API_KEY, timeout=30, **kw)
     if store.created:
         _created.append(name)
     return store
@@ -56,8 +56,9 @@ def _drop_test_collections() -> None:
 SPECS = [
     BackendSpec("qdrant-memory", make=lambda d: _qdrant(location=":memory:")),
     BackendSpec("qdrant-path", make=lambda d: _qdrant(path=d / "qdrant"),
-                reopen=lambda d: _qdrant(path=d / "qdrant")),
-    BackendSpec("qdrant-edge", make=lambda d: _edge(d / "edge"), reopen=lambda d: _edge(d / "edge")),
+                reopen=lambda d, **kw: _qdrant(path=d / "qdrant", **kw)),
+    BackendSpec("qdrant-edge", make=lambda d: _edge(d / "edge"),
+                reopen=lambda d, **kw: _edge(d / "edge", **kw)),
     BackendSpec("qdrant-server", make=_server, reopen=_server,
                 skip=None if URL else "QDRANT_URL is not set (no live Qdrant server to test against)"),
 ]

@@ -68,7 +68,7 @@ if URL:
 
 
 def _make(variant: str, **kw):
-    def make(d: Path):
+    def make(d: Path, **extra):
         from uibk_embedding.adapters.weaviate import WeaviateStore
 
         if variant == "muvera":
@@ -79,7 +79,7 @@ def _make(variant: str, **kw):
                 version = str(client.get_meta().get("version", "0"))
             if parse_version(version) < MUVERA_MIN_VERSION:
                 pytest.skip(f"MUVERA needs Weaviate >= 1.31, the server runs {version}")
-        return WeaviateStore(_name(d, variant), **_options(), **kw)
+        return WeaviateStore(_name(d, variant), **_options(), **kw, **extra)
 
     return make
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.encoder.tagged import TaggedFormat
 
+from uibk_embedding.errors import CollectionMismatch, MissingDependency, UIBKError, UnknownBackend
 from uibk_embedding.maxsim import maxsim, maxsim_scores, pack, top_k
 from uibk_embedding.testing import BackendSpec, make_list
 
@@ -249,3 +251,34 @@ def test_delete_takes_ids_or_a_filter(store, fmt, rng):
     with pytest.raises(ValueError, match="filter"):
         store.delete(filter={"n": {"$gt": 1}})
     assert store.count() == 5
+
+
+def test_reopen_with_another_format_raises_collection_mismatch(spec, tmp_path, fmt, rng):
+    """The same condition, the same type on every backend: an existing store built with another
+    tagged format is refused with CollectionMismatch (a ValueError) and left unchanged."""
+    if spec.reopen is None:
+        pytest.skip(f"{spec.name} does not persist")
+    s = spec.make(tmp_path)
+    try:
+        fill(s, fmt, rng, n=6)
+    finally:
+        s.close()
+    with pytest.raises(CollectionMismatch) as e:
+        spec.reopen(tmp_path, format=TaggedFormat(beta=0.8))
+    assert isinstance(e.value, ValueError | UIBKError)
+    again = spec.reopen(tmp_path)
+    try:
+        assert again.count() == 6 and again.format == fmt
+    finally:
+        again.close()
+
+
+def test_registry_errors_have_one_type_each():
+    from uibk_embedding.adapters.registry import open_store
+
+    with pytest.raises(UnknownBackend, match="unknown backend"):
+        open_store("no-such-engine")
+    from uibk_embedding._optional import require
+
+    with pytest.raises(MissingDependency, match=r"uibk-embedding\[qdrant\]"):
+        require("surely_not_installed_xyz", "qdrant", "the Qdrant adapter")

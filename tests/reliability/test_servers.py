@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from uibk_embedding.errors import BackendUnavailable
+
 TIMEOUT = 2.0
 
 
@@ -84,7 +86,7 @@ CLIENTS = {"qdrant": _open_qdrant, "milvus": _open_milvus, "weaviate": _open_wea
 def test_unreachable_server_gives_clear_error_in_time(name, mode, black_hole):
     port = _free_port() if mode == "refused" else black_hole
     t0 = time.monotonic()
-    with pytest.raises(Exception) as e:
+    with pytest.raises(BackendUnavailable) as e:  # one type for one condition, every backend
         CLIENTS[name](port)
     elapsed = time.monotonic() - t0
     msg = str(e.value)

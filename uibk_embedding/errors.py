@@ -1,0 +1,72 @@
+"""The library's exceptions: one base class, one type per condition, on every backend.
+
+Each also subclasses the builtin it stands for, so code written against the builtin
+(``except ValueError``, ``except ConnectionError``, ...) keeps working.
+
+====================== ======================= ==================================================
+exception              also a                  raised when
+====================== ======================= ==================================================
+``UIBKError``          ``Exception``           (the base: catch every error of this library)
+``CollectionMismatch`` ``ValueError``          an existing store, collection or shard does not fit
+                                               (another tagged format, layout, metric, build
+                                               parameters, or not a store at all); it is left
+                                               unchanged
+``BackendUnavailable`` ``ConnectionError``     a server (Qdrant, Milvus, Weaviate, a uibk-embed
+                                               encoder server) cannot be reached
+``ServerTooOld``       ``RuntimeError``        the server runs but lacks a feature the store needs
+``MissingDependency``  ``ImportError``         an optional dependency is not installed (the
+                                               message names the extra to install)
+``UnknownBackend``     ``ValueError``          ``open_store`` got a backend name it does not know
+``EngineError``        ``RuntimeError``        the engine failed or returned something impossible
+``StoreInUse``         ``RuntimeError``        a store folder is open in another store object or
+                                               process, or the store was closed
+``DataError``          ``ValueError``          an input file (JSONL, BEIR, qrels) is malformed
+====================== ======================= ==================================================
+
+Example
+-------
+>>> from uibk_embedding.adapters.registry import open_store
+>>> try:
+...     open_store("no-such-engine")
+... except UIBKError as e:
+...     print(type(e).__name__, isinstance(e, ValueError))
+UnknownBackend True
+"""
+
+from __future__ import annotations
+
+
+class UIBKError(Exception):
+    """Base class of every exception this library raises on purpose."""
+
+
+class CollectionMismatch(UIBKError, ValueError):
+    """An existing store/collection/shard does not have the layout the store needs (unchanged)."""
+
+
+class BackendUnavailable(UIBKError, ConnectionError):
+    """A server could not be reached (after the configured retries and timeout)."""
+
+
+class ServerTooOld(UIBKError, RuntimeError):
+    """The server is reachable but its version lacks a feature this store needs."""
+
+
+class MissingDependency(UIBKError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+class UnknownBackend(UIBKError, ValueError):
+    """A backend name that ``open_store`` does not know."""
+
+
+class EngineError(UIBKError, RuntimeError):
+    """The engine failed, panicked or answered something impossible."""
+
+
+class StoreInUse(UIBKError, RuntimeError):
+    """The store's folder is held by another open store, or this store was closed."""
+
+
+class DataError(UIBKError, ValueError):
+    """A malformed input file; the message names the file and line."""
