@@ -272,8 +272,7 @@ class MultiVectorStore(ABC):
         q = validate_query(query)
         k = validate_k(k)
         conds = parse_filter(filter)
-        hits = self._search(q, k, conds)
-        return self._explain(q, hits) if explain else hits
+        return self._search_explained(q, k, conds) if explain else self._search(q, k, conds)
 
     def search_batch(
         self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None
@@ -342,6 +341,11 @@ class MultiVectorStore(ABC):
         if ids:
             self._delete(ids)
         return len(ids)
+
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        """``_search`` with each hit's decomposition. Default: a second ``get`` for the hits'
+        vectors; backends whose engine returns them with the search override this."""
+        return self._explain(q, self._search(q, k, conditions))
 
     def _explain(self, q: np.ndarray, hits: list[Hit]) -> list[Hit]:
         records = {r.id: r for r in self.get([h.id for h in hits])}

@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
@@ -690,24 +690,37 @@ class MilvusStore(MultiVectorStore):
     @_serialized
     def _search_batch(self, queries: list[np.ndarray], k: int,
                       conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+        return [self._search_one(q, k, conditions, {}) for q in queries]
+
+    @_serialized
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        """The rescoring already fetched every hit's list: decompose from those, no second read."""
+        cache: dict[str, _Stored | None] = {}
+        hits = self._search_one(q, k, conditions, cache)
+        missing = [h.id for h in hits if cache.get(h.id) is None]
+        if missing:
+            cache.update(self._fetch(missing))
+        for h in hits:
+            stored = cache.get(h.id)
+            if stored is not None:
+                h.decomposition = decompose(q, stored[0], self.format)
+        return hits
+
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                    cache: dict[str, _Stored | None]) -> list[Hit]:
+        """One query; ``cache`` collects the lists fetched for the rescoring."""
         expr = filter_expression(conditions)
         if self.layout == "embedding_list":
-            return [self._search_embedding_list(q, k, expr, conditions) for q in queries]
-        out = []
-        for q in queries:
-            depth = min(max(self.candidates, 1), MAX_LIMIT)
-            cache: dict[str, _Stored | None] = {}  # lists fetched for this query
-            while True:
-                upper, seen, bound, complete = self._row_candidates(q, depth, expr)
-                hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen)
-                if not self.exact or complete or (len(hits) == k and kth >= bound):
-                    break
-                if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
-                    hits, _ = self._rescore(q, self._all_ids(expr), k, conditions, cache)
-                    break
-                depth = min(depth * 4, MAX_LIMIT)
-            out.append(hits)
-        return out
+            return self._search_embedding_list(q, k, expr, conditions, cache)
+        depth = min(max(self.candidates, 1), MAX_LIMIT)
+        while True:
+            upper, seen, bound, complete = self._row_candidates(q, depth, expr)
+            hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen)
+            if not self.exact or complete or (len(hits) == k and kth >= bound):
+                return hits
+            if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
+                return self._rescore(q, self._all_ids(expr), k, conditions, cache)[0]
+            depth = min(depth * 4, MAX_LIMIT)
 
     def _row_candidates(self, q: np.ndarray, depth: int,
                         expr: str) -> tuple[dict[str, float], dict[str, int], float, bool]:
@@ -808,8 +821,8 @@ class MilvusStore(MultiVectorStore):
         hits = [Hit(x, finite_score(s), meta[x]) for x, s in zip(best_ids, best_scores, strict=True)]
         return hits, kth
 
-    def _search_embedding_list(self, q: np.ndarray, k: int, expr: str,
-                               conditions: tuple[Condition, ...]) -> list[Hit]:
+    def _search_embedding_list(self, q: np.ndarray, k: int, expr: str, conditions: tuple[Condition, ...],
+                               cache: dict[str, _Stored | None] | None = None) -> list[Hit]:
         pm = _pymilvus()
         emb = pm.EmbeddingList(q, dim=DIM)
         res = self.client.search(self.docs_name, data=[emb], anns_field="vectors[v]",
@@ -818,7 +831,7 @@ class MilvusStore(MultiVectorStore):
                                                 "params": dict(self.search_params)},
                                  timeout=self.timeout)
         ids = [h["entity"]["doc_id"] for h in res[0]]
-        return self._rescore(q, ids, k, conditions)[0]
+        return self._rescore(q, ids, k, conditions, cache)[0]
 
     # -- maintenance -----------------------------------------------------------------------
     @_serialized

@@ -63,7 +63,7 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
+from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
@@ -191,8 +191,7 @@ class _QdrantBase(MultiVectorStore):
         k = validate_k(k)
         conds = parse_filter(filter)
         m, n = self._resolve(mode, prefetch)
-        hits = self._run([q], k, conds, m, n)[0]
-        return self._explain(q, hits) if explain else hits
+        return self._run([q], k, conds, m, n, explain=explain)[0]
 
     def search_batch(
         self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None, *,
@@ -208,6 +207,9 @@ class _QdrantBase(MultiVectorStore):
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
         return self._run([query], k, conditions, self.mode, self.prefetch)[0]
 
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        return self._run([q], k, conditions, self.mode, self.prefetch, explain=True)[0]
+
     def _search_batch(
         self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
     ) -> list[list[Hit]]:
@@ -220,13 +222,18 @@ class _QdrantBase(MultiVectorStore):
                              "query has token rows only: use mode='exact'")
         return dense_vector(q).tolist()
 
-    @staticmethod
-    def _hit(pid: Any, score: float, payload: Mapping[str, Any] | None) -> Hit:
-        doc_id, md = split_payload(payload, pid)
-        return Hit(doc_id, finite_score(score), md)
+    def _hit(self, point: Any, query: np.ndarray | None = None) -> Hit:
+        """A scored point as a Hit; with ``query``, the point's vectors (asked for in the same
+        search) give its decomposition, so ``explain`` costs no second request."""
+        doc_id, md = split_payload(point.payload, point.id)
+        hit = Hit(doc_id, finite_score(point.score), md)
+        if query is not None:
+            vec = point.vector[self.vector_name] if isinstance(point.vector, Mapping) else point.vector
+            hit.decomposition = decompose(query, np.asarray(vec, dtype=np.float32), self.format)
+        return hit
 
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
-             mode: str, n: int) -> list[list[Hit]]:
+             mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         raise NotImplementedError
 
 
@@ -651,7 +658,8 @@ class QdrantStore(_QdrantBase):
         return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
 
-    def _requests(self, queries: list[np.ndarray], k: int, flt: Any, mode: str, n: int) -> list:
+    def _requests(self, queries: list[np.ndarray], k: int, flt: Any, mode: str, n: int,
+                  explain: bool = False) -> list:
         m = self._models
         params = None if self.local or mode == "hnsw" else m.SearchParams(exact=True)
         out = []
@@ -662,26 +670,28 @@ class QdrantStore(_QdrantBase):
                                  limit=max(n, k), filter=flt)
                 params = None  # reranking scores the prefetched candidates exactly
             out.append(m.QueryRequest(query=q.tolist(), using=self.vector_name, prefetch=pre,
-                                      filter=flt, params=params, limit=k, with_payload=True))
+                                      filter=flt, params=params, limit=k, with_payload=True,
+                                      with_vector=[self.vector_name] if explain else False))
         return out
 
     @_serialized
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
-             mode: str, n: int) -> list[list[Hit]]:
+             mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         flt = self._filter(conditions)
         results: list[list[Hit]] = []
         for chunk in batched(queries, 32):
-            reqs = self._requests(list(chunk), k, flt, mode, n)
+            reqs = self._requests(list(chunk), k, flt, mode, n, explain)
             if len(reqs) == 1:
                 r = reqs[0]
                 resps = [self._call("query_points", self.client.query_points, self.collection,
                                     query=r.query, using=r.using, prefetch=r.prefetch,
                                     query_filter=r.filter, search_params=r.params, limit=k,
-                                    with_payload=True)]
+                                    with_payload=True, with_vectors=r.with_vector)]
             else:
                 resps = self._call("query_batch_points", self.client.query_batch_points,
                                    self.collection, requests=reqs)
-            results += [[self._hit(p.id, p.score, p.payload) for p in resp.points] for resp in resps]
+            results += [[self._hit(p, q if explain else None) for p in resp.points]
+                        for q, resp in zip(chunk, resps, strict=True)]
         return results
 
     def drop_collection(self) -> None:

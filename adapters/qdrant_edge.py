@@ -306,25 +306,29 @@ class QdrantEdgeStore(_QdrantBase):
         return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
 
-    def _request(self, q: np.ndarray, k: int, flt: Any, mode: str, n: int) -> Any:
+    def _request(self, q: np.ndarray, k: int, flt: Any, mode: str, n: int, explain: bool = False) -> Any:
         e = self._e
         query = e.Query.Nearest(q.tolist(), using=self.vector_name)
+        vec = [self.vector_name] if explain else None
         if mode == "prefetch":
             pre = e.Prefetch(limit=max(n, k), query=e.Query.Nearest(self._query_dense(q),
                                                                    using=self.dense_name), filter=flt)
-            return e.QueryRequest(limit=k, query=query, prefetches=[pre], filter=flt, with_payload=True)
+            return e.QueryRequest(limit=k, query=query, prefetches=[pre], filter=flt, with_payload=True,
+                                  with_vector=vec)
         params = e.SearchParams(exact=mode == "exact")
-        return e.QueryRequest(limit=k, query=query, filter=flt, params=params, with_payload=True)
+        return e.QueryRequest(limit=k, query=query, filter=flt, params=params, with_payload=True,
+                              with_vector=vec)
 
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
-             mode: str, n: int) -> list[list[Hit]]:
+             mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         flt = self._filter(conditions)
-        reqs = [self._request(q, k, flt, mode, n) for q in queries]
+        reqs = [self._request(q, k, flt, mode, n, explain) for q in queries]
         if len(reqs) == 1:
             results = [self.shard.query(reqs[0])]
         else:
             results = self.shard.query_batch(self._e.QueryBatchRequest(reqs))
-        return [[self._hit(p.id, p.score, p.payload) for p in res] for res in results]
+        return [[self._hit(p, q if explain else None) for p in res]
+                for q, res in zip(queries, results, strict=True)]
 
     def close(self) -> None:
         """Flush and close the shard (a temporary shard is deleted)."""
