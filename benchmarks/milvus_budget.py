@@ -25,7 +25,6 @@ import numpy as np
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.milvus import (
     DEFAULT_CANDIDATES,
-    LocalMilvusServer,
     MilvusStore,
     open_milvus_lite,
 )
@@ -33,6 +32,7 @@ from uibk_embedding.encoder import load_encoder
 
 from uibk_embedding.data import load_beir
 from uibk_embedding.evaluation import encode_collection
+from uibk_embedding.milvus_server import LocalMilvusServer
 from uibk_embedding.testing import datasets_dir
 
 

@@ -23,10 +23,10 @@ from uibk_embedding.adapters.milvus import (
     PART_ROWS,
     MilvusStore,
     open_milvus_lite,
-    user_namespaces_available,
 )
 from uibk_embedding.encoder.tagged import TaggedFormat
 
+from uibk_embedding.milvus_server import user_namespaces_available
 from uibk_embedding.testing import make_list
 
 
@@ -42,7 +42,7 @@ def standalone():
     pytest.importorskip("milvus")
     if not user_namespaces_available():
         pytest.skip("cannot confine the Milvus standalone server to 127.0.0.1 (no user namespaces)")
-    from uibk_embedding.adapters.milvus import LocalMilvusServer
+    from uibk_embedding.milvus_server import LocalMilvusServer
 
     return LocalMilvusServer.shared()
 

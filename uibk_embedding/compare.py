@@ -20,7 +20,7 @@ the registry later works here unchanged. ``LABEL=NAME`` runs a backend under ano
 Benchmark defaults per backend (:data:`DEFAULT_OPTIONS`): a store folder inside the work folder,
 so its size on disk can be measured; servers from ``QDRANT_URL`` / ``MILVUS_URI`` /
 ``WEAVIATE_URL`` when set. ``milvus`` without ``MILVUS_URI`` starts the local standalone server
-(:class:`~uibk_embedding.adapters.milvus.LocalMilvusServer`) in the worker; ``weaviate`` without
+(:class:`~uibk_embedding.milvus_server.LocalMilvusServer`) in the worker; ``weaviate`` without
 ``WEAVIATE_URL`` is skipped. A backend that fails to import, open or index is reported as
 skipped with the reason.
 
@@ -243,7 +243,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"base_rss_mb": round(base_rss, 1)}
     try:
         if options.pop("_local_server", False):
-            from uibk_embedding.adapters.milvus import LocalMilvusServer
+            from uibk_embedding.milvus_server import LocalMilvusServer
 
             server = LocalMilvusServer()
             options["uri"] = server.start()

@@ -1,0 +1,50 @@
+"""Runs inside the private network namespace of :class:`~uibk_embedding.milvus_server.LocalMilvusServer`:
+brings the namespace's loopback up, starts ``milvus run standalone`` (the ``milvus`` package),
+relays a Unix socket to it, writes ``ready`` and kills the server when its parent dies.
+
+Usage (by LocalMilvusServer only): ``python -m uibk_embedding._milvus_inner BASE SOCK ISOLATED``
+"""
+# ruff: noqa: E401, E701, E702, I001
+
+if __name__ == "__main__":
+    import fcntl, os, socket, struct, sys, threading, time
+    from milvus import MilvusServer, MilvusServerConfig
+    base, sock_path, isolated = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    if isolated:  # a fresh network namespace: bring its loopback up (SIOCGIFFLAGS / SIOCSIFFLAGS)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))[:18])[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))
+    server = MilvusServer(MilvusServerConfig(data_dir=os.path.join(base, "data")))
+    server.start()
+    port, pid = server.listen_port, server.server_proc.pid
+    def pump(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for x in (a, b):
+                try: x.shutdown(socket.SHUT_RDWR)
+                except OSError: pass
+    def serve():
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(sock_path); ls.listen(64)
+        while True:
+            c, _ = ls.accept()
+            t = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=pump, args=(c, t), daemon=True).start()
+            threading.Thread(target=pump, args=(t, c), daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
+    tmp = os.path.join(base, "ready.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"{pid} {port}")
+    os.replace(tmp, os.path.join(base, "ready"))
+    parent = os.getppid()
+    while os.getppid() == parent and server.server_proc.poll() is None:
+        time.sleep(0.5)
+    os.kill(pid, 9)  # the parent died (or the server did): never leave milvus behind
+    if os.getppid() != parent:  # nobody will call stop(): remove the data directory ourselves
+        import shutil
+        time.sleep(1)
+        shutil.rmtree(base, ignore_errors=True)

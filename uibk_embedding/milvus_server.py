@@ -1,0 +1,169 @@
+"""A local, real Milvus standalone server for tests and development (not storage code).
+
+:class:`LocalMilvusServer` runs the ``milvus run standalone`` binary of the ``milvus`` PyPI
+package (2.3.x, the ``milvus-server`` extra) confined to this machine's loopback. The storage
+adapter, :mod:`uibk_embedding.adapters.milvus`, knows nothing of it: it takes a URI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+from uibk_embedding._optional import require
+
+
+def user_namespaces_available() -> bool:
+    """Whether ``unshare --user --map-root-user --net`` works here (confines a server to loopback)."""
+    import subprocess
+
+    exe = shutil.which("unshare")
+    if exe is None:
+        return False
+    try:
+        return subprocess.run([exe, "--user", "--map-root-user", "--net", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class LocalMilvusServer:
+    """The real ``milvus run standalone`` server from the ``milvus`` PyPI package (2.3.x), local only.
+
+    That binary listens on every interface whatever its config says, so it runs inside a private
+    network namespace (``unshare``; no root needed) where only its own loopback exists; a relay
+    forwards ``127.0.0.1:<free port>`` on this machine to it over a Unix socket. Data lives in a
+    temporary directory removed on :meth:`stop`. The server ignores SIGTERM, so :meth:`stop` sends
+    SIGTERM, waits ``grace`` seconds and then SIGKILLs it by pid. Startup takes several seconds.
+
+    >>> from uibk_embedding.adapters.milvus import MilvusStore
+    >>> with LocalMilvusServer() as server:  # doctest: +SKIP
+    ...     store = MilvusStore(uri=server.uri)
+    """
+
+    def __init__(self, startup_timeout: float = 180.0, grace: float = 3.0) -> None:
+        self.startup_timeout = startup_timeout
+        self.grace = grace
+        self.uri = ""
+        self.pid: int | None = None
+        self._proc: Any = None
+        self._base = ""
+        self._listener: Any = None
+
+    def start(self) -> str:
+        import socket
+        import subprocess
+        import sys
+
+        require("milvus", "milvus-server", "a local Milvus standalone server")
+        if not user_namespaces_available():
+            raise RuntimeError("cannot confine the Milvus server to 127.0.0.1: 'unshare --user --net' "
+                               "(unprivileged user namespaces) is not available on this machine")
+        self._base = tempfile.mkdtemp(prefix="uibk-milvus-standalone-")
+        sock_path = os.path.join(self._base, "proxy.sock")
+        log = open(os.path.join(self._base, "launcher.log"), "wb")
+        cmd = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net",
+               sys.executable, "-m", "uibk_embedding._milvus_inner", self._base, sock_path, "1"]
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        ready = os.path.join(self._base, "ready")
+        deadline = time.monotonic() + self.startup_timeout
+        while not os.path.exists(ready):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = open(os.path.join(self._base, "launcher.log"), errors="replace").read()[-2000:]
+                self.stop()
+                raise RuntimeError(f"the Milvus standalone server did not start:\n{tail}")
+            time.sleep(0.2)
+        self.pid = int(open(ready).read().split()[0])
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        port = self._listener.getsockname()[1]
+        threading.Thread(target=self._relay, args=(self._listener, sock_path), daemon=True).start()
+        self.uri = f"http://127.0.0.1:{port}"
+        return self.uri
+
+    @staticmethod
+    def _relay(listener: Any, sock_path: str) -> None:
+        import socket
+
+        def pump(a: Any, b: Any) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for x in (a, b):
+                    try:
+                        x.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return  # listener closed: stop()
+            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                u.connect(sock_path)
+            except OSError:
+                c.close()
+                continue
+            threading.Thread(target=pump, args=(c, u), daemon=True).start()
+            threading.Thread(target=pump, args=(u, c), daemon=True).start()
+
+    def stop(self) -> None:
+        """SIGTERM, ``grace`` seconds, then SIGKILL the server by pid; remove its data."""
+        import signal
+
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                deadline = time.monotonic() + self.grace
+                while time.monotonic() < deadline:
+                    os.kill(self.pid, 0)
+                    if self._proc is not None and self._proc.poll() is not None:
+                        break
+                    time.sleep(0.1)
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.pid = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait(timeout=30)
+            self._proc = None
+        if self._base:
+            shutil.rmtree(self._base, ignore_errors=True)
+            self._base = ""
+
+    def __enter__(self) -> LocalMilvusServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    _shared: LocalMilvusServer | None = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> LocalMilvusServer:
+        """One server per process, started on first use and stopped when the process exits."""
+        import atexit
+
+        with cls._shared_lock:
+            if cls._shared is None:
+                server = cls()
+                server.start()
+                atexit.register(server.stop)
+                cls._shared = server
+            return cls._shared
