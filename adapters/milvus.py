@@ -83,7 +83,7 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
-from uibk_embedding.maxsim import maxsim_scores, pack, top_k
+from uibk_embedding.rank import rerank
 
 LAYOUTS = ("token_rows", "embedding_list")
 MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call
@@ -808,13 +808,11 @@ class MilvusStore(MultiVectorStore):
             keep = [x for x in chunk if x in found and matches(found[x][1], conditions)]
             if not keep:
                 continue
-            mat, off = pack([found[x][0] for x in keep])
-            s = maxsim_scores([q], mat, off, dtype=np.float64)[0]
-            best_ids = best_ids + keep
-            best_scores = np.concatenate([best_scores, s])
-            idx = top_k(best_scores, k)
-            best_ids = [best_ids[i] for i in idx]
-            best_scores = best_scores[idx]
+            lists = [cache[x][0] for x in best_ids] + [found[x][0] for x in keep]  # type: ignore[index]
+            ranked = rerank(q, lists, k, dtype=np.float64)  # the running top k plus this chunk
+            pool = best_ids + keep
+            best_ids = [pool[i] for i, _ in ranked]
+            best_scores = np.array([s for _, s in ranked])
             meta.update((x, found[x][1]) for x in keep)
             if len(best_scores) >= k:
                 kth = float(best_scores[-1])

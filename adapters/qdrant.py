@@ -236,6 +236,32 @@ class _QdrantBase(MultiVectorStore):
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         raise NotImplementedError
 
+    # -- writes: one point layout and one batch loop for both engines ----------------------------
+    def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
+        """The engine's point object."""
+        raise NotImplementedError
+
+    def _payload(self, doc_id: str, metadata: dict) -> dict:
+        """The stored payload: the user's metadata plus the original id under a reserved key."""
+        return {**metadata, ID_KEY: doc_id}
+
+    def _in_batches(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict], label: str,
+                    send: Callable[[list[Any]], Any]) -> None:
+        """Build the points (tagged list + optional dense vector + payload) ``batch_size`` at a
+        time and ``send`` each batch, with a progress bar for calls of several batches."""
+        n_batches = math.ceil(len(ids) / self.batch_size)
+        with progress(len(ids), f"upserting into {label}", self.show_progress, n_batches) as bar:
+            for lo in range(0, len(ids), self.batch_size):
+                points = []
+                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
+                                    metadata[lo:lo + self.batch_size], strict=True):
+                    vec = {self.vector_name: v.tolist()}
+                    if self.dense_name is not None:
+                        vec[self.dense_name] = dense_vector(v).tolist()
+                    points.append(self._point(x, vec, self._payload(x, md)))
+                send(points)
+                bar.update(len(points))
+
 
 def _is_transient(exc: BaseException) -> bool:
     """Whether an error is worth retrying: connection failures, timeouts, 408/429/502/503/504
@@ -579,20 +605,11 @@ class QdrantStore(_QdrantBase):
             self._redo.replay(self._write_points, self._delete_points)
 
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        m = self._models
-        n_batches = math.ceil(len(ids) / self.batch_size)
-        with progress(len(ids), f"upserting into {self.collection}", self.show_progress,
-                      n_batches) as bar:
-            for lo in range(0, len(ids), self.batch_size):
-                points = []
-                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
-                                    metadata[lo:lo + self.batch_size], strict=True):
-                    vec = {self.vector_name: v.tolist()}
-                    if self.dense_name is not None:
-                        vec[self.dense_name] = dense_vector(v).tolist()
-                    points.append(m.PointStruct(id=point_id(x), vector=vec, payload={**md, ID_KEY: x}))
-                self._call("upsert", self.client.upsert, self.collection, points=points, wait=True)
-                bar.update(len(points))
+        self._in_batches(ids, vectors, metadata, self.collection, lambda points: self._call(
+            "upsert", self.client.upsert, self.collection, points=points, wait=True))
+
+    def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
+        return self._models.PointStruct(id=point_id(doc_id), vector=vectors, payload=payload)
 
     @_serialized
     def _delete(self, ids: list[str]) -> None:

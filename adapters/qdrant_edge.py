@@ -31,7 +31,6 @@ Example
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -44,17 +43,15 @@ from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
-    ID_KEY,
     CollectionMismatch,
     _QdrantBase,
     batched,
     json_key,
     point_id,
-    progress,
     split_payload,
     split_values,
 )
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat, dense_vector
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
 
@@ -250,24 +247,18 @@ class QdrantEdgeStore(_QdrantBase):
 
     # -- the interface --------------------------------------------------------------------
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        e = self._e
-        n_batches = math.ceil(len(ids) / self.batch_size)
-        with progress(len(ids), f"upserting into {self.path.name}", self.show_progress,
-                      n_batches) as bar:
-            for lo in range(0, len(ids), self.batch_size):
-                points = []
-                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
-                                    metadata[lo:lo + self.batch_size], strict=True):
-                    vec = {self.vector_name: v.tolist()}
-                    if self.dense_name is not None:
-                        vec[self.dense_name] = dense_vector(v).tolist()
-                    payload = {**md, ID_KEY: x}
-                    bools = [bool_token(f, val) for f, val in md.items() if isinstance(val, bool)]
-                    if bools:
-                        payload[BOOLS_KEY] = bools
-                    points.append(e.Point(point_id(x), vec, payload))
-                self.shard.update(e.UpdateOperation.upsert_points(points))
-                bar.update(len(points))
+        self._in_batches(ids, vectors, metadata, self.path.name,
+                         lambda points: self.shard.update(self._e.UpdateOperation.upsert_points(points)))
+
+    def _payload(self, doc_id: str, metadata: dict) -> dict:
+        payload = super()._payload(doc_id, metadata)
+        bools = [bool_token(f, val) for f, val in metadata.items() if isinstance(val, bool)]
+        if bools:  # Edge matches booleans through these tokens (see bool_token)
+            payload[BOOLS_KEY] = bools
+        return payload
+
+    def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
+        return self._e.Point(point_id(doc_id), vectors, payload)
 
     def _delete(self, ids: list[str]) -> None:
         for chunk in batched(ids, 1024):

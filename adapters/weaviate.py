@@ -63,6 +63,7 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
+from uibk_embedding.rank import rerank
 
 DEFAULT_COLLECTION = "UibkEmbedding"
 VECTOR_NAME = "uibk"
@@ -695,19 +696,12 @@ class WeaviateStore(MultiVectorStore):
             return_properties=[PROP_ID, PROP_METADATA],
             include_vector=[self.vector_name] if self.rerank else False,
         )
-        hits = []
-        q64 = query.astype(np.float64)
-        for obj in res.objects:
-            doc_id, md = self._id_and_metadata(obj)
-            if self.rerank:
-                d = self._vectors_of(obj).astype(np.float64)
-                score = float((q64 @ d.T).max(axis=1).sum())
-            else:
-                score = distance_to_score(obj.metadata.distance)
-            hits.append(Hit(doc_id, score, md))
-        if self.rerank:
-            hits.sort(key=lambda h: -h.score)
-        return hits[:k]
+        found = [(*self._id_and_metadata(obj), obj) for obj in res.objects]
+        if not self.rerank:
+            return [Hit(doc_id, distance_to_score(obj.metadata.distance), md)
+                    for doc_id, md, obj in found][:k]
+        ranked = rerank(query, [self._vectors_of(obj) for _, _, obj in found], k, dtype=np.float64)
+        return [Hit(found[i][0], score, found[i][1]) for i, score in ranked]
 
     def close(self) -> None:
         """Close the connection if the store opened it (a given ``client`` stays open)."""

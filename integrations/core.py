@@ -41,6 +41,8 @@ from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.encoder.tagged import Decomposition, decompose
 
+from uibk_embedding.rank import rerank
+
 DEFAULT_TEXT_KEY = "text"
 ADD_BATCH = 256  # texts encoded and upserted per store call
 
@@ -239,13 +241,13 @@ class RetrievalCore:
         """
         k = validate_k(k)
         q = self.encode_query(query, dense_weight)
-        scored = []
-        for r in self.store.get(list(dict.fromkeys(ids))):
-            d = decompose(q, r.vectors, self.store.format)
-            scored.append(ScoredText(**vars(self._stored(r.id, r.metadata)), score=d.total,
-                                     decomposition=d))
-        scored.sort(key=lambda s: -s.score)
-        return scored[:k]
+        recs = self.store.get(list(dict.fromkeys(ids)))
+        out = []
+        for i, score in rerank(q, [r.vectors for r in recs], k, dtype=np.float64):
+            r = recs[i]
+            out.append(ScoredText(**vars(self._stored(r.id, r.metadata)), score=score,
+                                  decomposition=decompose(q, r.vectors, self.store.format)))
+        return out
 
     # -- helpers ---------------------------------------------------------------------------
     def _stored(self, id: str, metadata: Mapping[str, Any]) -> StoredText:
