@@ -151,38 +151,13 @@ def test_reopen_without_close(spec, tmp_path):
 
 # -- the Qdrant redo log: a failed engine call is finished before the next write ---------------
 
-def test_qdrant_failed_write_is_not_replayed_over_a_later_one(tmp_path, monkeypatch):
-    """An upsert whose engine call fails half-way leaves a redo entry. A later successful upsert
-    of the same id must win: before the fix, the stale entry was replayed over it on reopen."""
+def _qdrant_with_a_failed_upsert(path: Path, monkeypatch):
+    """A local-files Qdrant store whose upsert of a (seed 1) and b (seed 2) failed half-way: the
+    real engine wrote the first point, then the call raised."""
     pytest.importorskip("qdrant_client")
     from uibk_embedding.adapters.qdrant import QdrantStore
 
-    store = QdrantStore(path=tmp_path / "q")
-    real = store._write_points
-
-    def half_then_fail(ids, vectors, metadata):  # the real engine writes the first half
-        real(ids[:1], vectors[:1], metadata[:1])
-        raise ConnectionError("engine went away half-way")
-
-    monkeypatch.setattr(store, "_write_points", half_then_fail)
-    with pytest.raises(ConnectionError):
-        store.upsert(["a", "b"], [_doc(1), _doc(2)], [{"seed": 1}, {"seed": 2}])
-    monkeypatch.setattr(store, "_write_points", real)
-    store.upsert(["a"], [_doc(3)], [{"seed": 3}])  # acknowledged: a is now seed 3
-    _assert_holds(store, {"a": 3, "b": 2})  # the failed call was finished first, in order
-    store.close()
-    again = QdrantStore(path=tmp_path / "q")
-    try:
-        _assert_holds(again, {"a": 3, "b": 2})
-    finally:
-        again.close()
-
-
-def test_qdrant_failed_write_is_whole_after_reopen(tmp_path, monkeypatch):
-    pytest.importorskip("qdrant_client")
-    from uibk_embedding.adapters.qdrant import QdrantStore
-
-    store = QdrantStore(path=tmp_path / "q")
+    store = QdrantStore(path=path)
     real = store._write_points
 
     def half_then_fail(ids, vectors, metadata):
@@ -192,8 +167,28 @@ def test_qdrant_failed_write_is_whole_after_reopen(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "_write_points", half_then_fail)
     with pytest.raises(ConnectionError):
         store.upsert(["a", "b"], [_doc(1), _doc(2)], [{"seed": 1}, {"seed": 2}])
+    monkeypatch.setattr(store, "_write_points", real)
+    return store, QdrantStore
+
+
+def test_qdrant_failed_write_is_not_replayed_over_a_later_one(tmp_path, monkeypatch):
+    """The failed upsert leaves a redo entry. A later successful upsert of the same id must win:
+    before the fix, the stale entry was replayed over it on reopen."""
+    store, cls = _qdrant_with_a_failed_upsert(tmp_path / "q", monkeypatch)
+    store.upsert(["a"], [_doc(3)], [{"seed": 3}])  # acknowledged: a is now seed 3
+    _assert_holds(store, {"a": 3, "b": 2})  # the failed call was finished first, in order
     store.close()
-    again = QdrantStore(path=tmp_path / "q")
+    again = cls(path=tmp_path / "q")
+    try:
+        _assert_holds(again, {"a": 3, "b": 2})
+    finally:
+        again.close()
+
+
+def test_qdrant_failed_write_is_whole_after_reopen(tmp_path, monkeypatch):
+    store, cls = _qdrant_with_a_failed_upsert(tmp_path / "q", monkeypatch)
+    store.close()
+    again = cls(path=tmp_path / "q")
     try:
         _assert_holds(again, {"a": 1, "b": 2})
     finally:

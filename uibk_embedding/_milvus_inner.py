@@ -4,7 +4,7 @@ relays a Unix socket to it, writes ``ready`` and kills the server when its paren
 
 Usage (by LocalMilvusServer only): ``python -m uibk_embedding._milvus_inner BASE SOCK ISOLATED``
 """
-# ruff: noqa: E401, E701, E702, I001
+# ruff: noqa: E401, E702, I001
 
 if __name__ == "__main__":
     import fcntl, os, socket, struct, sys, threading, time
@@ -17,16 +17,7 @@ if __name__ == "__main__":
     server = MilvusServer(MilvusServerConfig(data_dir=os.path.join(base, "data")))
     server.start()
     port, pid = server.listen_port, server.server_proc.pid
-    def pump(a, b):
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for x in (a, b):
-                try: x.shutdown(socket.SHUT_RDWR)
-                except OSError: pass
+    from uibk_embedding.milvus_server import pump
     def serve():
         ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         ls.bind(sock_path); ls.listen(64)

@@ -31,6 +31,23 @@ def user_namespaces_available() -> bool:
         return False
 
 
+def pump(a: Any, b: Any) -> None:
+    """Copy bytes from socket ``a`` to ``b`` until either side closes, then shut both down."""
+    import socket
+
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class LocalMilvusServer:
     """The real ``milvus run standalone`` server from the ``milvus`` PyPI package (2.3.x), local only.
 
@@ -88,19 +105,6 @@ class LocalMilvusServer:
     @staticmethod
     def _relay(listener: Any, sock_path: str) -> None:
         import socket
-
-        def pump(a: Any, b: Any) -> None:
-            try:
-                while data := a.recv(65536):
-                    b.sendall(data)
-            except OSError:
-                pass
-            finally:
-                for x in (a, b):
-                    try:
-                        x.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
 
         while True:
             try:
