@@ -350,3 +350,18 @@ def test_uncommitted_rows_and_unswitched_generations_are_dropped_on_open(tmp_pat
             np.testing.assert_array_equal(r.vectors, v)
         s.upsert(["d6"], [vecs[0]])  # lands right after the committed rows
         np.testing.assert_array_equal(s.get(["d6"])[0].vectors, vecs[0])
+
+
+def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
+    vecs = docs_for(13, 30)  # 690 vectors: fast-plaid's heuristic gives 256 centroids
+    counts = {}
+    for name, bound in (("auto", None), ("bounded", 16)):
+        with PlaidStore(tmp_path / name, n_centroids=bound, **CHEAP) as s:
+            s.upsert([f"d{i}" for i in range(30)], vecs)
+            counts[name] = len(np.load(next((tmp_path / name).glob("plaid-*")) / "centroids.npy"))
+            assert [h.id for h in s.search(vecs[7], k=1)] == ["d7"]
+    assert counts == {"auto": 256, "bounded": 16}
+    with pytest.raises(ValueError, match="n_centroids=16, not 32"):
+        PlaidStore(tmp_path / "bounded", n_centroids=32)
+    with pytest.raises(ValueError, match="n_centroids"):
+        PlaidStore(tmp_path / "x", n_centroids=0)
