@@ -95,7 +95,6 @@ def test_synthetic_documents_are_valid_tagged_lists(rng):
     from uibk_embedding.adapters.base import validate_document
     from uibk_embedding.encoder.tagged import TaggedFormat
 
-    from uibk_embedding.maxsim import pack
     from uibk_embedding.testing import make_list
 
     fmt = TaggedFormat()
