@@ -126,3 +126,34 @@ def test_maxsim_kernel_smoke(tmp_path):
     res = json.loads(out.read_text())
     assert res["shapes"][0]["ratio_vs_gemm_square"] > 0
     assert [r["n_docs"] for r in res["scaling"]] == [50, 100, 200]
+
+
+def test_plaid_scale_smoke(tmp_path, rng):
+    """benchmarks/plaid_scale.py on 40 random tagged documents (+ 20 synthetic copies): build,
+    interleaved search, sweep, rerank and profile produce consistent results."""
+    pytest.importorskip("fast_plaid")
+    from uibk_embedding.encoder.tagged import TaggedFormat
+
+    from uibk_embedding.maxsim import pack
+    from uibk_embedding.testing import make_list
+
+    docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]
+    queries = [make_list(TaggedFormat(), rng, 4) for _ in range(3)]
+    dm, do = pack(docs)
+    qm, qo = pack(queries)
+    vec = tmp_path / "v.npz"
+    np.savez(vec, doc_mat=dm, doc_off=do, doc_ids=np.array(json.dumps([f"d{i}" for i in range(40)])),
+             query_mat=qm, query_off=qo, query_ids=np.array(json.dumps(["q0", "q1", "q2"])))
+    mod = _bench("plaid_scale")
+    common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3",
+              "--runs", "1", "--threads", "1"]
+    mod.main(["build", *common, "--nbits", "2", "--kmeans-niters", "1"])
+    mod.main(["search", *common, "--gap", "0"])
+    mod.main(["sweep", *common, "--probe", "1", "--full", "64", "--rerank", "0", "20"])
+    mod.main(["rerank", *common, "--candidates", "20"])
+    mod.main(["profile", *common])
+    res = json.loads((tmp_path / "w" / "results-60.json").read_text())
+    assert res["plaid_builds"]["plaid"]["centroids"] > 0 and res["exact_bytes"] > 0
+    assert res["search"]["plaid threads=1"]["plaid"]["recall@10"] == 1.0  # 60 <= rerank pool: exact
+    assert [r["n_rerank"] for r in res["sweep"]] == [0, 20]
+    assert res["rerank"]["candidates"] == 20 and res["profile"][0]["total_ms"] > 0

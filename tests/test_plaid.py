@@ -234,3 +234,136 @@ def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
     assert old.isdisjoint(x.name for x in p.iterdir() if x.name.startswith("plaid-"))
     s2.close()
     assert os.path.exists(p / "store.sqlite")
+
+
+# -- the vector file (schema 2): migration from schema 1, compaction, uncommitted tails ----------
+
+def _schema_1_store(path: Path, docs: list[np.ndarray], dtype: str = "float16") -> None:
+    """A store exactly as schema 1 wrote it: vectors as SQLite blobs, no vector file."""
+    from uibk_embedding.plaid_backend.store import BUILD_DEFAULTS
+
+    path.mkdir(parents=True)
+    db = sqlite3.connect(path / "store.sqlite")
+    db.execute("CREATE TABLE docs (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
+               "n_rows INTEGER NOT NULL, vectors BLOB NOT NULL, metadata TEXT NOT NULL)")
+    db.execute("CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    import importlib.metadata
+
+    config = {"backend": "plaid", "schema": 1, "format": TaggedFormat().to_dict(),
+              "build": {**BUILD_DEFAULTS, "nbits": 2, "kmeans_niters": 1, "vector_dtype": dtype},
+              "engine": f"fast-plaid {importlib.metadata.version('fast-plaid')}"}
+    with db:
+        db.executemany("INSERT INTO state VALUES (?, ?)", [("config", json.dumps(config)), ("plaid_dir", ""),
+                                                          ("dirty", "0"), ("generation", "0")])
+        db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?)",
+                       [(i + 1, f"d{i}", len(v), v.astype(dtype).tobytes(), json.dumps({"i": i}))
+                        for i, v in enumerate(docs)])
+    db.close()
+
+
+def test_schema_1_store_is_converted_on_open(tmp_path):
+    p, vecs = tmp_path / "p", docs_for(10, 12)
+    _schema_1_store(p, vecs)
+    (p / "vectors-000001.f16").write_bytes(b"\1" * 1000)  # a conversion killed half-way
+    with pytest.warns(RuntimeWarning, match="from schema 1"), \
+            pytest.warns(RuntimeWarning, match="is missing"):
+        s = PlaidStore(p, num_threads=1)  # (schema 1 had no index yet: it is built now)
+    try:
+        assert s.count() == 12 and s.has_index
+        for r, v in zip(s.get([f"d{i}" for i in range(12)]), vecs, strict=True):
+            np.testing.assert_array_equal(r.vectors, v.astype(np.float16).astype(np.float32))
+            assert r.metadata == {"i": int(r.id[1:])}
+        assert [h.id for h in s.search(vecs[5], k=1)] == ["d5"]
+        assert s.dead_vector_rows == 0
+    finally:
+        s.close()
+    db = sqlite3.connect(p / "store.sqlite")
+    cols = [r[1] for r in db.execute("PRAGMA table_info(docs)")]
+    schema = json.loads(db.execute("SELECT value FROM state WHERE key = 'config'").fetchone()[0])["schema"]
+    db.close()
+    assert "vectors" not in cols and "start" in cols and schema == 2
+    assert (p / "vectors-000001.f16").stat().st_size == 12 * 23 * 128 * 2
+    with PlaidStore(p, num_threads=1) as again:  # converted once: no warning now
+        assert again.get(["d3"])[0].vectors.shape == (23, 128)
+
+
+def test_unknown_schema_or_foreign_database_is_refused(tmp_path):
+    p = tmp_path / "p"
+    PlaidStore(p, **CHEAP).close()
+    db = sqlite3.connect(p / "store.sqlite")
+    cfg = json.loads(db.execute("SELECT value FROM state WHERE key = 'config'").fetchone()[0])
+    with db:
+        db.execute("UPDATE state SET value = ? WHERE key = 'config'", (json.dumps({**cfg, "schema": 7}),))
+    db.close()
+    with pytest.raises(ValueError, match="schema 7"):
+        PlaidStore(p)
+    q = tmp_path / "q"
+    q.mkdir()
+    db = sqlite3.connect(q / "store.sqlite")
+    db.execute("CREATE TABLE docs (x)")
+    db.close()
+    with pytest.raises(ValueError, match="no configuration"):
+        PlaidStore(q)
+
+
+def _vector_files(p: Path) -> list[str]:
+    return sorted(x.name for x in p.iterdir() if x.name.startswith("vectors-"))
+
+
+def test_dead_rows_are_compacted_and_the_store_reads_the_new_generation(tmp_path):
+    p, vecs = tmp_path / "p", docs_for(11, 10)
+    s = PlaidStore(p, vector_compact_fraction=0.5, **CHEAP)
+    s.upsert([f"d{i}" for i in range(10)], vecs)
+    s.upsert(["d0", "d1", "d2", "d3"], [vecs[9]] * 4)  # 4 of 14 documents' rows dead: kept
+    assert s.dead_vector_rows == 4 * 23 and _vector_files(p) == ["vectors-000001.f16"]
+    s.delete(["d4", "d5", "d6", "d7"])  # 8 of 14 dead: compacted into generation 2
+    assert s.dead_vector_rows == 0 and _vector_files(p) == ["vectors-000002.f16"]
+    assert s.disk_usage()["vectors"] == 6 * 23 * 128 * 2
+    want = {f"d{i}": vecs[9] for i in range(4)} | {"d8": vecs[8], "d9": vecs[9]}
+    s.upsert(["d8"], [vecs[8]])  # appends to the new generation
+    for r in s.get(sorted(want)):
+        np.testing.assert_array_equal(r.vectors, want[r.id].astype(np.float16).astype(np.float32))
+    assert s.search(vecs[8], k=1)[0].id == "d8"
+    s.upsert(["d8"], [vecs[8]])
+    s.rebuild()  # compacts too
+    assert s.dead_vector_rows == 0 and _vector_files(p) == ["vectors-000003.f16"]
+    s.close()
+    with PlaidStore(p, num_threads=1) as again:
+        assert again.count() == 6 and again.dead_vector_rows == 0
+        for r in again.get(sorted(want)):
+            np.testing.assert_array_equal(r.vectors, want[r.id].astype(np.float16).astype(np.float32))
+
+
+def test_uncommitted_rows_and_unswitched_generations_are_dropped_on_open(tmp_path):
+    """What a kill leaves: rows appended but never committed (between the append and the
+    transaction) and a compacted generation written but never switched to."""
+    p, vecs = tmp_path / "p", docs_for(12, 6)
+    with PlaidStore(p, vector_dtype="float32", **CHEAP) as s:
+        s.upsert([f"d{i}" for i in range(6)], vecs)
+        size = (p / "vectors-000001.f32").stat().st_size
+    with open(p / "vectors-000001.f32", "ab") as f:
+        f.write(np.ones((7, 128), np.float32).tobytes())
+    (p / "vectors-000002.f32").write_bytes(np.ones((3, 128), np.float32).tobytes())
+    with PlaidStore(p, num_threads=1) as s:
+        assert _vector_files(p) == ["vectors-000001.f32"]
+        assert (p / "vectors-000001.f32").stat().st_size == size
+        assert s.dead_vector_rows == 0
+        for r, v in zip(s.get([f"d{i}" for i in range(6)]), vecs, strict=True):
+            np.testing.assert_array_equal(r.vectors, v)
+        s.upsert(["d6"], [vecs[0]])  # lands right after the committed rows
+        np.testing.assert_array_equal(s.get(["d6"])[0].vectors, vecs[0])
+
+
+def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
+    vecs = docs_for(13, 30)  # 690 vectors: fast-plaid's heuristic gives 256 centroids
+    counts = {}
+    for name, bound in (("auto", None), ("bounded", 16)):
+        with PlaidStore(tmp_path / name, n_centroids=bound, **CHEAP) as s:
+            s.upsert([f"d{i}" for i in range(30)], vecs)
+            counts[name] = len(np.load(next((tmp_path / name).glob("plaid-*")) / "centroids.npy"))
+            assert [h.id for h in s.search(vecs[7], k=1)] == ["d7"]
+    assert counts == {"auto": 256, "bounded": 16}
+    with pytest.raises(ValueError, match="n_centroids=16, not 32"):
+        PlaidStore(tmp_path / "bounded", n_centroids=32)
+    with pytest.raises(ValueError, match="n_centroids"):
+        PlaidStore(tmp_path / "x", n_centroids=0)

@@ -68,3 +68,18 @@ def test_truncated_or_missing_file_is_refused(tmp_path):
         vf.append([np.ones((2, 64), np.float32)])
     assert vf.n_rows == 4
     vf.close()
+
+
+def test_gather_in_the_file_dtype(tmp_path):
+    """``dtype=`` returns the rows as stored (a rebuild hands float16 straight to the engine)."""
+    rng = np.random.default_rng(2)
+    docs = _docs(rng, 5)
+    vf = VectorFile.open(tmp_path, generation=1, dtype="float16", committed_rows=0)
+    starts = vf.append(docs)
+    lengths = np.array([len(d) for d in docs])
+    mat, off = vf.gather(starts[::-1], lengths[::-1], dtype=np.float16)
+    assert mat.dtype == np.float16
+    for j, d in enumerate(docs[::-1]):
+        np.testing.assert_array_equal(mat[off[j]:off[j + 1]], d.astype(np.float16))
+    assert vf.gather(starts[:0], lengths[:0], dtype=np.float16)[0].dtype == np.float16
+    vf.close()

@@ -127,17 +127,19 @@ class VectorFile:
         """One document's rows as float32 (a copy)."""
         return np.array(self._mapped()[start:start + n_rows], dtype=np.float32)
 
-    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of several documents packed as float32 ``(matrix, offsets)``, in the order given."""
+    def gather(self, starts: np.ndarray, lengths: np.ndarray,
+               dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of several documents packed as ``(matrix, offsets)`` in the order given;
+        the matrix as ``dtype`` (float32 by default; the file's own dtype avoids a conversion)."""
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if len(lengths) == 0:
-            return np.zeros((0, DIM), np.float32), offsets
+            return np.zeros((0, DIM), dtype), offsets
         # row index of every output row: its document's start plus its position in the document
         rows = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        return self._mapped()[rows].astype(np.float32), offsets
+        return self._mapped()[rows].astype(dtype, copy=False), offsets
 
     def rewrite(self, folder: str | os.PathLike, generation: int, starts: np.ndarray,
                 lengths: np.ndarray, chunk_rows: int = 1 << 20) -> tuple[VectorFile, np.ndarray]:
