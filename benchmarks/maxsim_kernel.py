@@ -5,8 +5,8 @@ process and repeated ``--runs`` times (medians reported):
 
 * ``kernel``: :func:`uibk_embedding.maxsim.maxsim_scores` for one query (matrix product in
   cache-sized blocks + segment max per document + sum over query vectors);
-* ``previous``: the same kernel with one block per ``max_chunk_bytes`` (256 MiB), i.e. the
-  behaviour before the blocks were sized for the cache;
+* ``previous``: the same kernel with the block size it had before the blocks were sized for the
+  L2 cache (16 MiB similarity blocks of at least 4,096 document rows);
 * ``gemm_same_shape``: the bare matrix products the kernel runs (``q @ block.T`` over the same
   blocks), nothing else: what the segment reductions cost on top;
 * ``gemm_square``: a square float32 ``n x n @ n x n`` product of about the same FLOPs: the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -67,13 +68,16 @@ def _gemm_same_shape(q: np.ndarray, mat: np.ndarray, offsets: np.ndarray) -> Non
         q @ mat[r0:r0 + rows].T
 
 
-def _previous(q: np.ndarray, mat: np.ndarray, offsets: np.ndarray) -> None:
-    saved = M.BLOCK_BYTES
-    M.BLOCK_BYTES = M.DEFAULT_CHUNK_BYTES
+PREVIOUS_BLOCK_BYTES, PREVIOUS_MIN_BLOCK_ROWS = 16 * 2**20, 4096
+
+
+def _previous(qs: list[np.ndarray], mat: np.ndarray, offsets: np.ndarray) -> None:
+    saved = M.BLOCK_BYTES, M.MIN_BLOCK_ROWS
+    M.BLOCK_BYTES, M.MIN_BLOCK_ROWS = PREVIOUS_BLOCK_BYTES, PREVIOUS_MIN_BLOCK_ROWS
     try:
-        M.maxsim_scores([q], mat, offsets)
+        M.maxsim_scores(qs, mat, offsets)
     finally:
-        M.BLOCK_BYTES = saved
+        M.BLOCK_BYTES, M.MIN_BLOCK_ROWS = saved
 
 
 def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int, n_queries: int = 1) -> dict:
@@ -87,7 +91,7 @@ def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int, n_
     b = rng.standard_normal((n, n)).astype(np.float32)
     fns = {
         "kernel": lambda: M.maxsim_scores(qs, mat, offsets),
-        "previous": lambda: _previous(q, mat, offsets),
+        "previous": lambda: _previous(qs, mat, offsets),
         "gemm_same_shape": lambda: _gemm_same_shape(q, mat, offsets),
         "gemm_square": lambda: a @ b,
     }
@@ -139,6 +143,15 @@ def _limit_threads(n: int | None):
     return threadpool_limits(n)
 
 
+def _blas_info() -> list[dict]:
+    """Which BLAS and which of its CPU kernels run (OpenBLAS: ``OPENBLAS_CORETYPE`` picks it)."""
+    from threadpoolctl import threadpool_info
+
+    keys = ("internal_api", "version", "architecture", "num_threads")
+    return [{k: i.get(k) for k in keys} | {"env_OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5)
@@ -159,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                   (max(sizes), 30, 60, 32, 1)]
     if args.shape:
         shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
-    result: dict = {"threads": args.threads, "block_bytes": M.BLOCK_BYTES, "shapes": [], "scaling": []}
+    result: dict = {"threads": args.threads, "block_bytes": M.BLOCK_BYTES, "blas": _blas_info(),
+                    "shapes": [], "scaling": []}
+    print(f"BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB", flush=True)
     with _limit_threads(args.threads):
         cache: dict[tuple, tuple] = {}
         for n_docs, lo, hi, q_rows, nq in shapes:

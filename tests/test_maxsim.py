@@ -1,0 +1,49 @@
+"""The exact MaxSim kernel against per-document float64 MaxSim, across block boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uibk_embedding import maxsim as M
+
+
+def _docs(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[np.ndarray]:
+    out = []
+    for length in rng.integers(lo, hi + 1, n):
+        x = rng.standard_normal((int(length), 128)).astype(np.float32)
+        out.append(x / np.linalg.norm(x, axis=1, keepdims=True))
+    return out
+
+
+@pytest.mark.parametrize("block_bytes,min_rows",
+                         [(M.BLOCK_BYTES, M.MIN_BLOCK_ROWS), (4096, 1), (64 * 1024, 16)])
+@pytest.mark.parametrize("n_queries", [1, 5])
+def test_kernel_matches_float64_reference_across_blocks(monkeypatch, block_bytes, min_rows, n_queries):
+    # small blocks split the collection into many blocks; a 700-row document is larger than a
+    # 4 KiB block, so one block then holds a single document
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((700, 128)).astype(np.float32)
+    docs = [*_docs(rng, 300, 1, 60), big, *_docs(rng, 50, 1, 9)]
+    queries = [rng.standard_normal((int(m), 128)).astype(np.float32) for m in rng.integers(1, 40, n_queries)]
+    monkeypatch.setattr(M, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(M, "MIN_BLOCK_ROWS", min_rows)
+    mat, off = M.pack(docs)
+    ref = np.array([[M.maxsim(q, d) for d in docs] for q in queries])
+    got32 = M.maxsim_scores(queries, mat, off)
+    got64 = M.maxsim_scores(queries, mat, off, dtype=np.float64)
+    assert got32.dtype == np.float32 and got32.shape == (n_queries, len(docs))
+    np.testing.assert_allclose(got64, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got32, ref, rtol=1e-5, atol=1e-5)
+    # a block never mixes documents: the scores do not depend on the block size
+    monkeypatch.setattr(M, "BLOCK_BYTES", 1 << 30)
+    one_block = M.maxsim_scores(queries, mat, off, dtype=np.float64)
+    np.testing.assert_allclose(one_block, got64, rtol=1e-12, atol=1e-12)
+
+
+def test_padding_never_wins_with_negative_scores():
+    # every product is negative: a zero-padded row would win the max; the segment max must not see one
+    q = np.array([[1.0, 0.0]], np.float32)
+    docs = [np.array([[-1.0, 0.0]] * k, np.float32) for k in (1, 3, 2)]
+    mat, off = M.pack(docs)
+    assert M.maxsim_scores([q], mat, off, dtype=np.float64).tolist() == [[-1.0, -1.0, -1.0]]
