@@ -258,15 +258,10 @@ class SharedEncoder:
         enc = self.encoder
         items = [(r, i) for r in group for i in range(len(r.texts))]
         texts = [r.texts[i] for r, i in items]
-        order = enc._length_order(texts)
+        weights = np.array([r.weight for r, _ in items]) if is_query else 1.0
         try:
-            for batch in enc._batches(texts, order, is_query):
-                with enc._lock:
-                    enc._tls.last_truncated = None
-                    before = getattr(enc._tls, "truncated", 0)
-                    embedded = enc._embed([texts[j] for j in batch], is_query)
-                    flags = getattr(enc._tls, "last_truncated", None)
-                    n_cut = getattr(enc._tls, "truncated", 0) - before
+            # the wrapped encoder's own pipeline (prefetching tokeniser, batched tagging)
+            for batch, arrays, cut in enc._tagged_batches(texts, is_query, weights):
                 owners = {items[j][0].rid for j in batch}
                 clients = {items[j][0].client for j in batch}
                 with self._stats_lock:
@@ -276,12 +271,10 @@ class SharedEncoder:
                     s["merged_passes"] += len(owners) > 1
                     s["multi_client_passes"] += len(clients) > 1
                     s["max_requests_per_pass"] = max(s["max_requests_per_pass"], len(owners))
-                if flags is None and n_cut:  # encoder without per-text flags: attribute to all
-                    flags = [True] * len(batch)
-                for pos, (j, (g, toks)) in enumerate(zip(batch, embedded, strict=True)):
+                for j, arr, was_cut in zip(batch, arrays, cut, strict=True):
                     req, i = items[j]
-                    req.results[i] = enc._tag(g, toks, is_query, req.weight)
-                    req.truncated += bool(flags and flags[pos])
+                    req.results[i] = arr
+                    req.truncated += bool(was_cut)
                     req.remaining -= 1
                     if req.remaining == 0:
                         res = EncodeResult(req.results)

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, resolve_device
+from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, pad_ids, resolve_device
 from uibk_embedding.encoder.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
@@ -94,6 +95,9 @@ class TransformerEncoder(TaggedEncoder):
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self._fast: dict[int, Any] = {}  # private `tokenizers` copies, one per length limit
+        self._fast_lock = threading.Lock()
+        self._zero_types: bool | None = None
         with quiet_transformers():
             self.model = AutoModel.from_pretrained(str(path)).to(self.device).eval()
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
@@ -108,27 +112,68 @@ class TransformerEncoder(TaggedEncoder):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "model": self.model_name}
 
-    def _embed(self, texts: list[str], is_query: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------
+    def _fast_tokenizer(self, max_len: int) -> Any:
+        """A private ``tokenizers.Tokenizer`` cutting at ``max_len`` (never mutated later, so
+        threads can share it), or None when the model has no fast tokenizer."""
+        tok = self._fast.get(max_len)
+        if tok is None and getattr(self.tokenizer, "is_fast", False):
+            from tokenizers import Tokenizer
+
+            with self._fast_lock:
+                tok = self._fast.get(max_len)
+                if tok is None:
+                    tok = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+                    tok.no_padding()
+                    tok.enable_truncation(max_len, stride=0, strategy="longest_first",
+                                          direction=getattr(self.tokenizer, "truncation_side", "right"))
+                    self._fast[max_len] = tok
+        return tok
+
+    def _zero_type_ids(self, fast: Any) -> bool:
+        if self._zero_types is None:
+            sample = fast.encode("a b c")
+            pad_type = int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0)
+            self._zero_types = pad_type == 0 and not any(sample.type_ids)
+        return self._zero_types
+
+    def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:
         import torch
 
         max_len = self.query_max_length if is_query else self.doc_max_length
-        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
-        self._note_truncated(sum(len(ids) > max_len for ids in full["input_ids"]))
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=max_len,
-                             return_tensors="pt")
-        enc = {k: v.to(self.device) for k, v in enc.items()}
-        with torch.inference_mode(), torch.autocast(
-            device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None
-        ):
-            states = self.model(**enc).last_hidden_state.float()
-        mask = enc["attention_mask"].unsqueeze(-1).float()
-        dense = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
-        dense = torch.nn.functional.normalize(dense, dim=-1)
-        lengths = enc["attention_mask"].sum(1).tolist()
-        states = states.cpu().numpy()
-        dense = dense.cpu().numpy()
+        fast = self._fast_tokenizer(max_len)
+        if fast is not None:
+            encs = fast.encode_batch(texts)  # special tokens added, cut at max_len (Rust)
+            rows = [e.ids for e in encs]
+            cut = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
+            # a single-sequence template gives every text the same type ids (zeros for BERT)
+            types = None if self._zero_type_ids(fast) else [e.type_ids for e in encs]
+        else:  # a slow (pure Python) tokenizer: the transformers wrapper
+            full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
+            cut = np.array([len(x) > max_len for x in full["input_ids"]], dtype=bool)
+            enc = self.tokenizer(texts, truncation=True, max_length=max_len)
+            rows = enc["input_ids"]
+            types = enc.get("token_type_ids")
+        ids, n = pad_ids(rows, int(self.tokenizer.pad_token_id or 0))
+        mask = (np.arange(ids.shape[1]) < n[:, None]).astype(np.int64)
+        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        if "token_type_ids" in self.tokenizer.model_input_names:
+            pad_type = int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0)
+            if types is None or (pad_type == 0 and not any(map(any, types))):
+                inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+            else:
+                inputs["token_type_ids"] = torch.from_numpy(pad_ids(types, pad_type)[0])
         # token vectors: every position but [CLS] (first) and [SEP] (last)
-        return [(dense[i], states[i, 1: max(2, int(n) - 1)]) for i, n in enumerate(lengths)]
+        return TokenBatch(inputs, starts=np.ones_like(n), ends=np.maximum(2, n - 1), truncated=cut)
+
+    def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
+            states = self.model(**inputs).last_hidden_state.float()
+        mask = inputs["attention_mask"].unsqueeze(-1).float()
+        dense = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return torch.nn.functional.normalize(dense, dim=-1), states
 
 
 def embedded_default(**kwargs: Any) -> TransformerEncoder:

@@ -45,13 +45,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import CONFIG_NAME, PROJECTIONS_NAME, TaggedEncoder, resolve_device
+from uibk_embedding.encoder.base import (
+    CONFIG_NAME,
+    PROJECTIONS_NAME,
+    TaggedEncoder,
+    TokenBatch,
+    pad_ids,
+    resolve_device,
+)
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
@@ -340,6 +348,8 @@ class UIBKEncoder(TaggedEncoder):
         self.tokenizer = tokenizer.__class__.from_str(tokenizer.to_str())  # private copy
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
+        self._cutting: dict[int, Any] = {}  # private copies cutting at a limit, one per limit
+        self._cutting_lock = threading.Lock()
         self._ids = self._special_ids(bc)
         self.model_max_length = int(bc.max_position_embeddings)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
@@ -483,24 +493,43 @@ class UIBKEncoder(TaggedEncoder):
             out.append([*prefix, *body[:limit], ids["sep_token_id"]])
         return out, cut
 
-    def _embed(self, texts: list[str], is_query: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------
+    def _cutting_tokenizer(self, limit: int) -> Any:
+        """A private copy of the tokenizer that cuts the text at ``limit`` tokens (never mutated
+        later, so threads can share it)."""
+        tok = self._cutting.get(limit)
+        if tok is None:
+            with self._cutting_lock:
+                tok = self._cutting.get(limit)
+                if tok is None:
+                    tok = self.tokenizer.__class__.from_str(self.tokenizer.to_str())
+                    tok.no_padding()
+                    tok.enable_truncation(limit, stride=0, strategy="longest_first", direction="right")
+                    self._cutting[limit] = tok
+        return tok
+
+    def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:
+        """``[CLS] marker prompt text... [SEP]`` for a batch, padded (same ids as :meth:`token_ids`)."""
         import torch
 
-        ids, cut = self.token_ids(texts, is_query)
-        self._note_truncated(sum(cut))
-        self._tls.last_truncated = cut
-        longest = max(len(x) for x in ids)
-        pad = self._ids["pad_token_id"]
-        input_ids = torch.full((len(ids), longest), pad, dtype=torch.long)
-        mask = torch.zeros((len(ids), longest), dtype=torch.long)
-        for i, x in enumerate(ids):
-            input_ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
-        with torch.inference_mode():
-            g, tok = self.model(input_ids.to(self.device), mask.to(self.device))
-        g = g.cpu().numpy()
-        tok = tok.cpu().numpy()
-        return [(g[i], tok[i, N_PREFIX: len(x) - 1]) for i, x in enumerate(ids)]
+        ids_ = self._ids
+        limit = (self.query_max_length if is_query else self.doc_max_length) - N_PREFIX - 1
+        encs = self._cutting_tokenizer(limit).encode_batch(texts, add_special_tokens=False)
+        cut = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
+        body = [e.ids for e in encs]
+        n = np.fromiter((len(x) for x in body), dtype=np.int64, count=len(body))
+        ids, _ = pad_ids(body, ids_["pad_token_id"], offset=N_PREFIX, width=N_PREFIX + int(n.max()) + 1)
+        ids[:, 0] = ids_["cls_token_id"]
+        ids[:, 1] = ids_["query_marker"] if is_query else ids_["document_marker"]
+        ids[:, 2] = ids_["prompt_word"]
+        ids[np.arange(len(n)), N_PREFIX + n] = ids_["sep_token_id"]
+        mask = (np.arange(ids.shape[1]) <= (N_PREFIX + n)[:, None]).astype(np.int64)
+        # token vectors: the text's own positions (the slots replace the first three)
+        return TokenBatch({"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)},
+                          starts=np.full_like(n, N_PREFIX), ends=N_PREFIX + n, truncated=cut)
+
+    def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        return self.model(inputs["input_ids"], inputs["attention_mask"])
 
 
 def _resolve_folder(path: str | os.PathLike) -> Path:

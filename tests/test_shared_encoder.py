@@ -121,10 +121,10 @@ def test_bad_input_and_lifetime(inner):
 
 def test_a_model_error_reaches_the_caller_and_the_worker_lives_on(inner):
     class Fails(UIBKEncoder):
-        def _embed(self, texts, is_query):
+        def _tokenize(self, texts, is_query):  # the pipeline's first step, for a given text
             if any("boom" in t for t in texts):
                 raise RuntimeError("model exploded")
-            return super()._embed(texts, is_query)
+            return super()._tokenize(texts, is_query)
 
     broken = Fails(inner.model, inner.tokenizer, inner.uibk_config)
     with SharedEncoder(broken) as enc:
