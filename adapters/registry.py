@@ -22,6 +22,7 @@ from uibk_embedding.errors import UnknownBackend
 BACKENDS: dict[str, tuple[str, str]] = {
     "exact": ("uibk_embedding.adapters.exact:ExactStore", ""),
     "plaid": ("uibk_embedding.plaid_backend.store:PlaidStore", "plaid"),
+    "warp": ("uibk_embedding.adapters.warp:WarpStore", "warp"),
     "qdrant": ("uibk_embedding.adapters.qdrant:QdrantStore", "qdrant"),
     "qdrant-edge": ("uibk_embedding.adapters.qdrant_edge:QdrantEdgeStore", "qdrant"),
     "milvus-lite": ("uibk_embedding.adapters.milvus:open_milvus_lite", "milvus"),

@@ -4,7 +4,7 @@ The collection is encoded once (cached on disk by :func:`~uibk_embedding.evaluat
 and written as plain arrays to a work folder. Each backend then runs in a FRESH Python process
 (so its peak memory is its own and a crash or a missing dependency only skips that backend):
 open the store, upsert every document, run one warm-up query (which also triggers lazy index
-builds, e.g. PLAID's), time every query one by one (``--repeat`` passes; a backend that reaches
+builds, e.g. WARP's), time every query one by one (``--repeat`` passes; a backend that reaches
 80% of ``--timeout`` stops there and its figures cover the queries it ran, ``queries_run``) and
 once as a batch,
 measure the store's folder on disk, close. The parent scores the top-10 of each backend against
@@ -95,6 +95,7 @@ DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
     # name -> options from the backend's own folder inside the work folder
     "exact": lambda d: {"path": str(d)},
     "plaid": lambda d: {"path": str(d)},
+    "warp": lambda d: {"path": str(d)},  # its index is built by the warm-up query (a lazy flush)
     "qdrant": _url_or("QDRANT_URL", "url", {"collection": "uibk"}),  # else local mode on disk
     "qdrant-edge": lambda d: {"path": str(d)},
     "milvus-lite": lambda d: {"path": str(d / "milvus.db")},

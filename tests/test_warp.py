@@ -1,0 +1,199 @@
+"""What is specific to the WARP store (the shared contract is in tests/conformance): the engine
+pid map across flushes, deletes, compaction and reopen; pending writes searched exactly; a kill
+inside every step of a flush; filter types through the engine's subset; the vector file's
+rewrite; the missing-extra error."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("xtr_warp")
+
+from uibk_embedding.adapters.warp import WarpStore
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.maxsim import maxsim
+from uibk_embedding.testing import make_list
+
+CHEAP = {"nbits": 2, "kmeans_niters": 1, "min_index_vectors": 64}
+
+
+def docs_for(seed: int, n: int, rows: int = 20) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [make_list(TaggedFormat(), rng, rows) for _ in range(n)]
+
+
+def engine_hits(store: WarpStore, vecs: list[np.ndarray]) -> list[str]:
+    """The engine's own top hit for each vector list (no rerank: the pid map decides the id)."""
+    rerank, store.rerank = store.rerank, False
+    try:
+        return [store.search(v, k=1)[0].id for v in vecs]
+    finally:
+        store.rerank = rerank
+
+
+def test_pid_map_survives_flushes_deletes_compaction_and_reopen(tmp_path):
+    ids, vecs = [f"d{i}" for i in range(300)], docs_for(0, 300)
+    s = WarpStore(tmp_path / "w", buffer_size=0, **CHEAP)
+    s.upsert(ids, vecs, [{"i": i} for i in range(300)])
+    assert not s.has_index and s.n_pending == 300
+    s.flush()
+    assert s.has_index and s.n_pending == 0
+    gone = [f"d{i}" for i in range(0, 300, 4)]  # 25%: over the compaction threshold
+    s.delete(gone)
+    moved, new = docs_for(1, 2)
+    s.upsert(["d1", "new"], [moved, new], [{"i": 2}, {"i": -1}])
+    vecs[1] = moved
+    s.flush()  # tombstones, add, compact: the engine keeps its pids, the map follows
+    live = [i for i in range(300) if i % 4]
+    assert engine_hits(s, [vecs[i] for i in live]) == [ids[i] for i in live]
+    assert s.get(["d1"])[0].metadata == {"i": 2}
+    usage = s.disk_usage()
+    assert usage["warp_index"] > 0 and usage["stored"] >= 226 * 23 * 128 * 2  # float16 originals
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a clean reopen: no rebuild
+        s2 = WarpStore(tmp_path / "w", buffer_size=0, min_index_vectors=64)
+    try:
+        assert s2.count() == 226 and s2.has_index and s2.n_pending == 0
+        assert engine_hits(s2, [vecs[i] for i in live]) == [ids[i] for i in live]
+        assert engine_hits(s2, [new]) == ["new"]
+    finally:
+        s2.close()
+
+
+def test_pending_writes_are_searched_exactly_beside_the_engine(tmp_path):
+    vecs = docs_for(2, 300)
+    s = WarpStore(tmp_path / "w", buffer_size=1000, n_rerank=20, **CHEAP)
+    s.upsert([f"d{i}" for i in range(300)], vecs)
+    s.flush()
+    new, moved = docs_for(3, 2)
+    s.upsert(["fresh", "d7"], [new, moved])  # pending: not in the engine yet
+    assert s.n_pending == 2
+    hit = s.search(new, k=1)[0]
+    assert hit.id == "fresh" and hit.score == pytest.approx(maxsim(new, new), rel=1e-3)
+    # d7's old vectors are still in the engine (a dead pid): never returned under its id
+    for h in s.search(vecs[7], k=300):
+        if h.id == "d7":
+            assert h.score == pytest.approx(maxsim(vecs[7], moved), rel=1e-3)
+    assert s.search(moved, k=1)[0].id == "d7"
+    s.close()
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys, numpy as np
+    from xtr_warp import XTRWarp
+    from uibk_embedding.adapters.warp import WarpStore
+    from uibk_embedding.encoder.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+    path, step = sys.argv[1], sys.argv[2]
+    rng = np.random.default_rng(5)
+    docs = [make_list(TaggedFormat(), rng, 20) for _ in range(330)]
+    s = WarpStore(path, buffer_size=10_000, nbits=2, kmeans_niters=1, min_index_vectors=64)
+    s.upsert([f"d{i}" for i in range(300)], docs[:300], [{"i": i} for i in range(300)])
+    s.flush()
+    s.delete([f"d{i}" for i in range(0, 300, 4)])                       # compaction follows
+    s.upsert([f"n{i}" for i in range(30)], docs[300:], [{"i": 300 + i} for i in range(30)])
+    real = getattr(XTRWarp, step)
+    def die(self, *a, **k):  # the engine's step runs, then the process dies before the commit
+        real(self, *a, **k)
+        os.kill(os.getpid(), signal.SIGKILL)
+    setattr(XTRWarp, step, die)
+    s.flush()
+    print("flush returned", flush=True)
+""")
+
+
+def _dirty(path: Path) -> bool:
+    db = sqlite3.connect(path / "store.sqlite")
+    try:
+        row = db.execute("SELECT value FROM state WHERE key = 'dirty'").fetchone()
+        return bool(row) and row[0] == "1"
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("step", ["delete", "add", "compact", "load"])
+def test_kill_inside_each_step_of_a_flush(tmp_path, step):
+    path = tmp_path / "w"
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), step], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert _dirty(path)  # every write was committed; the engine was caught half-way
+    with pytest.warns(RuntimeWarning, match="interrupted flush"):
+        s = WarpStore(path, buffer_size=0, min_index_vectors=64)
+    try:
+        assert not _dirty(path) and s.has_index and s.n_pending == 0
+        rng = np.random.default_rng(5)
+        docs = [make_list(TaggedFormat(), rng, 20) for _ in range(330)]
+        expect = {f"d{i}": i for i in range(300) if i % 4} | {f"n{i}": 300 + i for i in range(30)}
+        assert s.count() == len(expect)
+        got = {r.id: r for r in s.get([*list(expect), "d0", "d4"])}
+        assert sorted(got) == sorted(expect)
+        for doc_id, i in expect.items():
+            np.testing.assert_allclose(got[doc_id].vectors, docs[i], atol=1e-3)
+            assert got[doc_id].metadata == {"i": i}
+        sample = list(expect)[::7]
+        assert engine_hits(s, [docs[expect[x]] for x in sample]) == sample
+    finally:
+        s.close()
+
+
+def test_filters_keep_exact_types_through_the_engine_subset(tmp_path):
+    values = [True, 1, 1.0, "1", False, 0]
+    vecs = docs_for(4, 480)
+    s = WarpStore(tmp_path / "w", buffer_size=0, n_rerank=20, **CHEAP)
+    s.upsert([f"d{i}" for i in range(480)], vecs, [{"v": values[i % 6]} for i in range(480)])
+    q = make_list(TaggedFormat(), np.random.default_rng(9), 12)
+    for flt, ok in [({"v": True}, lambda v: v is True),
+                    ({"v": 1}, lambda v: not isinstance(v, bool | str) and v == 1),
+                    ({"v": {"$in": ["1", False]}}, lambda v: v == "1" or v is False)]:
+        hits = s.search(q, k=10, filter=flt)  # 80-160 allowed documents > the pool of 20
+        assert len(hits) == 10
+        assert all(ok(h.metadata["v"]) for h in hits), (flt, [h.metadata for h in hits])
+    assert s.has_index
+    s.close()
+
+
+def test_vector_file_is_rewritten_once_mostly_garbage(tmp_path):
+    vecs = docs_for(6, 50, rows=200)
+    s = WarpStore(tmp_path / "w", vector_dtype="float32", min_index_vectors=10**9)
+    ids = [f"d{i}" for i in range(50)]
+    for r in range(8):  # every round overwrites all 50 documents (10,150 rows)
+        s.upsert(ids, [v + 0 for v in vecs], [{"round": r}] * 50)
+    files = sorted(p.name for p in (tmp_path / "w").glob("vectors-*"))
+    assert files != ["vectors-000001.f32"] and len(files) == 1  # a later generation, alone
+    s.close()
+    s2 = WarpStore(tmp_path / "w")
+    try:
+        for rec, v in zip(s2.get(ids), vecs, strict=True):
+            np.testing.assert_array_equal(rec.vectors, v)
+            assert rec.metadata == {"round": 7}
+    finally:
+        s2.close()
+
+
+def test_reopen_checks_parameters_and_the_lock(tmp_path):
+    s = WarpStore(tmp_path / "w", nbits=2)
+    with pytest.raises(RuntimeError, match="open in another WarpStore"):
+        WarpStore(tmp_path / "w")
+    s.close()
+    with pytest.raises(ValueError, match="nbits=2, not 4"):
+        WarpStore(tmp_path / "w", nbits=4)
+    with pytest.raises(ValueError, match="n_rerank must be a positive int"):
+        WarpStore(tmp_path / "x", n_rerank=0)
+
+
+def test_missing_engine_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xtr_warp", None)
+    with pytest.raises(ImportError, match=r"uibk-embedding\[warp\]"):
+        WarpStore()
