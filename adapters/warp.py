@@ -87,6 +87,7 @@ from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
 
@@ -172,7 +173,7 @@ def _close_open_stores() -> None:
             store.close()
 
 
-class WarpEngineError(RuntimeError):
+class WarpEngineError(EngineError):
     """xtr-warp-rs failed or panicked (its Rust panics are BaseException; they become this)."""
 
 
@@ -394,7 +395,7 @@ class WarpStore(MultiVectorStore):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise RuntimeError(
+            raise StoreInUse(
                 f"the WARP store at {self.path} is open in another WarpStore (this or another "
                 "process); close it first"
             ) from None
@@ -444,15 +445,15 @@ class WarpStore(MultiVectorStore):
         else:
             config = json.loads(raw)
             if config.get("backend") != "warp" or config.get("schema") != SCHEMA_VERSION:
-                raise ValueError(f"{self.path} does not hold a WARP store of schema {SCHEMA_VERSION}")
+                raise CollectionMismatch(f"{self.path} does not hold a WARP store of schema {SCHEMA_VERSION}")
             saved = TaggedFormat.from_dict(config["format"])
             if format is not None and format != saved:
-                raise ValueError(f"store at {self.path} was built with {saved}, not {format}")
+                raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
             self.format = saved
             self._build = dict(config["build"])
             for k, v in given.items():
                 if v is not None and v != self._build[k]:
-                    raise ValueError(
+                    raise CollectionMismatch(
                         f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
                         f"without {k}, or index into a new store"
                     )
@@ -687,7 +688,7 @@ class WarpStore(MultiVectorStore):
     # -- writes ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this WarpStore is closed")
+            raise StoreInUse("this WarpStore is closed")
 
     def _retire(self, db: sqlite3.Connection, seqs: list[int]) -> None:
         """Delete the rows of ``seqs`` and record the engine pids they leave behind."""
@@ -764,6 +765,15 @@ class WarpStore(MultiVectorStore):
     # -- reads -----------------------------------------------------------------------------
     def count(self) -> int:
         return len(self._id_of)
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """From the id map in memory (the committed SQLite rows), in insertion order."""
+        with self._lock:
+            self._check_open()
+            found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
+                     for s in sorted(self._id_of) if matches(self._meta[s], conditions)]
+        for i in range(0, len(found), batch_size):
+            yield found[i:i + batch_size]
 
     def _get(self, ids: list[str]) -> list[Record]:
         with self._lock:

@@ -24,13 +24,13 @@ def _opts(**kw):
 
 SPECS = [
     BackendSpec("warp", make=lambda d: WarpStore(d / "w", **_opts()),
-                reopen=lambda d: WarpStore(d / "w", **_opts()), contract="approximate",
+                reopen=lambda d, **kw: WarpStore(d / "w", **_opts(**kw)), contract="approximate",
                 recall_floor=1.0, get_atol=1e-3),
     BackendSpec("warp-indexed",
                 make=lambda d: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100)),
-                reopen=lambda d: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100)),
+                reopen=lambda d, **kw: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100, **kw)),
                 contract="approximate", recall_floor=0.95, get_atol=1e-3),
     BackendSpec("warp-norerank", make=lambda d: WarpStore(d / "w", **_opts(rerank=False)),
-                reopen=lambda d: WarpStore(d / "w", **_opts(rerank=False)), contract="approximate",
-                recall_floor=0.55, get_atol=1e-3),
+                reopen=lambda d, **kw: WarpStore(d / "w", **_opts(rerank=False, **kw)),
+                contract="approximate", recall_floor=0.55, get_atol=1e-3),
 ]
