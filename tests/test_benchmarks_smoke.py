@@ -126,3 +126,13 @@ def test_maxsim_kernel_smoke(tmp_path):
     res = json.loads(out.read_text())
     assert res["shapes"][0]["ratio_vs_gemm_square"] > 0
     assert [r["n_docs"] for r in res["scaling"]] == [50, 100, 200]
+
+
+def test_encode_throughput_overhead_section(datasets, tmp_path):
+    out = tmp_path / "enc.json"
+    assert _bench("encode_throughput").main(
+        ["--docs", "3", "--runs", "1", "--sections", "overhead", "--overhead-docs", "8",
+         "--device", "cpu", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["overhead"]
+    tiny = res["tiny UIBK, 300-token documents"]
+    assert tiny["docs"] == 8 and tiny["docs_per_s"] > 0 and tiny["forward_only_docs_per_s"] > 0
