@@ -157,3 +157,13 @@ def test_plaid_scale_smoke(tmp_path, rng):
     assert res["search"]["plaid threads=1"]["plaid"]["recall@10"] == 1.0  # 60 <= rerank pool: exact
     assert [r["n_rerank"] for r in res["sweep"]] == [0, 20]
     assert res["rerank"]["candidates"] == 20 and res["profile"][0]["total_ms"] > 0
+
+
+def test_encode_throughput_overhead_section(datasets, tmp_path):
+    out = tmp_path / "enc.json"
+    assert _bench("encode_throughput").main(
+        ["--docs", "3", "--runs", "1", "--sections", "overhead", "--overhead-docs", "8",
+         "--device", "cpu", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["overhead"]
+    tiny = res["tiny UIBK, 300-token documents"]
+    assert tiny["docs"] == 8 and tiny["docs_per_s"] > 0 and tiny["forward_only_docs_per_s"] > 0
