@@ -797,25 +797,32 @@ class WarpStore(MultiVectorStore):
             if len(self._pending) + len(self._dead) > self.buffer_size \
                     or (not self.rerank and (self._pending or self._dead)):
                 self._flush()
-            live = sorted(self._id_of)
-            if not live:
+            if not self._id_of:
                 return [[] for _ in queries]
+            # dicts keep insertion order, which is sequence order: no sorting
             if conditions:
-                live = [s for s in live if matches(self._meta[s], conditions)]
+                live = [s for s in self._id_of if matches(self._meta[s], conditions)]
                 if not live:
                     return [[] for _ in queries]
-            indexed = [s for s in live if s in self._pid] if self._engine is not None else []
-            pending = [s for s in live if s not in self._pid] if indexed else live
+                indexed = [s for s in live if s in self._pid] if self._engine is not None else []
+                pending = [s for s in live if s not in self._pid] if indexed else live
+                n_indexed = len(indexed)
+                subset: list[int] | None = None if n_indexed == len(self._pid) \
+                    else [self._pid[s] for s in indexed]
+            else:
+                live = None  # all documents; listed only when needed
+                n_indexed = len(self._pid) if self._engine is not None else 0
+                pending = list(self._pending) if n_indexed else list(self._id_of)
+                subset = None
             pool = max(self.n_rerank, k) if self.rerank else k
-            if not indexed or (self.rerank and len(indexed) <= pool):
-                return self._exact(queries, live, k)
-            subset = None if len(indexed) == len(self._pid) else [self._pid[s] for s in indexed]
+            if not n_indexed or (self.rerank and n_indexed <= pool):
+                return self._exact(queries, list(self._id_of) if live is None else live, k)
             found = self._engine_search(queries, pool + (len(self._dead) if subset is None else 0), subset)
             out = []
             for q, cands in zip(queries, found, strict=True):
                 cands = [(s, sc) for s, sc in cands if s in self._id_of][:pool]
-                if len(cands) < min(k, len(indexed)):  # the engine came up short: score them all
-                    out.append(self._exact([q], live, k)[0])
+                if len(cands) < min(k, n_indexed):  # the engine came up short: score them all
+                    out.append(self._exact([q], list(self._id_of) if live is None else live, k)[0])
                 elif self.rerank:
                     out.append(self._exact([q], sorted({s for s, _ in cands} | set(pending)), k)[0])
                 else:
