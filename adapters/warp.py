@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import importlib.metadata
 import json
 import logging
@@ -87,6 +86,7 @@ from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
@@ -390,47 +390,22 @@ class WarpStore(MultiVectorStore):
 
     # -- files -----------------------------------------------------------------------------
     def _acquire_dir_lock(self) -> Any:
-        f = open(self.path / LOCK_NAME, "a+b")  # held for the store's lifetime
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise StoreInUse(
-                f"the WARP store at {self.path} is open in another WarpStore (this or another "
-                "process); close it first"
-            ) from None
-        return f
+        return lock_folder(self.path / LOCK_NAME, f"the WARP store at {self.path}", "WarpStore")
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute(
+        return connect(
+            self.path / DB_NAME,
             "CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
-            "start INTEGER NOT NULL, n_rows INTEGER NOT NULL, pid INTEGER UNIQUE, metadata TEXT NOT NULL)"
-        )
-        db.execute("CREATE TABLE IF NOT EXISTS dead (pid INTEGER PRIMARY KEY)")
-        db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        return db
+            "start INTEGER NOT NULL, n_rows INTEGER NOT NULL, pid INTEGER UNIQUE, metadata TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dead (pid INTEGER PRIMARY KEY)")
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
 
     def _state_get(self, key: str, default: str | None = None) -> str | None:
-        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
+        return state_get(self._db, key, default)
 
-    @staticmethod
-    def _state_set(db: sqlite3.Connection, **values: Any) -> None:
-        db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
-                       [(k, str(v)) for k, v in values.items()])
+    _state_set = staticmethod(state_set)
 
     def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
         raw = self._state_get("config")

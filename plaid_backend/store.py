@@ -56,7 +56,6 @@ Example
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import gc
 import importlib
@@ -79,6 +78,7 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
@@ -329,44 +329,21 @@ class PlaidStore(MultiVectorStore):
 
     # -- files -----------------------------------------------------------------------------
     def _acquire_dir_lock(self) -> Any:
-        f = open(self.path / LOCK_NAME, "a+b")  # held for the store's lifetime
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise StoreInUse(
-                f"the PLAID store at {self.path} is open in another PlaidStore (this or another "
-                "process); close it first"
-            ) from None
-        return f
+        return lock_folder(self.path / LOCK_NAME, f"the PLAID store at {self.path}", "PlaidStore")
 
     _DOCS_TABLE = ("(seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, n_rows INTEGER NOT NULL, "
                    "start INTEGER NOT NULL, metadata TEXT NOT NULL)")
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        return db
+        return connect(self.path / DB_NAME)
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
 
     def _state_get(self, key: str, default: str | None = None) -> str | None:
-        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
+        return state_get(self._db, key, default)
 
-    @staticmethod
-    def _state_set(db: sqlite3.Connection, **values: str) -> None:
-        db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)", list(values.items()))
+    _state_set = staticmethod(state_set)
 
     def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
         raw = self._state_get("config")

@@ -1,0 +1,70 @@
+"""The SQLite layer the file-backed engine stores share (PLAID, WARP): a folder lock held for the
+store's lifetime, a WAL + ``synchronous=FULL`` connection with a key/value ``state`` table, one
+``BEGIN IMMEDIATE`` transaction helper, and state reads/writes.
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> db = connect(d / "s.sqlite")
+>>> with transaction(db):
+...     state_set(db, generation=3)
+>>> state_get(db, "generation"), state_get(db, "missing", "0")
+('3', '0')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from collections.abc import Iterator
+from typing import IO, Any
+
+from uibk_embedding.errors import StoreInUse
+
+
+def lock_folder(lock_path: str | os.PathLike, what: str, owner: str) -> IO[bytes]:
+    """An exclusive, non-blocking lock on ``lock_path`` (kept until the returned file is closed);
+    :class:`StoreInUse` naming ``what`` when another ``owner`` object or process holds it."""
+    f = open(lock_path, "a+b")  # held for the store's lifetime
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StoreInUse(f"{what} is open in another {owner} (this or another process); "
+                         "close it first") from None
+    return f
+
+
+def connect(db_path: str | os.PathLike, *schema: str) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL and ``synchronous=FULL``,
+    with the ``state`` table and the ``schema`` statements run."""
+    db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    for statement in schema:
+        db.execute(statement)
+    db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    return db
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def state_get(db: sqlite3.Connection, key: str, default: str | None = None) -> str | None:
+    row = db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else default
+
+
+def state_set(db: sqlite3.Connection, **values: Any) -> None:
+    db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
+                   [(k, str(v)) for k, v in values.items()])
