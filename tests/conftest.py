@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from uibk_embedding.encoder.tagged import TaggedFormat
 
-from uibk_embedding.testing import datasets_dir, load_backend_specs
+from uibk_embedding.testing import datasets_dir, load_backend_specs, open_spec
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -22,14 +22,50 @@ REPO = HERE.parent
 BACKEND_SPECS = load_backend_specs(HERE / "backends")
 
 
+def _spec_params() -> list:
+    params = []
+    for s in BACKEND_SPECS:
+        marks = [pytest.mark.skip(reason=s.skip)] if s.skip else []
+        params.append(pytest.param(s, id=s.name, marks=marks))
+    return params
+
+
+def _registry_gaps() -> list:
+    """A skipped parameter for each registry backend that cannot be built here (saying why)."""
+    from uibk_embedding.adapters.registry import BACKENDS, backend_factory
+
+    params = []
+    for name in sorted(BACKENDS):
+        try:
+            backend_factory(name)
+        except NotImplementedError as e:
+            reason = f"backend {name!r}: {e} (its module has not landed yet)"
+        except ImportError as e:
+            reason = f"backend {name!r}: optional dependency missing ({e})"
+        else:
+            continue
+        params.append(pytest.param(None, id=f"{name}-unavailable", marks=[pytest.mark.skip(reason=reason)]))
+    return params
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test that takes a ``spec`` argument runs once per registered backend."""
+    """Every test that takes a ``spec`` argument runs once per registered backend spec; one that
+    takes ``backend_spec`` (through :func:`backend_store`) once per backend (see there)."""
     if "spec" in metafunc.fixturenames:
-        params = []
-        for s in BACKEND_SPECS:
-            marks = [pytest.mark.skip(reason=s.skip)] if s.skip else []
-            params.append(pytest.param(s, id=s.name, marks=marks))
-        metafunc.parametrize("spec", params)
+        metafunc.parametrize("spec", _spec_params())
+    if "backend_spec" in metafunc.fixturenames:
+        metafunc.parametrize("backend_spec", _spec_params() + _registry_gaps())
+
+
+@pytest.fixture
+def backend_store(backend_spec, tmp_path):
+    """An empty store, once per backend (its representative spec, see
+    :func:`uibk_embedding.testing.open_spec`), closed afterwards."""
+    store = open_spec(backend_spec, tmp_path, representative_only=True)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @pytest.fixture

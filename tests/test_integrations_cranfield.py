@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from uibk_embedding.integrations import llama_index as li
 
 from uibk_embedding import cli
 from uibk_embedding.data import load_beir
-from uibk_embedding.testing import BackendSpec, datasets_dir
+from uibk_embedding.testing import BackendSpec, datasets_dir, open_spec
 
 HERE = Path(__file__).resolve().parent
 N_DOCS = 100  # documents the end-to-end test indexes through the CLI
@@ -100,20 +99,7 @@ def test_exact_store_end_to_end_through_the_cli(cranfield, encoder, tmp_path, ca
         store.close()
 
 
-# -- every backend spec ------------------------------------------------------------------------
-def _specs() -> list:
-    params = []
-    for path in sorted((HERE / "backends").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"uibk_cf_backends_{path.stem}", path)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        for s in mod.SPECS:
-            marks = [pytest.mark.skip(reason=s.skip)] if s.skip else []
-            params.append(pytest.param(s, id=s.name, marks=marks))
-    return params
-
-
+# -- every backend spec (the ``spec`` parameter of tests/conftest.py) ---------------------------
 class _KeepOpen:
     """The store as the CLI sees it: the CLI closes what it opens; this one stays open."""
 
@@ -127,16 +113,9 @@ class _KeepOpen:
         pass
 
 
-@pytest.mark.parametrize("backend_spec", _specs())
-def test_every_backend_matches_the_cli_search(backend_spec: BackendSpec, real_data, encoder, tmp_path, capsys,
+def test_every_backend_matches_the_cli_search(spec: BackendSpec, real_data, encoder, tmp_path, capsys,
                                               monkeypatch):
-    spec = backend_spec
-    try:
-        store = spec.make(tmp_path)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("uibk_embedding"):
-            pytest.skip(f"{spec.name}: module {e.name} has not landed yet")
-        raise
+    store = open_spec(spec, tmp_path)
     try:
         md = [{"text": t, "group": _groups(i)} for i, t in enumerate(real_data.texts)]
         store.upsert(real_data.doc_ids, real_data.docs, md)

@@ -1,17 +1,14 @@
 """LangChain integration: the ``langchain-tests`` standard suites on every backend, plus what
 is specific to us (score decomposition in metadata, filters, dense weight, errors).
 
-The standard suites run once per backend spec found in ``tests/backends/*.py`` (the same specs
-the conformance suite uses), so a backend that lands with its spec file is covered here with
-no change to this file. Registry backends whose module does not exist yet (or whose optional
-dependency is missing) appear as skipped parameters that say so.
+The standard suites run once per backend (the ``backend_store`` fixture of tests/conftest.py:
+the first spec of each backend in ``tests/backends/*.py``, the conformance suite's specs), so a
+backend that lands with its spec file is covered here with no change to this file. Registry
+backends whose module does not exist yet (or whose optional dependency is missing) appear as
+skipped parameters that say so.
 """
 
 from __future__ import annotations
-
-import importlib.util
-import os
-from pathlib import Path
 
 import pytest
 
@@ -25,88 +22,18 @@ from langchain_tests.integration_tests import (
     VectorStoreIntegrationTests,
 )
 from uibk_embedding.adapters.exact import ExactStore
-from uibk_embedding.adapters.registry import BACKENDS, backend_factory
 from uibk_embedding.integrations.langchain import UIBKRetriever, UIBKVectorStore
-
-from uibk_embedding.testing import BackendSpec
 
 # the suites' async tests carry no marker of their own: run them with anyio (asyncio backend)
 pytestmark = pytest.mark.anyio
-
-HERE = Path(__file__).resolve().parent
-
-
-def _load_specs() -> list[BackendSpec]:
-    specs: list[BackendSpec] = []
-    for path in sorted((HERE / "backends").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"uibk_lc_backends_{path.stem}", path)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        specs.extend(mod.SPECS)
-    return specs
-
-
-def _backend_params() -> list:
-    params = []
-    for s in _load_specs():
-        marks = [pytest.mark.skip(reason=s.skip)] if s.skip else []
-        params.append(pytest.param(s, id=s.name, marks=marks))
-    for name in sorted(BACKENDS):
-        try:
-            backend_factory(name)
-        except NotImplementedError as e:
-            reason = f"backend {name!r}: {e} (its module has not landed yet)"
-        except ImportError as e:
-            reason = f"backend {name!r}: optional dependency missing ({e})"
-        else:
-            continue
-        params.append(pytest.param(None, id=f"{name}-unavailable", marks=[pytest.mark.skip(reason=reason)]))
-    return params
-
-
-BACKEND_PARAMS = _backend_params()
-
-
-@pytest.fixture(params=BACKEND_PARAMS)
-def backend_spec(request) -> BackendSpec:
-    return request.param
-
-
-# One configuration per backend runs the standard suites (they test the wrapper's semantics on
-# each engine; the conformance suite covers every configuration's search). The first spec seen
-# for a backend name is its representative; UIBK_LANGCHAIN_ALL_SPECS=1 runs every spec.
-ALL_SPECS = os.environ.get("UIBK_LANGCHAIN_ALL_SPECS", "") not in ("", "0")
-_REPRESENTATIVE: dict[str, str] = {}
-
-
-def make_store(spec: BackendSpec, tmp_path: Path):
-    """An empty store of the spec; a backend whose module has not landed yet is skipped."""
-    try:
-        store = spec.make(tmp_path)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("uibk_embedding"):
-            pytest.skip(f"{spec.name}: module {e.name} has not landed yet")
-        raise
-    first = _REPRESENTATIVE.setdefault(store.backend, spec.name)
-    if first != spec.name and not ALL_SPECS:
-        store.close()
-        pytest.skip(f"backend {store.backend!r} runs the standard suites as {first!r} "
-                    "(UIBK_LANGCHAIN_ALL_SPECS=1 runs every configuration)")
-    return store
-
 
 # -- the standard suites -------------------------------------------------------------------------
 class TestUIBKVectorStoreStandard(VectorStoreIntegrationTests):
     """``VectorStoreIntegrationTests`` with the embedded default encoder (deterministic)."""
 
     @pytest.fixture
-    def vectorstore(self, backend_spec, encoder, tmp_path):
-        store = make_store(backend_spec, tmp_path)
-        try:
-            yield UIBKVectorStore(encoder=encoder, store=store)
-        finally:
-            store.close()
+    def vectorstore(self, backend_store, encoder):
+        return UIBKVectorStore(encoder=encoder, store=backend_store)
 
 
 RETRIEVER_CORPUS = [
@@ -123,12 +50,9 @@ class TestUIBKRetrieverStandard(RetrieversIntegrationTests):
     """``RetrieversIntegrationTests``: ``UIBKRetriever(encoder=..., store=..., k=...)``."""
 
     @pytest.fixture(autouse=True)
-    def _filled_store(self, backend_spec, encoder, tmp_path):
-        store = make_store(backend_spec, tmp_path)
-        UIBKVectorStore(encoder=encoder, store=store).add_texts(RETRIEVER_CORPUS)
-        self._params = {"encoder": encoder, "store": store}
-        yield
-        store.close()
+    def _filled_store(self, backend_store, encoder):
+        UIBKVectorStore(encoder=encoder, store=backend_store).add_texts(RETRIEVER_CORPUS)
+        self._params = {"encoder": encoder, "store": backend_store}
 
     @property
     def retriever_constructor(self) -> type[UIBKRetriever]:

@@ -1,5 +1,8 @@
 """LlamaIndex integration: insert, query with filters, delete by ref_doc_id, the retriever end
-to end, and a VectorStoreIndex / query engine on the store with no single-vector embed model."""
+to end, and a VectorStoreIndex / query engine on the store with no single-vector embed model.
+
+Every test runs once per backend (the ``backend_store`` fixture of tests/conftest.py: the first
+spec of each backend in ``tests/backends``), as the LangChain standard suites do."""
 
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQuery,
     VectorStoreQueryMode,
 )
-from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.integrations.llama_index import (
     NoEmbedding,
     UIBKRetriever,
@@ -49,8 +51,8 @@ def make_nodes() -> list[TextNode]:
 
 
 @pytest.fixture
-def vs(encoder) -> UIBKVectorStore:
-    v = UIBKVectorStore(encoder=encoder, store=ExactStore())
+def vs(encoder, backend_store) -> UIBKVectorStore:
+    v = UIBKVectorStore(encoder=encoder, store=backend_store)
     assert v.add(make_nodes()) == [n[0] for n in NODES]
     return v
 
@@ -190,8 +192,8 @@ def no_llm():
     Settings._llm = saved
 
 
-def test_vector_store_index_and_query_engine(encoder, no_llm):
-    vs = UIBKVectorStore(encoder=encoder, store=ExactStore())
+def test_vector_store_index_and_query_engine(encoder, no_llm, backend_store):
+    vs = UIBKVectorStore(encoder=encoder, store=backend_store)
     index = index_from_store(vs)
     assert isinstance(index._embed_model, NoEmbedding)
     index.insert(Document(text="Flutter of thin panels in supersonic flow. Damping suppresses it.",
@@ -214,8 +216,8 @@ def test_vector_store_index_and_query_engine(encoder, no_llm):
         NoEmbedding().get_query_embedding("x")
 
 
-def test_async_add_and_delete(encoder):
-    vs = UIBKVectorStore(encoder=encoder, store=ExactStore())
+def test_async_add_and_delete(encoder, backend_store):
+    vs = UIBKVectorStore(encoder=encoder, store=backend_store)
 
     async def go():
         await vs.async_add(make_nodes()[:3])
