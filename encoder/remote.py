@@ -100,6 +100,10 @@ class RemoteEncoder:
     timeout: seconds to wait for one request's vectors.
     connect_timeout: seconds to wait for a connection.
     show_progress: progress bar for long calls (None: on a terminal, 256 texts or more).
+    request_texts: texts per request (default: the server's ``max_texts`` limit, at most 256).
+    in_flight: requests one call keeps open at a time (default 2): a long list is sent as several
+        requests, and while the server encodes one, the next is already on its way, so the
+        server's worker does not idle during a round trip. Results keep the input order.
 
     On construction the client reads ``/health`` (format, dense weight, limits); a server that is
     down raises :class:`ServerUnavailable` there, with the command to start one.
@@ -111,8 +115,15 @@ class RemoteEncoder:
     """
 
     def __init__(self, url: str | None = None, *, timeout: float = 300.0, connect_timeout: float = 10.0,
-                 show_progress: bool | None = None) -> None:
+                 show_progress: bool | None = None, request_texts: int | None = None,
+                 in_flight: int = 2) -> None:
         from uibk_embedding._optional import require
+
+        if request_texts is not None and int(request_texts) < 1:
+            raise ValueError(f"request_texts must be at least 1, got {request_texts}")
+        if int(in_flight) < 1:
+            raise ValueError(f"in_flight must be at least 1, got {in_flight}")
+        self.in_flight = int(in_flight)
 
         httpx = require("httpx", "serve", "RemoteEncoder")
         self.url = (url or os.environ.get("UIBK_ENCODER_URL") or "http://127.0.0.1:8765").rstrip("/")
@@ -129,6 +140,7 @@ class RemoteEncoder:
             self.dense_weight = float(info["dense_weight"])
             self.model_name = str(info["model"])
             self.max_texts = int(info["limits"]["max_texts"])
+            self.request_texts = min(self.max_texts, int(request_texts or 256))
             self.max_text_chars = int(info["limits"]["max_text_chars"])
             self.query_max_length = int(info["query_max_length"])
             self.doc_max_length = int(info["doc_max_length"])
@@ -234,18 +246,48 @@ class RemoteEncoder:
 
         progress = self.show_progress if show_progress is None else show_progress
         disable = {True: False, False: True}.get(progress, None if len(texts) >= 256 else True)
-        step = max(1, min(self.max_texts, 256))
+        step = self.request_texts
+        chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
         out: list[np.ndarray] = []
         cut = 0
         with tqdm(total=len(texts), desc=f"encoding {kind}", unit="text", disable=disable) as bar:
-            for i in range(0, len(texts), step):
-                arrays, n_cut = self._post(texts[i:i + step], kind, w)
-                out.extend(arrays)
-                cut += n_cut
-                bar.update(min(step, len(texts) - i))
+            if len(chunks) == 1 or self.in_flight == 1:
+                answers = (self._post(c, kind, w) for c in chunks)
+                for arrays, n_cut in answers:
+                    out.extend(arrays)
+                    cut += n_cut
+                    bar.update(len(arrays))
+            else:
+                out, cut = self._pipelined(chunks, kind, w, bar)
         limit = self.query_max_length if kind == "queries" else self.doc_max_length
         warn_truncated(cut, len(texts), limit, kind)
         return out
+
+    def _pipelined(self, chunks: list[list[str]], kind: str, w: float | None,
+                   bar: Any) -> tuple[list[np.ndarray], int]:
+        """Send ``chunks`` with up to ``in_flight`` requests open; answers in input order. The
+        first failure is raised once the requests already sent have finished (none is left
+        running behind the caller's back)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        out: list[np.ndarray] = []
+        cut = 0
+        with ThreadPoolExecutor(self.in_flight, thread_name_prefix="uibk-remote") as pool:
+            pending = [pool.submit(self._post, c, kind, w) for c in chunks[:self.in_flight]]
+            nxt = len(pending)
+            try:
+                while pending:
+                    arrays, n_cut = pending.pop(0).result()
+                    if nxt < len(chunks):
+                        pending.append(pool.submit(self._post, chunks[nxt], kind, w))
+                        nxt += 1
+                    out.extend(arrays)
+                    cut += n_cut
+                    bar.update(len(arrays))
+            finally:
+                for f in pending:
+                    f.cancel()
+        return out, cut
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

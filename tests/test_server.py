@@ -114,7 +114,20 @@ def test_remote_is_byte_identical_to_in_process(server, local):
         many = [f"{t} {i}" for i in range(3) for t in TEXTS * 2]
         assert len(many) > MAX_TEXTS
         got = enc.encode_documents(many)
-    assert [g.shape for g in got] == [d.shape for d in local.encode_documents(many)]
+    ref = local.encode_documents(many)
+    assert [g.shape for g in got] == [d.shape for d in ref]
+    # several requests open at once (in_flight): same lists, in the input order
+    before = httpx.get(server + "/stats").json()["requests"]
+    with RemoteEncoder(server, request_texts=2, in_flight=3) as enc:
+        assert enc.request_texts == 2
+        piped = enc.encode_documents(many)
+    assert httpx.get(server + "/stats").json()["requests"] - before == -(-len(many) // 2)
+    for a, b in zip(piped, ref, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="in_flight"):
+        RemoteEncoder(server, in_flight=0)
+    with pytest.raises(ValueError, match="request_texts"):
+        RemoteEncoder(server, request_texts=0)
 
 
 CLIENT = textwrap.dedent("""
