@@ -87,7 +87,7 @@ from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
-from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
 
@@ -178,7 +178,8 @@ class WarpEngineError(EngineError):
 
 
 def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call into xtr-warp-rs, turning its errors and Rust panics into :class:`WarpEngineError`.
+    """Call into xtr-warp-rs, its errors and Rust panics raised as :class:`WarpEngineError`
+    (:func:`uibk_embedding.errors.call_engine`).
 
     >>> try:
     ...     engine_call("a division", lambda: 1 / 0)
@@ -186,17 +187,7 @@ def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     ...     print(e)
     xtr-warp-rs failed during a division: ZeroDivisionError: division by zero
     """
-    try:
-        return fn(*args, **kwargs)
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except Exception as e:
-        raise WarpEngineError(f"xtr-warp-rs failed during {what}: {type(e).__name__}: {e}") from e
-    except BaseException as e:
-        if type(e).__name__ != "PanicException":
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-        raise WarpEngineError(f"xtr-warp-rs panicked during {what}: {first}") from e
+    return call_engine("xtr-warp-rs", WarpEngineError, what, fn, *args, **kwargs)
 
 
 def _positive_int(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:

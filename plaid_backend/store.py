@@ -79,7 +79,7 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
-from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
 
@@ -138,10 +138,8 @@ def _frozen_gc() -> Iterator[None]:
 
 
 def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call into fast-plaid, turning its errors and Rust panics into :class:`PlaidEngineError`.
-
-    pyo3's ``PanicException`` derives from ``BaseException``, so ``except Exception`` does not
-    catch it; this does (and lets KeyboardInterrupt / SystemExit through).
+    """Call into fast-plaid (gc frozen), its errors and Rust panics raised as
+    :class:`PlaidEngineError` (:func:`uibk_embedding.errors.call_engine`).
 
     >>> try:
     ...     engine_call("a division", lambda: 1 / 0)
@@ -149,18 +147,8 @@ def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     ...     print(e)
     fast-plaid failed during a division: ZeroDivisionError: division by zero
     """
-    try:
-        with _frozen_gc():
-            return fn(*args, **kwargs)
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except Exception as e:
-        raise PlaidEngineError(f"fast-plaid failed during {what}: {type(e).__name__}: {e}") from e
-    except BaseException as e:
-        if type(e).__name__ != "PanicException":
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-        raise PlaidEngineError(f"fast-plaid panicked during {what}: {first}") from e
+    with _frozen_gc():
+        return call_engine("fast-plaid", PlaidEngineError, what, fn, *args, **kwargs)
 
 
 class PlaidStore(MultiVectorStore):

@@ -35,6 +35,8 @@ UnknownBackend True
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class UIBKError(Exception):
     """Base class of every exception this library raises on purpose."""
@@ -62,6 +64,32 @@ class UnknownBackend(UIBKError, ValueError):
 
 class EngineError(UIBKError, RuntimeError):
     """The engine failed, panicked or answered something impossible."""
+
+
+def call_engine(engine: str, error: type[EngineError], what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, with the engine's errors and Rust panics raised as ``error``.
+
+    A Rust panic reaches Python as pyo3's ``PanicException``, which derives from
+    ``BaseException``, so ``except Exception`` does not catch it; this does (and lets
+    KeyboardInterrupt / SystemExit through).
+
+    >>> try:
+    ...     call_engine("an engine", EngineError, "a division", lambda: 1 / 0)
+    ... except EngineError as e:
+    ...     print(e)
+    an engine failed during a division: ZeroDivisionError: division by zero
+    """
+    try:
+        return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except Exception as e:
+        raise error(f"{engine} failed during {what}: {type(e).__name__}: {e}") from e
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+        raise error(f"{engine} panicked during {what}: {first}") from e
 
 
 class StoreInUse(UIBKError, RuntimeError):
