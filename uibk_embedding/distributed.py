@@ -65,7 +65,11 @@ def _ray() -> Any:
 
 @dataclass
 class BadDocument:
-    """A row that was not indexed: its id, its position in the input and why."""
+    """A row that was not indexed: its id, its position in the input and why.
+
+    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
+    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
+    """
 
     id: Any
     position: Any
@@ -76,7 +80,12 @@ class BadDocument:
 
 
 class BadDocuments(DataError):
-    """Rows that could not be encoded; every other row was indexed. ``bad`` lists them."""
+    """Rows that could not be encoded; every other row was indexed. ``bad`` lists them.
+
+    >>> e = BadDocuments([BadDocument("d7", 3, "text must be a string, got int")], indexed=9)
+    >>> isinstance(e, ValueError), str(e).split(":")[0]
+    (True, '1 document(s) could not be indexed (9 others were)')
+    """
 
     def __init__(self, bad: list[BadDocument], indexed: int) -> None:
         self.bad = bad
@@ -97,6 +106,9 @@ class DistributedResult:
     :class:`BadDocuments`); ``seconds``: wall time of the pipeline (Ray startup excluded);
     ``worker_pids``: the processes that finished batches (a restarted actor adds one);
     ``encode_seconds`` / ``upsert_seconds``: summed over actors.
+
+    >>> DistributedResult(total=10, indexed=8, skipped_existing=2, seconds=4.0).docs_per_s
+    2.5
     """
 
     total: int
@@ -171,6 +183,13 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     Unlike :func:`uibk_embedding.data.read_corpus` this keeps rows with an empty or non-string
     text (marked, so the run can report them with their line number) instead of skipping or
     refusing the file. Malformed JSON and duplicate ids still raise :class:`DataError`.
+
+    >>> import json, pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
+    >>> rows = [{"_id": "a", "text": "wing"}, {"_id": "b", "text": 4}]
+    >>> _ = p.write_text(chr(10).join(json.dumps(r) for r in rows))
+    >>> [(r["_id"], r["_pos"], r["_error"]) for r in read_rows(p)]
+    [('a', 'docs.jsonl:1', ''), ('b', 'docs.jsonl:2', 'text must be a string, got int')]
     """
     from uibk_embedding.data import _iter_jsonl
 
@@ -365,6 +384,9 @@ def init_ray(address: str | None = None, **options: Any) -> bool:
 
     Returns True when this call started Ray (the caller then shuts it down). Ray's own
     dashboard is off unless asked for.
+
+    >>> init_ray(num_cpus=1, object_store_memory=100 * 2**20)  # doctest: +SKIP
+    True
     """
     ray = _ray()
     if ray.is_initialized():
@@ -379,7 +401,12 @@ def init_ray(address: str | None = None, **options: Any) -> bool:
 
 
 def stored_ids(store: Any, batch_size: int = 1000) -> set[str]:
-    """Every id a store holds (its ``scan``), for ``resume=True``."""
+    """Every id a store holds (its ``scan``), for ``resume=True``.
+
+    >>> from uibk_embedding.adapters import open_store
+    >>> stored_ids(open_store("exact"))
+    set()
+    """
     return {x for x, _ in store.scan(batch_size=batch_size)}
 
 
@@ -437,6 +464,13 @@ def index_distributed(
         options go to ``ray.init`` when this call starts Ray (and then shuts it down).
     progress: a progress bar on the driver (None: on a terminal).
     total: the number of rows, for progress, when ``data`` is a Dataset (else ``ds.count()``).
+
+    The store must be a server (checked before Ray starts):
+
+    >>> index_distributed([], "milvus-lite", {})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: backend 'milvus-lite' lives inside one process; ...
     """
     ray = _ray()
     from uibk_embedding.adapters import open_store
