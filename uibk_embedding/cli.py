@@ -4,6 +4,7 @@ Subcommands::
 
     uibk-embed quickstart                      index a small built-in corpus, answer a query
     uibk-embed index DATA --backend B --path P  BEIR folder or JSONL file -> a store
+    uibk-embed index DATA --backend milvus --option uri=... --ray [--ray-address A] [--workers N]
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
     uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
     uibk-embed serve ...                        the shared encoder over HTTP
@@ -23,6 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from uibk_embedding.errors import DataError
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -109,8 +112,18 @@ def cmd_index(args: argparse.Namespace) -> int:
     from uibk_embedding.adapters import open_store
     from uibk_embedding.data import read_corpus
 
+    if args.ray:
+        return _index_ray(args)
+    for flag in ("ray_address", "workers", "resume", "skip_bad", "num_gpus"):
+        if getattr(args, flag):
+            raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     docs = read_corpus(args.data)
-    enc = _load_encoder(args)
+    if args.encoder_url:
+        from uibk_embedding.encoder.remote import RemoteEncoder
+
+        enc = RemoteEncoder(args.encoder_url[0])
+    else:
+        enc = _load_encoder(args)
     store = open_store(args.backend, **_store_options(args))
     t0 = time.perf_counter()
     from tqdm.auto import tqdm
@@ -128,6 +141,29 @@ def cmd_index(args: argparse.Namespace) -> int:
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
           f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _index_ray(args: argparse.Namespace) -> int:
+    """``index --ray``: an actor pool on a Ray cluster encodes and upserts (uibk_embedding.distributed)."""
+    from uibk_embedding.distributed import index_distributed
+
+    opts = _store_options(args)
+    try:
+        r = index_distributed(
+            args.data, args.backend, opts, encoder=args.encoder, encoder_urls=args.encoder_url or None,
+            workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
+            store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
+            ray_address=args.ray_address, progress=False if args.quiet else None)
+    except ValueError as e:  # a store Ray workers cannot share, bad options; BadDocuments is a DataError
+        if isinstance(e, DataError):
+            raise
+        raise SystemExit(f"uibk-embed: {e}") from None
+    print(f"indexed {r.indexed} documents into {args.backend} with {len(r.worker_pids)} Ray worker "
+          f"process(es) in {r.seconds:.1f} s ({r.docs_per_s:.1f} docs/s); encoded {r.encoded}, "
+          f"already stored {r.skipped_existing}, bad {len(r.bad)}")
+    for b in r.bad:
+        print(f"  skipped {b}")
     return 0
 
 
@@ -237,6 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-store-text", dest="store_text", action="store_false",
                     help="do not keep the text in the metadata")
     sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--encoder-url", action="append", default=[], metavar="URL",
+                    help="a `uibk-embed serve` server to encode with (repeatable; with --ray the "
+                         "actors share them)")
+    ray = sp.add_argument_group("scale out on Ray (the `ray` extra; docs/distributed.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="encode and upsert on a pool of Ray actors (a store server is needed)")
+    ray.add_argument("--ray-address", default=None,
+                     help="the Ray cluster (default: a running one, else a new local one)")
+    ray.add_argument("--workers", type=_positive_int, default=None,
+                     help="actors in the pool (default: one per GPU with --num-gpus, else 2)")
+    ray.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (1: one encoder per GPU)")
+    ray.add_argument("--resume", action="store_true", help="skip ids the store already holds")
+    ray.add_argument("--skip-bad", action="store_true",
+                     help="leave out rows with an empty or non-string text (listed) instead of failing")
     common(sp)
     sp.set_defaults(func=cmd_index)
 
@@ -281,7 +331,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in delegated:  # argparse.REMAINDER refuses leading options ("serve --port 1")
         return _delegate(delegated[argv[0]])(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
-    from uibk_embedding.data import DataError
 
     try:
         return args.func(args)

@@ -106,3 +106,72 @@ def open_spec(spec: BackendSpec, folder: Path, *, representative_only: bool = Fa
         pytest.skip(f"backend {store.backend!r} runs the framework suites as {first!r} "
                     "(UIBK_ALL_SPECS=1 runs every configuration)")
     return store
+
+
+class InstrumentedEncoderFactory:
+    """Builds an encoder (``load_encoder(path, **options)``) that logs each ``encode_documents``
+    call and can kill its own process once: for tests of distributed runs, where encoders live
+    in other processes (Ray actors) and the factory is pickled to them.
+
+    Each call appends ``"<pid> <number of texts>"`` to ``log`` (after the kill check, so a killed
+    call logs nothing). With ``kill_at_call=k`` the ``k``-th call of an encoder first creates
+    ``marker`` (exclusively, holding the pid) and then sends SIGKILL to its own process; once the
+    marker exists no encoder kills again, so a retried batch succeeds.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> enc = InstrumentedEncoderFactory(os.path.join(d, "log"))()
+    >>> [v.shape[1] for v in enc.encode_documents(["a wing"])]
+    [128]
+    >>> encoded_counts(os.path.join(d, "log")) == {os.getpid(): 1}
+    True
+    """
+
+    def __init__(self, log: str | os.PathLike, kill_at_call: int | None = None,
+                 marker: str | os.PathLike | None = None, path: str | None = None, **options: object) -> None:
+        if kill_at_call is not None and marker is None:
+            raise ValueError("kill_at_call needs a marker file")
+        self.log, self.kill_at_call, self.marker = str(log), kill_at_call, marker and str(marker)
+        self.path, self.options = path, options
+
+    def __call__(self) -> _InstrumentedEncoder:
+        from uibk_embedding.encoder import load_encoder
+
+        return _InstrumentedEncoder(load_encoder(self.path, **self.options), self)
+
+
+class _InstrumentedEncoder:
+    def __init__(self, inner: object, factory: InstrumentedEncoderFactory) -> None:
+        self.inner, self.factory, self.calls = inner, factory, 0
+        self.format = inner.format  # type: ignore[attr-defined]
+
+    def encode_queries(self, texts, **kw):  # type: ignore[no-untyped-def]
+        return self.inner.encode_queries(texts, **kw)  # type: ignore[attr-defined]
+
+    def encode_documents(self, texts, **kw):  # type: ignore[no-untyped-def]
+        import signal
+
+        f = self.factory
+        self.calls += 1
+        if f.kill_at_call is not None and self.calls == f.kill_at_call and f.marker:
+            try:
+                fd = os.open(f.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        with open(f.log, "a") as log:
+            log.write(f"{os.getpid()} {len(texts)}\n")
+        return self.inner.encode_documents(texts, **kw)  # type: ignore[attr-defined]
+
+
+def encoded_counts(log: str | os.PathLike) -> dict[int, int]:
+    """Texts encoded per process, from an :class:`InstrumentedEncoderFactory` log ({} if none)."""
+    out: dict[int, int] = {}
+    if os.path.exists(log):
+        for line in Path(log).read_text().splitlines():
+            pid, n = line.split()
+            out[int(pid)] = out.get(int(pid), 0) + int(n)
+    return out

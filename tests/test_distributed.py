@@ -1,0 +1,243 @@
+"""Distributed indexing (uibk_embedding.distributed) on a real local Ray cluster into the real
+Milvus standalone server: the same store as single-process indexing, exactly once when Ray
+retries a batch whose actor was SIGKILLed, resume without re-encoding, and bad rows reported.
+
+Data: the first 150 Cranfield documents (corpus.jsonl order) and the first 10 queries; one
+Ray cluster (2 CPUs) and one Milvus server for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus")
+
+import ray
+from uibk_embedding.adapters import open_store
+
+from uibk_embedding import cli
+from uibk_embedding.distributed import BadDocuments, index_distributed
+from uibk_embedding.milvus_server import user_namespaces_available
+from uibk_embedding.testing import InstrumentedEncoderFactory, datasets_dir, encoded_counts
+
+N_DOCS = 150
+BATCH = 20  # 8 batches over 2 actors
+
+pytestmark = pytest.mark.skipif(not user_namespaces_available(),
+                                reason="cannot confine the Milvus standalone server to 127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    tmp = tempfile.mkdtemp(prefix="uibk-ray-")
+    ray.init(num_cpus=2, object_store_memory=200 * 1024 ** 2, include_dashboard=False,
+             _temp_dir=tmp, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def milvus_uri() -> str:
+    from uibk_embedding.milvus_server import LocalMilvusServer
+
+    return LocalMilvusServer.shared().uri
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The first 150 Cranfield documents as a JSONL file."""
+    lines = (datasets_dir() / "cranfield" / "corpus.jsonl").read_text().splitlines()[:N_DOCS]
+    path = tmp_path_factory.mktemp("cranfield") / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def doc_ids(corpus) -> list[str]:
+    return [str(json.loads(x)["_id"]) for x in corpus.read_text().splitlines()]
+
+
+def store_options(uri: str, name: str) -> dict:
+    return {"uri": uri, "collection": name, "exact": True, "index_type": "FLAT"}
+
+
+def cli_options(uri: str, name: str) -> list[str]:
+    return [x for k, v in [("uri", uri), ("collection", name), ("exact", "true"), ("index_type", "FLAT")]
+            for x in ("--option", f"{k}={v}")]
+
+
+@pytest.fixture(scope="module")
+def queries(encoder) -> list[np.ndarray]:
+    from uibk_embedding.data import read_queries
+
+    texts = list(read_queries(datasets_dir() / "cranfield").values())[:10]
+    return encoder.encode_queries(texts)
+
+
+@pytest.fixture(scope="module")
+def reference(milvus_uri, corpus, queries):
+    """Single-process indexing (the plain `uibk-embed index` path): ids -> vectors, and hits."""
+    assert cli.main(["index", str(corpus), "--backend", "milvus", "--quiet", "--batch-size", "64",
+                     *cli_options(milvus_uri, "dist_ref")]) == 0
+    return snapshot(milvus_uri, "dist_ref", queries)
+
+
+def snapshot(uri: str, name: str, queries) -> tuple[dict, list, int, list]:
+    with open_store("milvus", **store_options(uri, name)) as store:
+        listed = [x for x, _ in store.scan()]
+        vecs = {r.id: (r.vectors, r.metadata) for r in store.get(listed)}
+        hits = [[(h.id, h.score) for h in store.search(q, k=10)] for q in queries]
+        return vecs, hits, store.count(), listed
+
+
+def assert_same_store(got, ref, doc_ids) -> None:
+    vecs, hits, count, listed = got
+    ref_vecs, ref_hits, _, _ = ref
+    assert count == len(doc_ids)
+    assert len(listed) == len(set(listed)) == len(doc_ids), "a document is listed twice"
+    assert set(vecs) == set(ref_vecs) == set(doc_ids)
+    worst = 0.0
+    for x, (v, md) in vecs.items():
+        rv, rmd = ref_vecs[x]
+        assert v.shape == rv.shape, x
+        worst = max(worst, float(np.abs(v - rv).max()))
+        assert md == rmd, x
+    assert worst <= 1e-6, f"vectors differ from single-process indexing by up to {worst:.2e}"
+    for h, rh in zip(hits, ref_hits, strict=True):
+        assert [x for x, _ in h] == [x for x, _ in rh]
+        np.testing.assert_allclose([s for _, s in h], [s for _, s in rh], rtol=1e-5)
+
+
+def test_two_actors_index_the_same_store_as_one_process(ray_cluster, milvus_uri, corpus, doc_ids,
+                                                        reference, queries, capsys):
+    """`uibk-embed index --ray --workers 2` into Milvus = the single-process store."""
+    assert cli.main(["index", str(corpus), "--backend", "milvus", "--quiet", "--batch-size", str(BATCH),
+                     "--ray", "--workers", "2", *cli_options(milvus_uri, "dist_two")]) == 0
+    out = capsys.readouterr().out
+    assert f"indexed {N_DOCS} documents into milvus with 2 Ray worker process(es)" in out
+    assert_same_store(snapshot(milvus_uri, "dist_two", queries), reference, doc_ids)
+
+
+def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
+        ray_cluster, milvus_uri, corpus, doc_ids, reference, queries, tmp_path):
+    log, marker = tmp_path / "encoded.log", tmp_path / "killed.pid"
+    # the 2nd batch an actor gets kills its process with SIGKILL (once: the marker file)
+    factory = InstrumentedEncoderFactory(log, kill_at_call=2, marker=marker)
+    opts = store_options(milvus_uri, "dist_kill")
+    r = index_distributed(corpus, "milvus", opts, encoder=factory, workers=2, batch_size=BATCH,
+                          progress=False)
+    assert marker.exists(), "no actor was killed: the test proved nothing"
+    killed = int(marker.read_text())
+    assert killed != os.getpid()
+    # Ray restarted the actor (a third process encoded) and ran its lost batches again: every
+    # batch reported once, each document stored once. A batch the killed actor had finished but
+    # not yet handed back may be encoded twice (the upsert overwrites): at least once, not once.
+    counts = encoded_counts(log)
+    assert killed in counts and len(counts) == 3, counts
+    others = set(counts) - {killed}  # the other first actor and the restarted one
+    assert others <= set(r.worker_pids) <= set(counts), (r.worker_pids, counts)
+    assert sum(counts.values()) >= N_DOCS
+    assert (r.indexed, r.encoded, r.total, r.batches, r.bad) == (N_DOCS, N_DOCS, N_DOCS, 8, [])
+    assert_same_store(snapshot(milvus_uri, "dist_kill", queries), reference, doc_ids)
+
+    log2 = tmp_path / "resume.log"
+    r2 = index_distributed(corpus, "milvus", opts, encoder=InstrumentedEncoderFactory(log2), workers=2,
+                           batch_size=BATCH, resume=True, progress=False)
+    assert (r2.encoded, r2.indexed, r2.skipped_existing) == (0, 0, N_DOCS)
+    assert encoded_counts(log2) == {}, "resume=True encoded documents that were already stored"
+    with open_store("milvus", **opts) as store:
+        assert store.count() == N_DOCS
+
+
+@pytest.fixture(scope="module")
+def served_encoder():
+    """`uibk-embed serve` (the embedded default, CPU, one thread) in a child process."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    httpx = pytest.importorskip("httpx")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.cli", "serve", "--port", str(port),
+                             "--device", "cpu", "--threads", "1", "--max-wait-ms", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"uibk-embed serve exited: {proc.stdout.read()}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "uibk-embed serve did not start within 300 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, corpus, reference,
+                                                    served_encoder, tmp_path):
+    """Bad rows reported; the actors encode through a `uibk-embed serve` server (two clients each)."""
+    good = corpus.read_text().splitlines()[:5]
+    bad_rows = [{"_id": "empty", "text": ""}, {"_id": "number", "text": 42},
+                {"_id": "list", "text": ["a wing"]}, {"_id": "blank", "title": "", "text": "  \n"},
+                {"text": "a document without an id"}]
+    bad_lines = [json.dumps(x) for x in bad_rows]
+    lines = good[:2] + bad_lines[:1] + good[2:4] + bad_lines[1:] + good[4:]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    expect = [("empty", "mixed.jsonl:3", "text is empty"),
+              ("number", "mixed.jsonl:6", "text must be a string"),
+              ("list", "mixed.jsonl:7", "text must be a string"),
+              ("blank", "mixed.jsonl:8", "text is empty"),
+              ("None", "mixed.jsonl:9", "id must be a non-empty string")]
+    opts = store_options(milvus_uri, "dist_bad")
+
+    served = {"encoder_urls": [served_encoder, served_encoder]}
+    with pytest.raises(BadDocuments) as info:  # fails with the list, after indexing the rest
+        index_distributed(data, "milvus", opts, workers=2, batch_size=2, progress=False, **served)
+    got = [(str(b.id), b.position, b.reason) for b in info.value.bad]
+    assert [(x, p) for x, p, _ in got] == [(x, p) for x, p, _ in expect]
+    for (_, _, reason), (_, _, want) in zip(got, expect, strict=True):
+        assert want in reason
+    assert info.value.indexed == 5 and "mixed.jsonl:6" in str(info.value)
+    good_ids = [json.loads(x)["_id"] for x in good]
+    with open_store("milvus", **opts) as store:
+        assert store.count() == 5
+        for rec in store.get(good_ids):  # the served encoder's vectors = the in-process ones
+            np.testing.assert_allclose(rec.vectors, reference[0][rec.id][0], atol=1e-6, rtol=0)
+
+    r = index_distributed(data, "milvus", opts, workers=1, batch_size=2, progress=False, skip_bad=True,
+                          **served)
+    assert [(str(b.id), b.position) for b in r.bad] == [(x, p) for x, p, _ in expect]
+    assert r.indexed == 5
+
+
+def test_stores_one_process_only_are_refused():
+    with pytest.raises(SystemExit, match="lives inside one process"):
+        cli.main(["index", "x.jsonl", "--backend", "exact", "--ray"])
+    with pytest.raises(SystemExit, match="a Milvus Lite"):
+        cli.main(["index", "x.jsonl", "--backend", "milvus", "--option", "uri=/tmp/x.db", "--ray"])
+    with pytest.raises(SystemExit, match="--workers needs --ray"):
+        cli.main(["index", "x.jsonl", "--backend", "exact", "--workers", "2"])

@@ -1,0 +1,571 @@
+"""Encode and index a corpus on a Ray cluster, straight into a store many processes can write to.
+
+:func:`index_distributed` runs Ray Data's ``map_batches`` with a callable class: a fixed pool of
+actors (``workers``, one per GPU when ``num_gpus=1``), each holding ONE encoder (a model loaded in
+the actor, or clients of ``uibk-embed serve`` servers given by ``encoder_urls``) and ONE store
+connection. Each actor validates its batch, encodes it (the encoder sorts the batch by length
+into padded sub-batches, DESIGN 1.1) and upserts the vectors itself: vectors never travel back
+to the driver, only one small row of counters per batch, from which the driver draws its
+progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
+
+Exactly once, under retries
+    Upserts overwrite by id (Qdrant points, Milvus write versions), so a batch that Ray runs
+    again after its actor died writes the same ids again: no duplicate, no gap. The actors are
+    created with ``max_restarts=retries`` and ``max_task_retries=retries`` (Ray Data's own
+    default is unbounded; a batch that kills its actor every time would then loop forever).
+    ``resume=True`` lists the ids already stored (``store.scan()``) and the actors skip them
+    before encoding.
+
+Bad input
+    A row whose text is missing, empty, whitespace or not a string, or whose id is not a
+    non-empty string, is not encoded; every other row is. At the end the run raises
+    :class:`BadDocuments` listing each bad row's id, position (JSONL line number, list index,
+    or ``position_column``) and reason, or, with ``skip_bad=True``, returns them in
+    :attr:`DistributedResult.bad`.
+
+Stores: a server that several processes write to: ``qdrant`` with ``url=``, ``milvus`` with an
+``http(s)://`` ``uri=``, ``weaviate``. In-process and single-writer stores (``exact``, ``plaid``,
+``warp``, ``qdrant-edge``, ``milvus-lite``, Qdrant local mode) are refused with the reason.
+
+Example (needs a Milvus server; ``ray.init()`` starts a local cluster when none is running)::
+
+    from uibk_embedding.distributed import index_distributed
+    result = index_distributed("../shared/datasets/cranfield", "milvus",
+                               {"uri": "http://127.0.0.1:19530", "collection": "cranfield"},
+                               workers=2)
+    print(result.indexed, result.docs_per_s)
+
+>>> check_backend("exact", {})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: backend 'exact' lives inside one process; Ray workers need a server ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uibk_embedding._optional import require
+from uibk_embedding.errors import DataError
+
+SHARED_BACKENDS = ("qdrant", "milvus", "weaviate")
+_COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
+
+
+def _ray() -> Any:
+    return require("ray", "ray", "distributed indexing (uibk_embedding.distributed)")
+
+
+@dataclass
+class BadDocument:
+    """A row that was not indexed: its id, its position in the input and why.
+
+    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
+    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
+    """
+
+    id: Any
+    position: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return f"id {self.id!r} at position {self.position}: {self.reason}"
+
+
+class BadDocuments(DataError):
+    """Rows that could not be encoded; every other row was indexed. ``bad`` lists them.
+
+    >>> e = BadDocuments([BadDocument("d7", 3, "text must be a string, got int")], indexed=9)
+    >>> isinstance(e, ValueError), str(e).split(":")[0]
+    (True, '1 document(s) could not be indexed (9 others were)')
+    """
+
+    def __init__(self, bad: list[BadDocument], indexed: int) -> None:
+        self.bad = bad
+        self.indexed = indexed
+        more = f"; ... ({len(bad) - 20} more)" if len(bad) > 20 else ""
+        shown = "; ".join(str(b) for b in bad[:20]) + more
+        super().__init__(f"{len(bad)} document(s) could not be indexed ({indexed} others were): {shown}. "
+                         "Fix them, or pass skip_bad=True (--skip-bad) to leave them out.")
+
+
+@dataclass
+class DistributedResult:
+    """What a distributed run did.
+
+    ``total``: rows in the input; ``indexed``: rows upserted by this run; ``encoded``: texts the
+    encoders were given (0 on a resumed run that found everything stored); ``skipped_existing``:
+    rows left out because ``resume=True`` found them stored; ``bad``: rows not indexed (see
+    :class:`BadDocuments`); ``seconds``: wall time of the pipeline (Ray startup excluded);
+    ``worker_pids``: the processes that finished batches (a restarted actor adds one);
+    ``encode_seconds`` / ``upsert_seconds``: summed over actors.
+
+    >>> DistributedResult(total=10, indexed=8, skipped_existing=2, seconds=4.0).docs_per_s
+    2.5
+    """
+
+    total: int
+    indexed: int = 0
+    encoded: int = 0
+    skipped_existing: int = 0
+    bad: list[BadDocument] = field(default_factory=list)
+    batches: int = 0
+    seconds: float = 0.0
+    worker_pids: list[int] = field(default_factory=list)
+    encode_seconds: float = 0.0
+    upsert_seconds: float = 0.0
+
+    @property
+    def docs_per_s(self) -> float:
+        """Documents handled (indexed + skipped) per second of pipeline wall time."""
+        return (self.indexed + self.skipped_existing) / self.seconds if self.seconds > 0 else 0.0
+
+
+def check_backend(backend: str, options: Mapping[str, Any]) -> None:
+    """Refuse stores that Ray workers in other processes cannot share (raises ``ValueError``)."""
+    if backend not in SHARED_BACKENDS:
+        raise ValueError(
+            f"backend {backend!r} lives inside one process; Ray workers need a server several "
+            "processes can write to: qdrant (url=...), milvus (uri=http://...) or weaviate")
+    if backend == "qdrant" and not options.get("url") and not options.get("host"):
+        raise ValueError("backend 'qdrant' needs url=http://host:6333 for Ray workers (local mode, "
+                         "location=/path=, is one process only)")
+    if backend == "milvus" and not str(options.get("uri", "http://localhost:19530")).startswith(
+            ("http://", "https://", "tcp://", "grpc://")):
+        raise ValueError("backend 'milvus' needs a server uri=http://host:19530 for Ray workers "
+                         "(a Milvus Lite *.db file is one process only)")
+
+
+# -- input ------------------------------------------------------------------------------------
+def _row(doc_id: Any, text: Any, title: Any, meta: Any, pos: Any) -> dict[str, Any]:
+    """One normalised input row; ``_error`` says what is wrong with it ("": nothing)."""
+    err = None
+    if not isinstance(doc_id, str) or not doc_id.strip():
+        err = f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}"
+    title = title if isinstance(title, str) else ""
+    if text is None and not title:
+        err = err or "no text"
+    elif text is not None and not isinstance(text, str):
+        err = err or f"text must be a string, got {type(text).__name__}"
+    body = text if isinstance(text, str) else ""
+    from uibk_embedding.data import Document
+
+    full = Document("x", body, title).full_text
+    if err is None and not full.strip():
+        err = "text is empty or whitespace only"
+    if meta is None:
+        meta = {}
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            meta = None
+    if err is None and not isinstance(meta, dict):
+        err = "metadata must be a JSON object"
+    try:
+        meta_text = json.dumps(meta if isinstance(meta, dict) else {}, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        meta_text, err = "{}", err or f"metadata is not JSON-serialisable: {e}"
+    return {"_id": "" if doc_id is None else str(doc_id), "_text": full, "_title": title, "_body": body,
+            "_meta": meta_text, "_pos": str(pos), "_error": err or ""}
+
+
+def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad texts kept and marked.
+
+    Unlike :func:`uibk_embedding.data.read_corpus` this keeps rows with an empty or non-string
+    text (marked, so the run can report them with their line number) instead of skipping or
+    refusing the file. Malformed JSON and duplicate ids still raise :class:`DataError`.
+
+    >>> import json, pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
+    >>> rows = [{"_id": "a", "text": "wing"}, {"_id": "b", "text": 4}]
+    >>> _ = p.write_text(chr(10).join(json.dumps(r) for r in rows))
+    >>> [(r["_id"], r["_pos"], r["_error"]) for r in read_rows(p)]
+    [('a', 'docs.jsonl:1', ''), ('b', 'docs.jsonl:2', 'text must be a string, got int')]
+    """
+    from uibk_embedding.data import _iter_jsonl
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "corpus.jsonl"
+    rows, seen = [], set()
+    for n, obj in _iter_jsonl(p):
+        doc_id = obj.get("_id", obj.get("id"))
+        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+            doc_id = str(doc_id)  # BEIR files write numeric ids too
+        if isinstance(doc_id, str):
+            if doc_id in seen:
+                raise DataError(f"{p}:{n}: duplicate document id {doc_id!r}")
+            seen.add(doc_id)
+        rows.append(_row(doc_id, obj.get("text"), obj.get("title"), obj.get("metadata"), f"{p.name}:{n}"))
+    if not rows:
+        raise DataError(f"{p}: no documents")
+    return rows
+
+
+def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
+    from uibk_embedding.data import Document
+
+    out = []
+    for i, it in enumerate(items):
+        if isinstance(it, Document):
+            out.append(_row(it.id, it.text, it.title, it.metadata, i))
+        elif isinstance(it, Mapping):
+            out.append(_row(it.get("_id", it.get("id")), it.get("text"), it.get("title"),
+                            it.get("metadata"), i))
+        else:
+            raise TypeError(f"items[{i}]: expected a Document or a dict, got {type(it).__name__}")
+    return out
+
+
+def _normalise_batch(batch: Mapping[str, Any], id_column: str, text_column: str,
+                     title_column: str | None, metadata_column: str | None,
+                     position_column: str | None) -> dict[str, list]:
+    """A user Dataset's batch (numpy format) -> the normalised columns."""
+    n = len(batch[id_column]) if id_column in batch else 0
+    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+
+    def value(col: str | None, i: int) -> Any:
+        if col is None or col not in batch:
+            return None
+        v = batch[col][i]
+        return v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v
+
+    for i in range(n):
+        pos = value(position_column, i)
+        r = _row(value(id_column, i), value(text_column, i), value(title_column, i),
+                 value(metadata_column, i), pos)
+        for c in _COLUMNS:
+            cols[c].append(r[c])
+    return cols
+
+
+def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_column: str = "text",
+               title_column: str | None = "title", metadata_column: str | None = "metadata",
+               position_column: str | None = None) -> tuple[Any, int | None]:
+    """A Ray Dataset of normalised rows and its size (None when unknown without running it).
+
+    ``data``: a Ray Dataset; a BEIR folder or JSONL file; a Parquet file, a folder of Parquet
+    files or a list of them; or a list of :class:`~uibk_embedding.data.Document` / dicts.
+    """
+    _ray()
+    import ray.data
+
+    def from_rows(rows: list[dict]) -> tuple[Any, int]:
+        blocks = max(1, -(-len(rows) // batch_size))
+        return ray.data.from_items(rows, override_num_blocks=blocks), len(rows)
+
+    if isinstance(data, ray.data.Dataset):
+        ds, total = data, None
+    elif isinstance(data, str | os.PathLike) or (
+            isinstance(data, list | tuple) and data and all(isinstance(x, str | os.PathLike) for x in data)):
+        paths = [Path(x) for x in (data if isinstance(data, list | tuple) else [data])]
+        parquet = all(p.suffix == ".parquet" or (p.is_dir() and any(p.glob("*.parquet"))
+                                                 and not (p / "corpus.jsonl").exists()) for p in paths)
+        if parquet:
+            ds, total = ray.data.read_parquet([str(p) for p in paths]), None
+        elif len(paths) == 1:
+            return from_rows(read_rows(paths[0]))
+        else:
+            raise DataError(f"expected one BEIR folder or JSONL file, or Parquet files; got {paths}")
+    elif isinstance(data, list | tuple):
+        return from_rows(_items_rows(data))
+    else:
+        raise TypeError(f"cannot index {type(data).__name__}: give a Ray Dataset, a path or a list")
+    ds = ds.map_batches(_normalise_batch, batch_format="numpy",
+                        fn_kwargs={"id_column": id_column, "text_column": text_column,
+                                   "title_column": title_column, "metadata_column": metadata_column,
+                                   "position_column": position_column})
+    return ds, total
+
+
+# -- the actor ----------------------------------------------------------------------------------
+EncoderSpec = str | os.PathLike | Callable[[], Any] | None
+
+
+class IndexWorker:
+    """One Ray actor of the pool: one encoder, one store connection; encodes and upserts batches.
+
+    Ray Data builds it with ``fn_constructor_kwargs`` and calls it once per batch; it returns one
+    row of counters per batch (never vectors). Usable directly, without Ray, on one process:
+
+    >>> w = IndexWorker("milvus", {"uri": "http://127.0.0.1:9"})  # doctest: +SKIP
+    """
+
+    def __init__(self, backend: str, store_options: Mapping[str, Any], encoder: EncoderSpec = None,
+                 encoder_options: Mapping[str, Any] | None = None,
+                 encoder_urls: Sequence[str] | None = None, skip: Sequence[Any] | None = None,
+                 store_text: bool = True, upsert_batch: int = 64, threads: int | None = None) -> None:
+        import random
+
+        from uibk_embedding.adapters import open_store
+
+        self.gpu = False
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+        if encoder_urls:
+            from uibk_embedding.encoder.remote import RemoteEncoder
+
+            self.encoders = [RemoteEncoder(u) for u in encoder_urls]
+            self._next = random.randrange(len(self.encoders))  # spread actors over the servers
+        else:
+            options = dict(encoder_options or {})
+            try:
+                import ray
+
+                self.gpu = bool(ray.get_gpu_ids())
+            except Exception:
+                pass
+            if self.gpu:
+                options.setdefault("device", "cuda")
+            if callable(encoder):
+                self.encoders = [encoder()]
+            else:
+                from uibk_embedding.encoder import load_encoder
+
+                self.encoders = [load_encoder(encoder, **options)]
+            self._next = 0
+        self.store = open_store(backend, **dict(store_options))
+        self.skip: frozenset = frozenset()
+        if skip:
+            ref = skip[0]
+            self.skip = _ray().get(ref) if type(ref).__name__ == "ObjectRef" else frozenset(skip)
+        self.store_text = store_text
+        self.upsert_batch = max(1, int(upsert_batch))
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, list]:
+        ids = [str(x) for x in batch["_id"]]
+        errors = [e if isinstance(e, str) else "" for e in batch["_error"]]
+        bad = [{"id": x or None, "position": p, "reason": e}
+               for x, p, e in zip(ids, batch["_pos"], errors, strict=True) if e]
+        todo = [i for i, e in enumerate(errors) if not e and ids[i] not in self.skip]
+        skipped = sum(1 for i, e in enumerate(errors) if not e and ids[i] in self.skip)
+        t0 = time.perf_counter()
+        vecs = []
+        if todo:
+            enc = self.encoders[self._next % len(self.encoders)]
+            self._next += 1
+            vecs = enc.encode_documents([str(batch["_text"][i]) for i in todo], show_progress=False)
+        t1 = time.perf_counter()
+        for a in range(0, len(todo), self.upsert_batch):
+            part = todo[a:a + self.upsert_batch]
+            md = []
+            for i in part:
+                m = json.loads(batch["_meta"][i])
+                if self.store_text:
+                    m = {**m, "title": str(batch["_title"][i]), "text": str(batch["_body"][i])}
+                md.append(m)
+            self.store.upsert([ids[i] for i in part], vecs[a:a + len(part)], md)
+        t2 = time.perf_counter()
+        return {"indexed": [len(todo)], "encoded": [len(todo)], "skipped": [skipped],
+                "rows": [len(ids)], "bad": [json.dumps(bad)], "pid": [os.getpid()],
+                "encode_s": [t1 - t0], "upsert_s": [t2 - t1]}
+
+    def __del__(self) -> None:
+        try:
+            self.store.close()
+        except Exception:
+            pass
+
+
+# -- the driver ----------------------------------------------------------------------------------
+def init_ray(address: str | None = None, **options: Any) -> bool:
+    """Connect to the Ray cluster at ``address`` (None: a running one, else a new local one).
+
+    Returns True when this call started Ray (the caller then shuts it down). Ray's own
+    dashboard is off unless asked for.
+
+    >>> init_ray(num_cpus=1, object_store_memory=100 * 2**20)  # doctest: +SKIP
+    True
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    options.setdefault("include_dashboard", False)
+    options.setdefault("log_to_driver", True)
+    if address:
+        for k in ("num_cpus", "num_gpus", "object_store_memory", "include_dashboard"):
+            options.pop(k, None)  # a running cluster's resources are its own
+    ray.init(address=address, **options)
+    return True
+
+
+def stored_ids(store: Any, batch_size: int = 1000) -> set[str]:
+    """Every id a store holds (its ``scan``), for ``resume=True``.
+
+    >>> from uibk_embedding.adapters import open_store
+    >>> stored_ids(open_store("exact"))
+    set()
+    """
+    return {x for x, _ in store.scan(batch_size=batch_size)}
+
+
+def index_distributed(
+    data: Any,
+    backend: str,
+    store_options: Mapping[str, Any],
+    *,
+    encoder: EncoderSpec = None,
+    encoder_options: Mapping[str, Any] | None = None,
+    encoder_urls: Sequence[str] | None = None,
+    workers: int | None = None,
+    num_gpus: float = 0.0,
+    num_cpus: float = 1.0,
+    batch_size: int = 256,
+    upsert_batch: int = 64,
+    store_text: bool = True,
+    resume: bool = False,
+    skip_bad: bool = False,
+    retries: int = 3,
+    ray_address: str | None = None,
+    ray_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    total: int | None = None,
+    id_column: str = "_id",
+    text_column: str = "text",
+    title_column: str | None = "title",
+    metadata_column: str | None = "metadata",
+    position_column: str | None = None,
+) -> DistributedResult:
+    """Encode ``data`` on a pool of Ray actors that upsert into ``backend`` themselves.
+
+    Parameters
+    ----------
+    data: a Ray Dataset, a BEIR folder or JSONL file, Parquet file(s)/folder, or a list of
+        Documents / dicts (see :func:`to_dataset`; column names for Datasets and Parquet below).
+    backend, store_options: the store every actor opens (``open_store(backend, **options)``);
+        the driver opens it first, so the collection exists before the actors connect.
+    encoder: None (the embedded default), an encoder folder, or a zero-argument callable that
+        returns an encoder (pickled to the actors); ``encoder_options`` go to ``load_encoder``.
+    encoder_urls: ``uibk-embed serve`` servers to use instead of a model in each actor; each
+        actor starts at a random server and takes them in turn, batch by batch.
+    workers: actors in the pool (default: the cluster's GPUs when ``num_gpus`` > 0, else 2).
+    num_gpus, num_cpus: resources per actor (``num_gpus=1``: one encoder per GPU); on CPU the
+        actor's torch uses ``num_cpus`` threads.
+    batch_size: rows per Ray batch (one task, one encode call, sorted by length inside);
+        ``upsert_batch``: documents per store write.
+    store_text: keep title and text in the metadata (as ``uibk-embed index`` does).
+    resume: skip ids the store already holds (listed once with ``store.scan()``).
+    skip_bad: leave bad rows out and list them in the result, instead of raising
+        :class:`BadDocuments` after the run.
+    retries: actor restarts and task retries Ray may spend (``max_restarts`` /
+        ``max_task_retries``); a retried batch rewrites the same ids.
+    ray_address, ray_options: where to run (None: the running cluster, else a new local one);
+        options go to ``ray.init`` when this call starts Ray (and then shuts it down).
+    progress: a progress bar on the driver (None: on a terminal).
+    total: the number of rows, for progress, when ``data`` is a Dataset (else ``ds.count()``).
+
+    The store must be a server (checked before Ray starts):
+
+    >>> index_distributed([], "milvus-lite", {})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: backend 'milvus-lite' lives inside one process; ...
+    """
+    ray = _ray()
+    from uibk_embedding.adapters import open_store
+
+    check_backend(backend, store_options)
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be positive, got {workers}")
+    started = init_ray(ray_address, **dict(ray_options or {}))
+    try:
+        from ray.data import DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False
+        store = open_store(backend, **dict(store_options))  # creates the collection once
+        try:
+            skip: list[Any] = []
+            if resume:
+                have = stored_ids(store)
+                if have:
+                    skip = [ray.put(frozenset(have))]
+            ds, n = to_dataset(data, batch_size=batch_size, id_column=id_column, text_column=text_column,
+                               title_column=title_column, metadata_column=metadata_column,
+                               position_column=position_column)
+            if n is None:
+                n = total if total is not None else ds.count()
+            if workers is None:
+                gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus else 0
+                workers = max(1, int(gpus // num_gpus)) if gpus else 2
+            from ray.data import ActorPoolStrategy
+
+            with warnings.catch_warnings():
+                # max_restarts / max_task_retries have no named parameter in Ray 2.60; they go
+                # through ray_remote_args, deprecated for removal in Ray 2.64 (hence ray<2.64)
+                warnings.filterwarnings("ignore", message=".*ray_remote_args.*is deprecated")
+                out = ds.map_batches(
+                    IndexWorker, batch_size=batch_size, batch_format="numpy",
+                    compute=ActorPoolStrategy(size=workers),
+                    num_cpus=num_cpus, num_gpus=num_gpus or None,
+                    fn_constructor_kwargs={
+                        "backend": backend, "store_options": dict(store_options), "encoder": encoder,
+                        "encoder_options": dict(encoder_options or {}),
+                        "encoder_urls": list(encoder_urls or []), "skip": skip,
+                        "store_text": store_text, "upsert_batch": upsert_batch,
+                        "threads": None if (num_gpus or encoder_urls) else max(1, int(num_cpus))},
+                    max_restarts=retries, max_task_retries=retries)
+            result = _drive(out, n, progress)
+        finally:
+            store.close()
+    finally:
+        if started:
+            ray.shutdown()
+    if result.bad and not skip_bad:
+        raise BadDocuments(result.bad, result.indexed)
+    return result
+
+
+def _drive(out: Any, total: int, progress: bool | None) -> DistributedResult:
+    """Run the pipeline, reading the actors' counters as they come: progress and the result."""
+    from tqdm.auto import tqdm
+
+    result = DistributedResult(total=total)
+    pids: dict[int, None] = {}
+    disable = {True: False, False: True}.get(progress, None)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="indexing (ray)", unit="doc", disable=disable) as bar:
+        for row in out.iter_rows():
+            result.batches += 1
+            result.indexed += int(row["indexed"])
+            result.encoded += int(row["encoded"])
+            result.skipped_existing += int(row["skipped"])
+            result.encode_seconds += float(row["encode_s"])
+            result.upsert_seconds += float(row["upsert_s"])
+            result.bad.extend(BadDocument(b["id"], _position(b["position"]), b["reason"])
+                              for b in json.loads(row["bad"]))
+            pids[int(row["pid"])] = None
+            bar.update(int(row["rows"]))
+            el = time.perf_counter() - t0
+            bar.set_postfix_str(f"{(result.indexed + result.skipped_existing) / el:.1f} docs/s")
+    result.seconds = time.perf_counter() - t0
+    result.worker_pids = list(pids)
+    result.bad.sort(key=lambda b: _position_key(b.position))
+    return result
+
+
+def _position(p: Any) -> Any:
+    """Positions travel as strings (one Arrow type): list indexes come back as ints."""
+    return int(p) if isinstance(p, str) and p.isdigit() else (None if p in (None, "None") else p)
+
+
+def _position_key(p: Any) -> tuple:
+    if isinstance(p, int):
+        return ("", p)
+    head, _, tail = str(p).rpartition(":")
+    return (head, int(tail)) if tail.isdigit() else (str(p), -1)
+
+
+__all__ = ["BadDocument", "BadDocuments", "DistributedResult", "IndexWorker", "check_backend",
+           "index_distributed", "init_ray", "read_rows", "stored_ids", "to_dataset"]
