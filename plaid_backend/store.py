@@ -187,6 +187,14 @@ class PlaidStore(MultiVectorStore):
         Candidates asked from PLAID when reranking (at least ``k``).
     index_batch_size, search_batch_size:
         fast-plaid ``batch_size`` for create/update (embeddings) and for search (queries).
+    rebuild_growth:
+        When the store holds more than this many times the vectors its index was last built
+        from, the next write rebuilds the index from all stored vectors (new centroids) instead
+        of adding to it (default 2.0; ``None``: never). fast-plaid's update assigns new
+        documents to the existing centroids, so a collection indexed in batches would otherwise
+        keep the centroids of its first batch (NPL indexed 512 documents at a time: recall@10
+        vs exact 0.976 instead of 0.996). Doubling keeps the total build work within about
+        twice one build of the final collection.
     buffer_size, start_from_scratch:
         fast-plaid update parameters: new documents buffered before centroids are extended,
         and the index size below which an update rebuilds the index (engine defaults 100, 999).
@@ -226,6 +234,7 @@ class PlaidStore(MultiVectorStore):
         num_threads: int | None = None,
         device: str = "cpu",
         vector_compact_fraction: float = 0.5,
+        rebuild_growth: float | None = 2.0,
     ) -> None:
         super().__init__(format)
         for name, value in [("n_ivf_probe", n_ivf_probe), ("n_full_scores", n_full_scores),
@@ -239,6 +248,10 @@ class PlaidStore(MultiVectorStore):
         vcf = vector_compact_fraction
         if isinstance(vcf, bool) or not isinstance(vcf, (int, float)) or not 0 < vcf <= 1:
             raise ValueError(f"vector_compact_fraction must be in (0, 1], got {vector_compact_fraction!r}")
+        if rebuild_growth is not None and (isinstance(rebuild_growth, bool)
+                                           or not isinstance(rebuild_growth, (int, float))
+                                           or not rebuild_growth > 1):
+            raise ValueError(f"rebuild_growth must be a number > 1 or None, got {rebuild_growth!r}")
         self._torch = require("torch", "plaid", "the PLAID backend")
         self._fp_mod = require("fast_plaid.search", "plaid", "the PLAID backend")
         self._blas = require("threadpoolctl", "plaid", "the PLAID backend").ThreadpoolController()
@@ -257,6 +270,7 @@ class PlaidStore(MultiVectorStore):
         self.min_index_vectors = min_index_vectors
         self.device = device
         self.vector_compact_fraction = float(vector_compact_fraction)
+        self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
         given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
                  "max_points_per_centroid": max_points_per_centroid,
                  "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype,
@@ -345,9 +359,10 @@ class PlaidStore(MultiVectorStore):
             with self._tx() as db:
                 db.execute(f"CREATE TABLE docs {self._DOCS_TABLE}")
                 self._state_set(db, config=json.dumps(config), plaid_dir="", dirty="0", generation="0",
-                                vector_gen="1", vector_rows="0")
+                                vector_gen="1", vector_rows="0", built_vectors="0")
             self._generation = 0
             self._plaid_dir = ""
+            self._built_vectors = 0
             self._open_vectors()
             return
         config = json.loads(raw)
@@ -373,6 +388,7 @@ class PlaidStore(MultiVectorStore):
                 )
         self._generation = int(self._state_get("generation", "0") or 0)
         self._plaid_dir = self._state_get("plaid_dir", "") or ""
+        built = self._state_get("built_vectors")  # absent in stores written before it existed
         rows = self._db.execute("SELECT seq, id, n_rows, start, metadata FROM docs ORDER BY seq").fetchall()
         self._order = np.array([r[0] for r in rows], dtype=np.int64)
         self._lens = np.array([r[2] for r in rows], dtype=np.int64)
@@ -382,6 +398,7 @@ class PlaidStore(MultiVectorStore):
             self._seq_of[doc_id] = seq
             self._meta[seq] = json.loads(md)
         self._open_vectors()
+        self._built_vectors = int(built) if built is not None else self._n_vectors
 
         reason = None
         engine = config.get("engine")
@@ -545,8 +562,10 @@ class PlaidStore(MultiVectorStore):
             fsync_tree(target)  # durable before the state row points at it
         old_fp, old_dir = self._fp, self._plaid_dir
         with self._tx() as db:
-            self._state_set(db, plaid_dir=name, generation=str(gen), dirty="0")
+            self._state_set(db, plaid_dir=name, generation=str(gen), dirty="0",
+                            built_vectors=str(self._n_vectors if name else 0))
         self._fp, self._plaid_dir, self._generation = new_fp, name, gen
+        self._built_vectors = self._n_vectors if name else 0
         if old_fp is not None:
             old_fp.close()
         if old_dir and old_dir != name:
@@ -610,8 +629,10 @@ class PlaidStore(MultiVectorStore):
     def _sync_engine_or_rebuild(self, del_positions: list[int], n_index_before: int,
                                 added: list[np.ndarray]) -> None:
         try:
+            grown = self.rebuild_growth is not None \
+                and self._n_vectors > self.rebuild_growth * self._built_vectors
             if self._fp is None or self._n_vectors < self.min_index_vectors \
-                    or len(del_positions) >= n_index_before:
+                    or len(del_positions) >= n_index_before or grown:
                 self._rebuild()
                 return
             if del_positions:

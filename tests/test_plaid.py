@@ -125,14 +125,20 @@ class _nothing:
 
 
 def _spawn(path: Path, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    """The writer child; its stderr goes to ``<path>.stderr`` (read by :func:`_stderr`)."""
+    with open(f"{path}.stderr", "w") as err:
+        return subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode], stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+
+
+def _stderr(path: Path) -> str:
+    return Path(f"{path}.stderr").read_text()[-3000:]
 
 
 def test_kill_inside_engine_update_keeps_the_committed_batch(tmp_path):
     proc = _spawn(tmp_path / "p", "inside-update")
     proc.communicate(timeout=300)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, _stderr(tmp_path / "p")
     assert _dirty(tmp_path / "p")  # the batch was committed, the index not yet in line
     assert _check_after_kill(tmp_path / "p") == 16  # reopened with the interrupted batch
     assert not _dirty(tmp_path / "p")
@@ -367,3 +373,36 @@ def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
         PlaidStore(tmp_path / "bounded", n_centroids=32)
     with pytest.raises(ValueError, match="n_centroids"):
         PlaidStore(tmp_path / "x", n_centroids=0)
+
+
+def _built_vectors(path: Path) -> int:
+    db = sqlite3.connect(path / "store.sqlite")
+    try:
+        return int(db.execute("SELECT value FROM state WHERE key = 'built_vectors'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_index_is_rebuilt_when_the_store_has_doubled(tmp_path):
+    """Batches add to the index until the store holds more than ``rebuild_growth`` times the
+    vectors of the last build; then the index is built anew (new centroids), durably recorded."""
+    path = tmp_path / "p"
+    s = PlaidStore(path, **CHEAP)
+    vecs = docs_for(7, 64)  # 23 rows each
+    s.upsert([f"d{i}" for i in range(16)], vecs[:16])
+    assert (s._generation, _built_vectors(path)) == (1, 16 * 23)
+    s.upsert([f"d{i}" for i in range(16, 32)], vecs[16:32])  # 2.0x: added to the index
+    assert (s._generation, _built_vectors(path)) == (1, 16 * 23)
+    s.upsert(["d32"], vecs[32:33])  # past 2x: rebuilt from all 33 documents
+    assert (s._generation, _built_vectors(path)) == (2, 33 * 23)
+    s.close()
+    s = PlaidStore(path, rebuild_growth=None, **CHEAP)  # the build size survives a reopen
+    assert s._built_vectors == 33 * 23
+    s.upsert([f"d{i}" for i in range(33, 64)], vecs[33:64])  # never rebuilt on growth
+    assert s._generation == 2
+    s.rerank = False
+    assert self_hits(s, ["d40", "d63"], [vecs[40], vecs[63]]) == ["d40", "d63"]
+    s.close()
+    for bad in (1.0, 0, True, "2"):
+        with pytest.raises(ValueError, match="rebuild_growth"):
+            PlaidStore(tmp_path / "q", rebuild_growth=bad)
