@@ -34,8 +34,7 @@ Needs the ``colbert`` extra (``pylate`` and ``sentence-transformers``; see READM
 1.6 pins fast-plaid <= 1.4.6, the ``plaid`` extra pins 1.7.0, so the two extras are installed
 side by side with ``pip install --no-deps pylate==1.6.0``).
 
-Example (two tiny random models built on the spot; real ones are folders you trained or
-downloaded)::
+Example (folders you trained or downloaded; ``tests/test_composed.py`` builds tiny random ones)::
 
     import uibk_embedding as ue
     enc = ue.load_encoder(dense="models/bge-small-en-v1.5", tokens="models/colbertv2-pylate")
