@@ -316,3 +316,22 @@ def test_one_pass_refuses_what_it_cannot_honour(models):
 
 def test_embedded_default_is_mean_pooled_and_normalised():
     assert PoolingSpec.from_folder(embedded_model_path()).describe() == "mean + normalize"
+
+
+def test_shared_encoder_and_one_index(composed, models):
+    """The composed encoder runs behind SharedEncoder (so `uibk-embed serve`) unchanged, and its
+    lists go into one store and come back with one search, explained."""
+    from uibk_embedding.encoder.shared import SharedEncoder
+
+    import uibk_embedding as ue
+
+    with SharedEncoder(dense=models["dense"], tokens=models["colbert"], device="cpu") as shared:
+        for w in (1.0, 3.0):
+            for a, b in zip(shared.encode_queries(TEXTS, dense_weight=w), encode(composed, TEXTS, True, w),
+                            strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    store = ue.open_store("exact")
+    store.upsert([str(i) for i in range(len(TEXTS))], encode(composed, TEXTS, False))
+    hits = store.search(encode(composed, [TEXTS[0]], True)[0], k=3, explain=True)
+    assert len(hits) == 3 and all(h.decomposition.separated for h in hits)
+    assert hits[0].score >= hits[1].score >= hits[2].score
