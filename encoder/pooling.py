@@ -43,9 +43,6 @@ _MODES = (
     ("weightedmean", "pooling_mode_weightedmean_tokens"),
     ("lasttoken", "pooling_mode_lasttoken"),
 )
-_TRANSFORMER = "sentence_transformers.models.Transformer"
-_POOLING = "sentence_transformers.models.Pooling"
-_NORMALIZE = "sentence_transformers.models.Normalize"
 
 
 def _short(module_type: str) -> str:
@@ -106,10 +103,10 @@ class PoolingSpec:
         mods = read_modules(folder)
         if mods is None:
             return cls()
-        types = [str(m["type"]) for m in mods]
-        names = [_short(t) for t in types]
-        if (len(types) < 2 or types[0] != _TRANSFORMER or types[1] != _POOLING
-                or any(t != _NORMALIZE for t in types[2:])):
+        # by class name: sentence-transformers versions spell the module path differently
+        names = [_short(str(m["type"])) for m in mods]
+        if (len(names) < 2 or names[0] != "Transformer" or names[1] != "Pooling"
+                or any(n != "Normalize" for n in names[2:])):
             raise ValueError(
                 f"{folder / 'modules.json'} lists the modules {names}: one-pass composition "
                 "honours Transformer -> Pooling [-> Normalize] only. Compose this model with "
@@ -126,7 +123,7 @@ class PoolingSpec:
         if not cfg.get("include_prompt", True):
             raise ValueError(f"{cfg_file}: include_prompt=false (the prompt is cut before "
                              "pooling) needs the model's own modules: use load_encoder(dense=...)")
-        return cls(modes=modes, normalize=len(types) > 2, source=str(cfg_file))
+        return cls(modes=modes, normalize=len(names) > 2, source=str(cfg_file))
 
     def dim(self, hidden: int) -> int:
         """Size of the pooled vector for token states of size ``hidden``."""
