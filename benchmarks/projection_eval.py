@@ -14,7 +14,8 @@ lists). Variants:
 * ``random-s0``, ``random-s1``, ``random-s2``: the encoder's seeded matrices (seed 0 is today's
   default: ``R`` from seed s, ``P`` from seed s + 1);
 * ``pca-own``: ``R`` and ``P`` fitted by PCA on the collection's own documents (what
-  ``uibk-embed fit-projection`` on the corpus you index gives);
+  ``uibk-embed fit-projection`` on the corpus you index gives); a collection with fewer
+  documents than the 381 directions of ``R`` (limit-small: 46) adds its queries to the sample;
 * ``pca-other``: fitted on the documents of the OTHER collections given (a sample that has not
   seen this corpus);
 * ``pca-R`` / ``pca-P``: only one matrix fitted (on the own documents), the other random seed 0.
@@ -169,7 +170,11 @@ def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]
     D, d = heads["doc_dense"].shape[1], heads["doc_mat"].shape[1]
     out = {f"random-s{s}": {"R": orthonormal_rows(N_SLOTS * BODY, D, s).astype(np.float32),
                             "P": orthonormal_rows(BODY, d, s + 1).astype(np.float32)} for s in SEEDS}
-    own = pca_from_heads(heads["doc_dense"], [heads["doc_mat"]])
+    if len(heads["doc_dense"]) >= N_SLOTS * BODY:
+        own = pca_from_heads(heads["doc_dense"], [heads["doc_mat"]])
+    else:  # too few documents for R's 381 directions (limit-small: 46): its queries too
+        own = pca_from_heads(np.concatenate([heads["doc_dense"], heads["q_dense"]]),
+                             [heads["doc_mat"], heads["q_mat"]])
     out["pca-own"] = own
     if others:
         out["pca-other"] = pca_from_heads(np.concatenate([o["doc_dense"] for o in others]),
@@ -226,10 +231,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "n_docs": len(heads[n]["doc_ids"]), "n_queries": len(heads[n]["query_ids"]),
             "cache_ident": heads[n]["ident"], "seconds": round(time.perf_counter() - t0, 1),
             "variants": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    if args.md:
-        args.md.write_text(markdown(result))
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # after each collection
+        args.out.write_text(json.dumps(result, indent=1))
+        if args.md:
+            args.md.write_text(markdown(result))
     print(f"wrote {args.out}" + (f" and {args.md}" if args.md else ""))
     return 0
 

@@ -82,7 +82,9 @@ def test_per_query_agreement_with_trec_eval(real_run):
     ours = evaluate(run, coll.qrels)
     for mine, theirs in (("ndcg@10", "ndcg_cut_10"), ("recall@100", "recall_100")):
         assert ours[mine] == pytest.approx(np.mean([ref[q][theirs] for q in judged]), abs=1e-9)
-    # the run is a real one: it finds relevant documents, and not all of them at the top
-    assert 0.05 < ours["ndcg@10"] < 0.95, ours
+    # the run is a real one: it finds relevant documents, and some queries are ranked imperfectly
+    # (TF-IDF is near perfect on limit-small, whose queries name a word of the relevant documents)
+    assert ours["ndcg@10"] > 0.05, ours
+    assert min(ref[q]["ndcg_cut_10"] for q in judged) < 0.9, "every query ranked (near) perfectly"
     print(f"{coll.name}: {len(judged)} queries, nDCG@10 {ours['ndcg@10']:.4f}, "
           f"largest per-query difference {worst:.2e}")
