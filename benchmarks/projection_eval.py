@@ -13,16 +13,24 @@ lists). Variants:
 
 * ``random-s0``, ``random-s1``, ``random-s2``: the encoder's seeded matrices (seed 0 is today's
   default: ``R`` from seed s, ``P`` from seed s + 1);
-* ``pca-own``: ``R`` and ``P`` fitted by PCA on the collection's own documents (what
-  ``uibk-embed fit-projection`` on the corpus you index gives); a collection with fewer
-  documents than the 381 directions of ``R`` (limit-small: 46) adds its queries to the sample;
-* ``pca-other``: fitted on the documents of the OTHER collections given (a sample that has not
-  seen this corpus);
-* ``pca-R`` / ``pca-P``: only one matrix fitted (on the own documents), the other random seed 0.
+* ``pca-own``: ``P`` fitted by PCA on the collection's own documents, ``R`` seed 0 (what
+  ``uibk-embed fit-projection`` on the corpus you index gives);
+* ``pca-other``: ``P`` fitted on the documents of the OTHER collections given (a sample that has
+  not seen this corpus), ``R`` seed 0;
+* ``pca-shipped``: the matrices shipped for ``load_encoder(projection="pca")``: ``P`` fitted on
+  the documents of cranfield, npl and limit-small together (``ship``; so this row has seen the
+  collection it is scored on: ``pca-other`` is the held-out estimate), ``R`` seed 0;
+* ``pca-R-own`` / ``pca-RP-own``: ``R`` fitted too (``fit_dense=True``; slots interleaved), with
+  ``P`` seed 0 / fitted. A collection with fewer documents than the 381 directions of ``R``
+  (limit-small: 46) adds its queries to the sample.
+
+Besides nDCG@10 and recall, ``aligned@10``: the share of (query, top-10 document) pairs whose
+score decomposes exactly (every query slot selected its own document slot, DESIGN 1.2).
 
 Usage::
 
     python benchmarks/projection_eval.py cache cranfield npl limit-small [--budget-s 480]
+    python benchmarks/projection_eval.py ship cranfield npl limit-small --out encoder/data/minilm_pca.npz
     python benchmarks/projection_eval.py eval cranfield npl limit-small \
         [--out benchmarks/results/projection_eval.json] [--md benchmarks/results/projection_eval.md]
 
@@ -162,6 +170,15 @@ def _split(mat: np.ndarray, off: np.ndarray) -> list[np.ndarray]:
     return [mat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
 
+def _shipped() -> dict[str, np.ndarray] | None:
+    from uibk_embedding.encoder.transformer import EMBEDDED_PCA_FILE
+
+    if not EMBEDDED_PCA_FILE.exists():
+        return None
+    with np.load(EMBEDDED_PCA_FILE) as z:
+        return {"R": z["R"], "P": z["P"]}
+
+
 def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]]:
     """Every projection the benchmark compares (see the module docstring)."""
     from uibk_embedding.encoder.projection import pca_from_heads
@@ -170,18 +187,40 @@ def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]
     D, d = heads["doc_dense"].shape[1], heads["doc_mat"].shape[1]
     out = {f"random-s{s}": {"R": orthonormal_rows(N_SLOTS * BODY, D, s).astype(np.float32),
                             "P": orthonormal_rows(BODY, d, s + 1).astype(np.float32)} for s in SEEDS}
+    R0, P0 = out["random-s0"]["R"], out["random-s0"]["P"]
     if len(heads["doc_dense"]) >= N_SLOTS * BODY:
         own = pca_from_heads(heads["doc_dense"], [heads["doc_mat"]])
     else:  # too few documents for R's 381 directions (limit-small: 46): its queries too
         own = pca_from_heads(np.concatenate([heads["doc_dense"], heads["q_dense"]]),
                              [heads["doc_mat"], heads["q_mat"]])
-    out["pca-own"] = own
+    out["pca-own"] = {"R": R0, "P": own["P"]}
     if others:
-        out["pca-other"] = pca_from_heads(np.concatenate([o["doc_dense"] for o in others]),
-                                          [o["doc_mat"] for o in others])
-    out["pca-R"] = {"R": own["R"], "P": out["random-s0"]["P"]}
-    out["pca-P"] = {"R": out["random-s0"]["R"], "P": own["P"]}
+        out["pca-other"] = {"R": R0, "P": pca_from_heads(None, [o["doc_mat"] for o in others])["P"]}
+    shipped = _shipped()
+    if shipped is not None and shipped["R"].shape == (N_SLOTS * BODY, D):
+        out["pca-shipped"] = shipped
+    out["pca-R-own"] = {"R": own["R"], "P": P0}
+    out["pca-RP-own"] = {"R": own["R"], "P": own["P"]}
     return out
+
+
+def aligned_at_10(store, enc, dense_weight: float) -> float:
+    """Share of (query, top-10 document) pairs whose score decomposes exactly (DESIGN 1.2:
+    separated, and every query slot selected its own document slot)."""
+    from uibk_embedding.encoder.tagged import decompose
+
+    from uibk_embedding.evaluation import fused_run, with_dense_weight
+
+    run = fused_run(store, enc, dense_weight, k=10)
+    docs = dict(zip(enc.doc_ids, enc.docs, strict=True))
+    ok = n = 0
+    for qid, q in zip(enc.query_ids, enc.queries, strict=True):
+        qw = with_dense_weight(q, dense_weight)
+        for did in run[qid]:
+            parts = decompose(qw, docs[did])
+            ok += parts.separated and parts.slots_aligned
+            n += 1
+    return ok / n
 
 
 def eval_variant(coll, heads: dict, proj: dict, dense_weight: float) -> dict:
@@ -200,6 +239,7 @@ def eval_variant(coll, heads: dict, proj: dict, dense_weight: float) -> dict:
     store = open_store("exact")
     index_into(store, enc, coll, show_progress=False)
     res = run_eval(coll, enc, store, dense_weight)
+    res["metrics"]["aligned@10"] = aligned_at_10(store, enc, dense_weight)
     store.close()
     return res["metrics"]
 
@@ -224,9 +264,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             rows[v] = {"projection_id": projection_id(proj["R"], proj["P"]),
                        "metrics": eval_variant(colls[n], heads[n], proj, w)}
             m = rows[v]["metrics"]
-            print(f"{colls[n].name:<12} {v:<10} " + "  ".join(
+            print(f"{colls[n].name:<12} {v:<11} " + "  ".join(
                 f"{h} {m[h]['ndcg@10']:.4f}/{m[h]['recall@100']:.4f}"
-                for h in ("dense", "tokens", "fused")), flush=True)
+                for h in ("dense", "tokens", "fused")) + f"  aligned@10 {m['aligned@10']:.3f}",
+                flush=True)
         result["collections"][colls[n].name] = {
             "n_docs": len(heads[n]["doc_ids"]), "n_queries": len(heads[n]["query_ids"]),
             "cache_ident": heads[n]["ident"], "seconds": round(time.perf_counter() - t0, 1),
@@ -246,7 +287,7 @@ def markdown(result: dict) -> str:
     for name, c in result["collections"].items():
         second = "recall@2" if name.startswith("limit") else "recall@100"
         lines += [f"**{name}** ({c['n_docs']} docs, {c['n_queries']} queries): nDCG@10 / {second}", "",
-                  "| projection | dense | tokens | fused |", "|---|---|---|---|"]
+                  "| projection | dense | tokens | fused | fused aligned@10 |", "|---|---|---|---|---|"]
         vs = c["variants"]
         rnd = [vs[f"random-s{s}"]["metrics"] for s in SEEDS]
 
@@ -259,12 +300,33 @@ def markdown(result: dict) -> str:
                     f"{np.mean(b):.4f} ({min(b):.4f}-{max(b):.4f})")
 
         heads = ("dense", "tokens", "fused")
-        lines.append("| random (3 seeds) | " + " | ".join(cell(rnd, h) for h in heads) + " |")
+        al = [m["aligned@10"] for m in rnd]
+        lines.append("| random (3 seeds) | " + " | ".join(cell(rnd, h) for h in heads)
+                     + f" | {np.mean(al):.3f} ({min(al):.3f}-{max(al):.3f}) |")
         for v in vs:
-            lines.append(f"| {v} | " + " | ".join(cell([vs[v]["metrics"]], h)
-                                                   for h in ("dense", "tokens", "fused")) + " |")
+            m = vs[v]["metrics"]
+            lines.append(f"| {v} | " + " | ".join(cell([m], h) for h in heads)
+                         + f" | {m['aligned@10']:.3f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    """Fit the PCA projection shipped with the embedded default (``projection="pca"``): ``P`` on
+    the token states of the documents of the cached collections (in the order given), ``R`` the
+    seed-0 matrix of the seeded default; save both."""
+    from uibk_embedding.encoder.projection import pca_from_heads, projection_id
+    from uibk_embedding.encoder.tagged import BODY, N_SLOTS, orthonormal_rows
+
+    heads = [load_heads(args.cache_dir / name) for name in args.data]
+    proj = pca_from_heads(None, [h["doc_mat"] for h in heads])
+    proj["R"] = orthonormal_rows(N_SLOTS * BODY, heads[0]["doc_dense"].shape[1], 0).astype(np.float32)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, R=proj["R"], P=proj["P"])
+    n = sum(len(h["doc_ids"]) for h in heads)
+    print(f"wrote {args.out}: PCA on {n} documents of {', '.join(args.data)}, "
+          f"projection {projection_id(proj['R'], proj['P'])}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,10 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dense-weight", type=float, default=None)
     e.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "projection_eval.json")
     e.add_argument("--md", type=Path, default=None)
-    for sp in (c, e):
+    s = sub.add_parser("ship", help="fit the PCA projection shipped with the embedded default")
+    s.add_argument("data", nargs="+")
+    s.add_argument("--out", type=Path, required=True)
+    for sp in (c, e, s):
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
-    return cmd_cache(args) if args.cmd == "cache" else cmd_eval(args)
+    return {"cache": cmd_cache, "eval": cmd_eval, "ship": cmd_ship}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -265,9 +265,11 @@ class TaggedEncoder:
             cfg["projection_id"] = projection_id(self.R, self.P)
         return cfg
 
-    def fit_projection(self, texts: Sequence[str], *, max_token_rows: int = 200_000) -> TaggedEncoder:
-        """Replace the random ``R`` and ``P`` by a PCA fitted on ``texts`` (read as
-        documents; see :mod:`uibk_embedding.encoder.projection`) and return ``self``.
+    def fit_projection(self, texts: Sequence[str], *, fit_dense: bool = False,
+                       max_token_rows: int = 200_000) -> TaggedEncoder:
+        """Replace the random token projection ``P`` (and ``R`` with ``fit_dense=True``) by a
+        PCA fitted on ``texts`` (read as documents; see
+        :mod:`uibk_embedding.encoder.projection`) and return ``self``.
 
         Deterministic for given texts. Lists encoded before the fit do not match lists encoded
         after it: fit first, then :meth:`save_projections` and use that folder on both sides.
@@ -280,7 +282,7 @@ class TaggedEncoder:
         """
         from uibk_embedding.encoder.projection import fit_pca_projections
 
-        fitted = fit_pca_projections(self, texts, max_token_rows=max_token_rows)
+        fitted = fit_pca_projections(self, texts, fit_dense=fit_dense, max_token_rows=max_token_rows)
         self.set_projections(fitted, "pca")
         return self
 

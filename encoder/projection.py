@@ -13,10 +13,11 @@ offers the alternative of fitting them once by PCA on a sample of texts
 
 * ``P`` = the top 127 principal directions of the sample's token states (uncentred: the
   directions that keep the most of ``h . h'``, the quantity MaxSim compares);
-* ``R`` = the top ``min(381, D)`` principal directions of the sentence vectors, dealt to the
-  three slots in turn (component ``k`` goes to slot ``k mod 3``), so every slot gets a
-  balanced share of the variance and each slot cosine stays close to the full cosine. For
-  MiniLM (D = 384) this drops the 3 weakest directions instead of 3 random ones.
+* ``R`` (only on request, ``fit_dense=True``) = the top ``min(381, D)`` principal directions of
+  the sentence vectors, dealt to the three slots in turn (component ``k`` goes to slot
+  ``k mod 3``), so every slot gets a balanced share of the variance. For MiniLM (D = 384) this
+  drops the 3 weakest directions instead of 3 random ones. Measured, it does not help the dense
+  head and breaks slot alignment far more often, so by default ``R`` stays the seeded one.
 
 The fit is deterministic (an SVD of the sample's second-moment matrix with a sign fix) and
 depends only on the texts given; the encoder's output then depends on that sample, so fit once,
@@ -136,19 +137,20 @@ def _sample_rows(states: Sequence[np.ndarray], max_rows: int) -> np.ndarray:
     return mat
 
 
-def pca_from_heads(dense: np.ndarray, tokens: Sequence[np.ndarray], *,
+def pca_from_heads(dense: np.ndarray | None, tokens: Sequence[np.ndarray], *,
                    max_token_rows: int = DEFAULT_MAX_TOKEN_ROWS) -> dict[str, np.ndarray]:
-    """``R`` and ``P`` by PCA from sentence vectors ``(n, D)`` and token states (lists of
-    ``(n_i, d)``), as float32.
+    """``P`` (and ``R`` when sentence vectors ``dense`` ``(n, D)`` are given) by PCA from token
+    states (lists of ``(n_i, d)``), as float32.
 
     >>> rng = np.random.default_rng(1)
     >>> pr = pca_from_heads(rng.normal(size=(400, 384)), [rng.normal(size=(20, 384))] * 10)
     >>> pr["R"].shape, pr["P"].shape
     ((381, 384), (127, 384))
     """
-    R = pca_rows(np.asarray(dense), N_SLOTS * BODY, interleave=N_SLOTS)
-    P = pca_rows(_sample_rows(tokens, max_token_rows), BODY)
-    return {"R": R.astype(np.float32), "P": P.astype(np.float32)}
+    out = {"P": pca_rows(_sample_rows(tokens, max_token_rows), BODY).astype(np.float32)}
+    if dense is not None:
+        out["R"] = pca_rows(np.asarray(dense), N_SLOTS * BODY, interleave=N_SLOTS).astype(np.float32)
+    return out
 
 
 def encode_heads(encoder: Any, texts: Sequence[str], *, is_query: bool = False
@@ -253,17 +255,24 @@ def read_saved_projections(folder: str | os.PathLike, cfg: dict[str, Any]
     return out
 
 
-def fit_pca_projections(encoder: Any, texts: Sequence[str], *,
+def fit_pca_projections(encoder: Any, texts: Sequence[str], *, fit_dense: bool = False,
                         max_token_rows: int = DEFAULT_MAX_TOKEN_ROWS) -> dict[str, np.ndarray]:
-    """``R`` and ``P`` fitted by PCA on ``texts`` read as documents (one forward pass).
+    """``P`` fitted by PCA on ``texts`` read as documents (one forward pass); ``R`` too with
+    ``fit_dense=True``, else the encoder's own ``R`` (its seeded random matrix).
 
-    Needs at least ``min(381, D)`` texts for ``R`` and enough token states for ``P``; a
-    few thousand passages of the kind you index is a good sample. ``max_token_rows``: token
-    states used for ``P`` (evenly spaced over the sample).
+    ``R`` is left random by default: fitted, it does not move the dense head's nDCG@10 (the
+    sentence vector keeps 381 of its 384 directions either way) and the slot alignment of
+    DESIGN 1.2 (query slot s selects document slot s) fails far more often, because the first
+    principal directions carry the mean of the sentence vectors, which every slot then shares
+    (docs/model.md, "Fitted projections"). Needs enough token states for ``P`` (and at least
+    ``min(381, D)`` texts for ``R``); a few thousand passages of the kind you index is a good
+    sample. ``max_token_rows``: token states used for ``P`` (evenly spaced over the sample).
     """
     texts = list(texts)
     dense, tokens = encode_heads(encoder, texts, is_query=False)
-    return pca_from_heads(dense, tokens, max_token_rows=max_token_rows)
+    out = pca_from_heads(dense if fit_dense else None, tokens, max_token_rows=max_token_rows)
+    out.setdefault("R", np.asarray(encoder.R, dtype=np.float32))
+    return out
 
 
 __all__ = [

@@ -48,8 +48,8 @@ def _orthonormal_rows(m: np.ndarray, tol: float) -> bool:
 
 def test_pca_rows_on_synthetic_data():
     rng = np.random.default_rng(0)
-    scale = np.linspace(4.0, 0.05, 64)
-    X = rng.normal(size=(2000, 64)) * scale  # axis-aligned, strictly decreasing variance
+    scale = 1.15 ** -np.arange(64.0)
+    X = rng.normal(size=(5000, 64)) * scale  # axis-aligned, well separated variances
     R = pca_rows(X, 30, interleave=3)
     assert _orthonormal_rows(R, 1e-10)
     # direction k is axis k (up to noise); it sits in block k % 3, row k // 3
@@ -73,10 +73,24 @@ def test_fitted_projection_is_orthonormal_and_recorded(fitted):
     assert _orthonormal_rows(fitted.R, 1e-5) and _orthonormal_rows(fitted.P, 1e-5)
     cfg = fitted.config()
     assert cfg["projection"] == "pca" and cfg["projection_id"] == projection_id(fitted.R, fitted.P)
-    # R keeps 381 of 384 directions: only the 3 weakest of the sample's second moment are lost
     seeded = load_encoder(show_progress=False)
     assert "projection" not in seeded.config()  # seeded config (and eval cache keys) unchanged
-    assert not np.allclose(fitted.R, seeded.R) and not np.allclose(fitted.P, seeded.P)
+    # by default only P is fitted; R stays the seeded matrix
+    np.testing.assert_array_equal(fitted.R, seeded.R)
+    assert not np.allclose(fitted.P, seeded.P)
+
+
+def test_fit_dense_too(sample):
+    both = load_encoder(show_progress=False).fit_projection(sample, fit_dense=True)
+    seeded = load_encoder(show_progress=False)
+    assert _orthonormal_rows(both.R, 1e-5) and not np.allclose(both.R, seeded.R)
+    again = load_encoder(show_progress=False).fit_projection(sample, fit_dense=True)
+    np.testing.assert_array_equal(again.R, both.R)
+    enc = load_encoder(show_progress=False)
+    with pytest.raises(ValueError, match="spans only 50 directions"):
+        enc.fit_projection(sample[:50], fit_dense=True)
+    np.testing.assert_array_equal(enc.R, seeded.R)  # nothing changed
+    assert "projection" not in enc.config()
 
 
 def test_fit_is_deterministic(fitted, sample):
@@ -86,15 +100,6 @@ def test_fit_is_deterministic(fitted, sample):
     # and it depends on the sample: another sample gives another projection
     shifted = load_encoder(show_progress=False).fit_projection(sample[5:] + ["a new text"] * 5)
     assert projection_id(shifted.R, shifted.P) != projection_id(fitted.R, fitted.P)
-
-
-def test_fit_refuses_too_small_a_sample(sample):
-    enc = load_encoder(show_progress=False)
-    before = enc.R.copy()
-    with pytest.raises(ValueError, match="spans only 50 directions"):
-        enc.fit_projection(sample[:50])
-    np.testing.assert_array_equal(enc.R, before)  # nothing changed
-    assert "projection" not in enc.config()
 
 
 def test_saved_and_reloaded(fitted, tmp_path, cranfield):
@@ -179,8 +184,9 @@ def test_identity_of_design_1_2_with_pca(fitted, cranfield):
 def test_pca_from_heads_matches_fit(fitted, sample):
     dense, toks = encode_heads(fitted, sample)
     pr = pca_from_heads(dense, toks)
-    np.testing.assert_array_equal(pr["R"], fitted.R)
     np.testing.assert_array_equal(pr["P"], fitted.P)
+    with pytest.raises(ValueError, match="no token vectors"):
+        pca_from_heads(None, [np.zeros((0, 384))])
 
 
 def test_cli_fit_projection(tmp_path, datasets, capsys):
@@ -196,5 +202,27 @@ def test_cli_fit_projection(tmp_path, datasets, capsys):
     enc = load_encoder(out)
     assert enc.config()["projection"] == "pca" and enc.config()["projection_id"] in printed
     assert math.isclose(float(np.linalg.norm(enc.P[0])), 1.0, rel_tol=1e-5)
-    with pytest.raises(SystemExit, match="spans only"):
-        cli.main(["fit-projection", str(corpus), "--out", str(tmp_path / "x"), "--max-docs", "20"])
+    with pytest.raises(SystemExit, match="spans only"):  # 2 titles: too few token states for P
+        cli.main(["fit-projection", str(corpus), "--out", str(tmp_path / "x"), "--max-docs", "2"])
+
+
+def test_shipped_pca_of_the_embedded_model(tmp_path):
+    from uibk_embedding.encoder.transformer import EMBEDDED_PCA_FILE, embedded_model_path
+
+    enc = load_encoder(projection="pca", show_progress=False)
+    with np.load(EMBEDDED_PCA_FILE) as z:
+        np.testing.assert_array_equal(enc.R, z["R"])
+        np.testing.assert_array_equal(enc.P, z["P"])
+    assert _orthonormal_rows(enc.R, 1e-5) and _orthonormal_rows(enc.P, 1e-5)
+    np.testing.assert_array_equal(enc.R, load_encoder().R)  # R: the seeded default's
+    cfg = enc.config()
+    assert cfg["projection"] == "pca" and cfg["projection_id"] == projection_id(enc.R, enc.P)
+    enc.save_projections(tmp_path)
+    again = load_encoder(tmp_path)
+    assert again.config() == cfg
+    text = ["pressure distribution on a cone in hypersonic flow"]
+    np.testing.assert_array_equal(again.encode_documents(text)[0], enc.encode_documents(text)[0])
+    with pytest.raises(ValueError, match="no PCA projection is shipped"):
+        load_encoder(embedded_model_path(), projection="pca")
+    with pytest.raises(ValueError, match="projection must be 'random' or 'pca'"):
+        load_encoder(projection="whitened")

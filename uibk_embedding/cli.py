@@ -85,6 +85,8 @@ def _positive_int(text: str) -> int:
 def _load_encoder(args: argparse.Namespace, **kw: Any):
     from uibk_embedding.encoder import load_encoder
 
+    if getattr(args, "projection", None):
+        kw.setdefault("projection", args.projection)
     return load_encoder(args.encoder, **kw)
 
 
@@ -243,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
         sp.add_argument("--encoder", default=None,
                         help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+        sp.add_argument("--projection", choices=["random", "pca"], default=None,
+                        help="the embedded model's projections R and P: random (seed 0, the "
+                             "default) or the shipped PCA fit; use the same for index and search")
         if store:
             sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
             sp.add_argument("--path", default=None, help="store location (backend option path)")
