@@ -226,3 +226,12 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
         load_encoder(embedded_model_path(), projection="pca")
     with pytest.raises(ValueError, match="projection must be 'random' or 'pca'"):
         load_encoder(projection="whitened")
+
+
+def test_cli_projection_option():
+    from uibk_embedding import cli
+
+    args = cli.build_parser().parse_args(["eval", "somewhere", "--projection", "pca"])
+    assert cli._load_encoder(args).config()["projection"] == "pca"
+    args = cli.build_parser().parse_args(["search", "a query", "--path", "x"])
+    assert "projection" not in cli._load_encoder(args).config()  # default: seeded
