@@ -86,9 +86,14 @@ def load_encoder(
 
             return UIBKEncoder.from_pretrained(p, **options)
         if kind == "transformer":
-            opts = {k: cfg[k] for k in ("seed", "dense_weight", "query_token_cap",
+            from uibk_embedding.encoder.projection import read_saved_projections
+
+            opts = {k: cfg[k] for k in ("seed", "dense_weight", "query_token_cap", "projection",
                                        "query_max_length", "doc_max_length") if k in cfg}
             opts["format"] = TaggedFormat.from_dict(cfg["format"])
+            saved = read_saved_projections(p, cfg)  # None: seeded, redrawn from the seed
+            if saved is not None:
+                opts["projections"] = saved
             return TransformerEncoder(cfg.get("model", p), **{**opts, **options})
         raise ValueError(f"{cfg_file}: unknown encoder kind {kind!r}")
     if (p / "config.json").exists():

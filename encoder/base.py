@@ -158,6 +158,9 @@ class TaggedEncoder:
     format: the tagged format (beta, lambda).
     seed: seed of the fixed projections ``R`` (381 x dense_dim) and ``P`` (127 x token_dim);
         ignored when ``projections`` (a dict with arrays ``R`` and ``P``) is given.
+    projection: what ``projections`` are, recorded in :meth:`config`: ``"random"`` (drawn from
+        ``seed``, the default) or ``"pca"`` (fitted, :meth:`fit_projection`); a non-random
+        projection is saved and reloaded from ``projections.npz``, never redrawn.
     dense_weight: default query-time dense weight ``w`` (DESIGN 1.4).
     query_token_cap: query tokens that take part in token matching (64).
     query_max_length: tokens the dense head reads of a query (256).
@@ -176,6 +179,7 @@ class TaggedEncoder:
         format: TaggedFormat | None = None,
         seed: int = 0,
         projections: dict[str, np.ndarray] | None = None,
+        projection: str = "random",
         dense_weight: float = 1.0,
         query_token_cap: int = 64,
         query_max_length: int = 256,
@@ -198,6 +202,7 @@ class TaggedEncoder:
                 f"{dense_dim} / token_dim={token_dim}"
             )
         self.seed = seed
+        self.projection = _check_projection_kind(projection)
         self._check_weight(dense_weight)
         self.dense_weight = float(dense_weight)
         if query_token_cap < 1 or query_max_length < 2 or doc_max_length < 2:
@@ -238,8 +243,13 @@ class TaggedEncoder:
         return [(g[i], states[i, a:b]) for i, (a, b) in enumerate(zip(tb.starts, tb.ends, strict=True))]
 
     def config(self) -> dict[str, Any]:
-        """What :func:`~uibk_embedding.encoder.load_encoder` needs to rebuild this encoder."""
-        return {
+        """What :func:`~uibk_embedding.encoder.load_encoder` needs to rebuild this encoder.
+
+        A fitted projection adds ``projection`` and ``projection_id`` (a content hash of
+        ``R`` and ``P``), so it can never be mistaken for the seeded one (the configuration of
+        a seeded encoder is unchanged, and so are the eval cache keys made from it).
+        """
+        cfg = {
             "kind": self.kind,
             "format": self.format.to_dict(),
             "seed": self.seed,
@@ -248,6 +258,45 @@ class TaggedEncoder:
             "query_max_length": self.query_max_length,
             "doc_max_length": self.doc_max_length,
         }
+        if self.projection != "random":
+            from uibk_embedding.encoder.projection import projection_id
+
+            cfg["projection"] = self.projection
+            cfg["projection_id"] = projection_id(self.R, self.P)
+        return cfg
+
+    def fit_projection(self, texts: Sequence[str], *, fit_dense: bool = False,
+                       max_token_rows: int = 200_000) -> TaggedEncoder:
+        """Replace the random token projection ``P`` (and ``R`` with ``fit_dense=True``) by a
+        PCA fitted on ``texts`` (read as documents; see
+        :mod:`uibk_embedding.encoder.projection`) and return ``self``.
+
+        Deterministic for given texts. Lists encoded before the fit do not match lists encoded
+        after it: fit first, then :meth:`save_projections` and use that folder on both sides.
+
+        >>> from uibk_embedding.encoder import load_encoder
+        >>> enc = load_encoder()
+        >>> texts = [f"report {i} on the lift of wing {i % 7} at Mach {i % 5}" for i in range(400)]
+        >>> enc.fit_projection(texts).config()["projection"]
+        'pca'
+        """
+        from uibk_embedding.encoder.projection import fit_pca_projections
+
+        fitted = fit_pca_projections(self, texts, fit_dense=fit_dense, max_token_rows=max_token_rows)
+        self.set_projections(fitted, "pca")
+        return self
+
+    def set_projections(self, projections: dict[str, np.ndarray], kind: str) -> None:
+        """Use other fixed matrices ``R`` and ``P`` (same shapes) from now on."""
+        R = np.asarray(projections["R"], dtype=np.float32)
+        P = np.asarray(projections["P"], dtype=np.float32)
+        if R.shape != self.R.shape or P.shape != self.P.shape:
+            raise ValueError(f"projection shapes {R.shape} / {P.shape} do not fit this encoder's "
+                             f"{self.R.shape} / {self.P.shape}")
+        with self._lock:
+            self.R, self.P = R, P
+            self.projection = _check_projection_kind(kind)
+            self._device_consts = {}
 
     # -- the protocol ------------------------------------------------------------------------
     def encode_queries(
@@ -515,6 +564,12 @@ class TaggedEncoder:
         path.mkdir(parents=True, exist_ok=True)
         np.savez(path / PROJECTIONS_NAME, R=self.R, P=self.P)
         (path / CONFIG_NAME).write_text(json.dumps(self.config(), indent=2))
+
+
+def _check_projection_kind(kind: str) -> str:
+    if kind not in ("random", "pca"):
+        raise ValueError(f"projection must be 'random' or 'pca', got {kind!r}")
+    return kind
 
 
 def _safe_norm(x: Any) -> Any:

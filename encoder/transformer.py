@@ -32,6 +32,9 @@ from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
+# R and P fitted by PCA for the embedded model (``projection="pca"``), shipped with the package;
+# made by ``benchmarks/projection_eval.py ship`` (docs/model.md, "Fitted projections")
+EMBEDDED_PCA_FILE = Path(__file__).resolve().parent / "data" / "minilm_pca.npz"
 
 # Chosen with `uibk-embed eval` on cranfield and npl (README, "Choosing the dense weight").
 DEFAULT_DENSE_WEIGHT = 4.0
@@ -73,8 +76,17 @@ class TransformerEncoder(TaggedEncoder):
         ``"embedded:all-MiniLM-L6-v2"`` for the packaged default.
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     num_threads: CPU threads for torch (``torch.set_num_threads``); None leaves it alone.
+    projection: ``"random"`` (default: ``R`` and ``P`` drawn from ``seed``) or ``"pca"``: for the
+        embedded model, the PCA matrices shipped with the package (fitted once, offline,
+        deterministic); another model has none shipped: fit them with
+        :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
+        ``uibk-embed fit-projection`` and load the saved folder.
     **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (format, seed,
         dense_weight, caps, batch size in tokens).
+
+    >>> enc = TransformerEncoder(projection="pca")
+    >>> enc.config()["projection"], enc.R.shape, enc.P.shape
+    ('pca', (381, 384), (127, 384))
     """
 
     kind = "transformer"
@@ -107,6 +119,14 @@ class TransformerEncoder(TaggedEncoder):
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         hidden = int(self.model.config.hidden_size)
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
+        if kwargs.get("projection") == "pca" and kwargs.get("projections") is None:
+            if self.model_name != EMBEDDED_NAME:
+                raise ValueError(
+                    f"no PCA projection is shipped for {self.model_name}: fit one with "
+                    "encoder.fit_projection(texts) or `uibk-embed fit-projection`, save it and load "
+                    "that folder")
+            with np.load(EMBEDDED_PCA_FILE) as z:
+                kwargs["projections"] = {"R": z["R"], "P": z["P"]}
         kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
         super().__init__(self.pooling.dim(hidden), hidden, **kwargs)

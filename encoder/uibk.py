@@ -445,8 +445,15 @@ class UIBKEncoder(TaggedEncoder):
             if "R" not in npz or "P" not in npz:
                 raise ValueError(f"{p / PROJECTIONS_NAME} must hold arrays R and P")
             projections = {"R": npz["R"], "P": npz["P"]}
+        from uibk_embedding.encoder.projection import projection_id
+
+        want = meta.get("projection_id")
+        if want is not None and projection_id(projections["R"], projections["P"]) != want:
+            raise ValueError(f"{p / PROJECTIONS_NAME} does not hold the projection {want} "
+                             f"that {p / CONFIG_NAME} names")
         opts: dict[str, Any] = {k: meta[k] for k in ("seed", "dense_weight", "query_token_cap",
-                                                     "query_max_length", "doc_max_length") if k in meta}
+                                                     "projection", "query_max_length",
+                                                     "doc_max_length") if k in meta}
         if "format" in meta:
             opts["format"] = TaggedFormat.from_dict(meta["format"])
         opts.update(options)

@@ -7,6 +7,7 @@ Subcommands::
     uibk-embed index DATA --backend milvus --option uri=... --ray [--ray-address A] [--workers N]
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
     uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
+    uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
     uibk-embed serve ...                        the shared encoder over HTTP
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
 
@@ -87,6 +88,8 @@ def _positive_int(text: str) -> int:
 def _load_encoder(args: argparse.Namespace, **kw: Any):
     from uibk_embedding.encoder import load_encoder
 
+    if getattr(args, "projection", None):
+        kw.setdefault("projection", args.projection)
     return load_encoder(args.encoder, **kw)
 
 
@@ -211,6 +214,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit_projection(args: argparse.Namespace) -> int:
+    from uibk_embedding.data import read_corpus
+    from uibk_embedding.encoder.projection import projection_id
+
+    docs = read_corpus(args.data)
+    if len(docs) > args.max_docs:  # evenly spaced over the corpus, deterministic
+        step = len(docs) / args.max_docs
+        docs = [docs[int(i * step)] for i in range(args.max_docs)]
+    enc = _load_encoder(args)
+    if not hasattr(enc, "fit_projection"):
+        raise SystemExit(f"uibk-embed: {type(enc).__name__} has no projection to fit")
+    t0 = time.perf_counter()
+    try:
+        enc.fit_projection([d.full_text for d in docs], max_token_rows=args.max_token_rows)
+    except ValueError as e:
+        raise SystemExit(f"uibk-embed: {e}") from None
+    enc.save_projections(args.out)
+    print(f"fitted R {enc.R.shape} and P {enc.P.shape} by PCA on {len(docs)} documents in "
+          f"{time.perf_counter() - t0:.1f} s (projection {projection_id(enc.R, enc.P)})")
+    print(f"saved to {args.out}; use it on both sides: --encoder {args.out}")
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from uibk_embedding.adapters import open_store
 
@@ -255,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
         sp.add_argument("--encoder", default=None,
                         help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+        sp.add_argument("--projection", choices=["random", "pca"], default=None,
+                        help="the embedded model's projections R and P: random (seed 0, the "
+                             "default) or the shipped PCA fit; use the same for index and search")
         if store:
             sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
             sp.add_argument("--path", default=None, help="store location (backend option path)")
@@ -307,6 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-cache", action="store_true", help="do not cache encoded vectors")
     common(sp)
     sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("fit-projection",
+                        help="fit the projections R and P by PCA on a corpus; save an encoder folder")
+    sp.add_argument("data", help="BEIR folder or JSONL corpus: the sample to fit on")
+    sp.add_argument("--out", required=True, help="folder to save the fitted encoder to")
+    sp.add_argument("--max-docs", type=_positive_int, default=5000,
+                    help="documents of the sample, evenly spaced over the corpus (default 5000)")
+    sp.add_argument("--max-token-rows", type=_positive_int, default=200_000,
+                    help="token states used to fit P (default 200000)")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_fit_projection)
 
     for name, module, help_ in [
         ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),
