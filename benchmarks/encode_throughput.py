@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -233,36 +231,14 @@ def bench_uibk(corpus: list[str], n_docs: int, runs: int, device: str) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_server(enc, texts: list[str], runs: int, device: str, threads: int, clients: int,
                  request_texts: int) -> dict:
     """``uibk-embed serve`` (embedded default) with concurrent clients vs the in-process encoder."""
-    import httpx
     from uibk_embedding.encoder.remote import RemoteEncoder
+    from uibk_embedding.encoder.server import serve_subprocess
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "uibk_embedding.cli", "serve", "--port", str(port), "--device", device,
-           "--threads", str(threads), "--max-texts", str(max(request_texts, 1))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not become healthy within 300 s")
-            time.sleep(0.3)
+    with serve_subprocess("--device", device, "--threads", str(threads),
+                          "--max-texts", str(max(request_texts, 1))) as url:
         remotes = [RemoteEncoder(url, show_progress=False, request_texts=request_texts, in_flight=2)
                    for _ in range(clients)]
         shares = [texts[k::clients] for k in range(clients)]  # interleaved: long and short texts each
@@ -298,13 +274,6 @@ def bench_server(enc, texts: list[str], runs: int, device: str, threads: int, cl
         stats = remotes[0].stats()
         for r in remotes:
             r.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     n = len(texts)
     return {"texts": n, "clients": clients, "request_texts": request_texts, "server_threads": threads,
             "docs_per_s": {k: n / v for k, v in t.items()},

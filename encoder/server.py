@@ -38,9 +38,10 @@ Example
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from uibk_embedding.encoder.base import validate_texts
@@ -159,6 +160,55 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                         headers={"X-UIBK-Truncated": str(res.truncated)})
 
     return app
+
+
+@contextlib.contextmanager
+def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str]:
+    """Run ``uibk-embed serve ARGS`` in a child process on a free local port; yield its URL once
+    ``/health`` answers, stop the child (terminate, then kill) on exit. A child that exits or
+    stays unhealthy past ``startup_timeout`` seconds raises ``RuntimeError`` with its output.
+
+    >>> with serve_subprocess("--device", "cpu") as url:  # doctest: +SKIP
+    ...     RemoteEncoder(url).encode_documents(["a wing"])[0].shape[1]
+    128
+    """
+    import socket
+    import subprocess
+    import tempfile
+    import time
+
+    httpx = require("httpx", "serve", "serve_subprocess")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.cli", "serve", "--port", str(port),
+                                 *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + startup_timeout  # importing torch on a busy machine is slow
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"uibk-embed serve exited with {proc.returncode}: "
+                                       f"{log.read()[-3000:]}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"uibk-embed serve did not answer /health within "
+                                       f"{startup_timeout:g} s")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:

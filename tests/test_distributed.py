@@ -162,38 +162,11 @@ def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
 @pytest.fixture(scope="module")
 def served_encoder():
     """`uibk-embed serve` (the embedded default, CPU, one thread) in a child process."""
-    import socket
-    import subprocess
-    import sys
-    import time
+    pytest.importorskip("httpx")
+    from uibk_embedding.encoder.server import serve_subprocess
 
-    httpx = pytest.importorskip("httpx")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.cli", "serve", "--port", str(port),
-                             "--device", "cpu", "--threads", "1", "--max-wait-ms", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"uibk-embed serve exited: {proc.stdout.read()}"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "uibk-embed serve did not start within 300 s"
-            time.sleep(0.5)
+    with serve_subprocess("--device", "cpu", "--threads", "1", "--max-wait-ms", "5") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, corpus, reference,

@@ -31,6 +31,7 @@ from uibk_embedding.encoder.remote import (  # noqa: E402
     pack_payload,
     unpack_payload,
 )
+from uibk_embedding.encoder.server import serve_subprocess  # noqa: E402
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
 
 TEXTS = [
@@ -59,33 +60,10 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    port = free_port()
-    cmd = [sys.executable, "-m", "uibk_embedding.cli", "serve", "--encoder", str(checkpoint),
-           "--port", str(port), "--max-wait-ms", "150", "--max-texts", str(MAX_TEXTS),
-           "--max-text-chars", str(MAX_CHARS), "--max-body-mb", "0.25", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # importing torch on a busy 2-core machine is slow
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("server did not become healthy within 300 s")
-            time.sleep(0.5)
+    with serve_subprocess("--encoder", str(checkpoint), "--max-wait-ms", "150",
+                          "--max-texts", str(MAX_TEXTS), "--max-text-chars", str(MAX_CHARS),
+                          "--max-body-mb", "0.25", "--device", "cpu") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
