@@ -40,7 +40,6 @@ Collections are names under ``$UIBK_DATASETS`` (default ``../shared/datasets``) 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -72,15 +71,11 @@ def _encoder():
 
 
 def _ident(enc, coll) -> str:
-    h = hashlib.sha256()
+    from uibk_embedding.evaluation import collection_fingerprint
+
     cfg = {k: v for k, v in enc.config().items() if k in (
         "model", "query_token_cap", "query_max_length", "doc_max_length")}
-    h.update(json.dumps(cfg, sort_keys=True).encode())
-    for d in coll.corpus:
-        h.update(d.id.encode() + b"\0" + d.full_text.encode() + b"\0")
-    for q, t in coll.queries.items():
-        h.update(q.encode() + b"\1" + t.encode() + b"\1")
-    return h.hexdigest()[:16]
+    return collection_fingerprint(cfg, coll, 16)
 
 
 def _save_chunk(path: Path, dense: np.ndarray, toks: list[np.ndarray]) -> None:

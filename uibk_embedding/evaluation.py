@@ -54,16 +54,29 @@ class Encoded:
     queries: list[np.ndarray]  # at dense weight 1
 
 
-def _fingerprint(encoder: Any, coll: Collection) -> str:
+def collection_fingerprint(config: dict[str, Any], coll: Collection, length: int = 24) -> str:
+    """A hex digest of an encoder configuration and a collection's texts (ids, documents,
+    queries): the key of cached encodings.
+
+    >>> from uibk_embedding.data import Document
+    >>> c = Collection("c", [Document("d1", "a wing")], {"q1": "wing"}, {})
+    >>> collection_fingerprint({"model": "m"}, c) == collection_fingerprint({"model": "m"}, c)
+    True
+    >>> collection_fingerprint({"model": "m"}, c) != collection_fingerprint({"model": "n"}, c)
+    True
+    """
     h = hashlib.sha256()
-    cfg = encoder.config() if hasattr(encoder, "config") else {"repr": repr(encoder)}
-    cfg = {k: v for k, v in cfg.items() if k != "dense_weight"}
-    h.update(json.dumps(cfg, sort_keys=True).encode())
+    h.update(json.dumps(config, sort_keys=True).encode())
     for d in coll.corpus:
         h.update(d.id.encode() + b"\0" + d.full_text.encode() + b"\0")
     for q, t in coll.queries.items():
         h.update(q.encode() + b"\1" + t.encode() + b"\1")
-    return h.hexdigest()[:24]
+    return h.hexdigest()[:length]
+
+
+def _fingerprint(encoder: Any, coll: Collection) -> str:
+    cfg = encoder.config() if hasattr(encoder, "config") else {"repr": repr(encoder)}
+    return collection_fingerprint({k: v for k, v in cfg.items() if k != "dense_weight"}, coll)
 
 
 def _save(path: Path, lists: Sequence[np.ndarray], ids: Sequence[str], prefix: str, out: dict):
