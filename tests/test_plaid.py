@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from uibk_embedding._sqlite_state import stored_state
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 pytest.importorskip("fast_plaid")
@@ -108,12 +109,7 @@ def _check_after_kill(path: Path) -> int:
 
 
 def _dirty(path: Path) -> bool:
-    db = sqlite3.connect(path / "store.sqlite")
-    try:
-        row = db.execute("SELECT value FROM state WHERE key = 'dirty'").fetchone()
-        return bool(row) and row[0] == "1"
-    finally:
-        db.close()
+    return stored_state(path, "dirty") == "1"
 
 
 class _nothing:
@@ -376,11 +372,7 @@ def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
 
 
 def _built_vectors(path: Path) -> int:
-    db = sqlite3.connect(path / "store.sqlite")
-    try:
-        return int(db.execute("SELECT value FROM state WHERE key = 'built_vectors'").fetchone()[0])
-    finally:
-        db.close()
+    return int(stored_state(path, "built_vectors"))
 
 
 def test_index_is_rebuilt_when_the_store_has_doubled(tmp_path):

@@ -6,7 +6,6 @@ rewrite; the missing-extra error."""
 from __future__ import annotations
 
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from uibk_embedding._sqlite_state import stored_state
 
 pytest.importorskip("xtr_warp")
 
@@ -114,12 +115,7 @@ _CHILD = textwrap.dedent("""
 
 
 def _dirty(path: Path) -> bool:
-    db = sqlite3.connect(path / "store.sqlite")
-    try:
-        row = db.execute("SELECT value FROM state WHERE key = 'dirty'").fetchone()
-        return bool(row) and row[0] == "1"
-    finally:
-        db.close()
+    return stored_state(path, "dirty") == "1"
 
 
 @pytest.mark.parametrize("step", ["delete", "add", "compact", "load"])

@@ -65,6 +65,16 @@ def state_get(db: sqlite3.Connection, key: str, default: str | None = None) -> s
     return row[0] if row else default
 
 
+def stored_state(folder: str | os.PathLike, key: str, db_name: str = "store.sqlite") -> str | None:
+    """One ``state`` value of the store database in ``folder``, read without opening the store
+    (for tests and tools looking at a store another process wrote)."""
+    db = sqlite3.connect(os.path.join(folder, db_name))
+    try:
+        return state_get(db, key)
+    finally:
+        db.close()
+
+
 def state_set(db: sqlite3.Connection, **values: Any) -> None:
     db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
                    [(k, str(v)) for k, v in values.items()])
