@@ -48,6 +48,22 @@ RESERVED_PREFIX = "_uibk"
 UNIT_TOL = 1e-3
 
 
+def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: str) -> TaggedFormat:
+    """The format an existing store goes on with: ``saved``, after checking that lists made
+    with ``requested`` (``None``: not declared) can be stored and searched beside its lists
+    (:meth:`TaggedFormat.conflict`); else :class:`CollectionMismatch` naming ``where``.
+
+    >>> settle_format(TaggedFormat(projection="random-1a"), None, "store x").projection
+    'random-1a'
+    """
+    from uibk_embedding.errors import CollectionMismatch
+
+    problem = saved.conflict(requested)
+    if problem:
+        raise CollectionMismatch(f"{where} cannot be used with this encoder: {problem}. It was not changed.")
+    return saved
+
+
 @dataclass
 class Hit:
     """One search result: ``id``, MaxSim ``score`` (as the backend computed it), ``metadata``,

@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import atomic_savez
-from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 
 _OP = re.compile(r"^(\d{12})\.npz$")
@@ -127,14 +126,12 @@ class ExactStore(MultiVectorStore):
         (self.path / "ops").mkdir(parents=True, exist_ok=True)
         cfg = self.path / "store.json"
         if cfg.exists():
-            saved = TaggedFormat.from_dict(json.loads(cfg.read_text())["format"])
-            if format is not None and format != saved:
-                raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
-            self.format = saved
+            saved = TaggedFormat.from_stored(json.loads(cfg.read_text())["format"])
+            self.format = settle_format(saved, format, f"store at {self.path}")
         else:
             tmp = cfg.with_suffix(".tmp")
             tmp.write_text(json.dumps({"backend": "exact", "version": 1,
-                                       "format": self.format.to_dict()}))
+                                       "format": self.format.to_stored()}))
             os.replace(tmp, cfg)
         snaps = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SNAP.match(p.name)))
         if snaps:

@@ -364,7 +364,7 @@ class MilvusStore(MultiVectorStore):
     # -- schema ----------------------------------------------------------------------------
     def _description(self) -> str:
         return json.dumps({"uibk": self.layout, "schema": SCHEMA_VERSION,
-                           "format": self.format.to_dict()}, sort_keys=True)
+                           "format": self.format.to_stored()}, sort_keys=True)
 
     def _expected_fields(self, name: str) -> dict[str, tuple[str, dict]]:
         if name == self.rows_name and self.layout == "token_rows":
@@ -481,9 +481,10 @@ class MilvusStore(MultiVectorStore):
                 problems.append(f"schema version {info.get('schema')} (this adapter writes "
                                 f"{SCHEMA_VERSION})")
             else:
-                saved = TaggedFormat.from_dict(info["format"])
-                if format is not None and format != saved:
-                    problems.append(f"it holds lists of {saved}, not {format}")
+                saved = TaggedFormat.from_stored(info["format"])
+                problem = saved.conflict(format)
+                if problem:
+                    problems.append(problem)
                 else:
                     self.format = saved
         if name == self.rows_name and self.layout == "token_rows" and not problems:

@@ -384,6 +384,7 @@ class QdrantStore(_QdrantBase):
         qc = require("qdrant_client", "qdrant", "the Qdrant adapter")
         self._models = require("qdrant_client.models", "qdrant", "the Qdrant adapter")
         super().__init__(format)
+        self._given_format = format
         if not isinstance(collection, str) or not collection:
             raise ValueError(f"collection must be a non-empty string, got {collection!r}")
         if vector_name == dense_name:
@@ -500,7 +501,7 @@ class QdrantStore(_QdrantBase):
                                                         dense_hnsw, on_disk),
                     shard_number=shard_number, replication_factor=replication_factor,
                     on_disk_payload=on_disk_payload,
-                    metadata={META_KEY: {"version": 1, "format": self.format.to_dict()}})
+                    metadata={META_KEY: {"version": 1, "format": self.format.to_stored()}})
                 self.created = True
                 return
             except Exception as e:
@@ -549,9 +550,12 @@ class QdrantStore(_QdrantBase):
                     problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
         meta = (getattr(info.config, "metadata", None) or {}).get(META_KEY)
         if isinstance(meta, Mapping) and "format" in meta:
-            saved = TaggedFormat.from_dict(meta["format"])
-            if saved != self.format:
-                problems.append(f"it was built with {saved}, not {self.format}")
+            saved = TaggedFormat.from_stored(meta["format"])
+            problem = saved.conflict(self._given_format)
+            if problem:
+                problems.append(problem)
+            else:
+                self.format = saved
         if problems:
             raise CollectionMismatch(
                 f"Qdrant collection {self.collection!r} does not fit uibk-embedding: "

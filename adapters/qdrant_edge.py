@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record
+from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
@@ -157,11 +157,8 @@ class QdrantEdgeStore(_QdrantBase):
         if cfg_path.exists():
             self._validate(json.loads(cfg_path.read_text()))
             if ours.exists():
-                saved = TaggedFormat.from_dict(json.loads(ours.read_text())["format"])
-                if format is not None and format != saved:
-                    raise CollectionMismatch(f"Edge shard at {self.path} was built with {saved}, "
-                                             f"not {format}. The shard was not changed.")
-                self.format = saved
+                saved = TaggedFormat.from_stored(json.loads(ours.read_text())["format"])
+                self.format = settle_format(saved, format, f"Edge shard at {self.path}")
             cfg = None if max_search_threads is None else e.EdgeConfig(max_search_threads=max_search_threads)
             self.shard = e.EdgeShard.load(str(self.path), cfg)
             return
@@ -171,7 +168,7 @@ class QdrantEdgeStore(_QdrantBase):
         self.shard = e.EdgeShard.create(str(self.path), self._config(max_search_threads))
         tmp = ours.with_suffix(".tmp")
         tmp.write_text(json.dumps({"backend": "qdrant-edge", "version": 1,
-                                   "format": self.format.to_dict()}))
+                                   "format": self.format.to_stored()}))
         os.replace(tmp, ours)
 
     def _validate(self, cfg: Mapping[str, Any]) -> None:

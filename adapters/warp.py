@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import TaggedFormat
 
@@ -402,7 +402,7 @@ class WarpStore(MultiVectorStore):
         raw = self._state_get("config")
         if raw is None:
             self._build = {k: (BUILD_DEFAULTS[k] if v is None else v) for k, v in given.items()}
-            config = {"backend": "warp", "schema": SCHEMA_VERSION, "format": self.format.to_dict(),
+            config = {"backend": "warp", "schema": SCHEMA_VERSION, "format": self.format.to_stored(),
                       "build": self._build, "engine": f"xtr-warp-rs {self.engine_version}"}
             with self._tx() as db:
                 self._state_set(db, config=json.dumps(config), index_dir="", dirty="0",
@@ -412,10 +412,8 @@ class WarpStore(MultiVectorStore):
             config = json.loads(raw)
             if config.get("backend") != "warp" or config.get("schema") != SCHEMA_VERSION:
                 raise CollectionMismatch(f"{self.path} does not hold a WARP store of schema {SCHEMA_VERSION}")
-            saved = TaggedFormat.from_dict(config["format"])
-            if format is not None and format != saved:
-                raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
-            self.format = saved
+            self.format = settle_format(TaggedFormat.from_stored(config["format"]), format,
+                                        f"store at {self.path}")
             self._build = dict(config["build"])
             for k, v in given.items():
                 if v is not None and v != self._build[k]:

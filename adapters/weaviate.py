@@ -281,7 +281,7 @@ def collection_spec(name: str = DEFAULT_COLLECTION, *, vector_name: str = VECTOR
     and checked on reopen. See the module docstring for an example."""
     return {
         "name": name,
-        "description": json.dumps({FORMAT_MARKER: (format or TaggedFormat()).to_dict()}, sort_keys=True),
+        "description": json.dumps({FORMAT_MARKER: (format or TaggedFormat()).to_stored()}, sort_keys=True),
         "properties": collection_properties(),
         "vector_config": vector_config(vector_name, **vector_options),
     }
@@ -290,7 +290,7 @@ def collection_spec(name: str = DEFAULT_COLLECTION, *, vector_name: str = VECTOR
 def saved_format(config: Any) -> TaggedFormat | None:
     """The tagged format recorded in a collection's description (None: none recorded)."""
     try:
-        return TaggedFormat.from_dict(json.loads(config.description or "")[FORMAT_MARKER])
+        return TaggedFormat.from_stored(json.loads(config.description or "")[FORMAT_MARKER])
     except (ValueError, TypeError, KeyError):
         return None
 
@@ -309,8 +309,9 @@ def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
     """
     problems = []
     saved = saved_format(config)
-    if format is not None and saved is not None and saved != format:
-        problems.append(f"it holds lists of {saved}, not {format}")
+    problem = saved.conflict(format) if saved is not None else None
+    if problem:
+        problems.append(problem)
     if getattr(config.multi_tenancy_config, "enabled", False):
         problems.append("multi-tenancy is enabled (the store does not pass tenants)")
     named = config.vector_config or {}

@@ -33,6 +33,8 @@ Usage::
     python benchmarks/projection_eval.py ship cranfield npl limit-small --out encoder/data/minilm_pca.npz
     python benchmarks/projection_eval.py eval cranfield npl limit-small \
         [--out benchmarks/results/projection_eval.json] [--md benchmarks/results/projection_eval.md]
+    python benchmarks/projection_eval.py eval cranfield npl limit-small --dense-weight 8 \
+        --variants random-s0,pca-shipped,pca-other --out benchmarks/results/projection_w8.json
 
 Collections are names under ``$UIBK_DATASETS`` (default ``../shared/datasets``) or folders.
 """
@@ -67,7 +69,7 @@ def _dataset(name: str) -> Path:
 def _encoder():
     from uibk_embedding.encoder import load_encoder
 
-    return load_encoder(show_progress=False)
+    return load_encoder(projection="random", show_progress=False)  # heads: before any projection
 
 
 def _ident(enc, coll) -> str:
@@ -254,6 +256,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for n in args.data:
         t0 = time.perf_counter()
         vs = variants(heads[n], [heads[o] for o in args.data if o != n])
+        if args.variants:
+            unknown = set(args.variants) - set(vs)
+            if unknown:
+                raise SystemExit(f"unknown variants {sorted(unknown)}; known: {sorted(vs)}")
+            vs = {v: vs[v] for v in args.variants}
         rows = {}
         for v, proj in vs.items():
             rows[v] = {"projection_id": projection_id(proj["R"], proj["P"]),
@@ -334,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="score every projection on the cached heads")
     e.add_argument("data", nargs="+")
     e.add_argument("--dense-weight", type=float, default=None)
+    e.add_argument("--variants", type=lambda t: t.split(","), default=None,
+                   help="comma-separated subset, e.g. random-s0,pca-shipped (default: all)")
     e.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "projection_eval.json")
     e.add_argument("--md", type=Path, default=None)
     s = sub.add_parser("ship", help="fit the PCA projection shipped with the embedded default")

@@ -90,6 +90,7 @@ def load_encoder(
 
             opts = {k: cfg[k] for k in ("seed", "dense_weight", "query_token_cap", "projection",
                                        "query_max_length", "doc_max_length") if k in cfg}
+            opts.setdefault("projection", "random")  # saved without one: seeded (not the default)
             opts["format"] = TaggedFormat.from_dict(cfg["format"])
             saved = read_saved_projections(p, cfg)  # None: seeded, redrawn from the seed
             if saved is not None:

@@ -31,7 +31,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -203,6 +203,7 @@ class TaggedEncoder:
             )
         self.seed = seed
         self.projection = _check_projection_kind(projection)
+        self._declare_projection()
         self._check_weight(dense_weight)
         self.dense_weight = float(dense_weight)
         if query_token_cap < 1 or query_max_length < 2 or doc_max_length < 2:
@@ -296,7 +297,15 @@ class TaggedEncoder:
         with self._lock:
             self.R, self.P = R, P
             self.projection = _check_projection_kind(kind)
+            self._declare_projection()
             self._device_consts = {}
+
+    def _declare_projection(self) -> None:
+        """Put the projection's identity (``"<kind>-<content hash of R and P>"``) into
+        ``self.format``: what a store records and checks (:meth:`TaggedFormat.conflict`)."""
+        from uibk_embedding.encoder.projection import projection_id
+
+        self.format = replace(self.format, projection=f"{self.projection}-{projection_id(self.R, self.P)}")
 
     # -- the protocol ------------------------------------------------------------------------
     def encode_queries(

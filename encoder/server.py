@@ -3,7 +3,7 @@
 Endpoints
 ---------
 ``GET /health``
-    JSON: ``service`` ("uibk-embed"), ``model``, ``device``, ``format`` (beta, lambda_),
+    JSON: ``service`` ("uibk-embed"), ``model``, ``device``, ``format`` (beta, lambda_, projection),
     ``dense_weight``, ``dim``, length caps and the request ``limits``.
 ``GET /stats``
     JSON counters of the shared encoder: ``requests``, ``texts``, ``passes`` (forward passes),
@@ -90,7 +90,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             "model": shared.model_name,
             "kind": enc.kind,
             "device": shared.device,
-            "format": shared.format.to_dict(),
+            "format": shared.format.to_stored(),
             "dense_weight": enc.dense_weight,
             "dim": DIM,
             "query_token_cap": enc.query_token_cap,

@@ -32,13 +32,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
 DIM = 128
 BODY = DIM - 1
 N_SLOTS = 3
+
+#: ``TaggedFormat.projection`` of a store written before stores recorded the encoder's
+#: projection (uibk-embedding 0.1.0, when every encoder used its seeded random matrices).
+UNRECORDED = "unrecorded"
 
 
 def _unit_rows(x: np.ndarray, what: str) -> np.ndarray:
@@ -107,6 +112,11 @@ class TaggedFormat:
         Weight of the dense part relative to the token part. Released value 0.75. A value
         for which property (i) fails (a query slot could prefer a document token over every
         document slot) is refused with the reason.
+    projection:
+        Which fixed matrices ``R`` and ``P`` made the lists (``"<kind>-<content hash>"``, set
+        by the encoder; ``None``: not declared). Not part of the arithmetic, but a store
+        records it and refuses an encoder with another one: a query projected with another
+        ``P`` does not match the stored token vectors (see :meth:`conflict`).
 
     >>> TaggedFormat(lambda_=1.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -117,12 +127,15 @@ class TaggedFormat:
     beta: float = 0.9
     lambda_: float = 0.75
     n_slots: int = N_SLOTS
+    projection: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.beta, int | float) and 0 < self.beta < 1):
             raise ValueError(f"beta must be a number in (0, 1), got {self.beta!r}")
         if not (isinstance(self.lambda_, int | float) and self.lambda_ > 0):
             raise ValueError(f"lambda_ must be a positive number, got {self.lambda_!r}")
+        if self.projection is not None and not (isinstance(self.projection, str) and self.projection):
+            raise ValueError(f"projection must be a non-empty string or None, got {self.projection!r}")
         if self.n_slots != N_SLOTS:
             raise ValueError(f"the format has exactly {N_SLOTS} slots, got n_slots={self.n_slots}")
         b = self.bounds()
@@ -160,11 +173,62 @@ class TaggedFormat:
         return n_query_tokens * (1 - self.beta) + self.n_slots * dense_weight * (1 - self.delta)
 
     def to_dict(self) -> dict[str, float]:
+        """The constants only (what an encoder's configuration records)."""
         return {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
+
+    def to_stored(self) -> dict[str, Any]:
+        """What a store records: the constants and the projection (``None`` written out, so
+        that a store opened without an encoder's format is told apart from one written
+        before projections were recorded, see :meth:`from_stored`)."""
+        return {**self.to_dict(), "projection": self.projection}
 
     @classmethod
     def from_dict(cls, d: dict) -> TaggedFormat:
-        return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]))
+        """Read :meth:`to_dict` or :meth:`to_stored` (no ``projection`` key: ``None``)."""
+        return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]), projection=d.get("projection"))
+
+    @classmethod
+    def from_stored(cls, d: dict) -> TaggedFormat:
+        """Read what a store recorded; a record without a ``projection`` key was written
+        before stores recorded it: :data:`UNRECORDED`.
+
+        >>> TaggedFormat.from_stored({"beta": 0.9, "lambda_": 0.75}).projection
+        'unrecorded'
+        """
+        return replace(cls.from_dict(d), projection=d["projection"] if "projection" in d else UNRECORDED)
+
+    def conflict(self, requested: TaggedFormat | None) -> str | None:
+        """Why lists stored with this (saved) format cannot be used with ``requested``, or
+        ``None`` when they can. Constants must be equal; projections too when both sides
+        declare one. A store written before projections were recorded (:data:`UNRECORDED`)
+        was filled by a seeded random projection, the only kind there was: it accepts a
+        ``random-*`` projection (as before) and refuses any other.
+
+        >>> saved = TaggedFormat(projection="random-1a2b")
+        >>> saved.conflict(TaggedFormat(projection="random-1a2b")) is None
+        True
+        >>> print(saved.conflict(TaggedFormat(projection="pca-3c4d")))  # doctest: +ELLIPSIS
+        its lists were encoded with projection random-1a2b, not pca-3c4d: ...
+        """
+        if requested is None:
+            return None
+        if (self.beta, self.lambda_) != (requested.beta, requested.lambda_):
+            return (f"it holds lists of beta={self.beta}, lambda={self.lambda_}, not "
+                    f"beta={requested.beta}, lambda={requested.lambda_}")
+        mine, theirs = self.projection, requested.projection
+        if mine is None or theirs is None or mine == theirs:
+            return None
+        if mine == UNRECORDED:
+            if theirs.startswith("random-"):
+                return None
+            return (f"it was written before stores recorded the encoder's projection, when every "
+                    f"encoder used its seeded random one, and this encoder uses {theirs}: its "
+                    "queries would not match the stored token vectors. Open it with an encoder "
+                    "made with projection='random' (CLI: --projection random), or index into a "
+                    "new store")
+        return (f"its lists were encoded with projection {mine}, not {theirs}: this encoder's "
+                "queries would not match the stored token vectors. Search it with the encoder "
+                "that indexed it, or index into a new store")
 
     # -- construction ----------------------------------------------------------------------
     def token_vectors(self, u: np.ndarray) -> np.ndarray:

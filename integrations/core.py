@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import MultiVectorStore, validate_ids, validate_k, validate_metadata
+from uibk_embedding.adapters.base import (
+    MultiVectorStore,
+    settle_format,
+    validate_ids,
+    validate_k,
+    validate_metadata,
+)
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.encoder.tagged import Decomposition, decompose
@@ -120,13 +126,7 @@ class RetrievalCore:
             )
         if not isinstance(text_key, str) or not text_key:
             raise ValueError(f"text_key must be a non-empty string, got {text_key!r}")
-        enc_fmt, st_fmt = getattr(encoder, "format", None), store.format
-        if enc_fmt is not None and (enc_fmt.beta, enc_fmt.lambda_) != (st_fmt.beta, st_fmt.lambda_):
-            raise ValueError(
-                f"the encoder's tagged format (beta={enc_fmt.beta}, lambda={enc_fmt.lambda_}) differs "
-                f"from the store's (beta={st_fmt.beta}, lambda={st_fmt.lambda_}): open the store "
-                "with format=encoder.format"
-            )
+        settle_format(store.format, getattr(encoder, "format", None), f"the {store.backend} store")
         if dense_weight is not None:
             _check_weight(dense_weight)
         self.encoder = encoder

@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
@@ -354,7 +354,7 @@ class PlaidStore(MultiVectorStore):
                 raise CollectionMismatch(f"{self.path / DB_NAME} has documents but no configuration: not "
                                          "a PLAID store this library wrote; refusing to guess its layout")
             self._build = {k: (BUILD_DEFAULTS[k] if v is None else v) for k, v in given.items()}
-            config = {"backend": "plaid", "schema": SCHEMA_VERSION, "format": self.format.to_dict(),
+            config = {"backend": "plaid", "schema": SCHEMA_VERSION, "format": self.format.to_stored(),
                       "build": self._build, "engine": f"fast-plaid {self.engine_version}"}
             with self._tx() as db:
                 db.execute(f"CREATE TABLE docs {self._DOCS_TABLE}")
@@ -375,10 +375,8 @@ class PlaidStore(MultiVectorStore):
             raise CollectionMismatch(
                 f"{self.path} holds a PLAID store of schema {config.get('schema')!r}; this version of "
                 f"uibk-embedding reads schema {SCHEMA_VERSION} (and converts 1)")
-        saved = TaggedFormat.from_dict(config["format"])
-        if format is not None and format != saved:
-            raise CollectionMismatch(f"store at {self.path} was built with {saved}, not {format}")
-        self.format = saved
+        self.format = settle_format(TaggedFormat.from_stored(config["format"]), format,
+                                    f"store at {self.path}")
         self._build = {**_BUILD_LEGACY, **config["build"]}
         for k, v in given.items():
             if v is not None and v != self._build[k]:

@@ -335,3 +335,28 @@ def test_shared_encoder_and_one_index(composed, models):
     hits = store.search(encode(composed, [TEXTS[0]], True)[0], k=3, explain=True)
     assert len(hits) == 3 and all(h.decomposition.separated for h in hits)
     assert hits[0].score >= hits[1].score >= hits[2].score
+
+
+def test_readme_example_composes_two_local_folders(models, tmp_path, monkeypatch):
+    """The "Bring your own models" block of README.md, run as written with its two folder
+    names pointing at the tiny models."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Bring your own models", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    names = {"models/bge-small-en-v1.5": models["dense"], "models/my-colbert": models["colbert"]}
+    for name, folder in names.items():
+        assert f'"{name}"' in code, f"README example no longer names {name}"
+        code = code.replace(f'"{name}"', repr(str(folder)))
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(code, "README.md", "exec"), ns)
+    assert (tmp_path / "my-encoder").is_dir()
+    again = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+    assert ns["enc"].format == again.format  # reloaded from the saved folder: same matrices
+    np.testing.assert_allclose(ns["docs"][0], again.encode_documents(
+        ["the wing lift in a propeller slipstream"], show_progress=False)[0], atol=1e-6)
+    assert ns["q"].shape[1] == 128

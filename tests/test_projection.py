@@ -37,8 +37,8 @@ def sample(cranfield) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fitted(sample):
-    """A fresh embedded encoder (the session one must stay seeded) with a PCA projection."""
-    return load_encoder(show_progress=False).fit_projection(sample)
+    """A fresh seeded embedded encoder with a PCA projection fitted on cranfield."""
+    return load_encoder(projection="random", show_progress=False).fit_projection(sample)
 
 
 def _orthonormal_rows(m: np.ndarray, tol: float) -> bool:
@@ -73,7 +73,7 @@ def test_fitted_projection_is_orthonormal_and_recorded(fitted):
     assert _orthonormal_rows(fitted.R, 1e-5) and _orthonormal_rows(fitted.P, 1e-5)
     cfg = fitted.config()
     assert cfg["projection"] == "pca" and cfg["projection_id"] == projection_id(fitted.R, fitted.P)
-    seeded = load_encoder(show_progress=False)
+    seeded = load_encoder(projection="random", show_progress=False)
     assert "projection" not in seeded.config()  # seeded config (and eval cache keys) unchanged
     # by default only P is fitted; R stays the seeded matrix
     np.testing.assert_array_equal(fitted.R, seeded.R)
@@ -82,11 +82,11 @@ def test_fitted_projection_is_orthonormal_and_recorded(fitted):
 
 def test_fit_dense_too(sample):
     both = load_encoder(show_progress=False).fit_projection(sample, fit_dense=True)
-    seeded = load_encoder(show_progress=False)
+    seeded = load_encoder(projection="random", show_progress=False)
     assert _orthonormal_rows(both.R, 1e-5) and not np.allclose(both.R, seeded.R)
     again = load_encoder(show_progress=False).fit_projection(sample, fit_dense=True)
     np.testing.assert_array_equal(again.R, both.R)
-    enc = load_encoder(show_progress=False)
+    enc = load_encoder(projection="random", show_progress=False)
     with pytest.raises(ValueError, match="spans only 50 directions"):
         enc.fit_projection(sample[:50], fit_dense=True)
     np.testing.assert_array_equal(enc.R, seeded.R)  # nothing changed
@@ -130,7 +130,7 @@ def test_cached_heads_give_the_encoders_output(fitted, cranfield):
     a truncated document and a query past the 64-token cap."""
     docs = [d.full_text for d in cranfield.corpus[:6]] + ["turbulence " * 700]
     queries = [*list(cranfield.queries.values())[:5], "flutter of panels " * 40]
-    seeded = load_encoder(show_progress=False)
+    seeded = load_encoder(projection="random", show_progress=False)
     for enc in (seeded, fitted):
         with pytest.warns(UserWarning, match="truncated"):
             want = enc.encode_documents(docs)
@@ -214,7 +214,11 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
         np.testing.assert_array_equal(enc.R, z["R"])
         np.testing.assert_array_equal(enc.P, z["P"])
     assert _orthonormal_rows(enc.R, 1e-5) and _orthonormal_rows(enc.P, 1e-5)
-    np.testing.assert_array_equal(enc.R, load_encoder().R)  # R: the seeded default's
+    np.testing.assert_array_equal(enc.R, load_encoder(projection="random").R)  # R: the seeded one
+    default = load_encoder(show_progress=False)  # the embedded default since 0.2.0
+    assert default.config()["projection_id"] == projection_id(enc.R, enc.P)
+    assert default.format.projection == enc.format.projection == f"pca-{projection_id(enc.R, enc.P)}"
+    assert load_encoder(seed=0).format.projection.startswith("random-")  # a seed asks for the seeded one
     cfg = enc.config()
     assert cfg["projection"] == "pca" and cfg["projection_id"] == projection_id(enc.R, enc.P)
     enc.save_projections(tmp_path)
@@ -234,4 +238,6 @@ def test_cli_projection_option():
     args = cli.build_parser().parse_args(["eval", "somewhere", "--projection", "pca"])
     assert cli._load_encoder(args).config()["projection"] == "pca"
     args = cli.build_parser().parse_args(["search", "a query", "--path", "x"])
-    assert "projection" not in cli._load_encoder(args).config()  # default: seeded
+    assert cli._load_encoder(args).config()["projection"] == "pca"  # the default since 0.2.0
+    args = cli.build_parser().parse_args(["search", "a query", "--projection", "random"])
+    assert "projection" not in cli._load_encoder(args).config()

@@ -117,9 +117,10 @@ def test_missing_collection_without_create(client):
 
 def test_format_recorded_and_checked(client):
     QdrantStore("c", client=client, format=TaggedFormat(beta=0.8))
-    with pytest.raises(CollectionMismatch, match="was built with"):
-        QdrantStore("c", client=client)
+    with pytest.raises(CollectionMismatch, match=r"holds lists of beta=0\.8, lambda=0\.75, not beta=0\.9"):
+        QdrantStore("c", client=client, format=TaggedFormat())
     assert QdrantStore("c", client=client, format=TaggedFormat(beta=0.8)).count() == 0
+    assert QdrantStore("c", client=client).format.beta == 0.8  # no format given: the recorded one
 
 
 def test_created_collection_layout(client):

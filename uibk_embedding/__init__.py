@@ -15,7 +15,7 @@ Quick start (embedded default encoder, exact store)::
 from uibk_embedding.adapters import Hit, MultiVectorStore, open_store
 from uibk_embedding.encoder import TaggedFormat, decompose, load_encoder
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "Hit",
     "MultiVectorStore",

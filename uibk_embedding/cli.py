@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.errors import DataError
+from uibk_embedding.errors import DataError, UIBKError
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -127,7 +127,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         enc = RemoteEncoder(args.encoder_url[0])
     else:
         enc = _load_encoder(args)
-    store = open_store(args.backend, **_store_options(args))
+    store = open_store(args.backend, format=enc.format, **_store_options(args))
     t0 = time.perf_counter()
     from tqdm.auto import tqdm
 
@@ -174,7 +174,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from uibk_embedding.adapters import open_store
 
     enc = _load_encoder(args)
-    store = open_store(args.backend, **_store_options(args))
+    store = open_store(args.backend, format=enc.format, **_store_options(args))
     flt = json.loads(args.filter) if args.filter else None
     q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
     hits = store.search(q, k=args.k, filter=flt, explain=True)
@@ -200,7 +200,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.backend != "exact" and "path" not in opts and args.backend == "plaid":
             opts["path"] = str(Path(tmp) / "index")
-        store = open_store(args.backend, **opts)
+        store = open_store(args.backend, format=enc.format, **opts)
         index_into(store, encoded, coll)
         result = run_eval(coll, encoded, store, w)
         store.close()
@@ -252,10 +252,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         ids = [i for i, _ in QUICKSTART_CORPUS]
         texts = [t for _, t in QUICKSTART_CORPUS]
         path = Path(tmp) / "store"
-        with open_store("exact", path=path) as store:
+        with open_store("exact", path=path, format=enc.format) as store:
             store.upsert(ids, enc.encode_documents(texts), [{"text": t} for t in texts])
         print(f"indexed into an exact store at {path}; reopening it")
-        store = open_store("exact", path=path)
+        store = open_store("exact", path=path, format=enc.format)
         query = args.query or QUICKSTART_QUERY
         print(f"\nquery: {query}\n")
         q = enc.encode_queries([query])[0]
@@ -282,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--encoder", default=None,
                         help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
-                        help="the embedded model's projections R and P: random (seed 0, the "
-                             "default) or the shipped PCA fit; use the same for index and search")
+                        help="the embedded model's projections R and P: the shipped PCA fit (pca, "
+                             "the default) or random (seed 0, the default before 0.2.0); stores "
+                             "record it and refuse another")
         if store:
             sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
             sp.add_argument("--path", default=None, help="store location (backend option path)")
@@ -374,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (DataError, FileNotFoundError, NotImplementedError, ImportError) as e:
+    except (UIBKError, FileNotFoundError, NotImplementedError, ImportError) as e:  # clear messages
         raise SystemExit(f"uibk-embed: {e}") from None
     except json.JSONDecodeError as e:
         raise SystemExit(f"uibk-embed: --filter is not valid JSON ({e})") from None

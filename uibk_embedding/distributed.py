@@ -50,10 +50,13 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import DataError
+
+if TYPE_CHECKING:
+    from uibk_embedding.encoder.tagged import TaggedFormat
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
@@ -335,7 +338,11 @@ class IndexWorker:
 
                 self.encoders = [load_encoder(encoder, **options)]
             self._next = 0
-        self.store = open_store(backend, **dict(store_options))
+        fmts = {e.format for e in self.encoders}
+        if len(fmts) > 1:
+            raise ValueError(f"the encoder servers make different lists ({sorted(map(str, fmts))}); "
+                             "give servers of one model and projection")
+        self.store = open_store(backend, format=self.encoders[0].format, **dict(store_options))
         self.skip: frozenset = frozenset()
         if skip:
             ref = skip[0]
@@ -408,6 +415,25 @@ def stored_ids(store: Any, batch_size: int = 1000) -> set[str]:
     set()
     """
     return {x for x, _ in store.scan(batch_size=batch_size)}
+
+
+def encoder_format(encoder: EncoderSpec = None, encoder_options: Mapping[str, Any] | None = None,
+                   encoder_urls: Sequence[str] | None = None) -> TaggedFormat:
+    """The tagged format (with the projection) of the lists the actors will make: asked of the
+    first server, else read from the encoder loaded once on the driver's CPU.
+
+    >>> encoder_format().projection.startswith("pca-")
+    True
+    """
+    if encoder_urls:
+        from uibk_embedding.encoder.remote import RemoteEncoder
+
+        return RemoteEncoder(encoder_urls[0]).format
+    if callable(encoder):
+        return encoder().format
+    from uibk_embedding.encoder import load_encoder
+
+    return load_encoder(encoder, **{**dict(encoder_options or {}), "device": "cpu"}).format
 
 
 def index_distributed(
@@ -484,7 +510,9 @@ def index_distributed(
 
         ctx = DataContext.get_current()
         ctx.enable_progress_bars = False
-        store = open_store(backend, **dict(store_options))  # creates the collection once
+        # creates the collection once, recording the encoder's format and projection
+        fmt = encoder_format(encoder, encoder_options, encoder_urls)
+        store = open_store(backend, format=fmt, **dict(store_options))
         try:
             skip: list[Any] = []
             if resume:

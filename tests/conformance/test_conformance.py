@@ -273,6 +273,40 @@ def test_reopen_with_another_format_raises_collection_mismatch(spec, tmp_path, f
         again.close()
 
 
+def test_store_records_the_encoders_projection(spec, tmp_path, rng):
+    """A store created with an encoder's format records its projection: reopened for lists of
+    another projection it raises CollectionMismatch naming both and stays unchanged; opened
+    without a format it takes the recorded one. A store created without a format (undeclared)
+    records none and checks nothing."""
+    if spec.reopen is None:
+        pytest.skip(f"{spec.name} does not persist")
+    made = TaggedFormat(projection="random-00aa11bb22cc33dd")
+    other = TaggedFormat(projection="pca-44ee55ff66aa77bb")
+    s = spec.reopen(tmp_path / "declared", format=made)
+    try:
+        fill(s, made, rng, n=6)
+    finally:
+        s.close()
+    with pytest.raises(CollectionMismatch, match=f"projection {made.projection}, not {other.projection}"):
+        spec.reopen(tmp_path / "declared", format=other)
+    for options in ({}, {"format": made}):
+        again = spec.reopen(tmp_path / "declared", **options)
+        try:
+            assert again.count() == 6 and again.format == made
+        finally:
+            again.close()
+    s = spec.make(tmp_path / "undeclared")
+    try:
+        fill(s, made, rng, n=3)
+    finally:
+        s.close()
+    again = spec.reopen(tmp_path / "undeclared", format=other)
+    try:
+        assert again.count() == 3 and again.format.projection is None
+    finally:
+        again.close()
+
+
 def test_registry_errors_have_one_type_each():
     from uibk_embedding.adapters.registry import open_store
 

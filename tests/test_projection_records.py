@@ -1,0 +1,109 @@
+"""Stores record which projection made their lists and refuse an encoder with another one.
+
+Since 0.2.0 the embedded default projects token states with the shipped PCA ``P`` instead of
+the seeded random one; a query projected with another ``P`` does not match stored token
+vectors, so every store records ``TaggedFormat.projection`` (the conformance suite checks each
+backend) and the CLI, the retrievers and the Ray path declare their encoder's. Here: the rule
+itself, a store written by 0.1.0 (no record), and the paths that declare.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from uibk_embedding.adapters import open_store
+from uibk_embedding.encoder.tagged import UNRECORDED, TaggedFormat
+
+from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.testing import make_list
+
+RANDOM = TaggedFormat(projection="random-00aa11bb22cc33dd")
+PCA = TaggedFormat(projection="pca-44ee55ff66aa77bb")
+
+
+def test_conflict_rule():
+    assert RANDOM.conflict(None) is None  # nothing declared: nothing to check
+    assert RANDOM.conflict(TaggedFormat()) is None
+    assert TaggedFormat().conflict(PCA) is None  # a store opened without a format: undeclared
+    assert RANDOM.conflict(RANDOM) is None
+    assert "not pca-44ee55ff66aa77bb" in RANDOM.conflict(PCA)
+    other_beta = TaggedFormat(beta=0.8, projection=RANDOM.projection)
+    assert "lambda=0.75, not beta=0.8" in RANDOM.conflict(other_beta)
+    legacy = TaggedFormat.from_stored({"beta": 0.9, "lambda_": 0.75, "n_slots": 3})
+    assert legacy.projection == UNRECORDED
+    assert legacy.conflict(RANDOM) is None  # 0.1.0 encoded with seeded random matrices
+    assert "written before stores recorded" in legacy.conflict(PCA)
+    # what stores write: None spelled out, so "undeclared" is not read back as "0.1.0"
+    assert TaggedFormat.from_stored(TaggedFormat().to_stored()).projection is None
+    assert TaggedFormat.from_stored(PCA.to_stored()) == PCA
+    assert "projection" not in PCA.to_dict()  # encoder configurations (and cache keys) unchanged
+    with pytest.raises(ValueError, match="projection must be a non-empty string"):
+        TaggedFormat(projection="")
+
+
+def test_encoders_declare_their_projection(encoder):
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.projection import projection_id
+
+    assert encoder.format.projection == f"pca-{projection_id(encoder.R, encoder.P)}"
+    seeded = load_encoder(projection="random")
+    assert seeded.format.projection == f"random-{projection_id(seeded.R, seeded.P)}"
+    assert seeded.format != encoder.format
+    assert (seeded.format.beta, seeded.format.lambda_) == (encoder.format.beta, encoder.format.lambda_)
+
+
+def _legacy_exact_store(path, rng):
+    """An exact store as 0.1.0 wrote it: its store.json has no projection."""
+    with open_store("exact", path=path, format=RANDOM) as s:
+        s.upsert(["a", "b"], [make_list(RANDOM, rng, 5), make_list(RANDOM, rng, 7)])
+    cfg = json.loads((path / "store.json").read_text())
+    del cfg["format"]["projection"]
+    (path / "store.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def test_store_written_by_0_1_0_accepts_a_seeded_encoder_only(tmp_path, rng):
+    path = tmp_path / "old"
+    cfg = _legacy_exact_store(path, rng)
+    with pytest.raises(CollectionMismatch, match=r"written before stores recorded .* projection='random'"):
+        open_store("exact", path=path, format=PCA)
+    assert json.loads((path / "store.json").read_text()) == cfg  # unchanged
+    with open_store("exact", path=path, format=RANDOM) as s:
+        assert s.count() == 2 and s.format.projection == UNRECORDED
+
+
+def test_retriever_refuses_a_store_of_another_projection(encoder, rng):
+    from uibk_embedding.integrations.core import RetrievalCore
+
+    store = open_store("exact", format=RANDOM)
+    with pytest.raises(CollectionMismatch, match=f"not {encoder.format.projection}"):
+        RetrievalCore(encoder=encoder, store=store)
+    RetrievalCore(encoder=encoder, store=open_store("exact"))  # undeclared: nothing to check
+    RetrievalCore(encoder=encoder, store=open_store("exact", format=encoder.format))
+
+
+def test_cli_records_and_refuses(tmp_path, capsys):
+    """Index with the 0.1.0 default (--projection random); searching with the new default is
+    refused with the reason, searching with the same projection works."""
+    from uibk_embedding import cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(
+        ["lift of a swept wing at low speed", "heat transfer in hypersonic flow",
+         "buckling of thin cylindrical shells"])))
+    store = str(tmp_path / "store")
+    assert cli.main(["index", str(corpus), "--path", store, "--projection", "random", "--quiet"]) == 0
+    recorded = json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"]
+    assert recorded.startswith("random-")
+    with pytest.raises(SystemExit, match=f"its lists were encoded with projection {recorded}, not pca-"):
+        cli.main(["search", "hypersonic heating", "--path", store])
+    capsys.readouterr()
+    assert cli.main(["search", "hypersonic heating", "--path", store, "--projection", "random",
+                     "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert hits[0]["id"] == "d1"
+    # and indexing more with another projection is refused before anything is written
+    with pytest.raises(SystemExit, match="not pca-"):
+        cli.main(["index", str(corpus), "--path", store, "--quiet"])
+    assert json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"] == recorded
