@@ -360,3 +360,38 @@ def test_readme_example_composes_two_local_folders(models, tmp_path, monkeypatch
     np.testing.assert_allclose(ns["docs"][0], again.encode_documents(
         ["the wing lift in a propeller slipstream"], show_progress=False)[0], atol=1e-6)
     assert ns["q"].shape[1] == 128
+
+
+def test_cli_composes_two_folders(models, tmp_path, capsys):
+    """``--dense/--tokens`` on the CLI: index and search with the composed encoder; the store
+    records its projection, so searching it with the embedded default is refused."""
+    from uibk_embedding import cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                              for i, t in enumerate(TEXTS[:4])))
+    both = ["--dense", str(models["dense"]), "--tokens", str(models["colbert"])]
+    store = ["--path", str(tmp_path / "store")]
+    assert cli.main(["index", str(corpus), *store, *both, "--quiet"]) == 0
+    capsys.readouterr()
+    query = "heat in the boundary layer"
+    assert cli.main(["search", query, *store, *both, "--json", "-k", "3"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    enc = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+    want = ue_search(enc, TEXTS[:4], query, 3)
+    assert [h["id"] for h in hits] == want
+    with pytest.raises(SystemExit, match=f"projection {enc.format.projection}, not pca-"):
+        cli.main(["search", query, *store])
+    with pytest.raises(SystemExit, match="composing two models needs both"):
+        cli.main(["search", query, *store, "--dense", str(models["dense"])])
+    with pytest.raises(SystemExit, match="does not apply to --dense/--tokens"):
+        cli.main(["search", query, *store, *both, "--projection", "pca"])
+
+
+def ue_search(enc, texts, query, k):
+    """The same search in Python: exact MaxSim over the composed lists."""
+    from uibk_embedding.adapters import open_store
+
+    with open_store("exact", format=enc.format) as s:
+        s.upsert([f"d{i}" for i in range(len(texts))], encode(enc, texts, False))
+        return [h.id for h in s.search(encode(enc, [query], True, w=enc.dense_weight)[0], k=k)]

@@ -88,9 +88,16 @@ def _positive_int(text: str) -> int:
 def _load_encoder(args: argparse.Namespace, **kw: Any):
     from uibk_embedding.encoder import load_encoder
 
+    dense, tokens = getattr(args, "dense", None), getattr(args, "tokens", None)
     if getattr(args, "projection", None):
+        if dense or tokens:
+            raise SystemExit("uibk-embed: --projection chooses the embedded model's projections; "
+                             "it does not apply to --dense/--tokens")
         kw.setdefault("projection", args.projection)
-    return load_encoder(args.encoder, **kw)
+    try:
+        return load_encoder(args.encoder, dense=dense, tokens=tokens, **kw)
+    except ValueError as e:  # e.g. only one of --dense/--tokens, a folder of the wrong kind
+        raise SystemExit(f"uibk-embed: {e}") from None
 
 
 def _print_hits(hits: list, out=None) -> None:
@@ -121,6 +128,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     docs = read_corpus(args.data)
+    if args.encoder_url and (args.dense or args.tokens):
+        raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
+                         "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
+                         "`uibk-embed serve --encoder DIR`")
     if args.encoder_url:
         from uibk_embedding.encoder.remote import RemoteEncoder
 
@@ -152,9 +163,16 @@ def _index_ray(args: argparse.Namespace) -> int:
     from uibk_embedding.distributed import index_distributed
 
     opts = _store_options(args)
+    encoder: Any = args.encoder
+    if args.dense or args.tokens:  # each actor composes the two folders itself
+        import functools
+
+        from uibk_embedding.encoder import load_encoder
+
+        encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens)
     try:
         r = index_distributed(
-            args.data, args.backend, opts, encoder=args.encoder, encoder_urls=args.encoder_url or None,
+            args.data, args.backend, opts, encoder=encoder, encoder_urls=args.encoder_url or None,
             workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
             store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
             ray_address=args.ray_address, progress=False if args.quiet else None)
@@ -218,6 +236,9 @@ def cmd_fit_projection(args: argparse.Namespace) -> int:
     from uibk_embedding.data import read_corpus
     from uibk_embedding.encoder.projection import projection_id
 
+    if args.dense or args.tokens:
+        raise SystemExit("uibk-embed: fit-projection fits one model folder's P (--encoder); the "
+                         "token head of --dense/--tokens keeps its fixed R'")
     docs = read_corpus(args.data)
     if len(docs) > args.max_docs:  # evenly spaced over the corpus, deterministic
         step = len(docs) / args.max_docs
@@ -281,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
         sp.add_argument("--encoder", default=None,
                         help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+        sp.add_argument("--dense", default=None, metavar="FOLDER",
+                        help="bring your own models: a sentence-transformers folder (with --tokens; "
+                             "with --encoder SAVED: where the saved encoder's dense model moved)")
+        sp.add_argument("--tokens", default=None, metavar="FOLDER",
+                        help="bring your own models: a PyLate ColBERT folder (with --dense)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
                         help="the embedded model's projections R and P: the shipped PCA fit (pca, "
                              "the default) or random (seed 0, the default before 0.2.0); stores "
