@@ -42,6 +42,8 @@ import numpy as np
 from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
+from uibk_embedding.errors import CollectionMismatch
+
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
 RESERVED_PREFIX = "_uibk"
@@ -56,8 +58,6 @@ def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: st
     >>> settle_format(TaggedFormat(projection="random-1a"), None, "store x").projection
     'random-1a'
     """
-    from uibk_embedding.errors import CollectionMismatch
-
     problem = saved.conflict(requested)
     if problem:
         raise CollectionMismatch(f"{where} cannot be used with this encoder: {problem}. It was not changed.")

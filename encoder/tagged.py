@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -195,7 +195,7 @@ class TaggedFormat:
         >>> TaggedFormat.from_stored({"beta": 0.9, "lambda_": 0.75}).projection
         'unrecorded'
         """
-        return replace(cls.from_dict(d), projection=d["projection"] if "projection" in d else UNRECORDED)
+        return cls.from_dict({**d, "projection": d.get("projection", UNRECORDED)})
 
     def conflict(self, requested: TaggedFormat | None) -> str | None:
         """Why lists stored with this (saved) format cannot be used with ``requested``, or

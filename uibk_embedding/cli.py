@@ -122,16 +122,16 @@ def cmd_index(args: argparse.Namespace) -> int:
     from uibk_embedding.adapters import open_store
     from uibk_embedding.data import read_corpus
 
+    if args.encoder_url and (args.dense or args.tokens):
+        raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
+                         "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
+                         "`uibk-embed serve --encoder DIR`")
     if args.ray:
         return _index_ray(args)
     for flag in ("ray_address", "workers", "resume", "skip_bad", "num_gpus"):
         if getattr(args, flag):
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     docs = read_corpus(args.data)
-    if args.encoder_url and (args.dense or args.tokens):
-        raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
-                         "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
-                         "`uibk-embed serve --encoder DIR`")
     if args.encoder_url:
         from uibk_embedding.encoder.remote import RemoteEncoder
 
