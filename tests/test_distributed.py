@@ -27,7 +27,14 @@ from uibk_embedding.adapters import open_store
 from uibk_embedding import cli
 from uibk_embedding.distributed import BadDocuments, index_distributed
 from uibk_embedding.milvus_server import user_namespaces_available
-from uibk_embedding.testing import InstrumentedEncoderFactory, datasets_dir, encoded_counts
+from uibk_embedding.testing import (
+    InstrumentedEncoderFactory,
+    assert_same_ranking,
+    batching_noise,
+    datasets_dir,
+    encoded_counts,
+    score_bound,
+)
 
 N_DOCS = 150
 BATCH = 20  # 8 batches over 2 actors
@@ -85,6 +92,20 @@ def queries(encoder) -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module")
+def vector_bound(encoder, corpus) -> float:
+    """How far two encodings of one document in different batches may differ, measured from the
+    encoder on this machine (the Ray path cuts other batches than one process does, and padding
+    changes float32 rounding): twice its batching noise, over the batch sizes and thread counts of
+    both paths (one process: 64 texts, this process's threads; actors: BATCH texts, 1 thread)."""
+    import torch
+
+    from uibk_embedding.data import read_corpus
+
+    texts = [d.full_text for d in read_corpus(corpus)]
+    return 2 * batching_noise(encoder, texts, batchings=((BATCH, 1), (64, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="module")
 def reference(milvus_uri, corpus, queries):
     """Single-process indexing (the plain `uibk-embed index` path): ids -> vectors, and hits."""
     assert cli.main(["index", str(corpus), "--backend", "milvus", "--quiet", "--batch-size", "64",
@@ -100,7 +121,7 @@ def snapshot(uri: str, name: str, queries) -> tuple[dict, list, int, list]:
         return vecs, hits, store.count(), listed
 
 
-def assert_same_store(got, ref, doc_ids) -> None:
+def assert_same_store(got, ref, doc_ids, bound: float, queries) -> None:
     vecs, hits, count, listed = got
     ref_vecs, ref_hits, _, _ = ref
     assert count == len(doc_ids)
@@ -112,24 +133,24 @@ def assert_same_store(got, ref, doc_ids) -> None:
         assert v.shape == rv.shape, x
         worst = max(worst, float(np.abs(v - rv).max()))
         assert md == rmd, x
-    assert worst <= 1e-6, f"vectors differ from single-process indexing by up to {worst:.2e}"
-    for h, rh in zip(hits, ref_hits, strict=True):
-        assert [x for x, _ in h] == [x for x, _ in rh]
-        np.testing.assert_allclose([s for _, s in h], [s for _, s in rh], rtol=1e-5)
+    assert worst <= bound, (f"vectors differ from single-process indexing by up to {worst:.2e}, "
+                            f"more than the encoder's own batching noise allows ({bound:.2e})")
+    for q, h, rh in zip(queries, hits, ref_hits, strict=True):
+        assert_same_ranking(h, rh, score_bound(q, worst))
 
 
 def test_two_actors_index_the_same_store_as_one_process(ray_cluster, milvus_uri, corpus, doc_ids,
-                                                        reference, queries, capsys):
+                                                        reference, queries, vector_bound, capsys):
     """`uibk-embed index --ray --workers 2` into Milvus = the single-process store."""
     assert cli.main(["index", str(corpus), "--backend", "milvus", "--quiet", "--batch-size", str(BATCH),
                      "--ray", "--workers", "2", *cli_options(milvus_uri, "dist_two")]) == 0
     out = capsys.readouterr().out
     assert f"indexed {N_DOCS} documents into milvus with 2 Ray worker process(es)" in out
-    assert_same_store(snapshot(milvus_uri, "dist_two", queries), reference, doc_ids)
+    assert_same_store(snapshot(milvus_uri, "dist_two", queries), reference, doc_ids, vector_bound, queries)
 
 
 def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
-        ray_cluster, milvus_uri, corpus, doc_ids, reference, queries, tmp_path):
+        ray_cluster, milvus_uri, corpus, doc_ids, reference, queries, vector_bound, tmp_path):
     log, marker = tmp_path / "encoded.log", tmp_path / "killed.pid"
     # the 2nd batch an actor gets kills its process with SIGKILL (once: the marker file)
     factory = InstrumentedEncoderFactory(log, kill_at_call=2, marker=marker)
@@ -148,7 +169,7 @@ def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
     assert others <= set(r.worker_pids) <= set(counts), (r.worker_pids, counts)
     assert sum(counts.values()) >= N_DOCS
     assert (r.indexed, r.encoded, r.total, r.batches, r.bad) == (N_DOCS, N_DOCS, N_DOCS, 8, [])
-    assert_same_store(snapshot(milvus_uri, "dist_kill", queries), reference, doc_ids)
+    assert_same_store(snapshot(milvus_uri, "dist_kill", queries), reference, doc_ids, vector_bound, queries)
 
     log2 = tmp_path / "resume.log"
     r2 = index_distributed(corpus, "milvus", opts, encoder=InstrumentedEncoderFactory(log2), workers=2,
@@ -170,7 +191,7 @@ def served_encoder():
 
 
 def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, corpus, reference,
-                                                    served_encoder, tmp_path):
+                                                    served_encoder, vector_bound, tmp_path):
     """Bad rows reported; the actors encode through a `uibk-embed serve` server (two clients each)."""
     good = corpus.read_text().splitlines()[:5]
     bad_rows = [{"_id": "empty", "text": ""}, {"_id": "number", "text": 42},
@@ -199,7 +220,7 @@ def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, cor
     with open_store("milvus", **opts) as store:
         assert store.count() == 5
         for rec in store.get(good_ids):  # the served encoder's vectors = the in-process ones
-            np.testing.assert_allclose(rec.vectors, reference[0][rec.id][0], atol=1e-6, rtol=0)
+            np.testing.assert_allclose(rec.vectors, reference[0][rec.id][0], atol=vector_bound, rtol=0)
 
     r = index_distributed(data, "milvus", opts, workers=1, batch_size=2, progress=False, skip_bad=True,
                           **served)

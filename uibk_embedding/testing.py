@@ -175,3 +175,81 @@ def encoded_counts(log: str | os.PathLike) -> dict[int, int]:
             pid, n = line.split()
             out[int(pid)] = out.get(int(pid), 0) + int(n)
     return out
+
+
+def batching_noise(encoder: object, texts: list[str], *, is_query: bool = False,
+                   batchings: tuple[tuple[int, int], ...] = ((7, 1), (20, 2), (64, 2)),
+                   shuffles: int = 0, seed: int = 0) -> float:
+    """The encoder's own batching noise on ``texts``, measured: the largest coordinate difference
+    between a text's tagged list encoded alone (one text, no padding, the current torch thread
+    count) and the same text encoded inside other batches: for each ``(batch size, threads)`` in
+    ``batchings``, consecutive batches of that size under that torch thread count, and as many
+    shuffled orders again as ``shuffles``.
+
+    What the encoders promise (docs/model.md, "Batching"): the same text in the same batch gives
+    bit-identical lists; in another batch it differs only by float32 rounding (padding changes
+    the shape of the attention reductions), by at most this amount from its unbatched list. Two
+    encodings of one text in any two batches therefore differ by at most twice it (triangle
+    inequality): the tolerance of every test that compares vectors made by different batchings
+    comes from here, measured on the machine that runs it, never a constant.
+
+    >>> from uibk_embedding.encoder import load_encoder
+    >>> texts = ["a wing", "the lift of a swept wing in a slipstream"]
+    >>> 0.0 <= batching_noise(load_encoder(), texts, batchings=((2, 1),)) < 1e-4
+    True
+    """
+    import torch
+
+    encode = encoder.encode_queries if is_query else encoder.encode_documents  # type: ignore[attr-defined]
+    texts = list(texts)
+    before = torch.get_num_threads()
+    rng = np.random.default_rng(seed)
+    alone = [encode([t], show_progress=False)[0] for t in texts]
+    orders = [np.arange(len(texts))] + [rng.permutation(len(texts)) for _ in range(shuffles)]
+    worst = 0.0
+    try:
+        for size, n_threads in batchings:
+            torch.set_num_threads(n_threads)
+            for order in orders:
+                for a in range(0, len(texts), size):
+                    part = [int(i) for i in order[a:a + size]]
+                    got = encode([texts[i] for i in part], show_progress=False)
+                    for i, v in zip(part, got, strict=True):
+                        if v.shape != alone[i].shape:
+                            raise AssertionError(f"text {i}: {v.shape} rows in a batch, "
+                                                 f"{alone[i].shape} alone")
+                        worst = max(worst, float(np.abs(v - alone[i]).max()))
+    finally:
+        torch.set_num_threads(before)
+    return worst
+
+
+def score_bound(query: np.ndarray, vector_bound: float) -> float:
+    """How far a MaxSim score of ``query`` can move when every document coordinate moves by at most
+    ``vector_bound``: each query vector's best match moves by at most ``|q_i| * |dv|``, with
+    ``|dv| <= sqrt(dim) * vector_bound``.
+
+    >>> round(score_bound(np.ones((2, 4)) / 2, 1e-6), 9)
+    4e-06
+    """
+    q = np.asarray(query, dtype=np.float64)
+    return float(np.linalg.norm(q, axis=1).sum() * np.sqrt(q.shape[1]) * vector_bound)
+
+
+def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, float]], tol: float) -> None:
+    """Two top-k lists of one query over the same documents whose scores may differ by ``tol``:
+    the scores agree position by position within ``tol`` (sorted lists move by at most the largest
+    perturbation), and where the ids differ the two documents were tied within ``2 * tol``.
+
+    >>> assert_same_ranking([("a", 2.0), ("b", 1.0)], [("a", 2.0), ("b", 1.0)], 0.0)
+    >>> assert_same_ranking([("b", 1.5), ("a", 1.5)], [("a", 1.5), ("b", 1.5)], 1e-6)
+    """
+    assert len(got) == len(want), (got, want)
+    want_score = dict(want)
+    for j, ((gid, gs), (wid, ws)) in enumerate(zip(got, want, strict=True)):
+        assert abs(gs - ws) <= tol, f"rank {j}: score {gs} vs {ws} (bound {tol:.2e})"
+        if gid != wid:
+            # a document outside ``want`` tied with its last entry
+            other = want_score.get(gid, want[-1][1])
+            assert abs(other - ws) <= 2 * tol and abs(gs - other) <= 2 * tol, (
+                f"rank {j}: {gid!r} instead of {wid!r}, not a tie within {2 * tol:.2e}")
