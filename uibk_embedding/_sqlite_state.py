@@ -36,6 +36,20 @@ def lock_folder(lock_path: str | os.PathLike, what: str, owner: str) -> IO[bytes
     return f
 
 
+def lock_directory(path: str | os.PathLike, what: str, owner: str) -> int:
+    """:func:`lock_folder` on the directory itself (an ``flock`` on its descriptor, no file added
+    to it): for folders that belong to an engine which allows no foreign files. Returns the
+    descriptor; ``os.close`` it to release."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUse(f"{what} is open in another {owner} (this or another process); "
+                         "close it first") from None
+    return fd
+
+
 def connect(db_path: str | os.PathLike, *schema: str) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL and ``synchronous=FULL``,
     with the ``state`` table and the ``schema`` statements run."""
