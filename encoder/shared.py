@@ -247,6 +247,11 @@ class SharedEncoder:
             if first is _STOP:
                 return
             reqs, stop = self._gather(first)
+            # a request whose caller cancelled its future (a client gone during shutdown) is
+            # dropped here; the others are marked running, so they can no longer be cancelled
+            # and resolving them cannot fail (before, the cancelled one made set_result raise,
+            # which failed every request batched with it)
+            reqs = [r for r in reqs if r.future.set_running_or_notify_cancel()]
             for is_query in (True, False):
                 group = [r for r in reqs if r.is_query == is_query]
                 if group:
