@@ -41,7 +41,7 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_f
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
-from uibk_embedding._durable import atomic_savez, atomic_write_text
+from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
@@ -133,7 +133,7 @@ class ExactStore(MultiVectorStore):
     # -- persistence -------------------------------------------------------------------------
     def _open(self, format: TaggedFormat | None) -> None:
         assert self.path is not None
-        self.path.mkdir(parents=True, exist_ok=True)
+        durable_mkdir(self.path)
         cfg = self.path / CONFIG_NAME
         if not cfg.exists():
             # what a store leaves before its config is durable: the lock, an empty ops/, temp files
@@ -161,7 +161,7 @@ class ExactStore(MultiVectorStore):
         else:
             atomic_write_text(cfg, json.dumps({"backend": "exact", "version": 1,
                                                "format": self.format.to_stored()}))
-        (self.path / "ops").mkdir(exist_ok=True)
+        durable_mkdir(self.path / "ops")
         snaps = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SNAP.match(p.name)))
         if snaps:
             self._snap_seq = snaps[-1]

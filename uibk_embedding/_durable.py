@@ -28,6 +28,24 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def durable_mkdir(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` whose new folders survive a power cut: each created folder's parent is
+    fsync'd (a folder is an entry of its parent, and that entry is data like any other)."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+    return path
+
+
 def fsync_tree(path: str | os.PathLike) -> None:
     """Flush every file below ``path`` and every folder's entries (e.g. an engine's index folder
     written without fsync), so that switching to it after this call survives a power loss."""
