@@ -45,11 +45,12 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
-from uibk_embedding.encoder.tagged import Decomposition, decompose
+from uibk_embedding.encoder.tagged import Decomposition, decompose, dense_vector
 
 from uibk_embedding.rank import rerank
 
 DEFAULT_TEXT_KEY = "text"
+DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
 ADD_BATCH = 256  # texts encoded and upserted per store call
 
 
@@ -93,6 +94,50 @@ class ScoredText(StoredText):
     def explanation(self) -> dict[str, Any]:
         """``score``, ``token_part``, ``dense_part`` (the keys the wrappers put in metadata)."""
         return {"score": self.score, "token_part": self.token_part, "dense_part": self.dense_part}
+
+
+def relevance(query: np.ndarray, score: float) -> float:
+    """A MaxSim score as a relevance in [0, 1]: the score over the largest score this query can
+    reach, ``sum_i |q_i|`` (every stored vector has unit norm, so query vector ``i`` adds at
+    most ``|q_i|``), clipped at 0. The same query's documents keep their order, and the value
+    does not depend on the collection, so one threshold means the same thing in every store.
+    Query-time dense weights raise the reachable score with the slots, as they raise the score.
+
+    >>> q = np.zeros((4, 128)); q[:, 0] = 1.0
+    >>> relevance(q, 4.0), relevance(q, 2.0), relevance(q, -1.0)
+    (1.0, 0.5, 0.0)
+    """
+    reach = float(np.linalg.norm(np.asarray(query, dtype=np.float64), axis=1).sum())
+    return float(min(1.0, max(0.0, score / reach))) if reach > 0 else 0.0
+
+
+def mmr_select(relevances: Sequence[float], similarity: np.ndarray, k: int, lambda_mult: float) -> list[int]:
+    """Maximal marginal relevance (Carbonell and Goldstein, 1998), greedy: repeatedly take the
+    candidate maximising ``lambda_mult * relevance - (1 - lambda_mult) * max similarity to the
+    ones taken``; the first is the most relevant. Returns positions into ``relevances``.
+
+    >>> sim = np.array([[1, .9, 0], [.9, 1, 0], [0, 0, 1]])
+    >>> mmr_select([1.0, .95, .5], sim, 2, 0.5)   # the near-duplicate of the first loses
+    [0, 2]
+    >>> mmr_select([1.0, .95, .5], sim, 2, 1.0)   # lambda 1: plain relevance order
+    [0, 1]
+    """
+    if not 0.0 <= lambda_mult <= 1.0:
+        raise ValueError(f"lambda_mult must be in [0, 1], got {lambda_mult!r}")
+    rel = np.asarray(relevances, dtype=np.float64)
+    chosen: list[int] = []
+    left = list(range(len(rel)))
+    closest = np.full(len(rel), -np.inf)  # max similarity of each candidate to the chosen ones
+    while left and len(chosen) < k:
+        if chosen:
+            gain = lambda_mult * rel[left] - (1 - lambda_mult) * closest[left]
+        else:
+            gain = rel[left]
+        pick = left[int(np.argmax(gain))]  # ties: the earlier (more relevant) candidate
+        chosen.append(pick)
+        left.remove(pick)
+        closest = np.maximum(closest, similarity[pick])
+    return chosen
 
 
 class RetrievalCore:
@@ -230,6 +275,54 @@ class RetrievalCore:
                        decomposition=h.decomposition)
             for h in hits
         ]
+
+    def search_with_relevance(
+        self, query: str, k: int = 4, filter: Filter | _NeverMatches | None = None, *,
+        dense_weight: float | None = None, score_threshold: float | None = None,
+    ) -> list[tuple[ScoredText, float]]:
+        """``(hit, relevance in [0, 1])`` pairs (:func:`relevance`), best first; with
+        ``score_threshold`` only those at or above it."""
+        k = validate_k(k)
+        if filter is NEVER_MATCHES:
+            return []
+        q = self.encode_query(query, dense_weight)
+        out = [(h, relevance(q, h.score)) for h in self._hits(q, k, filter, explain=True)]
+        if score_threshold is not None:
+            out = [(h, r) for h, r in out if r >= float(score_threshold)]
+        return out
+
+    def mmr_search(
+        self, query: str, k: int = 4, fetch_k: int = DEFAULT_FETCH_K, lambda_mult: float = 0.5,
+        filter: Filter | _NeverMatches | None = None, *, dense_weight: float | None = None,
+    ) -> list[ScoredText]:
+        """``k`` documents chosen by maximal marginal relevance among the ``fetch_k`` best.
+
+        Relevance is the hit's :func:`relevance` (MaxSim over the reachable maximum, in [0, 1]);
+        the similarity between two candidates is the cosine of their dense heads (the slot
+        vectors, :func:`~uibk_embedding.encoder.tagged.dense_vector`, in [-1, 1]): symmetric,
+        independent of the documents' lengths (MaxSim between two lists is neither), and what
+        "says the same thing" means for a sentence encoder. :func:`mmr_select` picks.
+        """
+        k, fetch_k = validate_k(k), validate_k(fetch_k)
+        if filter is NEVER_MATCHES:
+            return []
+        q = self.encode_query(query, dense_weight)
+        hits = self._hits(q, max(k, fetch_k), filter, explain=True)
+        if not hits:
+            return []
+        recs = {r.id: r.vectors for r in self.store.get([h.id for h in hits])}
+        hits = [h for h in hits if h.id in recs]  # deleted meanwhile
+        dense = np.stack([dense_vector(recs[h.id]) for h in hits]).astype(np.float64)
+        picked = mmr_select([relevance(q, h.score) for h in hits], dense @ dense.T, k, lambda_mult)
+        return [hits[i] for i in picked]
+
+    def _hits(self, q: np.ndarray, k: int, filter: Filter | _NeverMatches | None,
+              explain: bool) -> list[ScoredText]:
+        if filter is not None:
+            parse_filter(filter)  # type: ignore[arg-type]
+        hits = self.store.search(q, k=k, filter=filter, explain=explain)  # type: ignore[arg-type]
+        return [ScoredText(**vars(self._stored(h.id, h.metadata)), score=float(h.score),
+                           decomposition=h.decomposition) for h in hits]
 
     def rank_ids(
         self, query: str, ids: Sequence[str], k: int, *, dense_weight: float | None = None

@@ -66,7 +66,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator  # noqa: E4
 
 __all__ = ["UIBKDenseEmbeddings", "UIBKRetriever", "UIBKVectorStore"]
 
-SEARCH_KWARGS = ("k", "filter", "dense_weight")
+SEARCH_KWARGS = ("k", "filter", "dense_weight", "fetch_k", "lambda_mult", "score_threshold")
+SEARCH_TYPES = ("similarity", "mmr", "similarity_score_threshold")
 
 
 def _document(t: StoredText, extra: dict[str, Any] | None = None) -> Document:
@@ -269,19 +270,46 @@ class UIBKVectorStore(VectorStore):
             "use similarity_search(query_text)"
         )
 
+    def _similarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, filter: dict | None = None, dense_weight: float | None = None,
+        **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
+        """``(document, relevance)``: the MaxSim score over the largest score the query can
+        reach, in [0, 1] (:func:`~uibk_embedding.integrations.core.relevance`); LangChain's
+        ``similarity_search_with_relevance_scores(score_threshold=...)`` builds on it."""
+        if kwargs:
+            raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
+        pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
+                                                dense_weight=dense_weight)
+        return [(_document(t), r) for t, r in pairs]
+
     def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20,
-                                      lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
-        """Not supported (MMR needs one vector per document)."""
-        raise NotImplementedError("UIBKVectorStore does not implement MMR search")
+                                      lambda_mult: float = 0.5, filter: dict | None = None,
+                                      dense_weight: float | None = None, **kwargs: Any) -> list[Document]:
+        """``k`` documents by maximal marginal relevance among the ``fetch_k`` best: relevance is
+        the normalised MaxSim score, the similarity between two documents the cosine of their
+        dense heads (:meth:`~uibk_embedding.integrations.core.RetrievalCore.mmr_search`);
+        ``lambda_mult`` 1 is plain relevance order, 0 the most diverse."""
+        if kwargs:
+            raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
+        hits = self.core.mmr_search(query, k, fetch_k, lambda_mult, translate_langchain_filter(filter),
+                                    dense_weight=dense_weight)
+        return [_document(t) for t in hits]
+
+    def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4,
+                                                fetch_k: int = 20, lambda_mult: float = 0.5,
+                                                **kwargs: Any) -> list[Document]:
+        """Not supported: a single vector cannot express a multi-vector query."""
+        raise NotImplementedError(
+            "UIBKVectorStore searches with multi-vector queries it encodes itself: "
+            "use max_marginal_relevance_search(query_text)"
+        )
 
     def as_retriever(self, **kwargs: Any) -> UIBKRetriever:  # type: ignore[override]
-        """A :class:`UIBKRetriever` over this store; ``search_kwargs`` may hold ``k``,
-        ``filter`` and ``dense_weight``. Only ``search_type="similarity"`` exists."""
-        search_type = kwargs.pop("search_type", "similarity")
-        if search_type != "similarity":
-            raise ValueError(
-                f"search_type {search_type!r} is not supported by UIBKVectorStore; use 'similarity'"
-            )
+        """A :class:`UIBKRetriever` over this store. ``search_type``: ``"similarity"`` (default),
+        ``"mmr"`` (``search_kwargs`` ``fetch_k``, ``lambda_mult``) or
+        ``"similarity_score_threshold"`` (``search_kwargs`` ``score_threshold`` in [0, 1]);
+        ``search_kwargs`` may also hold ``k``, ``filter`` and ``dense_weight``."""
         tags = kwargs.pop("tags", None) or []
         tags.extend(self._get_retriever_tags())
         return UIBKRetriever(vectorstore=self, tags=tags, **kwargs)
@@ -312,6 +340,7 @@ class UIBKRetriever(BaseRetriever):
     k: int = 4
     filter: dict[str, Any] | None = None
     dense_weight: float | None = None
+    search_type: str = "similarity"
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
     text_key: str = DEFAULT_TEXT_KEY
     _core: RetrievalCore = PrivateAttr()
@@ -321,6 +350,14 @@ class UIBKRetriever(BaseRetriever):
         unknown = set(self.search_kwargs) - set(SEARCH_KWARGS)
         if unknown:
             raise ValueError(f"unknown search_kwargs {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
+        if self.search_type not in SEARCH_TYPES:
+            raise ValueError(f"search_type {self.search_type!r} is not supported; "
+                             f"one of {list(SEARCH_TYPES)}")
+        threshold = self.search_kwargs.get("score_threshold")
+        bad = isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1
+        if self.search_type == "similarity_score_threshold" and bad:
+            raise ValueError("search_type 'similarity_score_threshold' needs search_kwargs "
+                             f"score_threshold, a number in [0, 1]; got {threshold!r}")
         if self.vectorstore is not None:
             if self.store is not None and self.store is not self.vectorstore.store:
                 raise ValueError("give store= or vectorstore=, not two different stores")
@@ -342,7 +379,8 @@ class UIBKRetriever(BaseRetriever):
         unknown = set(kwargs) - set(SEARCH_KWARGS)
         if unknown:
             raise TypeError(f"unexpected arguments {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
-        p = {"k": self.k, "filter": self.filter, "dense_weight": self.dense_weight}
+        p = {"k": self.k, "filter": self.filter, "dense_weight": self.dense_weight,
+             "fetch_k": 20, "lambda_mult": 0.5, "score_threshold": None}
         p.update(self.search_kwargs)
         p.update(kwargs)
         return p
@@ -351,8 +389,16 @@ class UIBKRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         p = self._params(kwargs)
-        hits = self._core.search(query, p["k"], translate_langchain_filter(p["filter"]),
-                                 dense_weight=p["dense_weight"], explain=True)
+        flt = translate_langchain_filter(p["filter"])
+        if self.search_type == "mmr":
+            hits = self._core.mmr_search(query, p["k"], p["fetch_k"], p["lambda_mult"], flt,
+                                         dense_weight=p["dense_weight"])
+            return [_document(t, t.explanation()) for t in hits]
+        if self.search_type == "similarity_score_threshold":
+            pairs = self._core.search_with_relevance(query, p["k"], flt, dense_weight=p["dense_weight"],
+                                                     score_threshold=p["score_threshold"])
+            return [_document(t, {**t.explanation(), "relevance": r}) for t, r in pairs]
+        hits = self._core.search(query, p["k"], flt, dense_weight=p["dense_weight"], explain=True)
         return [_document(t, t.explanation()) for t in hits]
 
 

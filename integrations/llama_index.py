@@ -46,6 +46,7 @@ from typing import Any
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.integrations.core import (
+    DEFAULT_FETCH_K,
     DEFAULT_TEXT_KEY,
     NEVER_MATCHES,
     RetrievalCore,
@@ -293,6 +294,8 @@ class UIBKVectorStore(BasePydanticVectorStore):
         ``doc_ids`` and ``node_ids``. ``dense_weight=`` may be given as a keyword."""
         dense_weight = kwargs.pop("dense_weight", None)
         explain = kwargs.pop("explain", True)
+        fetch_k = kwargs.pop("mmr_fetch_k", None)
+        mmr_lambda = kwargs.pop("mmr_threshold", None)  # index.as_retriever(vector_store_kwargs=...)
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
         if query.query_str is None or not query.query_str.strip():
@@ -300,10 +303,11 @@ class UIBKVectorStore(BasePydanticVectorStore):
                 "UIBKVectorStore encodes the query text itself (a tagged query is many vectors, "
                 "VectorStoreQuery holds one): set query_str; query_embedding is not used"
             )
-        if query.mode not in (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.HYBRID):
+        modes = (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.HYBRID, VectorStoreQueryMode.MMR)
+        if query.mode not in modes:
             raise ValueError(
                 f"query mode {query.mode.value!r} is not supported: UIBKVectorStore runs one hybrid "
-                "MaxSim search (mode 'default' or 'hybrid')"
+                "MaxSim search (mode 'default' or 'hybrid'), or 'mmr' over its candidates"
             )
         conditions = _filter_conditions(query.filters) if query.filters is not None else []
         if query.doc_ids:
@@ -314,6 +318,13 @@ class UIBKVectorStore(BasePydanticVectorStore):
             hits = [h for h in self._core.rank_ids(query.query_str, query.node_ids, len(query.node_ids),
                                                    dense_weight=dense_weight)
                     if flt is not NEVER_MATCHES and matches({**h.metadata}, parse_filter(flt))][:k]
+        elif query.mode == VectorStoreQueryMode.MMR:
+            # lambda: query.mmr_threshold (LlamaIndex's name; 0.5 when unset); candidates:
+            # mmr_fetch_k= (default max(20, 4 k)); see RetrievalCore.mmr_search
+            lam = query.mmr_threshold if query.mmr_threshold is not None else mmr_lambda
+            lam = 0.5 if lam is None else float(lam)
+            hits = self._core.mmr_search(query.query_str, k, int(fetch_k or max(DEFAULT_FETCH_K, 4 * k)), lam,
+                                         flt, dense_weight=dense_weight)
         else:
             hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain)
         nodes = [self._to_node(h.id, h.text, h.metadata, h) for h in hits]

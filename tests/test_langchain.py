@@ -121,7 +121,7 @@ def test_k_from_field_search_kwargs_and_call(encoder, vs):
     with pytest.raises(TypeError, match="unexpected arguments"):
         r.invoke("flow", top_k=3)
     with pytest.raises(ValueError, match="unknown search_kwargs"):
-        UIBKRetriever(vectorstore=vs, search_kwargs={"fetch_k": 4})
+        UIBKRetriever(vectorstore=vs, search_kwargs={"top_k": 4})
     with pytest.raises(ValueError, match="needs store="):
         UIBKRetriever(encoder=encoder)
 
@@ -192,7 +192,7 @@ def test_from_texts_and_embeddings(encoder):
     with pytest.raises(NotImplementedError, match="similarity_search"):
         vs.similarity_search_by_vector([0.0] * 381)
     with pytest.raises(ValueError, match="search_type"):
-        vs.as_retriever(search_type="mmr")
+        vs.as_retriever(search_type="nearest-neighbour")
 
 
 async def test_async_retriever_and_search(vs):

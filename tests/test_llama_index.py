@@ -122,7 +122,7 @@ def test_query_filters(vs):
     with pytest.raises(ValueError, match="query_str"):
         vs.query(VectorStoreQuery(query_embedding=[0.1] * 8, similarity_top_k=2))
     with pytest.raises(ValueError, match="mode"):
-        vs.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.MMR))
+        vs.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.SPARSE))
 
 
 def test_delete_by_ref_doc_id_and_nodes(vs):
