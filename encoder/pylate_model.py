@@ -206,16 +206,14 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
         raise ValueError(f"{what}: its vectors are not unit vectors (norms {norms.min():.4f} to "
                          f"{norms.max():.4f}); tagged lists are")
     tags = [x[:, 0] for x in lists]
-    if not any((t < 0).any() for t in tags) or not all((t > 0).any() or len(t) <= N_SLOTS for t in tags):
+    # a tagged list: its first rows negative (slots), all the others positive (tokens)
+    leading = [int(np.argmax(t >= 0)) if (t >= 0).any() else len(t) for t in tags]
+    prefix = all(int((t < 0).sum()) == k for t, k in zip(tags, leading, strict=True))
+    if not prefix or len(set(leading)) != 1 or leading[0] == 0:
         raise _untagged(what)
-    for t in tags:
-        n_neg = int((t < 0).sum())
-        if n_neg != N_SLOTS or not (t[:N_SLOTS] < 0).all():
-            if n_neg == 0 or ((t[:N_SLOTS] > 0).any() and n_neg < N_SLOTS):
-                raise _untagged(what)
-            raise ValueError(f"{what}: a list has {n_neg} slot rows (negative coordinate 0) "
-                             f"{'at its start' if (t[:n_neg] < 0).all() else 'not all at its start'}; "
-                             f"the tagged format has {N_SLOTS}, first")
+    if leading[0] != N_SLOTS:
+        raise ValueError(f"{what}: its lists have {leading[0]} slot rows (negative coordinate 0); "
+                         f"the tagged format has {N_SLOTS}")
     tok = np.concatenate([t[N_SLOTS:] for t in tags])
     slot = np.concatenate([t[:N_SLOTS] for t in tags])
     if len(tok) == 0:
@@ -347,8 +345,10 @@ class PyLateEncoder(TaggedEncoder):
         super().__init__(N_SLOTS * BODY, BODY, projections=eye, dense_weight=dense_weight,
                          query_max_length=max(2, int(cb.query_length)),
                          doc_max_length=max(2, int(cb.document_length)), **kwargs)
-        queries = self.encode_queries(list(PROBE_QUERIES), dense_weight=1.0, show_progress=False)
-        documents = self.encode_documents(list(PROBE_DOCUMENTS), show_progress=False)
+        with warnings.catch_warnings():  # a probe text longer than the model reads is no news
+            warnings.simplefilter("ignore")
+            queries = self.encode_queries(list(PROBE_QUERIES), dense_weight=1.0, show_progress=False)
+            documents = self.encode_documents(list(PROBE_DOCUMENTS), show_progress=False)
         fmt, self.probe = probe_format(queries, documents, what=str(self.folder))
         if format is not None and (format.beta, format.lambda_) != (fmt.beta, fmt.lambda_):
             raise ValueError(f"{self.folder}: its lists have beta={fmt.beta}, lambda={fmt.lambda_}, "

@@ -94,6 +94,8 @@ def _load_encoder(args: argparse.Namespace, **kw: Any):
             raise SystemExit("uibk-embed: --projection chooses the embedded model's projections; "
                              "it does not apply to --dense/--tokens")
         kw.setdefault("projection", args.projection)
+    if getattr(args, "trust_remote_code", False):
+        kw.setdefault("trust_remote_code", True)
     try:
         return load_encoder(args.encoder, dense=dense, tokens=tokens, **kw)
     except ValueError as e:  # e.g. only one of --dense/--tokens, a folder of the wrong kind
@@ -170,9 +172,11 @@ def _index_ray(args: argparse.Namespace) -> int:
         from uibk_embedding.encoder import load_encoder
 
         encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens)
+    options = {"trust_remote_code": True} if args.trust_remote_code else None
     try:
         r = index_distributed(
-            args.data, args.backend, opts, encoder=encoder, encoder_urls=args.encoder_url or None,
+            args.data, args.backend, opts, encoder=encoder, encoder_options=options,
+            encoder_urls=args.encoder_url or None,
             workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
             store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
             ray_address=args.ray_address, progress=False if args.quiet else None)
@@ -307,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "with --encoder SAVED: where the saved encoder's dense model moved)")
         sp.add_argument("--tokens", default=None, metavar="FOLDER",
                         help="bring your own models: a PyLate ColBERT folder (with --dense)")
+        sp.add_argument("--trust-remote-code", action="store_true",
+                        help="let a PyLate model folder (--encoder) run the Python code it ships, "
+                             "e.g. the released UIBK-Embedding-v1's custom modules (read it first)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
                         help="the embedded model's projections R and P: the shipped PCA fit (pca, "
                              "the default) or random (seed 0, the default before 0.2.0); stores "

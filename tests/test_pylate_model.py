@@ -1,0 +1,255 @@
+"""PyLate model folders (issue 26): load one natively, save ours as one, and the refusals.
+
+The folders are built here: a tiny random UIBK model and the embedded default (MiniLM) saved by
+``save_pylate`` (custom modules: ``branched_transformer.py``, ``hybrid_tokens.py``), a plain
+PyLate ColBERT model (untagged) and one with 96-d vectors. Every comparison of two encodings of
+the same texts in the same batch uses ``SAME_BATCH`` = 1e-5: the two code paths differ only in
+float32 rounding (PyLate renormalises the float32 rows once more, and its linear layer runs over
+the whole padded batch where ours runs on the chosen rows); measured here: 1.2e-7 to 4.8e-7.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import string
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pylate_models = pytest.importorskip("pylate.models")
+
+from uibk_embedding.encoder import TaggedFormat, load_encoder  # noqa: E402
+from uibk_embedding.encoder.pylate_model import (  # noqa: E402
+    PyLateEncoder,
+    custom_code,
+    model_hash,
+    probe_format,
+    save_pylate,
+)
+from uibk_embedding.encoder.shared import SharedEncoder  # noqa: E402
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
+
+from uibk_embedding.errors import UntrustedCode  # noqa: E402
+
+SAME_BATCH = 1e-5
+TEXTS = [
+    "the wing lift in a slipstream",
+    "heat transfer, in a boundary layer!",
+    "what is the flow of heat?",
+    "a",
+    "lift " * 60,
+    "boundary layer flow on a wing: heat transfer (of the slipstream) in 3 parts",
+]
+
+
+def _max_diff(a, b) -> float:
+    assert [x.shape for x in a] == [y.shape for y in b]
+    return max(float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max())
+               for x, y in zip(a, b, strict=True))
+
+
+def _colbert(folder, trust=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pylate_models.ColBERT(model_name_or_path=str(folder), device="cpu",
+                                     trust_remote_code=trust)
+
+
+@pytest.fixture(scope="module")
+def natives():
+    cfg = UIBKConfig.tiny()
+    return {"uibk": UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS * 3), seed=0, device="cpu"),
+            "minilm": load_encoder(device="cpu")}
+
+
+@pytest.fixture(scope="module")
+def folders(natives, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pylate")
+    out = {name: save_pylate(enc, root / name) for name, enc in natives.items()}
+    # a plain PyLate ColBERT model (Transformer -> Dense, untagged) and one with 96-d vectors
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    letters = list(string.ascii_lowercase + string.digits)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.punctuation, *letters,
+             *(f"##{c}" for c in letters), "wing", "lift", "heat", "flow"]
+    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
+        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+    else:
+        (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)).save_pretrained(root / "bert")
+    tok.save_pretrained(root / "bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, size in (("colbert", 128), ("colbert96", 96)):
+            torch.manual_seed(1)
+            pylate_models.ColBERT(model_name_or_path=str(root / "bert"), device="cpu",
+                                  embedding_size=size, query_length=16,
+                                  document_length=40).save(str(root / name))
+            out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(folders):
+    return {name: load_encoder(folders[name], trust_remote_code=True, device="cpu")
+            for name in ("uibk", "minilm")}
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+@pytest.mark.parametrize("is_query", [False, True])
+def test_pylate_encode_returns_the_native_tagged_lists(natives, folders, name, is_query):
+    """pylate.models.ColBERT(folder, trust_remote_code=True).encode == the native encoder (w=1)."""
+    got = _colbert(folders[name]).encode(TEXTS, is_query=is_query)
+    nat = natives[name]
+    want = nat.encode_queries(TEXTS, dense_weight=1.0) if is_query else nat.encode_documents(TEXTS)
+    diff = _max_diff(got, want)
+    print(f"{name} {'queries' if is_query else 'documents'}: PyLate encode vs native, max |diff| {diff:.2e}")
+    assert diff <= SAME_BATCH
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_load_encoder_runs_pylate_and_applies_the_dense_weight(folders, loaded, name):
+    enc = loaded[name]
+    assert isinstance(enc, PyLateEncoder)
+    cb = _colbert(folders[name])
+    for is_query in (False, True):
+        ref = cb.encode(TEXTS, is_query=is_query)
+        got = enc.encode_queries(TEXTS, dense_weight=1.0) if is_query else enc.encode_documents(TEXTS)
+        diff = _max_diff(got, ref)
+        print(f"{name}: load_encoder vs PyLate encode ({'queries' if is_query else 'documents'}) {diff:.2e}")
+        assert diff <= SAME_BATCH
+    heavy = enc.encode_queries(TEXTS, dense_weight=2.5)
+    ref = cb.encode(TEXTS, is_query=True)
+    for h, r in zip(heavy, ref, strict=True):
+        np.testing.assert_allclose(h[:3], 2.5 * r[:3], atol=3 * SAME_BATCH)  # slots scaled
+        np.testing.assert_allclose(h[3:], r[3:], atol=SAME_BATCH)  # tokens unchanged
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_round_trip_native_save_pylate_load_encoder(natives, loaded, name):
+    nat, enc = natives[name], loaded[name]
+    docs = _max_diff(enc.encode_documents(TEXTS), nat.encode_documents(TEXTS))
+    queries = _max_diff(enc.encode_queries(TEXTS), nat.encode_queries(TEXTS))  # both default weights
+    print(f"{name}: native -> save_pylate -> load_encoder: documents {docs:.2e}, queries {queries:.2e} "
+          f"(dense weight {enc.dense_weight:g})")
+    assert enc.dense_weight == nat.dense_weight  # recorded by save_pylate
+    assert max(docs, queries) <= SAME_BATCH
+
+
+def test_format_is_read_from_the_tags_and_names_the_model(folders, loaded):
+    a, b = loaded["uibk"], loaded["minilm"]
+    for enc, name in ((a, "uibk"), (b, "minilm")):
+        assert (enc.format.beta, enc.format.lambda_) == (0.9, 0.75)
+        assert enc.format.projection == f"pylate-{model_hash(folders[name])}"
+        p = enc.probe
+        assert p.pairs == 12 and p.aligned_pairs >= 1 and p.max_identity_error < 1e-5
+        print(f"{name}: probe {p}")
+    # a store filled by one model refuses the other (and the native encoder it was made from)
+    assert "not pylate-" in a.format.conflict(b.format)
+    assert a.format.conflict(TaggedFormat(projection="random-0123")) is not None
+    assert a.format.conflict(a.format) is None
+
+
+def test_without_trust_remote_code_the_folder_is_refused(folders, capsys):
+    with pytest.raises(UntrustedCode) as e:
+        load_encoder(folders["uibk"])
+    msg = str(e.value)
+    print(msg)
+    for part in ("branched_transformer.BranchedTransformer", "hybrid_tokens.HybridTokens",
+                 "branched_transformer.py", "hybrid_tokens.py", "trust_remote_code=True",
+                 "--trust-remote-code"):
+        assert part in msg
+    assert custom_code(folders["colbert"]) == ([], [])  # library modules only: nothing to trust
+
+
+def test_sentence_transformers_imports_local_module_code_without_trust(folders):
+    """Why the check above is ours: for a local folder, sentence-transformers imports the custom
+    module code even with trust_remote_code=False."""
+    cb = _colbert(folders["uibk"], trust=False)
+    assert type(cb[0]).__name__ == "BranchedTransformer"
+
+
+def test_a_plain_colbert_model_is_refused(folders):
+    with pytest.raises(ValueError, match=r"not tagged lists.*load_encoder\(dense=") as e:
+        load_encoder(folders["colbert"])
+    print(e.value)
+
+
+def test_wrong_dimensions_are_refused(folders):
+    with pytest.raises(ValueError, match="96 dimensions; the tagged format has 128") as e:
+        load_encoder(folders["colbert96"])
+    print(e.value)
+
+
+def test_probe_refusals():
+    fmt = TaggedFormat()
+    rng = np.random.default_rng(0)
+
+    def mk(n):
+        return fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+
+    good = [mk(4), mk(6)]
+    two_slots = [x[1:] for x in good]
+    with pytest.raises(ValueError, match="have 2 slot rows"):
+        probe_format(two_slots, two_slots)
+    with pytest.raises(ValueError, match="not unit vectors"):
+        probe_format([2 * x for x in good], good)
+    odd = [x.copy() for x in good]
+    odd[0][5, 0] = 0.2  # a second token tag value
+    odd[0][5] /= np.linalg.norm(odd[0][5])
+    with pytest.raises(ValueError, match="not one value"):
+        probe_format(odd, good)
+    other = TaggedFormat(beta=0.8, lambda_=0.5)
+    q = [other.build(rng.normal(size=(3, 127)), rng.normal(size=(5, 127)))]
+    got, _ = probe_format(q, [other.build(rng.normal(size=(3, 127)), rng.normal(size=(7, 127)))])
+    assert (got.beta, got.lambda_) == (0.8, 0.5)
+
+
+def test_composed_and_pylate_encoders_are_not_exported(loaded, tmp_path):
+    from uibk_embedding.encoder.composed import ComposedEncoder
+
+    with pytest.raises(NotImplementedError, match="composed encoder runs two models"):
+        save_pylate(ComposedEncoder.__new__(ComposedEncoder), tmp_path / "x")
+    with pytest.raises(ValueError, match="already the PyLate model folder"):
+        loaded["uibk"].save_pylate(tmp_path / "y")
+
+
+def test_shared_encoder_loads_a_pylate_folder(folders, loaded):
+    with SharedEncoder(folders["uibk"], device="cpu", trust_remote_code=True) as shared:
+        assert shared.format == loaded["uibk"].format
+        got = shared.encode_documents(TEXTS)
+        q = shared.encode_queries(TEXTS[:2], dense_weight=3.0)
+    assert _max_diff(got, loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+    assert _max_diff(q, loaded["uibk"].encode_queries(TEXTS[:2], dense_weight=3.0)) <= SAME_BATCH
+    with pytest.raises(UntrustedCode):
+        SharedEncoder(folders["uibk"], device="cpu")
+
+
+def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
+    from uibk_embedding.encoder.server import build_parser
+
+    from uibk_embedding.cli import main
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS)) + "\n")
+    store = tmp_path / "store"
+    enc = ["--encoder", str(folders["uibk"])]
+    with pytest.raises(SystemExit, match="--trust-remote-code"):
+        main(["index", str(corpus), "--path", str(store), "--quiet", *enc])
+    assert main(["index", str(corpus), "--path", str(store), "--quiet", *enc, "--trust-remote-code"]) == 0
+    assert f"indexed {len(TEXTS)} documents" in capsys.readouterr().out
+    assert main(["search", TEXTS[0], "--path", str(store), "--json", "-k", "2", *enc,
+                 "--trust-remote-code"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "d0"
+    # another model's store is refused: its format records this model's content hash
+    with pytest.raises(SystemExit, match="pylate-"):
+        main(["search", "wing", "--path", str(store), "--encoder", str(folders["minilm"]),
+              "--trust-remote-code"])
+    assert build_parser().parse_args(["--encoder", "x", "--trust-remote-code"]).trust_remote_code
