@@ -253,3 +253,34 @@ def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
         main(["search", "wing", "--path", str(store), "--encoder", str(folders["minilm"]),
               "--trust-remote-code"])
     assert build_parser().parse_args(["--encoder", "x", "--trust-remote-code"]).trust_remote_code
+
+
+def test_cli_export_pylate(natives, loaded, tmp_path, capsys):
+    from uibk_embedding.cli import main
+
+    native_folder = natives["uibk"].save_pretrained(tmp_path / "native")
+    out = tmp_path / "exported"
+    assert main(["export-pylate", str(out), "--encoder", str(native_folder)]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    again = load_encoder(out, trust_remote_code=True, device="cpu")
+    assert _max_diff(again.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_other_batchings_stay_within_the_batching_noise(folders, loaded, name):
+    """Our pipeline's batches (a small token budget: several batches) against PyLate's one batch:
+    within the same-batch constant plus twice the encoder's measured batching noise."""
+    from uibk_embedding.testing import batching_noise
+
+    enc = loaded[name]
+    noise = batching_noise(enc, TEXTS, batchings=((2, 1), (3, 2)))
+    ref = _colbert(folders[name]).encode(TEXTS, is_query=False)
+    budget = enc.batch_tokens
+    try:
+        enc.batch_tokens = 64
+        got = enc.encode_documents(TEXTS)
+    finally:
+        enc.batch_tokens = budget
+    diff = _max_diff(got, ref)
+    print(f"{name}: batching noise {noise:.2e}; several batches vs PyLate's one: {diff:.2e}")
+    assert diff <= SAME_BATCH + 2 * noise

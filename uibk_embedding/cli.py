@@ -8,6 +8,7 @@ Subcommands::
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
     uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
     uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
+    uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
     uibk-embed serve ...                        the shared encoder over HTTP
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
 
@@ -236,6 +237,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_pylate(args: argparse.Namespace) -> int:
+    """``export-pylate OUT``: the encoder as a PyLate ColBERT model folder (``save_pylate``)."""
+    enc = _load_encoder(args)
+    if not hasattr(enc, "save_pylate"):
+        raise SystemExit(f"uibk-embed: a {type(enc).__name__} cannot be saved as a PyLate model")
+    out = enc.save_pylate(args.out)
+    print(f"saved a PyLate model to {out}: pylate.models.ColBERT({str(out)!r}, trust_remote_code=True), "
+          f"or --encoder {out} --trust-remote-code")
+    return 0
+
+
 def cmd_fit_projection(args: argparse.Namespace) -> int:
     from uibk_embedding.data import read_corpus
     from uibk_embedding.encoder.projection import projection_id
@@ -381,6 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token states used to fit P (default 200000)")
     common(sp, store=False)
     sp.set_defaults(func=cmd_fit_projection)
+
+    sp = sub.add_parser("export-pylate",
+                        help="save the encoder as a PyLate model folder (custom modules; load it with "
+                             "trust_remote_code=True)")
+    sp.add_argument("out", help="folder to write")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_export_pylate)
 
     for name, module, help_ in [
         ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),
