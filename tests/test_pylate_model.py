@@ -284,3 +284,22 @@ def test_other_batchings_stay_within_the_batching_noise(folders, loaded, name):
     diff = _max_diff(got, ref)
     print(f"{name}: batching noise {noise:.2e}; several batches vs PyLate's one: {diff:.2e}")
     assert diff <= SAME_BATCH + 2 * noise
+
+
+@pytest.mark.slow
+def test_interop_benchmark_smoke(tmp_path):
+    """benchmarks/pylate_interop.py on 60 NPL documents, so that it cannot rot (figures unchecked)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    data = root.parent / "shared" / "datasets" / "npl"
+    if not (data / "corpus.jsonl").exists():
+        pytest.skip(f"no collection at {data}")
+    spec = importlib.util.spec_from_file_location("pylate_interop", root / "benchmarks" / "pylate_interop.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "figures.json"
+    assert bench.main(["--data", str(data), "--docs", "60", "--speed-docs", "8", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert "recall@10_vs_exact" in figures["interop_minilm"]["pylate_plaid"]
