@@ -249,7 +249,7 @@ def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
                  "--trust-remote-code"]) == 0
     assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "d0"
     # another model's store is refused: its format records this model's content hash
-    with pytest.raises(SystemExit, match="pylate-"):
+    with pytest.raises(SystemExit, match="its lists were encoded with projection pylate-"):
         main(["search", "wing", "--path", str(store), "--encoder", str(folders["minilm"]),
               "--trust-remote-code"])
     assert build_parser().parse_args(["--encoder", "x", "--trust-remote-code"]).trust_remote_code
@@ -303,3 +303,32 @@ def test_interop_benchmark_smoke(tmp_path):
     assert bench.main(["--data", str(data), "--docs", "60", "--speed-docs", "8", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert "recall@10_vs_exact" in figures["interop_minilm"]["pylate_plaid"]
+
+
+def test_readme_example_loads_a_pylate_folder(folders, monkeypatch, tmp_path):
+    """The "Use the released model" Python block of README.md, run as written with the released
+    folder's name pointing at the tiny exported UIBK model."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Use the released model", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"models/uibk-embedding-v1"' in code
+    code = code.replace('"models/uibk-embedding-v1"', repr(str(folders["uibk"])))
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    assert (ns["enc"].format.beta, ns["enc"].format.lambda_) == (0.9, 0.75)
+    assert ns["enc"].format.projection.startswith("pylate-") and ns["q"].shape[1] == 128
+
+
+def test_a_bfloat16_cast_keeps_the_fixed_projections(folders):
+    """MTEB loads the model with torch_dtype=bfloat16: the weights are cast, R and R' are not."""
+    cb = _colbert(folders["uibk"])
+    hybrid = cb[1]
+    want = torch.cat([torch.zeros(1, hybrid.P.shape[1]), hybrid.P])
+    cb.to(torch.bfloat16)
+    assert hybrid.linear.weight.dtype == torch.bfloat16 and hybrid.R.dtype == torch.float32
+    assert torch.equal(hybrid._token_weight(torch.device("cpu")), want)
+    out = cb.encode(TEXTS[:2], is_query=False)
+    assert all(np.isfinite(x).all() and x.shape[1] == 128 for x in out)

@@ -2,8 +2,9 @@
 
 A PyLate ``Dense`` (PyLate replaces any other module after the first by a plain ``Dense``). Its
 ``linear`` layer is the fixed token projection ``R'`` (127 x d) with a zero first row: the
-128-d output's coordinate 0 is left for the tag. It also holds the fixed ``R`` (381 x D), kept
-out of the parameters so that a cast of the model to bfloat16 does not round it.
+128-d output's coordinate 0 is left for the tag. It also holds the fixed ``R`` (381 x D) and a
+float32 copy of ``R'``, kept out of the parameters so that a cast of the model to bfloat16
+rounds neither (the copy is used when the linear layer is in a lower precision).
 
 From ``token_embeddings`` ``(B, T, d)`` and ``sentence_embedding`` ``(B, D)`` (the first module)
 it writes ``token_embeddings`` ``(B, T, 128)``: rows 0-2 are the slots
@@ -89,6 +90,17 @@ class HybridTokens(Dense):
             self._R_on[key] = self.R.to(device=device, dtype=hi)
         return self._R_on[key]
 
+    def _token_weight(self, device: torch.device) -> torch.Tensor:
+        """The linear layer's weight, or the saved float32 ``R'`` (zero first row) when the model
+        was cast to a lower precision: the fixed projection is never rounded."""
+        w = self.linear.weight
+        if w.dtype in (torch.float32, torch.float64) or self.P is None:
+            return w.float()
+        key = f"P:{device}"
+        if key not in self._R_on:
+            self._R_on[key] = torch.cat([torch.zeros(1, self.P.shape[1]), self.P]).to(device)
+        return self._R_on[key]
+
     def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         states = features["token_embeddings"]
         g = features["sentence_embedding"]
@@ -103,7 +115,7 @@ class HybridTokens(Dense):
         slots[..., 0] = -math.sqrt(1 - self.delta)
         slots[..., 1:] = z * (math.sqrt(self.delta) / torch.linalg.vector_norm(z, dim=-1, keepdim=True))
         # tokens: R' (the linear layer, zero first row), normalised, tagged
-        u = nn.functional.linear(states.float(), self.linear.weight.float())[..., 1:].to(hi)
+        u = nn.functional.linear(states.float(), self._token_weight(dev))[..., 1:].to(hi)
         toks = torch.empty((b, t, self.out_features), dtype=hi, device=dev)
         toks[..., 0] = math.sqrt(1 - self.beta)
         toks[..., 1:] = u * (math.sqrt(self.beta) / torch.linalg.vector_norm(u, dim=-1, keepdim=True))
