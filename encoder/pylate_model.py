@@ -122,7 +122,16 @@ def custom_code(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
 def model_files(folder: str | os.PathLike) -> list[Path]:
     """The files the model's modules load: those at the root of the folder and in each module's
     own folder (``modules.json``, ``path``), not the whole tree; ``README.md`` and hidden files
-    left out."""
+    left out.
+
+    >>> import tempfile, pathlib, json
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "1_Dense").mkdir(); (d / "other").mkdir()
+    >>> _ = (d / "modules.json").write_text(json.dumps([{"type": "a.B", "path": ""},
+    ...                                                 {"type": "c.D", "path": "1_Dense"}]))
+    >>> for f in ("1_Dense/config.json", "other/unused.bin", "README.md"): _ = (d / f).write_text("")
+    >>> [p.relative_to(d).as_posix() for p in model_files(d)]
+    ['1_Dense/config.json', 'modules.json']
+    """
     p = Path(folder)
     dirs = {p} | {p / str(m.get("path", "")) for m in _modules(p)}
     out = []
@@ -135,7 +144,16 @@ def model_files(folder: str | os.PathLike) -> list[Path]:
 
 def model_hash(folder: str | os.PathLike) -> str:
     """A short content hash of :func:`model_files` (relative path, size, bytes): the
-    ``projection`` record of a PyLate model's format."""
+    ``projection`` record of a PyLate model's format.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "modules.json").write_text("[]")
+    >>> a = model_hash(d); _ = (d / "README.md").write_text("a model card")
+    >>> model_hash(d) == a, len(a)
+    (True, 16)
+    >>> _ = (d / "model.safetensors").write_bytes(b"weights"); model_hash(d) == a
+    False
+    """
     p = Path(folder)
     h = hashlib.sha256()
     for f in model_files(p):
@@ -283,6 +301,22 @@ class PyLateEncoder(TaggedEncoder):
     Prompts: the model's ``query`` prompt for queries and ``document`` (or ``passage`` /
     ``corpus``) prompt for documents when it declares them (as ``encode(prompt_name=...)``),
     else its default prompt (as a bare ``ColBERT.encode``).
+
+    >>> import tempfile
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
+    >>> folder = native.save_pylate(tempfile.mkdtemp())
+    >>> enc = PyLateEncoder(folder, trust_remote_code=True, device="cpu")
+    >>> enc.format.beta, enc.format.lambda_, enc.format.projection.startswith("pylate-")
+    (0.9, 0.75, True)
+    >>> d = enc.encode_documents(["lift of a wing"])[0]
+    >>> bool(np.abs(d - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
+    True
+    >>> PyLateEncoder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.UntrustedCode: ... runs its own code when it loads: ...
     """
 
     kind = "pylate"
@@ -484,6 +518,21 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     architecture (:class:`~uibk_embedding.encoder.uibk.UIBKEncoder`) and one-model encoders
     (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the embedded default);
     a composed encoder runs two models and is refused. Weights are saved in float32.
+
+    >>> import tempfile, warnings
+    >>> from pylate.models import ColBERT
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
+    >>> folder = save_pylate(native, tempfile.mkdtemp())
+    >>> sorted(p.name for p in folder.glob("*.py"))
+    ['branched_transformer.py', 'hybrid_tokens.py', 'uibk_architecture.py']
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     model = ColBERT(str(folder), trust_remote_code=True, device="cpu")
+    >>> got = model.encode(["lift of a wing"], is_query=False)[0]
+    >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
+    True
     """
     from uibk_embedding.encoder import pylate_modules
     from uibk_embedding.encoder.transformer import TransformerEncoder

@@ -16,8 +16,11 @@ the first three positions, so a tagged list has ``3 + n_text_tokens`` rows. Quer
 reads up to 256 tokens, the first 64 text tokens take part in token matching; documents: up to
 2048 tokens (or the trunk's maximum if lower).
 
-A saved encoder is a folder (:meth:`UIBKEncoder.save_pretrained`,
-:meth:`UIBKEncoder.from_pretrained`)::
+A saved encoder is a folder in this library's own layout (:meth:`UIBKEncoder.save_pretrained`,
+:meth:`UIBKEncoder.from_pretrained`); it is not the released checkpoint's format: the release is a
+PyLate model folder (DESIGN 1.3b), loaded by ``load_encoder(folder, trust_remote_code=True)``
+(:mod:`uibk_embedding.encoder.pylate_model`), and :meth:`UIBKEncoder.save_pylate` writes a model
+of this architecture in that format::
 
     uibk_encoder.json   kind "uibk", format, caps, dense weight, the "model" block (UIBKConfig)
     config.json         the ModernBERT trunk configuration (Hugging Face format)

@@ -332,3 +332,13 @@ def test_a_bfloat16_cast_keeps_the_fixed_projections(folders):
     assert torch.equal(hybrid._token_weight(torch.device("cpu")), want)
     out = cb.encode(TEXTS[:2], is_query=False)
     assert all(np.isfinite(x).all() and x.shape[1] == 128 for x in out)
+
+
+def test_a_model_saved_again_by_pylate_loads_again(folders, loaded, tmp_path):
+    """ColBERT(folder).save(other): PyLate's own save of the custom modules (MTEB, fine-tuning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _colbert(folders["uibk"]).save(str(tmp_path / "resaved"))
+    again = load_encoder(tmp_path / "resaved", trust_remote_code=True, device="cpu")
+    assert (again.format.beta, again.format.lambda_) == (0.9, 0.75)
+    assert _max_diff(again.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH

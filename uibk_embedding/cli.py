@@ -317,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
         sp.add_argument("--encoder", default=None,
-                        help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+                        help="encoder folder: saved by this library, a PyLate model such as the released "
+                             "UIBK-Embedding-v1 (with --trust-remote-code), a Hugging Face folder "
+                             "(default: the embedded all-MiniLM-L6-v2 model)")
         sp.add_argument("--dense", default=None, metavar="FOLDER",
                         help="bring your own models: a sentence-transformers folder (with --tokens; "
                              "with --encoder SAVED: where the saved encoder's dense model moved)")

@@ -77,6 +77,15 @@ class BranchedTransformer(Transformer):
     pooling: ``{"modes": [...], "normalize": bool}``, for ``"transformer"``.
     strip_marker: remove the marker PyLate inserted at position 1 before the model runs.
     model_args: ``dtype`` / ``torch_dtype`` (e.g. ``torch.bfloat16``) for the weights.
+
+    >>> import tempfile
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> folder = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["a wing"])).save_pylate(tempfile.mkdtemp())
+    >>> m = BranchedTransformer.load(str(folder))
+    >>> f = m(m.tokenize(["[P] a wing"]))
+    >>> tuple(f["token_embeddings"].shape), tuple(f["sentence_embedding"].shape)
+    ((1, 5, 128), (1, 32))
     """
 
     config_file_name = CONFIG_NAME

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from typing import Any
 
 import torch
@@ -50,6 +51,16 @@ class HybridTokens(Dense):
     layout: ``"uibk"`` or ``"transformer"`` (where the text tokens sit).
     query_marker_id: the id PyLate inserts at position 1 of a query.
     query_token_cap: text tokens of a query that take part in token matching.
+
+    >>> R, P = torch.linalg.qr(torch.randn(381, 32))[0], torch.linalg.qr(torch.randn(127, 16))[0]
+    >>> m = HybridTokens(16, R=R, P=P, query_marker_id=5)
+    >>> ids = torch.tensor([[2, 5, 7, 11, 12, 3], [2, 6, 7, 11, 3, 0]])  # a query, a document
+    >>> f = m({"token_embeddings": torch.randn(2, 6, 16), "sentence_embedding": torch.randn(2, 32),
+    ...        "input_ids": ids, "attention_mask": (ids > 0).long()})
+    >>> f["attention_mask"].tolist()  # rows of each list: 3 slots, then the text tokens
+    [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]
+    >>> [round(float(v), 4) for v in f["token_embeddings"][0, 2:4, 0]]  # slot tag, token tag
+    [-0.8803, 0.3162]
     """
 
     def __init__(self, in_features: int, out_features: int = 128, bias: bool = False,
@@ -62,8 +73,9 @@ class HybridTokens(Dense):
             init_weight = torch.cat([torch.zeros(1, P.shape[1], dtype=P.dtype), P]).float()
         super().__init__(in_features, out_features, bias=False, activation_function=nn.Identity(),
                          init_weight=init_weight, use_residual=False)
-        if out_features != 1 + (P.shape[0] if P is not None else 127):
-            raise ValueError(f"out_features must be 128, got {out_features}")
+        if out_features != 128 or (P is not None and tuple(P.shape) != (127, in_features)):
+            raise ValueError(f"out_features must be 128 and P (127, {in_features}), got {out_features} "
+                             f"and {tuple(P.shape) if P is not None else None}")
         if layout not in FIRST_TOKEN:
             raise ValueError(f"layout must be one of {sorted(FIRST_TOKEN)}, got {layout!r}")
         self.R = None if R is None else R.detach().to(torch.float32).cpu()
@@ -141,6 +153,14 @@ class HybridTokens(Dense):
                   os.path.join(output_path, WEIGHTS_NAME))
         save_file({"R": self.R.contiguous(), "P": self.P.contiguous()},
                   os.path.join(output_path, PROJECTIONS_NAME))
+        # sentence-transformers' save copies a custom module's file into the module's own folder,
+        # but loads "hybrid_tokens.HybridTokens" from the model's root: put a copy there too, so
+        # that a model saved by ColBERT.save loads again
+        root = os.path.dirname(os.path.abspath(output_path))
+        try:
+            shutil.copyfile(os.path.abspath(__file__), os.path.join(root, os.path.basename(__file__)))
+        except shutil.SameFileError:
+            pass
 
     @staticmethod
     def load(input_path: str) -> HybridTokens:
