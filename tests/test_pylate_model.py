@@ -342,3 +342,22 @@ def test_a_model_saved_again_by_pylate_loads_again(folders, loaded, tmp_path):
     again = load_encoder(tmp_path / "resaved", trust_remote_code=True, device="cpu")
     assert (again.format.beta, again.format.lambda_) == (0.9, 0.75)
     assert _max_diff(again.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+
+
+def test_uibk_embed_serve_and_the_ray_path_pass_trust_remote_code(folders, loaded):
+    """`uibk-embed serve --encoder FOLDER --trust-remote-code` (a real server process) and the Ray
+    path's format lookup (``encoder_options``) load the PyLate folder."""
+    pytest.importorskip("uvicorn")
+    from uibk_embedding.distributed import encoder_format
+    from uibk_embedding.encoder.remote import RemoteEncoder
+    from uibk_embedding.encoder.server import serve_subprocess
+
+    local = loaded["uibk"]
+    assert encoder_format(str(folders["uibk"]), {"trust_remote_code": True}) == local.format
+    with pytest.raises(UntrustedCode):
+        encoder_format(str(folders["uibk"]))
+    with serve_subprocess("--encoder", str(folders["uibk"]), "--trust-remote-code", "--device", "cpu") as url:
+        with RemoteEncoder(url) as enc:
+            assert enc.format == local.format
+            got = enc.encode_documents(TEXTS)
+    assert _max_diff(got, local.encode_documents(TEXTS)) == 0.0  # the same encoder, the same batches
