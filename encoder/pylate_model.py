@@ -383,7 +383,9 @@ class PyLateEncoder(TaggedEncoder):
             warnings.simplefilter("ignore")
             queries = self.encode_queries(list(PROBE_QUERIES), dense_weight=1.0, show_progress=False)
             documents = self.encode_documents(list(PROBE_DOCUMENTS), show_progress=False)
-        fmt, self.probe = probe_format(queries, documents, what=str(self.folder))
+        names = [str(m["type"]).rsplit(".", 1)[-1] for m in _modules(self.folder)]
+        fmt, self.probe = probe_format(queries, documents,
+                                       what=f"{self.folder} (modules.json lists the modules {names})")
         if format is not None and (format.beta, format.lambda_) != (fmt.beta, fmt.lambda_):
             raise ValueError(f"{self.folder}: its lists have beta={fmt.beta}, lambda={fmt.lambda_}, "
                              f"not the requested beta={format.beta}, lambda={format.lambda_}")

@@ -348,9 +348,10 @@ def test_uibk_embed_serve_and_the_ray_path_pass_trust_remote_code(folders, loade
     """`uibk-embed serve --encoder FOLDER --trust-remote-code` (a real server process) and the Ray
     path's format lookup (``encoder_options``) load the PyLate folder."""
     pytest.importorskip("uvicorn")
-    from uibk_embedding.distributed import encoder_format
     from uibk_embedding.encoder.remote import RemoteEncoder
     from uibk_embedding.encoder.server import serve_subprocess
+
+    from uibk_embedding.distributed import encoder_format
 
     local = loaded["uibk"]
     assert encoder_format(str(folders["uibk"]), {"trust_remote_code": True}) == local.format
