@@ -362,3 +362,38 @@ def test_uibk_embed_serve_and_the_ray_path_pass_trust_remote_code(folders, loade
             assert enc.format == local.format
             got = enc.encode_documents(TEXTS)
     assert _max_diff(got, local.encode_documents(TEXTS)) == 0.0  # the same encoder, the same batches
+
+
+def test_framework_wrappers_take_the_pylate_encoder(loaded):
+    pytest.importorskip("langchain_core")
+    from uibk_embedding.adapters import open_store
+    from uibk_embedding.integrations.langchain import UIBKVectorStore
+
+    enc = loaded["uibk"]
+    vs = UIBKVectorStore(encoder=enc, store=open_store("exact", format=enc.format))
+    vs.add_texts(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
+    assert vs.similarity_search(TEXTS[1], k=1)[0].page_content == TEXTS[1]
+
+
+def test_the_probe_reads_bfloat16_rounded_tags_as_the_released_constants():
+    """A model that computes its tags in bfloat16: the format still reads beta 0.9, lambda 0.75."""
+    fmt = TaggedFormat()
+    rng = np.random.default_rng(3)
+
+    def bf16(x):
+        y = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+        return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+    lists = [bf16(fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))) for n in (4, 6, 9)]
+    got, report = probe_format(lists[:1], lists[1:])
+    assert (got.beta, got.lambda_) == (0.9, 0.75)
+    assert report.beta_measured != 0.9 or report.lambda_measured != 0.75  # they were rounded
+
+
+def test_bfloat16_weights_on_the_cpu(folders, loaded):
+    """The CUDA default, bfloat16 weights, run on the CPU: the probe accepts it, same format."""
+    enc = load_encoder(folders["uibk"], trust_remote_code=True, device="cpu", dtype="bfloat16")
+    assert enc.format == loaded["uibk"].format
+    diff = _max_diff(enc.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS))
+    print(f"bfloat16 vs float32 weights (CPU), max |diff| {diff:.3f}")
+    assert diff < 0.5
