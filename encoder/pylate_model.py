@@ -408,7 +408,8 @@ class PyLateEncoder(TaggedEncoder):
         return {"kind": self.kind, "model": str(self.folder), "format": self.format.to_dict(),
                 "projection": self.format.projection, "dense_weight": self.dense_weight,
                 "dtype": self.dtype, "query_length": int(self.colbert.query_length),
-                "document_length": int(self.colbert.document_length)}
+                "document_length": int(self.colbert.document_length),
+                "colbert_options": self.colbert_options, "prompts": [self.prompts[True], self.prompts[False]]}
 
     def save_projections(self, path: str | os.PathLike) -> None:
         raise NotImplementedError(f"a PyLate model is its folder: use {self.folder} itself")
