@@ -7,7 +7,9 @@ Persistence (``path=``): every acknowledged ``upsert``/``delete`` is one operati
 ``path/ops/`` written to a temporary name, flushed with ``fsync`` and renamed into place, so a
 process killed mid-write leaves either the whole batch or nothing. Opening replays the
 newest snapshot and the operations after it; ``compact()`` folds them into a new snapshot.
-Files are ``.npz`` (no pickle) plus JSON.
+Files are ``.npz`` (no pickle) plus JSON. The folder is locked (``store.lock``, an ``flock``)
+while a store object has it open: a second object or process gets :class:`StoreInUse`. A folder
+that holds other files and no store is refused, never written into.
 
 Example
 -------
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +41,14 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_f
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
-from uibk_embedding._durable import atomic_savez
+from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
+from uibk_embedding._sqlite_state import lock_folder
+from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 
 _OP = re.compile(r"^(\d{12})\.npz$")
+LOCK_NAME = "store.lock"
+CONFIG_NAME = "store.json"
 _SNAP = re.compile(r"^snapshot-(\d{12})\.npz$")
 
 
@@ -117,22 +124,44 @@ class ExactStore(MultiVectorStore):
         self.path = Path(path) if path is not None else None
         self._seq = 0
         self._snap_seq = 0
+        self._lockfile = None
+        self._closed = False
+        self._compact_at = compact_every  # operations since the snapshot that trigger a compaction
         if self.path is not None:
             self._open(format)
 
     # -- persistence -------------------------------------------------------------------------
     def _open(self, format: TaggedFormat | None) -> None:
         assert self.path is not None
-        (self.path / "ops").mkdir(parents=True, exist_ok=True)
-        cfg = self.path / "store.json"
+        durable_mkdir(self.path)
+        cfg = self.path / CONFIG_NAME
+        if not cfg.exists():
+            # what a store leaves before its config is durable: the lock, an empty ops/, temp files
+            other = sorted(p.name for p in self.path.iterdir()
+                           if p.name not in (LOCK_NAME, "ops") and not p.name.startswith(".tmp-"))
+            if other or any((self.path / "ops").glob("*.npz")):
+                raise CollectionMismatch(
+                    f"{self.path} is not an exact store (no {CONFIG_NAME}) and is not empty "
+                    f"(it holds {other[:5] or ['ops/*.npz']}): give an empty or new folder")
+        self._lockfile = lock_folder(self.path / LOCK_NAME, f"the exact store at {self.path}", "ExactStore")
+        try:
+            self._load(cfg, format)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, cfg: Path, format: TaggedFormat | None) -> None:
+        assert self.path is not None
         if cfg.exists():
-            saved = TaggedFormat.from_stored(json.loads(cfg.read_text())["format"])
+            try:
+                saved = TaggedFormat.from_stored(json.loads(cfg.read_text())["format"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise CollectionMismatch(f"{cfg} is not a readable exact-store configuration ({e})") from None
             self.format = settle_format(saved, format, f"store at {self.path}")
         else:
-            tmp = cfg.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"backend": "exact", "version": 1,
-                                       "format": self.format.to_stored()}))
-            os.replace(tmp, cfg)
+            atomic_write_text(cfg, json.dumps({"backend": "exact", "version": 1,
+                                               "format": self.format.to_stored()}))
+        durable_mkdir(self.path / "ops")
         snaps = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SNAP.match(p.name)))
         if snaps:
             self._snap_seq = snaps[-1]
@@ -162,14 +191,21 @@ class ExactStore(MultiVectorStore):
         """Write-ahead: make the operation durable before it is applied in memory."""
         if self.path is None:
             return
+        if self._closed:
+            raise StoreInUse(f"this ExactStore ({self.path}) is closed")
         self._seq += 1
         atomic_savez(self.path / "ops" / f"{self._seq:012d}.npz", op=np.array(op), **arrays)
 
     def _maybe_compact(self) -> None:
         """Fold the log into a snapshot once it is long; call only AFTER the logged operations
         are applied to ``self._state``, since the snapshot replaces their files."""
-        if self.path is not None and self._seq - self._snap_seq >= self.compact_every:
-            self._compact_locked()
+        if self.path is not None and self._seq - self._snap_seq >= self._compact_at:
+            try:
+                self._compact_locked()
+            except OSError as e:  # the operation is durable in its log file: it stays acknowledged
+                self._compact_at = self._seq - self._snap_seq + self.compact_every
+                warnings.warn(f"exact store at {self.path}: compaction failed ({e}); the operation "
+                              "log keeps every write, compaction is tried again later", stacklevel=4)
 
     def compact(self) -> None:
         """Write the whole store as one snapshot and drop the operations it contains."""
@@ -182,6 +218,8 @@ class ExactStore(MultiVectorStore):
         already be applied to it, since their files are deleted once the snapshot is durable."""
         if self.path is None:
             return
+        if self._closed:
+            raise StoreInUse(f"this ExactStore ({self.path}) is closed")
         st = self._state
         live = sorted(st.index.values())
         vecs = [st.buf[st.offsets[i]:st.offsets[i + 1]] for i in live]
@@ -189,6 +227,7 @@ class ExactStore(MultiVectorStore):
         atomic_savez(self.path / f"snapshot-{self._seq:012d}.npz", **arrays)
         old_snap = self._snap_seq
         self._snap_seq = self._seq
+        self._compact_at = self.compact_every
         for p in (self.path / "ops").iterdir():
             m = _OP.match(p.name)
             if m and int(m.group(1)) <= self._seq:
@@ -340,4 +379,9 @@ class ExactStore(MultiVectorStore):
         return [st.ids[i] for i in sorted(st.index.values())]
 
     def close(self) -> None:
-        pass
+        """Release the folder lock (a persisted store); later writes raise :class:`StoreInUse`."""
+        if self.path is not None:
+            self._closed = True
+        if self._lockfile is not None:
+            self._lockfile.close()
+            self._lockfile = None

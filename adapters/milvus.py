@@ -82,6 +82,7 @@ from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.rank import rerank
 
@@ -201,15 +202,18 @@ def _chunks(seq: Sequence, n: int) -> Iterable[Sequence]:
 
 
 class _Version:
-    """Strictly increasing write versions (nanoseconds since the epoch)."""
+    """Write versions: above the local clock (nanoseconds since the epoch) when it is ahead, and
+    always above every version already stored for the documents written (``after``), so a writer
+    whose clock is behind (another host, an NTP step, a restored VM) still supersedes what it
+    read: the order of versions is the order of acknowledged writes, not of clocks."""
 
     def __init__(self) -> None:
         self._last = 0
         self._lock = threading.Lock()
 
-    def next(self) -> int:
+    def next(self, after: int = 0) -> int:
         with self._lock:
-            self._last = max(self._last + 1, time.time_ns())
+            self._last = max(self._last + 1, int(after) + 1, time.time_ns())
             return self._last
 
 
@@ -544,6 +548,11 @@ class MilvusStore(MultiVectorStore):
 
     @_serialized
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        for x in ids:
+            if _CONTROL.search(x):
+                raise ValueError(
+                    f"document id {x!r} has a control character: Milvus matches none in its filter "
+                    "expressions (get and delete could never find it again); use printable ids")
         texts = [self._meta_text(x, m) for x, m in zip(ids, metadata, strict=True)]  # check all first
         if self.layout == "embedding_list":
             for x, v in zip(ids, vectors, strict=True):
@@ -556,7 +565,7 @@ class MilvusStore(MultiVectorStore):
             for batch in self._batches(rows, [len(v) for v in vectors]):
                 self.client.upsert(self.docs_name, batch, timeout=self.timeout)
             return
-        ver = self._versions.next()
+        ver = self._versions.next(after=self._newest_version(ids))
         doc_rows: list[dict] = []
         doc_sizes: list[int] = []
         vec_rows: list[dict] = []
@@ -600,10 +609,24 @@ class MilvusStore(MultiVectorStore):
                 yield b
                 bar.update(1)
 
+    def _newest_version(self, ids: Sequence[str]) -> int:
+        """The highest version stored for any of ``ids`` (complete or not; 0 for none), read at
+        the collection's ``Strong`` consistency point, so it includes every acknowledged write."""
+        newest = 0
+        for chunk in _chunks(list(dict.fromkeys(ids)), 128):
+            res = self.client.query(self.docs_name, filter=_ids_expr(chunk) + " and part >= 0",
+                                    output_fields=["ver"], limit=MAX_LIMIT, timeout=self.timeout)
+            newest = max([newest, *(int(r["ver"]) for r in res)])
+        return newest
+
     def _delete_versions(self, ids: Sequence[str], extra: str = "") -> None:
+        # the document rows first: a write killed between the two deletes leaves token rows
+        # without a document, which search ignores (it rescores stored lists) and repair()
+        # removes; the other order left a document that get/count/scan return and search misses
+        names = [self.docs_name, self.rows_name] if self.layout == "token_rows" else [self.docs_name]
         for chunk in _chunks(list(ids), 500):
             expr = _ids_expr(chunk) + (f" and {extra}" if extra else "")
-            for name in self._names():
+            for name in names:
                 self.client.delete(name, filter=expr, timeout=self.timeout)
 
     @_serialized
@@ -934,10 +957,15 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
         raise ValueError("Milvus Lite supports only layout='token_rows' (no ARRAY of STRUCT, "
                          "no MAX_SIM): embedding_list needs a Milvus server >= 2.6.4")
     options.setdefault("index_type", "FLAT")
+    os.makedirs(os.path.dirname(uri), exist_ok=True)
+    # one store object per collection of a Milvus Lite folder, in this and other processes
+    lock = lock_folder(f"{uri}.{collection}.lock", f"the Milvus Lite collection {collection!r} at {uri}",
+                       "MilvusStore")
     with _lite_lock:
         _lite_refs[uri] = _lite_refs.get(uri, 0) + 1
 
     def release() -> None:
+        lock.close()
         with _lite_lock:
             _lite_refs[uri] -= 1
             last = _lite_refs[uri] == 0

@@ -66,7 +66,7 @@ from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 from uibk_embedding._optional import require
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 
 T = TypeVar("T")
 
@@ -301,6 +301,17 @@ def _serialized(method: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+
+def redo_folder(path: str | os.PathLike, collection: str) -> Path:
+    """The redo log of one collection of a local-mode folder (name percent-encoded).
+
+    >>> redo_folder("/data/q", "papers").as_posix()
+    '/data/q/uibk-redo/papers'
+    """
+    from urllib.parse import quote
+
+    return Path(path) / "uibk-redo" / quote(collection, safe="")
+
 class QdrantStore(_QdrantBase):
     """Tagged multivectors in a Qdrant collection, through ``qdrant_client.QdrantClient``.
 
@@ -421,9 +432,16 @@ class QdrantStore(_QdrantBase):
         else:
             if location is not None and path is not None:
                 raise ValueError("pass location= or path=, not both")
-            self.client = qc.QdrantClient(
-                location=location if path is not None or location is not None else ":memory:",
-                path=None if path is None else str(path))
+            try:
+                self.client = qc.QdrantClient(
+                    location=location if path is not None or location is not None else ":memory:",
+                    path=None if path is None else str(path))
+            except RuntimeError as e:
+                if "already accessed by another instance" not in str(e):
+                    raise
+                raise StoreInUse(f"the Qdrant local-mode folder {path} is open in another QdrantStore "
+                                 "(this or another process); close it first, or use a Qdrant server "
+                                 "for several writers") from None
         self.where = url or host or (str(path) if path is not None else location or ":memory:")
         from qdrant_client.local.qdrant_local import QdrantLocal
 
@@ -431,18 +449,37 @@ class QdrantStore(_QdrantBase):
         if self.local:
             self._guard = threading.RLock()
         self.created = False
-        # local mode on disk commits point by point: a redo log makes each call all-or-nothing
-        self._redo = RedoLog(Path(path) / "uibk-redo") if path is not None else None
+        # local mode on disk commits point by point: a redo log makes each call all-or-nothing;
+        # one log per collection (a folder may hold several), so a torn write is replayed into
+        # the collection it was meant for and no other
+        self._redo = RedoLog(redo_folder(path, collection)) if path is not None else None
         try:
             self._open(create, shard_number, replication_factor, on_disk, on_disk_payload,
                        dense_distance, multivector_hnsw, dense_hnsw)
             if self._redo is not None:
+                self._replay_legacy_log(Path(path))
                 self._redo.replay(self._write_points, self._delete_points)
             for field, schema in (payload_indexes or {}).items():
                 self.create_payload_index(field, schema)
         except BaseException:
             self.close()
             raise
+
+    def _replay_legacy_log(self, path: Path) -> None:
+        """A redo log written by uibk-embedding 0.2.0 or older (``uibk-redo/*.npz``, no collection
+        recorded): replayed only when this collection is the folder's only one, else kept, with a
+        warning, for the user to decide (replaying it into another collection would corrupt it)."""
+        legacy = path / "uibk-redo"
+        if not any(legacy.glob("*.npz")):
+            return
+        names = [c.name for c in self.client.get_collections().collections]
+        if names == [self.collection]:
+            RedoLog(legacy).replay(self._write_points, self._delete_points)
+            return
+        warnings.warn(f"{legacy} holds writes of uibk-embedding <= 0.2.0 that did not finish and do not "
+                      f"name their collection; the folder holds collections {sorted(names)}, so they were "
+                      "not replayed. Open the collection they belong to alone (or delete the files)",
+                      stacklevel=3)
 
     # -- connection and collection ------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -51,12 +51,17 @@ from uibk_embedding.adapters.qdrant import (
     split_payload,
     split_values,
 )
+from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
+from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import lock_directory
+from uibk_embedding.errors import StoreInUse
 
 BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
 CONFIG_FILE = "uibk_embedding.json"
+REDO_DIR = "uibk-redo"
 EDGE_CONFIG = "edge_config.json"
 
 
@@ -130,7 +135,12 @@ class QdrantEdgeStore(_QdrantBase):
         self._tmp = path is None
         self.path = Path(tempfile.mkdtemp(prefix="uibk-edge-")) / "shard" if path is None else Path(path)
         self.shard: Any = None
-        self._open(format, max_search_threads)
+        self._lock_fd: int | None = None
+        try:
+            self._open(format, max_search_threads)
+        except BaseException:
+            self.close()
+            raise
         try:
             for field, schema in (payload_indexes or {}).items():
                 self.create_payload_index(field, schema)
@@ -154,22 +164,40 @@ class QdrantEdgeStore(_QdrantBase):
         e = self._e
         cfg_path = self.path / EDGE_CONFIG
         ours = self.path / CONFIG_FILE
+        # our lock before the engine's: a second EdgeShard.load on an open shard damages the
+        # first one's payload files before it fails on the WAL lock
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(self.path, f"the Qdrant Edge shard at {self.path}", "QdrantEdgeStore")
         if cfg_path.exists():
             self._validate(json.loads(cfg_path.read_text()))
             if ours.exists():
                 saved = TaggedFormat.from_stored(json.loads(ours.read_text())["format"])
                 self.format = settle_format(saved, format, f"Edge shard at {self.path}")
             cfg = None if max_search_threads is None else e.EdgeConfig(max_search_threads=max_search_threads)
-            self.shard = e.EdgeShard.load(str(self.path), cfg)
+            self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), cfg))
+            self._redo = RedoLog(self.path / REDO_DIR)
+            self._redo.replay(self._write_points, self._delete_points)
             return
         if self.path.exists() and any(self.path.iterdir()):
             raise CollectionMismatch(f"{self.path} exists and is not an empty directory or an Edge "
                                      "shard; refusing to write into it")
-        self.shard = e.EdgeShard.create(str(self.path), self._config(max_search_threads))
-        tmp = ours.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"backend": "qdrant-edge", "version": 1,
-                                   "format": self.format.to_stored()}))
-        os.replace(tmp, ours)
+        config = self._config(max_search_threads)
+        self.shard = self._engine_open(lambda: e.EdgeShard.create(str(self.path), config))
+        self.shard.flush()  # the engine's own config file on disk before ours names the shard a store
+        fsync_tree(self.path)
+        atomic_write_text(ours, json.dumps({"backend": "qdrant-edge", "version": 1,
+                                            "format": self.format.to_stored()}))
+        self._redo = RedoLog(self.path / REDO_DIR)
+
+    def _engine_open(self, fn: Any) -> Any:
+        """The engine's open or create, its folder lock refusal as :class:`StoreInUse`."""
+        try:
+            return fn()
+        except Exception as err:
+            if "WouldBlock" not in str(err):
+                raise
+            raise StoreInUse(f"the Qdrant Edge shard at {self.path} is open in another QdrantEdgeStore "
+                             "(this or another process); close it first") from None
 
     def _validate(self, cfg: Mapping[str, Any]) -> None:
         vectors = cfg.get("vectors") or {}
@@ -243,7 +271,24 @@ class QdrantEdgeStore(_QdrantBase):
         return e.Filter(must=must)
 
     # -- the interface --------------------------------------------------------------------
+    # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``
+    # points: a redo log (as for local-mode Qdrant) makes the whole call all-or-nothing across a
+    # crash; the entry is dropped only after the shard is flushed, so a power cut cannot lose it
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        self._logged("upsert", ids, vectors, metadata)
+
+    def _logged(self, op: str, ids: list[str], vectors: list[np.ndarray] | None = None,
+                metadata: list[dict] | None = None) -> None:
+        if self._redo.dirty:  # an earlier call failed half-way: finish it first (keeps the order)
+            self._redo.replay(self._write_points, self._delete_points)
+        with self._redo.pending(op, ids, vectors, metadata):
+            if op == "upsert":
+                self._write_points(ids, vectors or [], metadata or [])
+            else:
+                self._delete_points(ids)
+            self.shard.flush()
+
+    def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._in_batches(ids, vectors, metadata, self.path.name,
                          lambda points: self.shard.update(self._e.UpdateOperation.upsert_points(points)))
 
@@ -258,6 +303,9 @@ class QdrantEdgeStore(_QdrantBase):
         return self._e.Point(point_id(doc_id), vectors, payload)
 
     def _delete(self, ids: list[str]) -> None:
+        self._logged("delete", ids)
+
+    def _delete_points(self, ids: list[str]) -> None:
         for chunk in batched(ids, 1024):
             self.shard.update(self._e.UpdateOperation.delete_points([point_id(x) for x in chunk]))
 
@@ -324,5 +372,8 @@ class QdrantEdgeStore(_QdrantBase):
         if shard is not None:
             shard.flush()
             shard.close()
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)
         if getattr(self, "_tmp", False):
             shutil.rmtree(self.path.parent, ignore_errors=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uibk_embedding._durable import atomic_savez, fsync_dir
+from uibk_embedding._durable import atomic_savez, durable_mkdir, fsync_dir
 
 _counter = itertools.count()
 
@@ -44,8 +44,7 @@ class RedoLog:
     """
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = durable_mkdir(folder)
         self.dirty = any(self.folder.glob("*.npz"))
 
     def _write(self, op: str, ids: Sequence[str], vectors: Sequence[np.ndarray] | None,

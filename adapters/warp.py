@@ -68,6 +68,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -86,7 +87,14 @@ from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
+from uibk_embedding._sqlite_state import (
+    committed_generation,
+    connect,
+    lock_folder,
+    state_get,
+    state_set,
+    transaction,
+)
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
@@ -94,6 +102,7 @@ from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_genera
 SCHEMA_VERSION = 1
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
+_INDEX_NAME = re.compile(r"^warp-(\d{6,})$")
 _INDEX_PREFIX = "warp-"
 _SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 
@@ -344,6 +353,7 @@ class WarpStore(MultiVectorStore):
         self._dead: set[int] = set()          # engine pids of documents that are gone
         self._n_vectors = 0
         try:
+            self._refuse_foreign_folder()
             self._db = self._connect()
             self._open(format, given)
         except BaseException:
@@ -456,8 +466,22 @@ class WarpStore(MultiVectorStore):
             if self._index_dir or self._pid:
                 warnings.warn(f"rebuilding the WARP index at {self.path} from the stored vectors: "
                               f"{reason}", RuntimeWarning, stacklevel=3)
-            self._rebuild()
+            try:
+                self._rebuild()
+            except (WarpEngineError, OSError, sqlite3.Error) as e:
+                self._open_without_index(e)
         self._remove_stale_indexes()
+
+    def _open_without_index(self, error: BaseException) -> None:
+        """The index could not be rebuilt on open (a full disk, say): the store opens on its
+        committed documents with no index (searches are exact MaxSim over the stored vectors),
+        still marked dirty, so the next write, flush or :meth:`rebuild` tries again."""
+        self._close_engine()
+        with contextlib.suppress(sqlite3.Error), self._tx() as db:
+            self._state_set(db, dirty="1")
+        warnings.warn(f"the WARP index at {self.path} could not be rebuilt ({error}); the store is "
+                      "open without an index: searches are exact over the stored vectors until a "
+                      "write, flush or rebuild() succeeds", RuntimeWarning, stacklevel=4)
 
     def _load_engine(self) -> str | None:
         """Open the current index; the reason it cannot be used, or None."""
@@ -476,9 +500,24 @@ class WarpStore(MultiVectorStore):
         self._engine = engine
         return None
 
+    def _refuse_foreign_folder(self) -> None:
+        """A folder without the store database must be empty (but for the lock): this store
+        never writes into, or cleans up, a folder it did not create."""
+        if (self.path / DB_NAME).exists():
+            return
+        other = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
+        if other:
+            raise CollectionMismatch(f"{self.path} is not a WARP store (no {DB_NAME}) and is not empty "
+                                     f"(it holds {other[:5]}): give an empty or new folder")
+
     def _remove_stale_indexes(self) -> None:
+        """Delete the index folders this store wrote and no longer uses: ``warp-NNNNNN``
+        of an earlier generation, or of the next one (a rebuild that crashed before its switch),
+        never a folder of another name."""
         for p in self.path.iterdir():
-            if p.is_dir() and p.name.startswith(_INDEX_PREFIX) and p.name != self._index_dir:
+            m = _INDEX_NAME.match(p.name)
+            ours = m is not None and int(m.group(1)) <= int(self._generation) + 1
+            if ours and p.is_dir() and p.name != self._index_dir:
                 shutil.rmtree(p, ignore_errors=True)
 
     def _remember(self, seq: int, doc_id: str, start: int, n_rows: int, md: dict) -> None:
@@ -715,11 +754,26 @@ class WarpStore(MultiVectorStore):
         gen = int(self._state_get("vf_generation", "1") or 1) + 1
         starts = np.fromiter((self._start[s] for s in live), dtype=np.int64, count=len(live))
         lengths = np.fromiter((self._rows[s] for s in live), dtype=np.int64, count=len(live))
-        new_vf, new_starts = self._vf.rewrite(self.path, gen, starts, lengths)
-        with self._tx() as db:
-            db.executemany("UPDATE docs SET start = ? WHERE seq = ?",
-                           [(int(st), s) for st, s in zip(new_starts, live, strict=True)])
-            self._state_set(db, vf_generation=gen, vf_rows=new_vf.n_rows)
+        try:
+            new_vf, new_starts = self._vf.rewrite(self.path, gen, starts, lengths)
+        except OSError as e:  # the write itself is committed; the garbage rows only cost disk
+            warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
+                          stacklevel=4)
+            return
+        try:
+            with self._tx() as db:
+                db.executemany("UPDATE docs SET start = ? WHERE seq = ?",
+                               [(int(st), s) for st, s in zip(new_starts, live, strict=True)])
+                self._state_set(db, vf_generation=gen, vf_rows=new_vf.n_rows)
+        except (OSError, sqlite3.Error) as e:
+            named = committed_generation(self._db, "vf_generation")
+            if named != gen:  # not committed: the new file is nobody's (unless unreadable: kept)
+                new_vf.close()
+                if named == gen - 1:
+                    new_vf.path.unlink(missing_ok=True)
+                warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
+                              stacklevel=4)
+                return
         old, self._vf = self._vf, new_vf
         old.close()
         for st, s in zip(new_starts, live, strict=True):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -104,6 +105,9 @@ class RemoteEncoder:
     in_flight: requests one call keeps open at a time (default 2): a long list is sent as several
         requests, and while the server encodes one, the next is already on its way, so the
         server's worker does not idle during a round trip. Results keep the input order.
+    api_key: sent as ``Authorization: Bearer KEY`` (default ``$UIBK_API_KEY``), for a server
+        started with an API key. A busy server's 429 is retried after its ``Retry-After``
+        (``retries_429`` times at most).
 
     On construction the client reads ``/health`` (format, dense weight, limits); a server that is
     down raises :class:`ServerUnavailable` there, with the command to start one.
@@ -116,7 +120,7 @@ class RemoteEncoder:
 
     def __init__(self, url: str | None = None, *, timeout: float = 300.0, connect_timeout: float = 10.0,
                  show_progress: bool | None = None, request_texts: int | None = None,
-                 in_flight: int = 2) -> None:
+                 in_flight: int = 2, api_key: str | None = None, retries_429: int = 8) -> None:
         from uibk_embedding._optional import require
 
         if request_texts is not None and int(request_texts) < 1:
@@ -131,9 +135,13 @@ class RemoteEncoder:
         self.show_progress = show_progress
         self.client_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._httpx = httpx
+        headers = {"X-UIBK-Client": self.client_id}
+        key = api_key if api_key is not None else os.environ.get("UIBK_API_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.retries_429 = int(retries_429)
         self._client = httpx.Client(
-            timeout=httpx.Timeout(self.timeout, connect=connect_timeout),
-            headers={"X-UIBK-Client": self.client_id})
+            timeout=httpx.Timeout(self.timeout, connect=connect_timeout), headers=headers)
         info = self.health()
         try:
             self.format = TaggedFormat.from_dict(info["format"])
@@ -152,7 +160,20 @@ class RemoteEncoder:
     def _request(self, method: str, path: str, **kw: Any):
         httpx = self._httpx
         try:
-            return self._client.request(method, self.url + path, **kw)
+            for attempt in range(self.retries_429 + 1):
+                r = self._client.request(method, self.url + path, **kw)
+                if r.status_code == 401:
+                    raise RemoteEncoderError(
+                        f"the uibk-embed server at {self.url} needs an API key: pass "
+                        "RemoteEncoder(url, api_key=...) or set UIBK_API_KEY")
+                if r.status_code != 429 or attempt == self.retries_429:
+                    return r
+                try:  # busy: wait as long as it asks (bounded), then again
+                    wait = min(10.0, max(0.05, float(r.headers.get("Retry-After", "1"))))
+                except ValueError:
+                    wait = 1.0
+                time.sleep(wait)
+            return r
         except httpx.TimeoutException as e:
             raise ServerUnavailable(
                 f"the uibk-embed server at {self.url} did not answer {path} within its timeout "

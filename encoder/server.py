@@ -3,8 +3,12 @@
 Endpoints
 ---------
 ``GET /health``
-    JSON: ``service`` ("uibk-embed"), ``model``, ``device``, ``format`` (beta, lambda_, projection),
-    ``dense_weight``, ``dim``, length caps and the request ``limits``.
+    JSON: ``service`` ("uibk-embed"), ``model`` (a name, never a server path), ``device``,
+    ``format`` (beta, lambda_, projection), ``dense_weight``, ``dim``, length caps, ``limits`` and
+    ``auth`` (whether an API key is required). Open without a key, for load balancers.
+``GET /metrics``
+    Prometheus text format: requests by status, texts, token vectors, requests in flight and
+    queued, request latency and texts-per-forward-pass histograms.
 ``GET /stats``
     JSON counters of the shared encoder: ``requests``, ``texts``, ``passes`` (forward passes),
     ``merged_passes`` (passes holding texts of several requests), ``multi_client_passes``
@@ -14,7 +18,13 @@ Endpoints
     the answer is ``application/x-uibk-vectors``, the binary float32 payload of
     :func:`~uibk_embedding.encoder.remote.pack_payload`, with header ``X-UIBK-Truncated`` (texts
     cut at the length limit). Bad input answers 400 with a JSON ``detail``; a request over
-    the limits answers 413.
+    the limits answers 413; more than ``max_concurrent`` requests at once answer 429 with
+    ``Retry-After``; a body not received within ``body_timeout`` seconds answers 408. A failed
+    encoding answers 500 without internal details (they go to the server's log). A request whose
+    client disconnects is cancelled before it reaches the model when it is still queued.
+
+With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
+``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it.
 
 Every request goes to one :class:`~uibk_embedding.encoder.shared.SharedEncoder`, whose worker
 batches the texts of concurrent requests (from any number of client processes) together.
@@ -24,6 +34,8 @@ Command line::
     uibk-embed serve [--encoder PATH] [--host 127.0.0.1] [--port 8765] [--device cuda]
                      [--max-wait-ms 5] [--batch-tokens N] [--max-texts 1024]
                      [--max-text-chars 100000] [--max-body-mb 32] [--threads N]
+                     [--api-key-file FILE] [--max-concurrent-requests 64]
+                     [--body-timeout-s 30] [--idle-timeout-s 5]
 
 Example
 -------
@@ -31,27 +43,46 @@ Example
 >>> cfg = UIBKConfig.tiny()
 >>> shared = SharedEncoder(UIBKEncoder.random(cfg, train_tokenizer(cfg, ["a wing"])))
 >>> app = create_app(shared)
->>> sorted(r.path for r in app.routes if r.path in ("/health", "/stats", "/encode"))
-['/encode', '/health', '/stats']
+>>> sorted(r.path for r in app.routes if r.path in ("/health", "/stats", "/encode", "/metrics"))
+['/encode', '/health', '/metrics', '/stats']
 >>> shared.close()
 """
 
 import argparse
 import asyncio
 import contextlib
+import hmac
 import json
+import logging
+import os
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from uibk_embedding.encoder.base import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
-from uibk_embedding.encoder.shared import SharedEncoder
+from uibk_embedding.encoder.shared import Histogram, SharedEncoder
 from uibk_embedding.encoder.tagged import DIM
 
 from uibk_embedding._optional import require
 
 DEFAULT_PORT = 8765
+MAX_CLIENT_IDS = 1024  # distinct X-UIBK-Client ids remembered for /stats (the most recent)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+log = logging.getLogger("uibk_embedding.serve")
+
+
+def public_model_name(name: str) -> str:
+    """What ``/health`` says of the model: the embedded name, or a folder's last part (a server
+    path tells a caller about the server's file system and nothing about the model).
+
+    >>> public_model_name("/srv/models/uibk-v1"), public_model_name("embedded:all-MiniLM-L6-v2")
+    ('uibk-v1', 'embedded:all-MiniLM-L6-v2')
+    """
+    return name if ":" in name and not os.path.isabs(name) else (Path(name).name or name)
 
 
 class _Limits:
@@ -67,27 +98,53 @@ class _Limits:
 
 
 def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: int = 100_000,
-               max_body_bytes: int = 32 * 2**20) -> Any:
-    """The FastAPI application serving ``shared`` (see the module docstring for the endpoints)."""
+               max_body_bytes: int = 32 * 2**20, api_key: str | None = None,
+               max_concurrent: int = 64, body_timeout: float = 30.0) -> Any:
+    """The FastAPI application serving ``shared`` (see the module docstring for the endpoints).
+
+    ``api_key``: required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``;
+    ``max_concurrent``: ``/encode`` requests served (queued or encoding) at once, the rest 429;
+    ``body_timeout``: seconds to receive a request body (a slow client is cut with 408).
+    """
     require("fastapi", "serve", "uibk-embed serve")
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
     # (no "from __future__ import annotations" here: FastAPI reads the Request annotation)
     limits = _Limits(max_texts, max_text_chars, max_body_bytes)
+    if int(max_concurrent) < 1 or not body_timeout > 0:
+        raise ValueError("max_concurrent and body_timeout must be positive")
+    if api_key is not None and len(api_key) < 16:
+        raise ValueError("the API key must be at least 16 characters long")
+    key = api_key.encode() if api_key else None
     app = FastAPI(title="uibk-embed", description="tagged multi-vector encoder")
-    clients: set[str] = set()
+    clients: OrderedDict[str, None] = OrderedDict()
     enc = shared.encoder
+    m: dict[str, Any] = {"in_flight": 0, "status": {}, "texts": 0, "token_vectors": 0,
+                         "latency": Histogram(LATENCY_BUCKETS)}
 
-    def error(status: int, detail: str) -> JSONResponse:
-        return JSONResponse({"detail": detail}, status_code=status)
+    def error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        m["status"][status] = m["status"].get(status, 0) + 1
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+    def authorised(request: Request) -> bool:
+        if key is None:
+            return True
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key)
+
+    def unauthorised() -> JSONResponse:
+        return error(401, "this server needs an API key: send 'Authorization: Bearer KEY' "
+                          "(RemoteEncoder(url, api_key=...) or $UIBK_API_KEY)",
+                     {"WWW-Authenticate": "Bearer"})
 
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {
             "service": "uibk-embed",
             "status": "ok",
-            "model": shared.model_name,
+            "auth": key is not None,
+            "model": public_model_name(shared.model_name),
             "kind": enc.kind,
             "device": shared.device,
             "format": shared.format.to_stored(),
@@ -99,26 +156,77 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             "limits": limits.as_dict(),
         }
 
-    @app.get("/stats")
-    def stats() -> dict[str, Any]:
+    @app.get("/stats", response_model=None)
+    def stats(request: Request) -> dict[str, Any] | JSONResponse:
+        if not authorised(request):
+            return unauthorised()
         return {**shared.stats(), "clients": len(clients)}
+
+    @app.get("/metrics", response_model=None)
+    def metrics(request: Request) -> PlainTextResponse | JSONResponse:
+        if not authorised(request):
+            return unauthorised()
+        s = shared.stats()
+        lines = ["# TYPE uibk_requests_total counter"]
+        lines += [f'uibk_requests_total{{status="{code}"}} {n}' for code, n in sorted(m["status"].items())]
+        lines += ["# TYPE uibk_texts_total counter", f"uibk_texts_total {m['texts']}",
+                  "# TYPE uibk_token_vectors_total counter", f"uibk_token_vectors_total {m['token_vectors']}",
+                  "# TYPE uibk_requests_in_flight gauge", f"uibk_requests_in_flight {m['in_flight']}",
+                  "# TYPE uibk_encoder_queue_depth gauge", f"uibk_encoder_queue_depth {shared.queue_depth()}",
+                  "# TYPE uibk_forward_passes_total counter", f"uibk_forward_passes_total {s['passes']}",
+                  "# TYPE uibk_request_seconds histogram", *m["latency"].lines("uibk_request_seconds"),
+                  "# TYPE uibk_pass_texts histogram", *shared.pass_sizes.lines("uibk_pass_texts")]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.post("/encode")
     async def encode(request: Request) -> Response:
+        if not authorised(request):
+            return unauthorised()
+        if m["in_flight"] >= max_concurrent:
+            return error(429, f"this server encodes at most {max_concurrent} requests at once; retry "
+                              "after the time in Retry-After", {"Retry-After": "1"})
+        m["in_flight"] += 1
+        t0 = time.perf_counter()
+        try:
+            response = await _encode(request)
+        finally:
+            m["in_flight"] -= 1
+        m["status"][response.status_code] = m["status"].get(response.status_code, 0) + (
+            response.status_code == 200)
+        m["latency"].observe(time.perf_counter() - t0)
+        return response
+
+    async def _read_body(request: Request) -> bytes | JSONResponse:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return error(413, f"request body of {declared} bytes exceeds the limit of "
                               f"{limits.max_body_bytes} bytes; send fewer texts per request")
         body = bytearray()
-        async for part in request.stream():
+        deadline = time.monotonic() + body_timeout
+        stream = request.stream().__aiter__()
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                part = await asyncio.wait_for(stream.__anext__(), timeout=max(left, 0.001))
+            except StopAsyncIteration:
+                return bytes(body)
+            except TimeoutError:
+                return error(408, f"the request body did not arrive within {body_timeout:g} s")
             body += part
             if len(body) > limits.max_body_bytes:
                 return error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes; "
                                   "send fewer texts per request")
+
+    async def _encode(request: Request) -> Response:
+        body = await _read_body(request)
+        if isinstance(body, JSONResponse):
+            return body
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             return error(400, f"the request body is not JSON ({e})")
+        except RecursionError:
+            return error(400, "the request body is nested too deeply")
         if not isinstance(req, dict):
             return error(400, "the request body must be a JSON object with 'kind' and 'texts'")
         kind = req.get("kind")
@@ -147,15 +255,30 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                 enc._check_weight(w)
             except ValueError as e:
                 return error(400, str(e))
-        client = request.headers.get("x-uibk-client", "")
+        client = request.headers.get("x-uibk-client", "")[:128]
         if client:
-            clients.add(client)
+            clients[client] = None
+            clients.move_to_end(client)
+            while len(clients) > MAX_CLIENT_IDS:
+                clients.popitem(last=False)
         try:
             fut = shared.submit(texts, is_query=kind == "queries", dense_weight=float(w or 1.0),
                                 client=client)
-            res = await asyncio.wrap_future(fut)
-        except Exception as e:  # the model failed: the client must know, nothing half-done
-            return error(500, f"encoding failed: {type(e).__name__}: {e}")
+            waiting = asyncio.wrap_future(fut)
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=0.05)
+                if not waiting.done() and await request.is_disconnected():
+                    fut.cancel()  # still queued: dropped before the model; running: finishes
+                    waiting.cancel()
+                    return error(499, "the client closed the connection")
+            res = waiting.result()
+        except asyncio.CancelledError:
+            return error(499, "the client closed the connection")
+        except Exception:  # the model failed: the client must know, nothing half-done
+            log.exception("encoding failed")
+            return error(500, "encoding failed on the server (the error is in the server's log)")
+        m["texts"] += len(res)
+        m["token_vectors"] += sum(len(a) for a in res) - 3 * len(res)
         return Response(pack_payload(res), media_type=MEDIA_TYPE,
                         headers={"X-UIBK-Truncated": str(res.truncated)})
 
@@ -228,6 +351,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text at most")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="request body size limit")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--api-key-file", default=None,
+                   help="file holding the API key that clients must send as 'Authorization: Bearer KEY' "
+                        "(default: $UIBK_API_KEY; none: no authentication, fine on 127.0.0.1). A key "
+                        "on the command line would show in the process list, so it is read from a file")
+    p.add_argument("--max-concurrent-requests", type=int, default=64,
+                   help="requests served at once; more answer 429 with Retry-After")
+    p.add_argument("--body-timeout-s", type=float, default=30.0,
+                   help="seconds to receive a request body (slow clients get 408)")
+    p.add_argument("--idle-timeout-s", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -246,12 +379,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     shared = SharedEncoder(args.encoder, device=args.device, batch_tokens=args.batch_tokens,
                            max_wait_ms=args.max_wait_ms, show_progress=False,
                            **({"trust_remote_code": True} if args.trust_remote_code else {}))
-    app = create_app(shared, max_texts=args.max_texts, max_text_chars=args.max_text_chars,
-                     max_body_bytes=int(args.max_body_mb * 2**20))
+    key = os.environ.get("UIBK_API_KEY") or None
+    if args.api_key_file:
+        key = Path(args.api_key_file).read_text().strip()
+    if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"uibk-embed serve: WARNING: listening on {args.host} without an API key: anyone who can "
+              "reach this port can use the encoder (--api-key-file, $UIBK_API_KEY)", file=sys.stderr)
+    try:
+        app = create_app(shared, max_texts=args.max_texts, max_text_chars=args.max_text_chars,
+                         max_body_bytes=int(args.max_body_mb * 2**20), api_key=key,
+                         max_concurrent=args.max_concurrent_requests, body_timeout=args.body_timeout_s)
+    except ValueError as e:
+        shared.close()
+        raise SystemExit(f"uibk-embed serve: {e}") from None
     print(f"uibk-embed serve: {shared.model_name} on {shared.device}, "
           f"listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_keep_alive=args.idle_timeout_s)
     finally:
         shared.close()
     return 0

@@ -74,6 +74,33 @@ class EncodeResult(list):
     truncated: int = 0
 
 
+
+PASS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Histogram:
+    """Counts in cumulative buckets (Prometheus style), for ``/metrics``.
+
+    >>> h = Histogram((1, 10))
+    >>> h.observe(3); h.lines("x")[:2]
+    ['x_bucket{le="1"} 0', 'x_bucket{le="10"} 1']
+    """
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets, self.counts, self.total, self.n = tuple(buckets), [0] * len(buckets), 0.0, 0
+
+    def observe(self, v: float) -> None:
+        self.n += 1
+        self.total += v
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{b:g}"}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
+        return [*out, f'{name}_bucket{{le="+Inf"}} {self.n}', f"{name}_sum {self.total:.6f}",
+                f"{name}_count {self.n}"]
+
 class SharedEncoder:
     """A thread-safe front of one :class:`~uibk_embedding.encoder.base.TaggedEncoder`.
 
@@ -129,6 +156,7 @@ class SharedEncoder:
         self._stats_lock = threading.Lock()
         self._stats = {"requests": 0, "texts": 0, "passes": 0, "merged_passes": 0,
                        "multi_client_passes": 0, "max_requests_per_pass": 0, "errors": 0}
+        self.pass_sizes = Histogram(PASS_BUCKETS)  # texts per forward pass
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="uibk-shared-encoder", daemon=True)
         self._worker.start()
@@ -247,6 +275,11 @@ class SharedEncoder:
             if first is _STOP:
                 return
             reqs, stop = self._gather(first)
+            # a request whose caller cancelled its future (a client gone during shutdown) is
+            # dropped here; the others are marked running, so they can no longer be cancelled
+            # and resolving them cannot fail (before, the cancelled one made set_result raise,
+            # which failed every request batched with it)
+            reqs = [r for r in reqs if r.future.set_running_or_notify_cancel()]
             for is_query in (True, False):
                 group = [r for r in reqs if r.is_query == is_query]
                 if group:
@@ -267,6 +300,7 @@ class SharedEncoder:
                 with self._stats_lock:
                     s = self._stats
                     s["passes"] += 1
+                    self.pass_sizes.observe(len(batch))
                     s["texts"] += len(batch)
                     s["merged_passes"] += len(owners) > 1
                     s["multi_client_passes"] += len(clients) > 1
@@ -288,6 +322,10 @@ class SharedEncoder:
                     r.future.set_exception(e)
 
     # -- status and lifetime -----------------------------------------------------------------
+    def queue_depth(self) -> int:
+        """Requests waiting for the worker (not yet gathered into a pass)."""
+        return self._queue.qsize()
+
     def stats(self) -> dict[str, Any]:
         """Counters: requests, texts, forward ``passes``, ``merged_passes`` (texts of several
         requests in one pass), ``multi_client_passes`` (of several clients), ``errors``.

@@ -62,6 +62,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -78,7 +79,14 @@ from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import connect, lock_folder, state_get, state_set, transaction
+from uibk_embedding._sqlite_state import (
+    committed_generation,
+    connect,
+    lock_folder,
+    state_get,
+    state_set,
+    transaction,
+)
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
@@ -88,6 +96,7 @@ SCHEMA_VERSION = 2
 1: original vectors as SQLite blobs (converted on open)."""
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
+_INDEX_NAME = re.compile(r"^plaid-(\d{6,})$")
 _INDEX_PREFIX = "plaid-"
 _SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 
@@ -298,6 +307,7 @@ class PlaidStore(MultiVectorStore):
         self._vf: VectorFile | None = None
         self._vgen = 0
         try:
+            self._refuse_foreign_folder()
             self._db = self._connect()
             self._open(format, given)
         except BaseException:
@@ -424,8 +434,24 @@ class PlaidStore(MultiVectorStore):
                 config["engine"] = f"fast-plaid {self.engine_version}"
                 with self._tx() as db:
                     self._state_set(db, config=json.dumps(config))
-            self._rebuild()
+            try:
+                self._rebuild()
+            except (PlaidEngineError, OSError, sqlite3.Error) as e:
+                self._open_without_index(e)
         self._remove_stale_indexes()
+
+    def _open_without_index(self, error: BaseException) -> None:
+        """The index could not be rebuilt on open (a full disk, say): the store opens on its
+        committed documents with no index (searches are exact MaxSim over the stored vectors),
+        still marked dirty, so the next write or :meth:`rebuild` tries again."""
+        if self._fp is not None:
+            self._fp.close()
+            self._fp = None
+        with contextlib.suppress(sqlite3.Error), self._tx() as db:
+            self._state_set(db, dirty="1")
+        warnings.warn(f"the PLAID index at {self.path} could not be rebuilt ({error}); the store is "
+                      "open without an index: searches are exact over the stored vectors until a "
+                      "write or rebuild() succeeds", RuntimeWarning, stacklevel=4)
 
     @property
     def _n_vectors(self) -> int:
@@ -494,9 +520,24 @@ class PlaidStore(MultiVectorStore):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _refuse_foreign_folder(self) -> None:
+        """A folder without the store database must be empty (but for the lock): this store
+        never writes into, or cleans up, a folder it did not create."""
+        if (self.path / DB_NAME).exists():
+            return
+        other = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
+        if other:
+            raise CollectionMismatch(f"{self.path} is not a PLAID store (no {DB_NAME}) and is not empty "
+                                     f"(it holds {other[:5]}): give an empty or new folder")
+
     def _remove_stale_indexes(self) -> None:
+        """Delete the index folders this store wrote and no longer uses: ``plaid-NNNNNN``
+        of an earlier generation, or of the next one (a rebuild that crashed before its switch),
+        never a folder of another name."""
         for p in self.path.iterdir():
-            if p.is_dir() and p.name.startswith(_INDEX_PREFIX) and p.name != self._plaid_dir:
+            m = _INDEX_NAME.match(p.name)
+            ours = m is not None and int(m.group(1)) <= int(self._generation) + 1
+            if ours and p.is_dir() and p.name != self._plaid_dir:
                 shutil.rmtree(p, ignore_errors=True)
 
     # -- the engine ------------------------------------------------------------------------
@@ -595,9 +636,12 @@ class PlaidStore(MultiVectorStore):
                                zip(starts.tolist(), seqs, strict=True))
                 self._state_set(db, vector_gen=str(gen), vector_rows=str(new.n_rows))
         except BaseException:
-            new.close()
-            new.path.unlink(missing_ok=True)
-            raise
+            named = committed_generation(self._db, "vector_gen")
+            if named != gen:  # not committed: the new file is nobody's (unless unreadable: kept)
+                new.close()
+                if named == self._vgen:
+                    new.path.unlink(missing_ok=True)
+                raise
         old, self._vf, self._vgen, self._starts = self._vf, new, gen, starts
         old.close()
         remove_other_generations(self.path, keep=new.path.name)
@@ -606,7 +650,7 @@ class PlaidStore(MultiVectorStore):
         if self.dead_vector_rows > self.vector_compact_fraction * self._vf.n_rows:
             try:
                 self._compact_vectors()
-            except OSError as e:  # the write itself is committed; the dead rows only cost disk
+            except (OSError, sqlite3.Error) as e:  # the write is committed; dead rows only cost disk
                 warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
                               stacklevel=4)
 
@@ -643,6 +687,9 @@ class PlaidStore(MultiVectorStore):
             if n_index != len(self._order):
                 raise PlaidEngineError(f"after the update the index holds {n_index} documents, "
                                        f"the store {len(self._order)}")
+            # the engine updated its files in place without fsync: durable before the clean flag,
+            # or a power cut leaves the old index trusted and positions mapped to other ids
+            fsync_tree(self.path / self._plaid_dir)
             with self._tx() as db:
                 self._state_set(db, dirty="0")
         except PlaidEngineError as e:

@@ -51,7 +51,9 @@ def test_eval_json_limit_small(datasets, capsys):
     ("argv", "message"),
     [
         (["eval", "/nonexistent"], "is not a BEIR folder"),
-        (["index", "/nonexistent.jsonl"], "cannot read"),
+        (["index", "/nonexistent.jsonl", "--path", "/tmp/uibk-never-written"], "cannot read"),
+        (["index", "/nonexistent.jsonl"], "would index into memory"),
+        (["index", "x.jsonl", "--backend", "qdrant"], r"--option url=URL \(a server\)"),
         (["search", "q", "--filter", "{not json"], "not valid JSON"),
     ],
 )
@@ -113,3 +115,32 @@ def test_fuzz_filters(value):
         parse_filter(value)
     except (ValueError, TypeError) as e:
         assert str(e)
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"_id": 1.10, "text": "a wing"}, "a JSON number with a fraction"),
+    ({"_id": "x" * 513, "text": "a wing"}, "513 characters long"),
+    ({"_id": "d1", "text": "a wing", "metadata": {"_uibk_x": 1}}, "reserved prefix"),
+    ({"_id": "d1", "text": "a wing", "metadata": {"year": float("nan")}}, "not JSON-serialisable"),
+])
+def test_index_refuses_what_a_store_would_refuse_before_writing(tmp_path, row, message):
+    """The reader refuses, naming file and line, what upsert would refuse later (after earlier
+    batches were committed): nothing is written."""
+    import json
+
+    good = [json.dumps({"_id": f"ok{i}", "text": "the lift of a wing"}) for i in range(3)]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join([*good, json.dumps(row)]) + "\n")
+    with pytest.raises(SystemExit, match=message) as e:
+        main(["index", str(data), "--path", str(tmp_path / "store"), "--quiet", "--batch-size", "1"])
+    assert "docs.jsonl:4" in str(e.value)
+    assert not (tmp_path / "store").exists(), "the store was written before the bad row was seen"
+
+
+def test_qrels_with_an_infinite_score_is_a_data_error(tmp_path):
+    from uibk_embedding.data import read_qrels
+    from uibk_embedding.errors import DataError
+
+    (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\tinf\nq1\td2\t1.5\n")
+    with pytest.raises(DataError, match=r"q.tsv:2: score 'inf' is not a finite whole number"):
+        read_qrels(tmp_path / "q.tsv")

@@ -50,6 +50,15 @@ def _apply(model: dict[str, int], op: tuple[str, str, int]) -> None:
         model[doc_id] = seed
 
 
+def _as_a_crash_leaves(path: Path, dest: Path) -> Path:
+    """The files of an open store, copied as they are (what a killed process leaves: the page
+    cache keeps every write), to be opened while the original still holds its folder lock."""
+    import shutil
+
+    shutil.copytree(path, dest, ignore=shutil.ignore_patterns("store.lock"))
+    return dest
+
+
 def _assert_holds(store, model: dict[str, int]) -> None:
     every = sorted({op[1] for op in _script(40)} | set(model))
     got = {r.id: r for r in store.get(every)}
@@ -77,7 +86,8 @@ def test_exact_store_reopened_without_close_at_every_step(tmp_path, compact_ever
         else:
             store.upsert([doc_id], [_doc(seed)], [{"seed": seed}])
         _apply(model, op)
-        reopened = ExactStore(path=path, compact_every=compact_every)  # what a crash leaves
+        reopened = ExactStore(path=_as_a_crash_leaves(path, tmp_path / f"crash-{step}"),
+                              compact_every=compact_every)
         try:
             _assert_holds(reopened, model)
         except AssertionError as e:
@@ -87,17 +97,18 @@ def test_exact_store_reopened_without_close_at_every_step(tmp_path, compact_ever
 
 def test_exact_store_three_upserts_at_compact_every_three(tmp_path):
     """The report's case: compact_every=3, three single-document upserts, reopen: 3 documents."""
+    tmp_path = tmp_path / "exact"
     store = ExactStore(path=tmp_path, compact_every=3)
     for i in range(3):
         store.upsert([f"x{i}"], [_doc(i)], [{}])
-    assert ExactStore(path=tmp_path).count() == 3
+    assert ExactStore(path=_as_a_crash_leaves(tmp_path, tmp_path.parent / "crash")).count() == 3
 
 
 def test_exact_store_delete_on_the_boundary_stays_deleted(tmp_path):
-    store = ExactStore(path=tmp_path, compact_every=2)
+    store = ExactStore(path=tmp_path / "exact", compact_every=2)
     store.upsert(["a", "b"], [_doc(1), _doc(2)], [{}, {}])
     store.delete(["a"])  # the second operation: triggers compaction
-    assert ExactStore(path=tmp_path).ids() == ["b"]
+    assert ExactStore(path=_as_a_crash_leaves(tmp_path / "exact", tmp_path / "crash")).ids() == ["b"]
 
 
 # -- every local persistent backend: a child process that never closes -----------------------

@@ -79,7 +79,8 @@ def test_health_and_stats(server, checkpoint):
         h = enc.health()
         assert h["service"] == "uibk-embed" and h["kind"] == "uibk" and h["device"] == "cpu"
         assert h["limits"]["max_texts"] == MAX_TEXTS and h["dim"] == 128
-        assert enc.model_name == str(checkpoint)
+        assert enc.model_name == checkpoint.name  # a name: /health shows no server path
+        assert str(checkpoint.parent) not in json.dumps(h) and h["auth"] is False
         assert {"requests", "passes", "merged_passes", "multi_client_passes", "clients"} <= set(enc.stats())
 
 
@@ -262,3 +263,91 @@ def test_cli_delegates_serve_help():
     out = subprocess.run([sys.executable, "-m", "uibk_embedding.cli", "serve", "--help"],
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 0 and "--max-text-chars" in out.stdout
+
+
+# -- a server that can be exposed: API key, concurrency limit, body timeout, metrics -------------
+
+API_KEY = "k3y-for-tests-0123456789"
+
+
+@pytest.fixture(scope="module")
+def guarded(checkpoint, tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(API_KEY + "\n")
+    with serve_subprocess("--encoder", str(checkpoint), "--device", "cpu", "--api-key-file", str(key_file),
+                          "--max-concurrent-requests", "1", "--body-timeout-s", "2") as url:
+        yield url
+
+
+def test_api_key_is_required_everywhere_but_health(guarded, local):
+    h = httpx.get(guarded + "/health").json()
+    assert h["auth"] is True and h["service"] == "uibk-embed"
+    body = {"kind": "documents", "texts": TEXTS[:2]}
+    for method, path in (("POST", "/encode"), ("GET", "/stats"), ("GET", "/metrics")):
+        for headers in ({}, {"Authorization": "Bearer wrong-key-0123456789"}, {"Authorization": API_KEY}):
+            r = httpx.request(method, guarded + path, json=body if method == "POST" else None,
+                              headers=headers)
+            assert r.status_code == 401, (path, headers, r.status_code)
+            assert r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["detail"]
+    with pytest.raises(RemoteEncoderError, match="needs an API key"):
+        RemoteEncoder(guarded, api_key="wrong-key-0123456789").encode_documents(TEXTS[:1])
+    with RemoteEncoder(guarded, api_key=API_KEY) as enc:
+        for a, b in zip(enc.encode_documents(TEXTS), local.encode_documents(TEXTS), strict=True):
+            assert a.tobytes() == b.tobytes()
+
+
+def _slow_client(url: str) -> socket.socket:
+    """A client that sends its headers and 10 of 1,000 promised body bytes, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n"
+                 b'{"kind": "')
+    return sock
+
+
+def test_over_the_limit_is_429_and_a_slow_client_is_cut_at_the_body_timeout(guarded):
+    slow = _slow_client(guarded)
+    try:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        deadline = time.monotonic() + 10
+        while True:  # the slow request holds the one place; the next one is turned away
+            r = httpx.post(guarded + "/encode", json={"kind": "documents", "texts": TEXTS[:1]},
+                           headers=headers)
+            if r.status_code == 429 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.status_code
+        t0 = time.monotonic()
+        slow.settimeout(10)
+        answer = slow.recv(4096).decode()
+        waited = time.monotonic() - t0
+        assert answer.startswith("HTTP/1.1 408"), answer[:200]
+        assert waited < 5, f"the slow client was held {waited:.1f} s (body timeout 2 s)"
+    finally:
+        slow.close()
+    # the place is free again: a normal client (which retries 429s itself) is served
+    with RemoteEncoder(guarded, api_key=API_KEY) as enc:
+        assert len(enc.encode_documents(TEXTS[:2])) == 2
+
+
+def test_malformed_bodies_are_400_without_internals(guarded):
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    for body in (b"[" * 100_000, b"{not json", b'"a string"', b'{"kind": "documents", "texts": [1]}'):
+        r = httpx.post(guarded + "/encode", content=body, headers=headers)
+        assert r.status_code == 400, (body[:20], r.status_code)
+        assert "Traceback" not in r.text and "File " not in r.text
+
+
+def test_metrics_are_exposed_in_prometheus_format(guarded):
+    with RemoteEncoder(guarded, api_key=API_KEY) as enc:
+        enc.encode_documents(TEXTS)
+        enc.encode_queries(TEXTS[:2])
+    text = httpx.get(guarded + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in text.splitlines() if line and not line.startswith("#")}
+    assert values['uibk_requests_total{status="200"}'] >= 2
+    assert values["uibk_texts_total"] >= len(TEXTS) + 2 and values["uibk_token_vectors_total"] > 0
+    assert values["uibk_request_seconds_count"] >= 2 and values['uibk_request_seconds_bucket{le="+Inf"}'] >= 2
+    assert values["uibk_pass_texts_count"] >= 1 and "uibk_encoder_queue_depth" in values
+    assert values["uibk_requests_in_flight"] == 0

@@ -151,3 +151,40 @@ def test_wraps_the_embedded_default(encoder):
         got = enc.encode_documents(TEXTS[:3])
     for a, b in zip(got, encoder.encode_documents(TEXTS[:3]), strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+class _SignallingLock:
+    """The encoder's lock, which says when another thread starts waiting for it."""
+
+    def __init__(self) -> None:
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_a_cancelled_request_does_not_fail_its_batch_mates(inner, monkeypatch):
+    """A caller that cancels its future while it waits in the queue (a client gone during serve's
+    shutdown) is dropped; the requests batched with it still get their lists."""
+    gate = _SignallingLock()
+    monkeypatch.setattr(inner, "_lock", gate)
+    with SharedEncoder(inner, max_wait_ms=0) as enc:
+        gate.lock.acquire()  # the worker's first pass waits for it: the next two stay queued
+        try:
+            busy = enc.submit(TEXTS[:1], is_query=False)
+            assert gate.waiting.wait(30), "the worker never reached the model"
+            gone = enc.submit(TEXTS[1:3], is_query=False)
+            kept = enc.submit(TEXTS[3:5], is_query=False)
+            assert gone.cancel(), "the request was already running: the test proved nothing"
+        finally:
+            gate.lock.release()
+        got = kept.result(timeout=60)
+        assert len(busy.result(timeout=60)) == 1
+    monkeypatch.undo()
+    want = inner.encode_documents(TEXTS[3:5])
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in want]

@@ -28,6 +28,24 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def durable_mkdir(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` whose new folders survive a power cut: each created folder's parent is
+    fsync'd (a folder is an entry of its parent, and that entry is data like any other)."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+    return path
+
+
 def fsync_tree(path: str | os.PathLike) -> None:
     """Flush every file below ``path`` and every folder's entries (e.g. an engine's index folder
     written without fsync), so that switching to it after this call survives a power loss."""
@@ -46,6 +64,19 @@ def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably (file and folder fsync'd), so a power
+    cut leaves the old file or the whole new one, never an empty one."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

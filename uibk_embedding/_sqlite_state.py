@@ -36,6 +36,20 @@ def lock_folder(lock_path: str | os.PathLike, what: str, owner: str) -> IO[bytes
     return f
 
 
+def lock_directory(path: str | os.PathLike, what: str, owner: str) -> int:
+    """:func:`lock_folder` on the directory itself (an ``flock`` on its descriptor, no file added
+    to it): for folders that belong to an engine which allows no foreign files. Returns the
+    descriptor; ``os.close`` it to release."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUse(f"{what} is open in another {owner} (this or another process); "
+                         "close it first") from None
+    return fd
+
+
 def connect(db_path: str | os.PathLike, *schema: str) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL and ``synchronous=FULL``,
     with the ``state`` table and the ``schema`` statements run."""
@@ -50,14 +64,18 @@ def connect(db_path: str | os.PathLike, *schema: str) -> sqlite3.Connection:
 
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception."""
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception, a failed ``COMMIT`` too."""
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db
+        db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        # also after a failed COMMIT (a full disk, an I/O error): left open, the transaction
+        # would make every later write fail with "cannot start a transaction within a transaction"
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
 
 
 def state_get(db: sqlite3.Connection, key: str, default: str | None = None) -> str | None:
@@ -78,3 +96,13 @@ def stored_state(folder: str | os.PathLike, key: str, db_name: str = "store.sqli
 def state_set(db: sqlite3.Connection, **values: Any) -> None:
     db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
                    [(k, str(v)) for k, v in values.items()])
+
+
+def committed_generation(db: sqlite3.Connection, key: str) -> int | None:
+    """The vector-file generation ``key`` the database names now (after a failed transaction:
+    did it commit after all?); None when the database cannot be read, in which case no file it
+    might name may be deleted."""
+    try:
+        return int(state_get(db, key, "1") or 1)
+    except (sqlite3.Error, ValueError):
+        return None

@@ -66,6 +66,22 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+# the option that says where each backend keeps what it indexes; without one of them the store
+# lives in memory or a temporary folder and is gone when `uibk-embed index` returns
+_PLACE = {"exact": ("path",), "plaid": ("path",), "warp": ("path",), "qdrant-edge": ("path",),
+          "milvus-lite": ("path",), "qdrant": ("path", "url", "host", "client")}
+
+
+def _require_a_place(backend: str, opts: dict[str, Any]) -> None:
+    """`index` into a store that would vanish with the process: refused before anything is read."""
+    names = _PLACE.get(backend)
+    if names is None or any(opts.get(n) for n in names) or opts.get("location") not in (None, ":memory:"):
+        return
+    hint = "--path DIR" if names == ("path",) else "--path DIR (local mode) or --option url=URL (a server)"
+    raise SystemExit(f"uibk-embed index: the {backend} backend without {hint} would index into memory "
+                     "and throw it all away when the command ends; say where the store lives")
+
+
 def _dense_weight(text: str) -> float:
     try:
         w = float(text)
@@ -134,6 +150,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     for flag in ("ray_address", "workers", "resume", "skip_bad", "num_gpus"):
         if getattr(args, flag):
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
+    opts = _store_options(args)
+    _require_a_place(args.backend, opts)
     docs = read_corpus(args.data)
     if args.encoder_url:
         from uibk_embedding.encoder.remote import RemoteEncoder
@@ -141,7 +159,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         enc = RemoteEncoder(args.encoder_url[0])
     else:
         enc = _load_encoder(args)
-    store = open_store(args.backend, format=enc.format, **_store_options(args))
+    store = open_store(args.backend, format=enc.format, **opts)
     t0 = time.perf_counter()
     from tqdm.auto import tqdm
 

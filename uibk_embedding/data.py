@@ -17,12 +17,14 @@ Example
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from uibk_embedding.adapters.base import validate_ids, validate_metadata
 from uibk_embedding.errors import DataError
 
 
@@ -77,6 +79,10 @@ def _str_field(obj: dict, names: tuple[str, ...], where: str, required: bool = T
             v = obj[name]
             if isinstance(v, bool) or not isinstance(v, str | int | float):
                 raise DataError(f"{where}: field {name!r} must be a string, got {type(v).__name__}")
+            if isinstance(v, float) and names[0] in ("_id", "id"):
+                # 1.10 reads as 1.1: the id would no longer match the qrels that name it
+                raise DataError(f"{where}: id {v!r} is a JSON number with a fraction, which does not keep "
+                                "its spelling (1.10 reads as 1.1): write ids as strings")
             return str(v)
     if required:
         raise DataError(f"{where}: missing field {' or '.join(repr(n) for n in names)}")
@@ -105,6 +111,12 @@ def read_corpus(path: str | os.PathLike) -> list[Document]:
         md = obj.get("metadata") or {}
         if not isinstance(md, dict):
             raise DataError(f"{where}: 'metadata' must be an object")
+        try:  # what every store refuses, refused here: before anything is written
+            validate_ids([doc_id])
+            validate_metadata([md], 1)
+        except (TypeError, ValueError) as e:
+            why = str(e).replace("ids[0] ", "the id ").replace("metadata[0]", "metadata")
+            raise DataError(f"{where}: {why}") from None
         doc = Document(doc_id, _str_field(obj, ("text",), where, required=False),
                        _str_field(obj, ("title",), where, required=False), md)
         if not doc.full_text.strip():
@@ -152,9 +164,12 @@ def read_qrels(path: str | os.PathLike, split: str = "test") -> dict[str, dict[s
         if len(parts) != 3:
             raise DataError(f"{p}:{n}: expected 3 tab-separated fields, got {len(parts)}")
         try:
-            score = int(float(parts[2]))
+            value = float(parts[2])
         except ValueError:
             raise DataError(f"{p}:{n}: score {parts[2]!r} is not a number") from None
+        if not math.isfinite(value) or value != int(value):
+            raise DataError(f"{p}:{n}: score {parts[2]!r} is not a finite whole number")
+        score = int(value)
         qrels.setdefault(parts[0], {})[parts[1]] = score
     return qrels
 

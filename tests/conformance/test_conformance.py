@@ -316,3 +316,53 @@ def test_registry_errors_have_one_type_each():
 
     with pytest.raises(MissingDependency, match=r"uibk-embedding\[qdrant\]"):
         require("surely_not_installed_xyz", "qdrant", "the Qdrant adapter")
+
+
+_SECOND_OPENER = """
+import sys
+from pathlib import Path
+from uibk_embedding.errors import StoreInUse
+from uibk_embedding.testing import load_backend_specs
+spec = next(s for s in load_backend_specs(sys.argv[1]) if s.name == sys.argv[2])
+try:
+    store = spec.reopen(Path(sys.argv[3]))
+except StoreInUse as e:
+    print("StoreInUse:", e)
+    sys.exit(3)
+store.upsert(["from-the-second-process"], [store.get(["doc-0"])[0].vectors])
+print("opened and wrote")
+"""
+
+
+def test_a_second_store_object_or_process_on_the_same_files_is_refused(spec, tmp_path, fmt, rng):
+    """One writer per local store: a second store object (this process) and a second process on
+    the same files get StoreInUse and write nothing; the first keeps every document."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from uibk_embedding.errors import StoreInUse
+
+    if spec.reopen is None or spec.skip or any(r in spec.name for r in ("server", "standalone", "live")):
+        pytest.skip(f"{spec.name} keeps no local files of its own (a server serialises its writers)")
+    first = spec.make(tmp_path)
+    try:
+        ids, docs, _ = fill(first, fmt, rng, n=8)
+        with pytest.raises(StoreInUse, match="open in another"):
+            spec.reopen(tmp_path)
+        backends = Path(__file__).resolve().parent.parent / "backends"
+        argv = [sys.executable, "-c", _SECOND_OPENER, str(backends), spec.name, str(tmp_path)]
+        child = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert child.returncode == 3, (child.returncode, child.stdout, child.stderr[-2000:])
+        assert "StoreInUse" in child.stdout
+        assert first.count() == len(ids)  # the first object still works
+        first.upsert(["one-more"], [docs[0]])
+    finally:
+        first.close()
+    again = spec.reopen(tmp_path)
+    try:
+        assert again.count() == len(ids) + 1
+        assert sorted(r.id for r in again.get([*ids, "one-more", "from-the-second-process"])) == \
+            sorted([*ids, "one-more"])
+    finally:
+        again.close()

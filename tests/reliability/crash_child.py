@@ -15,12 +15,16 @@ from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import load_backend_specs, make_list
 
 BATCH = 8
+# engine calls smaller than one batch, so a kill can land between two calls of one upsert (the
+# store must make the batch all-or-nothing itself): Qdrant Edge 3 points, Milvus 64 vectors a call
+ENGINE_CALLS = {"qdrant-edge": {"batch_size": 3}, "milvus-lite": {"batch_rows": 64},
+                "qdrant-path": {"batch_size": 3}}
 
 
 def main() -> None:
     name, store_dir, ack_file, seed = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     spec = next(s for s in load_backend_specs(Path(__file__).parent.parent / "backends") if s.name == name)
-    store = spec.reopen(store_dir)
+    store = spec.reopen(store_dir, **ENGINE_CALLS.get(name, {}))
     rng = np.random.default_rng(seed)
     fmt = TaggedFormat()
     with open(ack_file, "a", buffering=1) as ack:
