@@ -27,11 +27,16 @@ def load_encoder(
     *,
     dense: str | os.PathLike | None = None,
     tokens: str | os.PathLike | None = None,
+    trust_remote_code: bool = False,
     **options: Any,
 ) -> Encoder:
     """Load an encoder.
 
     * ``None``: the embedded default (all-MiniLM-L6-v2 composition, offline);
+    * a PyLate model folder (``modules.json`` + PyLate's ``config_sentence_transformers.json``),
+      such as the released UIBK-Embedding-v1: run by PyLate's own ``ColBERT`` and checked to emit
+      tagged lists (:class:`~uibk_embedding.encoder.pylate_model.PyLateEncoder`; the ``colbert``
+      extra). A folder with its own module code needs ``trust_remote_code=True``;
     * a folder with ``uibk_encoder.json``: an encoder saved by this library;
     * any other local Hugging Face model folder: one-pass composition of that model (its
       sentence vector pooled as its sentence-transformers ``modules.json`` says -- CLS, mean,
@@ -43,6 +48,7 @@ def load_encoder(
       models moved (their content must be unchanged).
 
     ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...).
+    ``trust_remote_code``: let a PyLate folder run the Python code it ships (read it first).
 
     >>> enc = load_encoder()
     >>> enc.model_name
@@ -70,6 +76,13 @@ def load_encoder(
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no encoder at {p}")
+    from uibk_embedding.encoder.pylate_model import PyLateEncoder, is_pylate_folder
+
+    if is_pylate_folder(p) and not (p / CONFIG_NAME).exists():
+        if composing:
+            raise ValueError(f"{p} is a PyLate model: dense= / tokens= compose two models without a "
+                             "path; a PyLate model that emits tagged lists is loaded alone")
+        return PyLateEncoder(p, trust_remote_code=trust_remote_code, **options)
     cfg_file = p / CONFIG_NAME
     cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else None
     kind = cfg.get("kind") if cfg is not None else None

@@ -568,6 +568,15 @@ class TaggedEncoder:
             yield batch
 
     # -- persistence -------------------------------------------------------------------------
+    def save_pylate(self, path: str | os.PathLike) -> Path:
+        """Save as a PyLate ColBERT model folder with custom modules, which
+        ``pylate.models.ColBERT(path, trust_remote_code=True)`` and
+        ``load_encoder(path, trust_remote_code=True)`` load
+        (:func:`~uibk_embedding.encoder.pylate_model.save_pylate`; the ``colbert`` extra)."""
+        from uibk_embedding.encoder.pylate_model import save_pylate
+
+        return save_pylate(self, path)
+
     def save_projections(self, path: str | os.PathLike) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

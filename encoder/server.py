@@ -339,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="serve one shared encoder over HTTP")
     p.add_argument("--encoder", default=None,
                    help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let a PyLate model folder run the Python code it ships (read it first)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
@@ -375,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     shared = SharedEncoder(args.encoder, device=args.device, batch_tokens=args.batch_tokens,
-                           max_wait_ms=args.max_wait_ms, show_progress=False)
+                           max_wait_ms=args.max_wait_ms, show_progress=False,
+                           **({"trust_remote_code": True} if args.trust_remote_code else {}))
     key = os.environ.get("UIBK_API_KEY") or None
     if args.api_key_file:
         key = Path(args.api_key_file).read_text().strip()

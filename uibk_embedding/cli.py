@@ -8,6 +8,7 @@ Subcommands::
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
     uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
     uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
+    uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
     uibk-embed serve ...                        the shared encoder over HTTP
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
 
@@ -110,6 +111,8 @@ def _load_encoder(args: argparse.Namespace, **kw: Any):
             raise SystemExit("uibk-embed: --projection chooses the embedded model's projections; "
                              "it does not apply to --dense/--tokens")
         kw.setdefault("projection", args.projection)
+    if getattr(args, "trust_remote_code", False):
+        kw.setdefault("trust_remote_code", True)
     try:
         return load_encoder(args.encoder, dense=dense, tokens=tokens, **kw)
     except ValueError as e:  # e.g. only one of --dense/--tokens, a folder of the wrong kind
@@ -188,9 +191,11 @@ def _index_ray(args: argparse.Namespace) -> int:
         from uibk_embedding.encoder import load_encoder
 
         encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens)
+    options = {"trust_remote_code": True} if args.trust_remote_code else None
     try:
         r = index_distributed(
-            args.data, args.backend, opts, encoder=encoder, encoder_urls=args.encoder_url or None,
+            args.data, args.backend, opts, encoder=encoder, encoder_options=options,
+            encoder_urls=args.encoder_url or None,
             workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
             store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
             ray_address=args.ray_address, progress=False if args.quiet else None)
@@ -247,6 +252,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{'head':<8}" + "".join(f"{m:>12}" for m in result["metrics"]["fused"]))
         for head, ms in result["metrics"].items():
             print(f"{head:<8}" + "".join(f"{v:12.4f}" for v in ms.values()))
+    return 0
+
+
+def cmd_export_pylate(args: argparse.Namespace) -> int:
+    """``export-pylate OUT``: the encoder as a PyLate ColBERT model folder (``save_pylate``)."""
+    enc = _load_encoder(args)
+    if not hasattr(enc, "save_pylate"):
+        raise SystemExit(f"uibk-embed: a {type(enc).__name__} cannot be saved as a PyLate model")
+    out = enc.save_pylate(args.out)
+    print(f"saved a PyLate model to {out}: pylate.models.ColBERT({str(out)!r}, trust_remote_code=True), "
+          f"or --encoder {out} --trust-remote-code")
     return 0
 
 
@@ -319,12 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
         sp.add_argument("--encoder", default=None,
-                        help="encoder folder (default: the embedded all-MiniLM-L6-v2 model)")
+                        help="encoder folder: saved by this library, a PyLate model such as the released "
+                             "UIBK-Embedding-v1 (with --trust-remote-code), a Hugging Face folder "
+                             "(default: the embedded all-MiniLM-L6-v2 model)")
         sp.add_argument("--dense", default=None, metavar="FOLDER",
                         help="bring your own models: a sentence-transformers folder (with --tokens; "
                              "with --encoder SAVED: where the saved encoder's dense model moved)")
         sp.add_argument("--tokens", default=None, metavar="FOLDER",
                         help="bring your own models: a PyLate ColBERT folder (with --dense)")
+        sp.add_argument("--trust-remote-code", action="store_true",
+                        help="let a PyLate model folder (--encoder) run the Python code it ships, "
+                             "e.g. the released UIBK-Embedding-v1's custom modules (read it first)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
                         help="the embedded model's projections R and P: the shipped PCA fit (pca, "
                              "the default) or random (seed 0, the default before 0.2.0); stores "
@@ -392,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token states used to fit P (default 200000)")
     common(sp, store=False)
     sp.set_defaults(func=cmd_fit_projection)
+
+    sp = sub.add_parser("export-pylate",
+                        help="save the encoder as a PyLate model folder (custom modules; load it with "
+                             "trust_remote_code=True)")
+    sp.add_argument("out", help="folder to write")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_export_pylate)
 
     for name, module, help_ in [
         ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),

@@ -24,6 +24,8 @@ exception              also a                  raised when
 ``ModelChanged``       ``ValueError``          a saved encoder's model folder is not the model it
                                                was saved with (its content hash differs): its
                                                vectors must not join the old ones
+``UntrustedCode``      ``ValueError``          a model folder would run its own Python code on
+                                               loading and ``trust_remote_code`` was not given
 ====================== ======================= ==================================================
 
 Example
@@ -105,3 +107,7 @@ class DataError(UIBKError, ValueError):
 
 class ModelChanged(UIBKError, ValueError):
     """A saved encoder refers to a model folder whose files changed since it was saved."""
+
+
+class UntrustedCode(UIBKError, ValueError):
+    """A model folder holds custom module code and ``trust_remote_code=True`` was not given."""

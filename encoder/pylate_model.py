@@ -1,0 +1,644 @@
+"""PyLate model folders: load one as an encoder of ours, save ours as one.
+
+The released UIBK-Embedding-v1 (DESIGN 1.3b) is a PyLate ColBERT model with custom modules, whose
+``ColBERT.encode(texts, is_query=...)`` returns the tagged lists themselves. This module makes
+such a folder an :class:`~uibk_embedding.encoder.base.Encoder` like every other
+(:class:`PyLateEncoder`, what ``load_encoder(folder, trust_remote_code=True)`` returns for a
+folder with ``modules.json`` and PyLate's ``config_sentence_transformers.json``), and writes our
+own encoders in the same format (:func:`save_pylate`, ``encoder.save_pylate(folder)``).
+
+Loading runs PyLate's own ``ColBERT`` (its prompts, query / document prefixes, lengths,
+skiplist and modules), batched by our pipeline (a background tokeniser, batches by a token
+budget, one copy to the host per batch). Before the encoder is returned, its output on a probe
+is checked (:func:`probe_format`): 128 dims, unit rows, coordinate 0 one negative value on the
+first 3 rows (the slots) and one positive value on the others (the tokens); ``beta`` and
+``lambda`` are read from the two tag values and the DESIGN 1.2 identity is verified. The
+format's ``projection`` is ``"pylate-<hash>"``, a content hash of the files the model's modules
+load, so a store filled by this model refuses another one.
+
+A folder whose ``modules.json`` names classes that are not sentence-transformers' or PyLate's
+runs Python code from the folder when it loads; it is refused unless ``trust_remote_code=True``
+(CLI: ``--trust-remote-code``). Note that sentence-transformers itself imports such code from a
+*local* folder even with ``trust_remote_code=False``: this check is the one that asks.
+
+Example (a tiny random UIBK model, exported and loaded back)::
+
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    cfg = UIBKConfig.tiny()
+    native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]))
+    native.save_pylate("tiny-pylate")          # pylate.models.ColBERT("tiny-pylate", trust_remote_code=True)
+    enc = load_encoder("tiny-pylate", trust_remote_code=True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, _Pending, resolve_device
+from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+
+from uibk_embedding._optional import require
+from uibk_embedding.errors import UntrustedCode
+
+MODULES_NAME = "modules.json"
+ST_CONFIG_NAME = "config_sentence_transformers.json"
+#: keys PyLate writes into config_sentence_transformers.json (sentence-transformers does not)
+PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length",
+               "do_query_expansion", "attend_to_expansion_tokens", "skiplist_words")
+_LIBRARIES = ("sentence_transformers.", "pylate.")
+_DOC_PROMPTS = ("document", "passage", "corpus")
+_UNHASHED = {"README.md"}
+#: the block of config_sentence_transformers.json where save_pylate records what it exported
+OUR_BLOCK = "uibk_embedding"
+
+PROBE_QUERIES = ("what is the lift of a wing in a slipstream",
+                 "heat transfer in a laminar boundary layer", "how does a swept wing stall?")
+PROBE_DOCUMENTS = ("experimental investigation of the lift of a wing in the slipstream of a propeller",
+                   "the boundary layer over a flat plate, with heat transfer and suction",
+                   "stall of swept wings at low speed: a wind tunnel study", "a")
+
+
+# -- what a folder is ------------------------------------------------------------------------
+def is_pylate_folder(folder: str | os.PathLike) -> bool:
+    """A sentence-transformers folder saved by PyLate: ``modules.json`` and a
+    ``config_sentence_transformers.json`` with ``model_type`` ColBERT or PyLate's own keys.
+
+    >>> import tempfile, pathlib, json
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "modules.json").write_text("[]")
+    >>> is_pylate_folder(d)
+    False
+    >>> _ = (d / "config_sentence_transformers.json").write_text(json.dumps({"query_length": 32}))
+    >>> is_pylate_folder(d)
+    True
+    """
+    p = Path(folder)
+    if not (p / MODULES_NAME).is_file() or not (p / ST_CONFIG_NAME).is_file():
+        return False
+    try:
+        cfg = json.loads((p / ST_CONFIG_NAME).read_text())
+    except json.JSONDecodeError:
+        return False
+    return cfg.get("model_type") == "ColBERT" or any(k in cfg for k in PYLATE_KEYS)
+
+
+def _modules(folder: Path) -> list[dict[str, Any]]:
+    mods = json.loads((folder / MODULES_NAME).read_text())
+    if not isinstance(mods, list) or not all(isinstance(m, dict) and "type" in m for m in mods):
+        raise ValueError(f"{folder / MODULES_NAME}: expected a list of modules with a 'type'")
+    return mods
+
+
+def custom_code(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The module classes of ``modules.json`` that are neither sentence-transformers' nor
+    PyLate's, and the Python files of the folder (the code that would run on loading).
+
+    >>> import tempfile, pathlib, json
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "modules.json").write_text(json.dumps([
+    ...     {"type": "sentence_transformers.models.Transformer"}, {"type": "hybrid.Hybrid"}]))
+    >>> _ = (d / "hybrid.py").write_text("")
+    >>> custom_code(d)
+    (['hybrid.Hybrid'], ['hybrid.py'])
+    """
+    p = Path(folder)
+    classes = [str(m["type"]) for m in _modules(p) if not str(m["type"]).startswith(_LIBRARIES)]
+    files = sorted(f.relative_to(p).as_posix() for f in p.rglob("*.py")
+                   if not any(part.startswith(".") or part == "__pycache__"
+                              for part in f.relative_to(p).parts))
+    return classes, files if classes else []
+
+
+def model_files(folder: str | os.PathLike) -> list[Path]:
+    """The files the model's modules load: those at the root of the folder and in each module's
+    own folder (``modules.json``, ``path``), not the whole tree; ``README.md`` and hidden files
+    left out.
+
+    >>> import tempfile, pathlib, json
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "1_Dense").mkdir(); (d / "other").mkdir()
+    >>> _ = (d / "modules.json").write_text(json.dumps([{"type": "a.B", "path": ""},
+    ...                                                 {"type": "c.D", "path": "1_Dense"}]))
+    >>> for f in ("1_Dense/config.json", "other/unused.bin", "README.md"): _ = (d / f).write_text("")
+    >>> [p.relative_to(d).as_posix() for p in model_files(d)]
+    ['1_Dense/config.json', 'modules.json']
+    """
+    p = Path(folder)
+    dirs = {p} | {p / str(m.get("path", "")) for m in _modules(p)}
+    out = []
+    for d in sorted(dirs):
+        if d.is_dir():
+            out += [f for f in d.iterdir()
+                    if f.is_file() and f.name not in _UNHASHED and not f.name.startswith(".")]
+    return sorted(set(out))
+
+
+def model_hash(folder: str | os.PathLike) -> str:
+    """A short content hash of :func:`model_files` (relative path, size, bytes): the
+    ``projection`` record of a PyLate model's format.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "modules.json").write_text("[]")
+    >>> a = model_hash(d); _ = (d / "README.md").write_text("a model card")
+    >>> model_hash(d) == a, len(a)
+    (True, 16)
+    >>> _ = (d / "model.safetensors").write_bytes(b"weights"); model_hash(d) == a
+    False
+    """
+    p = Path(folder)
+    h = hashlib.sha256()
+    for f in model_files(p):
+        h.update(f"{f.relative_to(p).as_posix()}\0{f.stat().st_size}\0".encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+# -- the probe ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProbeReport:
+    """What :func:`probe_format` measured on the probe's lists."""
+
+    lists: int
+    token_tag: float
+    slot_tag: float
+    beta_measured: float
+    lambda_measured: float
+    pairs: int
+    aligned_pairs: int
+    max_identity_error: float
+
+
+def _snap(x: float, tol: float) -> float:
+    """``x`` on a 0.05 grid when it is that close (a bfloat16 model's tags are rounded), else
+    to 4 decimals: the same model gives the same format on any device."""
+    grid = round(x * 20) / 20
+    return grid if abs(x - grid) <= tol else round(x, 4)
+
+
+def _untagged(what: str) -> ValueError:
+    return ValueError(
+        f"{what}: its lists are not tagged lists of the UIBK format (DESIGN 1.1): a plain ColBERT "
+        "model? Compose it with a dense model instead: load_encoder(dense=SENTENCE_TRANSFORMERS_FOLDER, "
+        "tokens=THIS_FOLDER) (CLI: --dense ... --tokens ...)")
+
+
+def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
+                 what: str = "the model") -> tuple[TaggedFormat, ProbeReport]:
+    """Check that lists are tagged lists and read their format back (``projection`` unset).
+
+    Every row must be a unit 128-d vector; in every list coordinate 0 is negative on the first
+    3 rows (slots) and positive on the others (tokens), one value each across all lists. Then
+    ``beta = 1 - token_tag^2``, ``delta = 1 - slot_tag^2``, ``lambda = 3 delta / beta``, and on
+    every query/document pair plain MaxSim must equal ``C(q) + beta (s_tok + lambda dense)``
+    where the slots align and tokens select tokens (DESIGN 1.2), and be at least that elsewhere.
+
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(0)
+    >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+    >>> got, report = probe_format([mk(4), mk(2)], [mk(9), mk(5)])
+    >>> got.beta, got.lambda_, report.pairs
+    (0.9, 0.75, 4)
+    >>> probe_format([np.ones((4, 96)) / np.sqrt(96)], [np.ones((4, 96)) / np.sqrt(96)])
+    Traceback (most recent call last):
+    ...
+    ValueError: the model: its vectors have 96 dimensions; the tagged format has 128 (DESIGN 1.1)...
+    """
+    lists = [np.asarray(x, dtype=np.float64) for x in [*queries, *documents]]
+    for x in lists:
+        if x.ndim != 2 or x.shape[1] != DIM:
+            dims = x.shape[-1] if x.ndim else 0
+            raise ValueError(f"{what}: its vectors have {dims} dimensions; the tagged format has "
+                             f"{DIM} (DESIGN 1.1): not a UIBK-Embedding model")
+    norms = np.concatenate([np.linalg.norm(x, axis=1) for x in lists])
+    if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1)) > 1e-3:
+        raise ValueError(f"{what}: its vectors are not unit vectors (norms {norms.min():.4f} to "
+                         f"{norms.max():.4f}); tagged lists are")
+    tags = [x[:, 0] for x in lists]
+    # a tagged list: its first rows negative (slots), all the others positive (tokens)
+    leading = [int(np.argmax(t >= 0)) if (t >= 0).any() else len(t) for t in tags]
+    prefix = all(int((t < 0).sum()) == k for t, k in zip(tags, leading, strict=True))
+    if not prefix or len(set(leading)) != 1 or leading[0] == 0:
+        raise _untagged(what)
+    if leading[0] != N_SLOTS:
+        raise ValueError(f"{what}: its lists have {leading[0]} slot rows (negative coordinate 0); "
+                         f"the tagged format has {N_SLOTS}")
+    tok = np.concatenate([t[N_SLOTS:] for t in tags])
+    slot = np.concatenate([t[:N_SLOTS] for t in tags])
+    if len(tok) == 0:
+        raise ValueError(f"{what}: the probe gave no token rows")
+    for name, v in (("token", tok), ("slot", slot)):
+        if v.max() - v.min() > 5e-3:
+            raise _untagged(f"{what} ({name} rows' coordinate 0 ranges over {v.min():.4f} .. {v.max():.4f}, "
+                            "not one value)")
+    t_tag, s_tag = float(np.median(tok)), float(np.median(slot))
+    beta_m = 1 - t_tag ** 2
+    delta_m = 1 - s_tag ** 2
+    lambda_m = N_SLOTS * delta_m / beta_m
+    beta = _snap(beta_m, 2e-3)
+    lam = _snap(lambda_m, 1.5e-2)
+    fmt = TaggedFormat(beta=beta, lambda_=lam)  # refuses a lambda breaking property (i)
+    if abs(fmt.token_tag - t_tag) > 5e-3 or abs(fmt.slot_tag - s_tag) > 5e-3:
+        raise _untagged(f"{what} (tags {t_tag:.4f} / {s_tag:.4f} fit no beta, lambda)")
+    worst, pairs, aligned = 0.0, 0, 0
+    for q in lists[: len(queries)]:
+        for d in lists[len(queries):]:
+            sims = q @ d.T
+            best = sims.argmax(axis=1)
+            maxsim = float(sims.max(axis=1).sum())
+            if (best[:N_SLOTS] < N_SLOTS).sum() < N_SLOTS:
+                raise ValueError(f"{what}: a query slot selected a document token: property (i) of "
+                                 "DESIGN 1.2 fails on the probe")
+            qu, du = q[N_SLOTS:, 1:] / math.sqrt(fmt.beta), d[N_SLOTS:, 1:] / math.sqrt(fmt.beta)
+            qg, dg = q[:N_SLOTS, 1:] / math.sqrt(fmt.delta), d[:N_SLOTS, 1:] / math.sqrt(fmt.delta)
+            s_tok = float((qu @ du.T).max(axis=1).sum()) if len(du) else 0.0
+            dense = float(np.mean(np.einsum("ij,ij->i", qg, dg)))
+            closed = fmt.constant(len(qu)) + fmt.beta * (s_tok + fmt.lambda_ * dense)
+            tol = 1e-3 * (1 + abs(maxsim))
+            if maxsim < closed - tol:
+                raise ValueError(f"{what}: MaxSim {maxsim:.5f} is below C(q) + beta (s_tok + lambda "
+                                 f"dense) = {closed:.5f}: the DESIGN 1.2 identity fails on the probe")
+            separated = (bool(np.all(best[N_SLOTS:] >= N_SLOTS))
+                         and bool(np.all(best[:N_SLOTS] == np.arange(N_SLOTS))))
+            if separated and len(du):
+                aligned += 1
+                err = abs(maxsim - closed)
+                if err > tol:
+                    raise ValueError(f"{what}: MaxSim {maxsim:.5f} != C(q) + beta (s_tok + lambda dense) "
+                                     f"= {closed:.5f} on an aligned pair: the DESIGN 1.2 identity fails")
+                worst = max(worst, err)
+            pairs += 1
+    return fmt, ProbeReport(len(lists), t_tag, s_tag, beta_m, lambda_m, pairs, aligned, worst)
+
+
+# -- the encoder -------------------------------------------------------------------------------
+class PyLateEncoder(TaggedEncoder):
+    """A PyLate model folder whose ``ColBERT.encode`` returns tagged lists, as an encoder.
+
+    Parameters
+    ----------
+    folder: the model folder (``modules.json``, ``config_sentence_transformers.json``, ...).
+    trust_remote_code: allow the folder's own module code to run (required when
+        ``modules.json`` names classes that are not sentence-transformers' or PyLate's).
+    device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
+    dtype: ``"bfloat16"`` or ``"float32"`` (default: bfloat16 on CUDA, float32 otherwise).
+    num_threads: CPU threads for torch; None leaves it alone.
+    dense_weight: default query-time dense weight (default: what ``save_pylate`` recorded, else 1).
+    colbert_options: overrides for ``pylate.models.ColBERT`` (``query_length``, ...).
+    format: if given, must have the constants the probe reads.
+    **kwargs: ``batch_tokens``, ``show_progress``, ``prefetch`` (see
+        :class:`~uibk_embedding.encoder.base.TaggedEncoder`).
+
+    Prompts: the model's ``query`` prompt for queries and ``document`` (or ``passage`` /
+    ``corpus``) prompt for documents when it declares them (as ``encode(prompt_name=...)``),
+    else its default prompt (as a bare ``ColBERT.encode``).
+
+    >>> import tempfile
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
+    >>> folder = native.save_pylate(tempfile.mkdtemp())
+    >>> enc = PyLateEncoder(folder, trust_remote_code=True, device="cpu")
+    >>> enc.format.beta, enc.format.lambda_, enc.format.projection.startswith("pylate-")
+    (0.9, 0.75, True)
+    >>> d = enc.encode_documents(["lift of a wing"])[0]
+    >>> bool(np.abs(d - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
+    True
+    >>> PyLateEncoder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.UntrustedCode: ... runs its own code when it loads: ...
+    """
+
+    kind = "pylate"
+
+    def __init__(self, folder: str | os.PathLike, *, trust_remote_code: bool = False,
+                 device: str | None = None, dtype: str | None = None, num_threads: int | None = None,
+                 dense_weight: float | None = None, colbert_options: dict[str, Any] | None = None,
+                 format: TaggedFormat | None = None, name: str | None = None, **kwargs: Any) -> None:
+        self.folder = Path(folder).resolve()
+        if not is_pylate_folder(self.folder):
+            raise ValueError(f"{self.folder} is not a PyLate model folder ({MODULES_NAME} and a "
+                             f"{ST_CONFIG_NAME} written by PyLate)")
+        classes, files = custom_code(self.folder)
+        if classes and not trust_remote_code:
+            raise UntrustedCode(
+                f"{self.folder} runs its own code when it loads: {MODULES_NAME} names "
+                f"{', '.join(classes)}, defined in the folder's Python files "
+                f"{', '.join(files) or '(none found)'}. That code runs with your permissions. Read "
+                "it, then load the model with trust_remote_code=True (CLI: --trust-remote-code)")
+        pylate_models = require("pylate.models", "colbert", "loading a PyLate model")
+        import torch
+        from uibk_embedding.encoder.transformer import quiet_transformers
+
+        if num_threads:
+            torch.set_num_threads(int(num_threads))
+        self.device = resolve_device(device)
+        if dtype is None:
+            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        if dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+        self.dtype = dtype
+        self.trust_remote_code = bool(trust_remote_code)
+        self.colbert_options = dict(colbert_options or {})
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.colbert = pylate_models.ColBERT(
+                model_name_or_path=str(self.folder), device=self.device, local_files_only=True,
+                trust_remote_code=self.trust_remote_code, **self.colbert_options).eval()
+        if dtype == "bfloat16":
+            self.colbert.to(torch.bfloat16)
+        self.model_name = name or str(folder)
+        cb = self.colbert
+        prompts = dict(cb.prompts or {})
+        default = prompts.get(cb.default_prompt_name or "", None)
+        doc = next((n for n in _DOC_PROMPTS if n in prompts), None)
+        self.prompts = {True: prompts.get("query", default) or "",
+                        False: (prompts[doc] if doc else default) or ""}
+        self._prompt_length: dict[bool, int | None] = {}
+        for is_query, prompt in self.prompts.items():
+            tp = cb.tokenize([prompt]) if prompt else None
+            self._prompt_length[is_query] = (int(tp["input_ids"].shape[-1] - 1)
+                                             if tp is not None and "input_ids" in tp else None)
+        self._tok_lock = threading.Lock()  # PyLate sets the length on its first module to tokenise
+        ours = json.loads((self.folder / ST_CONFIG_NAME).read_text()).get(OUR_BLOCK, {})
+        if dense_weight is None:
+            dense_weight = float(ours.get("dense_weight", 1.0))
+        self._probed = False
+        kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        eye = {"R": np.eye(N_SLOTS * BODY, dtype=np.float32), "P": np.eye(BODY, dtype=np.float32)}
+        super().__init__(N_SLOTS * BODY, BODY, projections=eye, dense_weight=dense_weight,
+                         query_max_length=max(2, int(cb.query_length)),
+                         doc_max_length=max(2, int(cb.document_length)), **kwargs)
+        with warnings.catch_warnings():  # a probe text longer than the model reads is no news
+            warnings.simplefilter("ignore")
+            queries = self.encode_queries(list(PROBE_QUERIES), dense_weight=1.0, show_progress=False)
+            documents = self.encode_documents(list(PROBE_DOCUMENTS), show_progress=False)
+        names = [str(m["type"]).rsplit(".", 1)[-1] for m in _modules(self.folder)]
+        fmt, self.probe = probe_format(queries, documents,
+                                       what=f"{self.folder} (modules.json lists the modules {names})")
+        if format is not None and (format.beta, format.lambda_) != (fmt.beta, fmt.lambda_):
+            raise ValueError(f"{self.folder}: its lists have beta={fmt.beta}, lambda={fmt.lambda_}, "
+                             f"not the requested beta={format.beta}, lambda={format.lambda_}")
+        self.format = TaggedFormat(beta=fmt.beta, lambda_=fmt.lambda_,
+                                   projection=f"pylate-{model_hash(self.folder)}")
+        self._probed = True
+
+    # -- what does not apply: the model holds its own projections ----------------------------
+    def _declare_projection(self) -> None:
+        """The format's projection is the model's content hash, set after the probe."""
+
+    def fit_projection(self, *args: Any, **kwargs: Any) -> TaggedEncoder:
+        raise NotImplementedError("a PyLate model applies its own fixed projections; they cannot be "
+                                  "refitted from here")
+
+    def set_projections(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("a PyLate model applies its own fixed projections")
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": str(self.folder), "format": self.format.to_dict(),
+                "projection": self.format.projection, "dense_weight": self.dense_weight,
+                "dtype": self.dtype, "query_length": int(self.colbert.query_length),
+                "document_length": int(self.colbert.document_length),
+                "colbert_options": self.colbert_options, "prompts": [self.prompts[True], self.prompts[False]]}
+
+    def save_projections(self, path: str | os.PathLike) -> None:
+        raise NotImplementedError(f"a PyLate model is its folder: use {self.folder} itself")
+
+    # -- the pipeline's hooks ------------------------------------------------------------------
+    def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:
+        import torch
+
+        prompt = self.prompts[is_query]
+        ctexts = [prompt + t for t in texts] if prompt else texts
+        with self._tok_lock:
+            tok = self.colbert.tokenize(ctexts, is_query=is_query)
+        inputs = {k: v for k, v in tok.items() if isinstance(v, torch.Tensor)}
+        zero = np.zeros(len(texts), dtype=np.int64)
+        tb = TokenBatch(inputs, starts=zero, ends=zero, truncated=self._truncated(ctexts, inputs, is_query))
+        tb.is_query = is_query  # type: ignore[attr-defined]
+        return tb
+
+    def _truncated(self, texts: list[str], inputs: dict[str, Any], is_query: bool) -> np.ndarray:
+        cb = self.colbert
+        limit = int(cb.query_length if is_query else cb.document_length)
+        prefix = int((cb.query_prefix_id if is_query else cb.document_prefix_id) is not None)
+        ids = inputs["input_ids"]
+        pad = cb.tokenizer.pad_token_id
+        lengths = (ids != pad).sum(1).numpy() if pad is not None else np.full(len(texts), ids.shape[1])
+        cut = np.zeros(len(texts), dtype=bool)
+        full = np.flatnonzero(lengths >= limit)  # only these can have been cut
+        if len(full):
+            enc = cb.tokenizer([texts[i] for i in full], add_special_tokens=True, truncation=False,
+                               verbose=False)
+            cut[full] = [len(x) + prefix > limit for x in enc["input_ids"]]
+        return cut
+
+    def _prepare(self, tb: TokenBatch, is_query: bool) -> TokenBatch:
+        tb.truncated = np.asarray(tb.truncated, dtype=bool)
+        if self._is_cuda():
+            tb.inputs = {k: v.pin_memory() for k, v in tb.inputs.items()}
+        return tb
+
+    def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> _Pending:
+        """PyLate's forward and its row selection (``ColBERT.encode``: the skiplist on documents,
+        query expansion), rows normalised, query slots scaled by the dense weight."""
+        import torch
+
+        cb = self.colbert
+        is_query = bool(tb.is_query)  # type: ignore[attr-defined]
+        with self._lock, torch.inference_mode():
+            feats = self._to_device(tb.inputs)
+            if self._prompt_length[is_query] is not None:
+                feats["prompt_length"] = self._prompt_length[is_query]
+            out = cb(feats)
+            if is_query:
+                masks = (torch.ones_like(out["input_ids"], dtype=torch.bool) if cb.do_query_expansion
+                         else out["attention_mask"].bool())
+            else:
+                masks = torch.logical_and(cb.skiplist_mask(feats["input_ids"], cb.skiplist),
+                                          out["attention_mask"].bool())
+            rows = torch.nn.functional.normalize(out["token_embeddings"][masks].float(), p=2, dim=1)
+            counts = masks.sum(1).cpu().numpy().astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(counts)])
+            if rows.shape[-1] != DIM and self._probed:
+                raise ValueError(f"{self.folder}: gave {rows.shape[-1]}-d vectors")
+            weights = np.broadcast_to(np.asarray(w, dtype=np.float64), counts.shape)
+            if np.any(weights != 1.0) and rows.shape[0]:
+                n = np.minimum(counts, N_SLOTS)
+                first = np.repeat(offsets[:-1], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+                scale = torch.from_numpy(np.repeat(weights, n)).to(rows.device, dtype=torch.float32)
+                idx = torch.from_numpy(first).to(rows.device)
+                rows[idx] = rows[idx] * scale.unsqueeze(1)
+            if rows.device.type == "cuda":
+                host = torch.empty(rows.shape, dtype=torch.float32, pin_memory=True)
+                host.copy_(rows, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            else:
+                host, event = rows, None
+        return _Pending(tb, host, event, offsets)
+
+
+# -- saving our encoders as PyLate models ----------------------------------------------------------
+def _hf_tokenizer_uibk(enc: Any) -> Any:
+    """The UIBK encoder's ``tokenizers`` tokenizer as a transformers fast tokenizer that adds
+    ``[CLS] ... [SEP]`` (PyLate tokenises with special tokens and inserts its marker after [CLS])."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(enc.tokenizer.to_str())
+    ids = enc._ids
+    cls_t, sep_t = tok.id_to_token(ids["cls_token_id"]), tok.id_to_token(ids["sep_token_id"])
+    pad_t = tok.id_to_token(ids["pad_token_id"])
+    tok.post_processor = TemplateProcessing(single=f"{cls_t} $A {sep_t}",
+                                            pair=f"{cls_t} $A {sep_t} $B {sep_t}",
+                                            special_tokens=[(cls_t, ids["cls_token_id"]),
+                                                            (sep_t, ids["sep_token_id"])])
+    mask_t = "[MASK]" if tok.token_to_id("[MASK]") is not None else None
+    unk_t = "[UNK]" if tok.token_to_id("[UNK]") is not None else None
+    return PreTrainedTokenizerFast(tokenizer_object=tok, cls_token=cls_t, sep_token=sep_t,
+                                   pad_token=pad_t, mask_token=mask_t, unk_token=unk_t,
+                                   model_max_length=int(enc.model_max_length))
+
+
+def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
+    """Write ``encoder`` as a PyLate ColBERT model folder with custom modules and return it.
+
+    ``pylate.models.ColBERT(folder, trust_remote_code=True).encode(texts, is_query=...)`` then
+    returns the encoder's own tagged lists (query slots at dense weight 1: scale them for
+    another), and ``load_encoder(folder, trust_remote_code=True)`` loads it back. For the UIBK
+    architecture (:class:`~uibk_embedding.encoder.uibk.UIBKEncoder`) and one-model encoders
+    (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the embedded default);
+    a composed encoder runs two models and is refused. Weights are saved in float32.
+
+    >>> import tempfile, warnings
+    >>> from pylate.models import ColBERT
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
+    >>> folder = save_pylate(native, tempfile.mkdtemp())
+    >>> sorted(p.name for p in folder.glob("*.py"))
+    ['branched_transformer.py', 'hybrid_tokens.py', 'uibk_architecture.py']
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     model = ColBERT(str(folder), trust_remote_code=True, device="cpu")
+    >>> got = model.encode(["lift of a wing"], is_query=False)[0]
+    >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
+    True
+    """
+    from uibk_embedding.encoder import pylate_modules
+    from uibk_embedding.encoder.transformer import TransformerEncoder
+    from uibk_embedding.encoder.uibk import UIBKEncoder
+
+    require("pylate.models", "colbert", "saving a PyLate model")
+    import torch
+
+    if isinstance(encoder, PyLateEncoder):
+        raise ValueError(f"this encoder is already the PyLate model folder {encoder.folder}: copy it")
+    if not isinstance(encoder, UIBKEncoder | TransformerEncoder):
+        raise NotImplementedError(
+            f"a {type(encoder).__name__} cannot be saved as one PyLate model: only the UIBK "
+            "architecture and one-model encoders (the embedded default, a Hugging Face folder) make "
+            "both heads in one model; a composed encoder runs two models (two forward passes), so "
+            "save it with .save(FOLDER) and load it with load_encoder(FOLDER)")
+    from pylate.models import ColBERT  # noqa: F401  (the folder must load with the installed pylate)
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    fmt = encoder.format
+    if isinstance(encoder, UIBKEncoder):
+        layout = "uibk"
+        cfg = encoder.uibk_config
+        bc = cfg.backbone_config()
+        bc.save_pretrained(str(out))
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().float().cpu().contiguous() for k, v in encoder.model.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"))
+        tok = _hf_tokenizer_uibk(encoder)
+        tok.save_pretrained(str(out))
+        branched = {"architecture": "uibk", "max_seq_length": encoder.doc_max_length,
+                    "uibk": {k: getattr(cfg, k) for k in ("top_layers", "num_latents", "latent_heads",
+                                                          "ff_mult", "token_dim")},
+                    "pooling": None, "strip_marker": False, "do_lower_case": False}
+        markers = (cfg.query_marker, cfg.document_marker)
+        prompt = f"{cfg.prompt_word} "
+        prompts, default_prompt = {"query": prompt, "document": prompt}, "query"
+        lengths = (encoder.query_max_length, encoder.doc_max_length)
+        token_dim = cfg.token_dim
+    else:
+        layout = "transformer"
+        from uibk_embedding.encoder.transformer import quiet_transformers
+
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            encoder.model.save_pretrained(str(out), safe_serialization=True)
+        import copy
+
+        tok = copy.deepcopy(encoder.tokenizer)
+        # the markers only tell a query from a document (the model never reads them): BERT's
+        # unused entries where it has them, else two added tokens
+        unused = ("[unused0]", "[unused1]")
+        if all(tok.convert_tokens_to_ids(t) not in (None, tok.unk_token_id) for t in unused):
+            markers = unused
+        else:
+            markers = ("[Q]", "[D]")
+            tok.add_tokens(list(markers), special_tokens=True)
+        tok.save_pretrained(str(out))
+        branched = {"architecture": "transformer", "max_seq_length": encoder.doc_max_length,
+                    "uibk": {}, "pooling": {"modes": list(encoder.pooling.modes),
+                                            "normalize": bool(encoder.pooling.normalize)},
+                    "strip_marker": True, "do_lower_case": False}
+        prompts, default_prompt = {"query": "", "document": ""}, None
+        lengths = (encoder.query_max_length + 1, encoder.doc_max_length + 1)  # + the marker
+        token_dim = int(encoder.model.config.hidden_size)
+    (out / "branched_transformer.json").write_text(json.dumps(branched, indent=2))
+    for name in pylate_modules.FILES:
+        shutil.copyfile(pylate_modules.FOLDER / name, out / name)
+    # the second module: R, R' and the tagged construction
+    from uibk_embedding.encoder.pylate_modules.hybrid_tokens import HybridTokens
+
+    qid = tok.convert_tokens_to_ids(markers[0]) if layout == "transformer" else encoder._ids["query_marker"]
+    hybrid = HybridTokens(token_dim, DIM, R=torch.from_numpy(np.asarray(encoder.R, dtype=np.float32)),
+                          P=torch.from_numpy(np.asarray(encoder.P, dtype=np.float32)), beta=fmt.beta,
+                          lambda_=fmt.lambda_, layout=layout, query_marker_id=int(qid),
+                          query_token_cap=encoder.query_token_cap)
+    hybrid.save(str(out / "1_HybridTokens"))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "branched_transformer.BranchedTransformer"},
+               {"idx": 1, "name": "1", "path": "1_HybridTokens", "type": "hybrid_tokens.HybridTokens"}]
+    (out / MODULES_NAME).write_text(json.dumps(modules, indent=2))
+    import pylate
+    import sentence_transformers
+    import transformers
+
+    st_config = {
+        "model_type": "ColBERT",
+        "__version__": {"sentence_transformers": sentence_transformers.__version__,
+                        "transformers": transformers.__version__, "pytorch": torch.__version__,
+                        "pylate": getattr(pylate, "__version__", "unknown")},
+        "prompts": prompts, "default_prompt_name": default_prompt, "similarity_fn_name": "MaxSim",
+        "query_prefix": markers[0], "document_prefix": markers[1],
+        "query_length": int(lengths[0]), "document_length": int(lengths[1]),
+        # every token is kept (the tagged list decides the rows), no [MASK] expansion
+        "attend_to_expansion_tokens": False, "skiplist_words": [], "do_query_expansion": False,
+        OUR_BLOCK: {"format": fmt.to_dict(), "source_projection": fmt.projection,
+                    "source": getattr(encoder, "model_name", type(encoder).__name__),
+                    "dense_weight": encoder.dense_weight, "layout": layout},
+    }
+    (out / ST_CONFIG_NAME).write_text(json.dumps(st_config, indent=2))
+    return out
+
+
+__all__ = ["ProbeReport", "PyLateEncoder", "custom_code", "is_pylate_folder", "model_hash",
+           "probe_format", "save_pylate"]

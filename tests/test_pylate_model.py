@@ -1,0 +1,399 @@
+"""PyLate model folders (issue 26): load one natively, save ours as one, and the refusals.
+
+The folders are built here: a tiny random UIBK model and the embedded default (MiniLM) saved by
+``save_pylate`` (custom modules: ``branched_transformer.py``, ``hybrid_tokens.py``), a plain
+PyLate ColBERT model (untagged) and one with 96-d vectors. Every comparison of two encodings of
+the same texts in the same batch uses ``SAME_BATCH`` = 1e-5: the two code paths differ only in
+float32 rounding (PyLate renormalises the float32 rows once more, and its linear layer runs over
+the whole padded batch where ours runs on the chosen rows); measured here: 1.2e-7 to 4.8e-7.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import string
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pylate_models = pytest.importorskip("pylate.models")
+
+from uibk_embedding.encoder import TaggedFormat, load_encoder  # noqa: E402
+from uibk_embedding.encoder.pylate_model import (  # noqa: E402
+    PyLateEncoder,
+    custom_code,
+    model_hash,
+    probe_format,
+    save_pylate,
+)
+from uibk_embedding.encoder.shared import SharedEncoder  # noqa: E402
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
+
+from uibk_embedding.errors import UntrustedCode  # noqa: E402
+
+SAME_BATCH = 1e-5
+TEXTS = [
+    "the wing lift in a slipstream",
+    "heat transfer, in a boundary layer!",
+    "what is the flow of heat?",
+    "a",
+    "lift " * 60,
+    "boundary layer flow on a wing: heat transfer (of the slipstream) in 3 parts",
+]
+
+
+def _max_diff(a, b) -> float:
+    assert [x.shape for x in a] == [y.shape for y in b]
+    return max(float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max())
+               for x, y in zip(a, b, strict=True))
+
+
+def _colbert(folder, trust=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pylate_models.ColBERT(model_name_or_path=str(folder), device="cpu",
+                                     trust_remote_code=trust)
+
+
+@pytest.fixture(scope="module")
+def natives():
+    cfg = UIBKConfig.tiny()
+    return {"uibk": UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS * 3), seed=0, device="cpu"),
+            "minilm": load_encoder(device="cpu")}
+
+
+@pytest.fixture(scope="module")
+def folders(natives, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pylate")
+    out = {name: save_pylate(enc, root / name) for name, enc in natives.items()}
+    # a plain PyLate ColBERT model (Transformer -> Dense, untagged) and one with 96-d vectors
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    letters = list(string.ascii_lowercase + string.digits)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.punctuation, *letters,
+             *(f"##{c}" for c in letters), "wing", "lift", "heat", "flow"]
+    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
+        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+    else:
+        (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)).save_pretrained(root / "bert")
+    tok.save_pretrained(root / "bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, size in (("colbert", 128), ("colbert96", 96)):
+            torch.manual_seed(1)
+            pylate_models.ColBERT(model_name_or_path=str(root / "bert"), device="cpu",
+                                  embedding_size=size, query_length=16,
+                                  document_length=40).save(str(root / name))
+            out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(folders):
+    return {name: load_encoder(folders[name], trust_remote_code=True, device="cpu")
+            for name in ("uibk", "minilm")}
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+@pytest.mark.parametrize("is_query", [False, True])
+def test_pylate_encode_returns_the_native_tagged_lists(natives, folders, name, is_query):
+    """pylate.models.ColBERT(folder, trust_remote_code=True).encode == the native encoder (w=1)."""
+    got = _colbert(folders[name]).encode(TEXTS, is_query=is_query)
+    nat = natives[name]
+    want = nat.encode_queries(TEXTS, dense_weight=1.0) if is_query else nat.encode_documents(TEXTS)
+    diff = _max_diff(got, want)
+    print(f"{name} {'queries' if is_query else 'documents'}: PyLate encode vs native, max |diff| {diff:.2e}")
+    assert diff <= SAME_BATCH
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_load_encoder_runs_pylate_and_applies_the_dense_weight(folders, loaded, name):
+    enc = loaded[name]
+    assert isinstance(enc, PyLateEncoder)
+    cb = _colbert(folders[name])
+    for is_query in (False, True):
+        ref = cb.encode(TEXTS, is_query=is_query)
+        got = enc.encode_queries(TEXTS, dense_weight=1.0) if is_query else enc.encode_documents(TEXTS)
+        diff = _max_diff(got, ref)
+        print(f"{name}: load_encoder vs PyLate encode ({'queries' if is_query else 'documents'}) {diff:.2e}")
+        assert diff <= SAME_BATCH
+    heavy = enc.encode_queries(TEXTS, dense_weight=2.5)
+    ref = cb.encode(TEXTS, is_query=True)
+    for h, r in zip(heavy, ref, strict=True):
+        np.testing.assert_allclose(h[:3], 2.5 * r[:3], atol=3 * SAME_BATCH)  # slots scaled
+        np.testing.assert_allclose(h[3:], r[3:], atol=SAME_BATCH)  # tokens unchanged
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_round_trip_native_save_pylate_load_encoder(natives, loaded, name):
+    nat, enc = natives[name], loaded[name]
+    docs = _max_diff(enc.encode_documents(TEXTS), nat.encode_documents(TEXTS))
+    queries = _max_diff(enc.encode_queries(TEXTS), nat.encode_queries(TEXTS))  # both default weights
+    print(f"{name}: native -> save_pylate -> load_encoder: documents {docs:.2e}, queries {queries:.2e} "
+          f"(dense weight {enc.dense_weight:g})")
+    assert enc.dense_weight == nat.dense_weight  # recorded by save_pylate
+    assert max(docs, queries) <= SAME_BATCH
+
+
+def test_format_is_read_from_the_tags_and_names_the_model(folders, loaded):
+    a, b = loaded["uibk"], loaded["minilm"]
+    for enc, name in ((a, "uibk"), (b, "minilm")):
+        assert (enc.format.beta, enc.format.lambda_) == (0.9, 0.75)
+        assert enc.format.projection == f"pylate-{model_hash(folders[name])}"
+        p = enc.probe
+        assert p.pairs == 12 and p.aligned_pairs >= 1 and p.max_identity_error < 1e-5
+        print(f"{name}: probe {p}")
+    # a store filled by one model refuses the other (and the native encoder it was made from)
+    assert "not pylate-" in a.format.conflict(b.format)
+    assert a.format.conflict(TaggedFormat(projection="random-0123")) is not None
+    assert a.format.conflict(a.format) is None
+
+
+def test_without_trust_remote_code_the_folder_is_refused(folders, capsys):
+    with pytest.raises(UntrustedCode) as e:
+        load_encoder(folders["uibk"])
+    msg = str(e.value)
+    print(msg)
+    for part in ("branched_transformer.BranchedTransformer", "hybrid_tokens.HybridTokens",
+                 "branched_transformer.py", "hybrid_tokens.py", "trust_remote_code=True",
+                 "--trust-remote-code"):
+        assert part in msg
+    assert custom_code(folders["colbert"]) == ([], [])  # library modules only: nothing to trust
+
+
+def test_sentence_transformers_imports_local_module_code_without_trust(folders):
+    """Why the check above is ours: for a local folder, sentence-transformers imports the custom
+    module code even with trust_remote_code=False."""
+    cb = _colbert(folders["uibk"], trust=False)
+    assert type(cb[0]).__name__ == "BranchedTransformer"
+
+
+def test_a_plain_colbert_model_is_refused(folders):
+    with pytest.raises(ValueError, match=r"not tagged lists.*load_encoder\(dense=") as e:
+        load_encoder(folders["colbert"])
+    print(e.value)
+
+
+def test_wrong_dimensions_are_refused(folders):
+    with pytest.raises(ValueError, match="96 dimensions; the tagged format has 128") as e:
+        load_encoder(folders["colbert96"])
+    print(e.value)
+
+
+def test_probe_refusals():
+    fmt = TaggedFormat()
+    rng = np.random.default_rng(0)
+
+    def mk(n):
+        return fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+
+    good = [mk(4), mk(6)]
+    two_slots = [x[1:] for x in good]
+    with pytest.raises(ValueError, match="have 2 slot rows"):
+        probe_format(two_slots, two_slots)
+    with pytest.raises(ValueError, match="not unit vectors"):
+        probe_format([2 * x for x in good], good)
+    odd = [x.copy() for x in good]
+    odd[0][5, 0] = 0.2  # a second token tag value
+    odd[0][5] /= np.linalg.norm(odd[0][5])
+    with pytest.raises(ValueError, match="not one value"):
+        probe_format(odd, good)
+    other = TaggedFormat(beta=0.8, lambda_=0.5)
+    q = [other.build(rng.normal(size=(3, 127)), rng.normal(size=(5, 127)))]
+    got, _ = probe_format(q, [other.build(rng.normal(size=(3, 127)), rng.normal(size=(7, 127)))])
+    assert (got.beta, got.lambda_) == (0.8, 0.5)
+
+
+def test_composed_and_pylate_encoders_are_not_exported(loaded, tmp_path):
+    from uibk_embedding.encoder.composed import ComposedEncoder
+
+    with pytest.raises(NotImplementedError, match="composed encoder runs two models"):
+        save_pylate(ComposedEncoder.__new__(ComposedEncoder), tmp_path / "x")
+    with pytest.raises(ValueError, match="already the PyLate model folder"):
+        loaded["uibk"].save_pylate(tmp_path / "y")
+
+
+def test_shared_encoder_loads_a_pylate_folder(folders, loaded):
+    with SharedEncoder(folders["uibk"], device="cpu", trust_remote_code=True) as shared:
+        assert shared.format == loaded["uibk"].format
+        got = shared.encode_documents(TEXTS)
+        q = shared.encode_queries(TEXTS[:2], dense_weight=3.0)
+    assert _max_diff(got, loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+    assert _max_diff(q, loaded["uibk"].encode_queries(TEXTS[:2], dense_weight=3.0)) <= SAME_BATCH
+    with pytest.raises(UntrustedCode):
+        SharedEncoder(folders["uibk"], device="cpu")
+
+
+def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
+    from uibk_embedding.encoder.server import build_parser
+
+    from uibk_embedding.cli import main
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS)) + "\n")
+    store = tmp_path / "store"
+    enc = ["--encoder", str(folders["uibk"])]
+    with pytest.raises(SystemExit, match="--trust-remote-code"):
+        main(["index", str(corpus), "--path", str(store), "--quiet", *enc])
+    assert main(["index", str(corpus), "--path", str(store), "--quiet", *enc, "--trust-remote-code"]) == 0
+    assert f"indexed {len(TEXTS)} documents" in capsys.readouterr().out
+    assert main(["search", TEXTS[0], "--path", str(store), "--json", "-k", "2", *enc,
+                 "--trust-remote-code"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "d0"
+    # another model's store is refused: its format records this model's content hash
+    with pytest.raises(SystemExit, match="its lists were encoded with projection pylate-"):
+        main(["search", "wing", "--path", str(store), "--encoder", str(folders["minilm"]),
+              "--trust-remote-code"])
+    assert build_parser().parse_args(["--encoder", "x", "--trust-remote-code"]).trust_remote_code
+
+
+def test_cli_export_pylate(natives, loaded, tmp_path, capsys):
+    from uibk_embedding.cli import main
+
+    native_folder = natives["uibk"].save_pretrained(tmp_path / "native")
+    out = tmp_path / "exported"
+    assert main(["export-pylate", str(out), "--encoder", str(native_folder)]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    again = load_encoder(out, trust_remote_code=True, device="cpu")
+    assert _max_diff(again.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+
+
+@pytest.mark.parametrize("name", ["uibk", "minilm"])
+def test_other_batchings_stay_within_the_batching_noise(folders, loaded, name):
+    """Our pipeline's batches (a small token budget: several batches) against PyLate's one batch:
+    within the same-batch constant plus twice the encoder's measured batching noise."""
+    from uibk_embedding.testing import batching_noise
+
+    enc = loaded[name]
+    noise = batching_noise(enc, TEXTS, batchings=((2, 1), (3, 2)))
+    ref = _colbert(folders[name]).encode(TEXTS, is_query=False)
+    budget = enc.batch_tokens
+    try:
+        enc.batch_tokens = 64
+        got = enc.encode_documents(TEXTS)
+    finally:
+        enc.batch_tokens = budget
+    diff = _max_diff(got, ref)
+    print(f"{name}: batching noise {noise:.2e}; several batches vs PyLate's one: {diff:.2e}")
+    assert diff <= SAME_BATCH + 2 * noise
+
+
+@pytest.mark.slow
+def test_interop_benchmark_smoke(tmp_path):
+    """benchmarks/pylate_interop.py on 60 NPL documents, so that it cannot rot (figures unchecked)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    data = root.parent / "shared" / "datasets" / "npl"
+    if not (data / "corpus.jsonl").exists():
+        pytest.skip(f"no collection at {data}")
+    spec = importlib.util.spec_from_file_location("pylate_interop", root / "benchmarks" / "pylate_interop.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "figures.json"
+    assert bench.main(["--data", str(data), "--docs", "60", "--speed-docs", "8", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert "recall@10_vs_exact" in figures["interop_minilm"]["pylate_plaid"]
+
+
+def test_readme_example_loads_a_pylate_folder(folders, monkeypatch, tmp_path):
+    """The "Use the released model" Python block of README.md, run as written with the released
+    folder's name pointing at the tiny exported UIBK model."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Use the released model", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"models/uibk-embedding-v1"' in code
+    code = code.replace('"models/uibk-embedding-v1"', repr(str(folders["uibk"])))
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    assert (ns["enc"].format.beta, ns["enc"].format.lambda_) == (0.9, 0.75)
+    assert ns["enc"].format.projection.startswith("pylate-") and ns["q"].shape[1] == 128
+
+
+def test_a_bfloat16_cast_keeps_the_fixed_projections(folders):
+    """MTEB loads the model with torch_dtype=bfloat16: the weights are cast, R and R' are not."""
+    cb = _colbert(folders["uibk"])
+    hybrid = cb[1]
+    want = torch.cat([torch.zeros(1, hybrid.P.shape[1]), hybrid.P])
+    cb.to(torch.bfloat16)
+    assert hybrid.linear.weight.dtype == torch.bfloat16 and hybrid.R.dtype == torch.float32
+    assert torch.equal(hybrid._token_weight(torch.device("cpu")), want)
+    out = cb.encode(TEXTS[:2], is_query=False)
+    assert all(np.isfinite(x).all() and x.shape[1] == 128 for x in out)
+
+
+def test_a_model_saved_again_by_pylate_loads_again(folders, loaded, tmp_path):
+    """ColBERT(folder).save(other): PyLate's own save of the custom modules (MTEB, fine-tuning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _colbert(folders["uibk"]).save(str(tmp_path / "resaved"))
+    again = load_encoder(tmp_path / "resaved", trust_remote_code=True, device="cpu")
+    assert (again.format.beta, again.format.lambda_) == (0.9, 0.75)
+    assert _max_diff(again.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS)) <= SAME_BATCH
+
+
+def test_uibk_embed_serve_and_the_ray_path_pass_trust_remote_code(folders, loaded):
+    """`uibk-embed serve --encoder FOLDER --trust-remote-code` (a real server process) and the Ray
+    path's format lookup (``encoder_options``) load the PyLate folder."""
+    pytest.importorskip("uvicorn")
+    from uibk_embedding.encoder.remote import RemoteEncoder
+    from uibk_embedding.encoder.server import serve_subprocess
+
+    from uibk_embedding.distributed import encoder_format
+
+    local = loaded["uibk"]
+    assert encoder_format(str(folders["uibk"]), {"trust_remote_code": True}) == local.format
+    with pytest.raises(UntrustedCode):
+        encoder_format(str(folders["uibk"]))
+    with serve_subprocess("--encoder", str(folders["uibk"]), "--trust-remote-code", "--device", "cpu") as url:
+        with RemoteEncoder(url) as enc:
+            assert enc.format == local.format
+            got = enc.encode_documents(TEXTS)
+    assert _max_diff(got, local.encode_documents(TEXTS)) == 0.0  # the same encoder, the same batches
+
+
+def test_framework_wrappers_take_the_pylate_encoder(loaded):
+    pytest.importorskip("langchain_core")
+    from uibk_embedding.adapters import open_store
+    from uibk_embedding.integrations.langchain import UIBKVectorStore
+
+    enc = loaded["uibk"]
+    vs = UIBKVectorStore(encoder=enc, store=open_store("exact", format=enc.format))
+    vs.add_texts(TEXTS, ids=[f"d{i}" for i in range(len(TEXTS))])
+    assert vs.similarity_search(TEXTS[1], k=1)[0].page_content == TEXTS[1]
+
+
+def test_the_probe_reads_bfloat16_rounded_tags_as_the_released_constants():
+    """A model that computes its tags in bfloat16: the format still reads beta 0.9, lambda 0.75."""
+    fmt = TaggedFormat()
+    rng = np.random.default_rng(3)
+
+    def bf16(x):
+        y = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+        return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+    lists = [bf16(fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))) for n in (4, 6, 9)]
+    got, report = probe_format(lists[:1], lists[1:])
+    assert (got.beta, got.lambda_) == (0.9, 0.75)
+    assert report.beta_measured != 0.9 or report.lambda_measured != 0.75  # they were rounded
+
+
+def test_bfloat16_weights_on_the_cpu(folders, loaded):
+    """The CUDA default, bfloat16 weights, run on the CPU: the probe accepts it, same format."""
+    enc = load_encoder(folders["uibk"], trust_remote_code=True, device="cpu", dtype="bfloat16")
+    assert enc.format == loaded["uibk"].format
+    diff = _max_diff(enc.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS))
+    print(f"bfloat16 vs float32 weights (CPU), max |diff| {diff:.3f}")
+    assert diff < 0.5
