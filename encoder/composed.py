@@ -73,6 +73,10 @@ _DOC_PROMPTS = ("document", "passage", "corpus")  # sentence-transformers' encod
 _HOST_KEYS = frozenset({"dense.task_is_query", "dense.prompt_length"})
 
 
+MAX_MODEL_FILES = 10_000  # a model folder holds tens of files; a folder naming "/" is refused
+MAX_MODEL_BYTES = 200 * 2**30
+
+
 def model_digest(folder: str | os.PathLike) -> str:
     """SHA-256 over a model folder's files (relative path, size and bytes, in path order;
     ``README.md`` and hidden files left out): changes whenever a weight, tokeniser or
@@ -90,12 +94,21 @@ def model_digest(folder: str | os.PathLike) -> str:
     if not root.is_dir():
         raise FileNotFoundError(f"model folder {root} does not exist")
     h = hashlib.sha256()
-    files = sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and p.name not in _UNHASHED
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
-    for p in files:
+    files: list[Path] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):  # symlinked folders are not followed
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            p = Path(dirpath) / name
+            if name.startswith(".") or name in _UNHASHED or not p.is_file():
+                continue
+            files.append(p)
+            total += p.stat().st_size
+            if len(files) > MAX_MODEL_FILES or total > MAX_MODEL_BYTES:
+                raise ValueError(
+                    f"{root} holds more than {MAX_MODEL_FILES} files or {MAX_MODEL_BYTES / 2**30:.0f} GiB: "
+                    "not a model folder (give the folder that holds the model's config and weights)")
+    for p in sorted(files):
         rel = p.relative_to(root).as_posix()
         h.update(f"{rel}\0{p.stat().st_size}\0".encode())
         with p.open("rb") as f:

@@ -395,3 +395,17 @@ def ue_search(enc, texts, query, k):
     with open_store("exact", format=enc.format) as s:
         s.upsert([f"d{i}" for i in range(len(texts))], encode(enc, texts, False))
         return [h.id for h in s.search(encode(enc, [query], True, w=enc.dense_weight)[0], k=k)]
+
+
+def test_model_hashing_is_bounded(tmp_path, monkeypatch):
+    """A saved composed encoder names its model folders; hashing one must not read a whole file
+    system (a folder naming "/"): past MAX_MODEL_FILES files it stops with a clear error."""
+    import uibk_embedding.encoder.composed as composed
+
+    monkeypatch.setattr(composed, "MAX_MODEL_FILES", 50)
+    for i in range(51):
+        (tmp_path / f"f{i}.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="not a model folder"):
+        composed.model_digest(tmp_path)
+    (tmp_path / "f0.bin").unlink()
+    assert len(composed.model_digest(tmp_path)) == 64
