@@ -226,9 +226,14 @@ class TaggedFormat:
                     "queries would not match the stored token vectors. Open it with an encoder "
                     "made with projection='random' (CLI: --projection random), or index into a "
                     "new store")
+        hint = ""
+        if mine.startswith("pca-") and theirs.startswith("random-"):
+            hint = (" (a store indexed by the embedded default of uibk-embedding 0.2.0, which used the "
+                    "shipped PCA projection: open it with load_encoder(projection='pca'), CLI "
+                    "--projection pca)")
         return (f"its lists were encoded with projection {mine}, not {theirs}: this encoder's "
                 "queries would not match the stored token vectors. Search it with the encoder "
-                "that indexed it, or index into a new store")
+                f"that indexed it{hint}, or index into a new store")
 
     # -- construction ----------------------------------------------------------------------
     def token_vectors(self, u: np.ndarray) -> np.ndarray:

@@ -76,11 +76,11 @@ class TransformerEncoder(TaggedEncoder):
         ``"embedded:all-MiniLM-L6-v2"`` for the packaged default.
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     num_threads: CPU threads for torch (``torch.set_num_threads``); None leaves it alone.
-    projection: ``"random"`` (``R`` and ``P`` drawn from ``seed``; the default for any model
-        but the embedded one) or ``"pca"`` (the embedded model's default since 0.2.0: it measures
-        better, docs/model.md; giving ``seed=`` asks for the seeded one): for the embedded
-        model, the PCA matrices shipped with the package (fitted once, offline,
-        deterministic); another model has none shipped: fit them with
+    projection: ``"random"`` (``R`` and ``P`` drawn from ``seed``: the default for every model,
+        the embedded one included since 0.3.0, because it was chosen on no data; docs/model.md,
+        "What each default was chosen on") or ``"pca"``: for the embedded model, the PCA
+        matrices shipped with the package (the default of 0.2.0, fitted on the three shared
+        test collections); another model has none shipped: fit them on your own corpus with
         :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
         ``uibk-embed fit-projection`` and load the saved folder.
     **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (format, seed,
@@ -121,8 +121,6 @@ class TransformerEncoder(TaggedEncoder):
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         hidden = int(self.model.config.hidden_size)
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
-        if self.model_name == EMBEDDED_NAME and kwargs.get("projections") is None:
-            kwargs.setdefault("projection", "random" if "seed" in kwargs else "pca")
         if kwargs.get("projection") == "pca" and kwargs.get("projections") is None:
             if self.model_name != EMBEDDED_NAME:
                 raise ValueError(

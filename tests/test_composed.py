@@ -380,7 +380,7 @@ def test_cli_composes_two_folders(models, tmp_path, capsys):
     enc = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
     want = ue_search(enc, TEXTS[:4], query, 3)
     assert [h["id"] for h in hits] == want
-    with pytest.raises(SystemExit, match=f"projection {enc.format.projection}, not pca-"):
+    with pytest.raises(SystemExit, match=f"projection {enc.format.projection}, not random-"):
         cli.main(["search", query, *store])
     with pytest.raises(SystemExit, match="composing two models needs both"):
         cli.main(["search", query, *store, "--dense", str(models["dense"])])

@@ -215,10 +215,10 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
         np.testing.assert_array_equal(enc.P, z["P"])
     assert _orthonormal_rows(enc.R, 1e-5) and _orthonormal_rows(enc.P, 1e-5)
     np.testing.assert_array_equal(enc.R, load_encoder(projection="random").R)  # R: the seeded one
-    default = load_encoder(show_progress=False)  # the embedded default since 0.2.0
-    assert default.config()["projection_id"] == projection_id(enc.R, enc.P)
-    assert default.format.projection == enc.format.projection == f"pca-{projection_id(enc.R, enc.P)}"
-    assert load_encoder(seed=0).format.projection.startswith("random-")  # a seed asks for the seeded one
+    assert enc.format.projection == f"pca-{projection_id(enc.R, enc.P)}"
+    default = load_encoder(show_progress=False)  # since 0.3.0 the seeded one again (as in 0.1.0)
+    assert default.format.projection == load_encoder(seed=0).format.projection
+    assert default.format.projection.startswith("random-") and "projection_id" not in default.config()
     cfg = enc.config()
     assert cfg["projection"] == "pca" and cfg["projection_id"] == projection_id(enc.R, enc.P)
     enc.save_projections(tmp_path)
@@ -238,6 +238,6 @@ def test_cli_projection_option():
     args = cli.build_parser().parse_args(["eval", "somewhere", "--projection", "pca"])
     assert cli._load_encoder(args).config()["projection"] == "pca"
     args = cli.build_parser().parse_args(["search", "a query", "--path", "x"])
-    assert cli._load_encoder(args).config()["projection"] == "pca"  # the default since 0.2.0
+    assert "projection" not in cli._load_encoder(args).config()  # seeded: the default since 0.3.0
     args = cli.build_parser().parse_args(["search", "a query", "--projection", "random"])
     assert "projection" not in cli._load_encoder(args).config()

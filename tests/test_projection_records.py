@@ -1,10 +1,10 @@
 """Stores record which projection made their lists and refuse an encoder with another one.
 
-Since 0.2.0 the embedded default projects token states with the shipped PCA ``P`` instead of
-the seeded random one; a query projected with another ``P`` does not match stored token
-vectors, so every store records ``TaggedFormat.projection`` (the conformance suite checks each
-backend) and the CLI, the retrievers and the Ray path declare their encoder's. Here: the rule
-itself, a store written by 0.1.0 (no record), and the paths that declare.
+0.2.0 made the shipped PCA ``P`` the embedded default, 0.3.0 the seeded random one again (the
+default chosen on no data, docs/model.md); a query projected with another ``P`` does not match
+stored token vectors, so every store records ``TaggedFormat.projection`` (the conformance suite
+checks each backend) and the CLI, the retrievers and the Ray path declare their encoder's. Here:
+the rule itself, stores written by 0.1.0 (no record) and 0.2.0 (PCA), and the paths that declare.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def test_encoders_declare_their_projection(encoder):
     from uibk_embedding.encoder import load_encoder
     from uibk_embedding.encoder.projection import projection_id
 
-    assert encoder.format.projection == f"pca-{projection_id(encoder.R, encoder.P)}"
-    seeded = load_encoder(projection="random")
-    assert seeded.format.projection == f"random-{projection_id(seeded.R, seeded.P)}"
-    assert seeded.format != encoder.format
-    assert (seeded.format.beta, seeded.format.lambda_) == (encoder.format.beta, encoder.format.lambda_)
+    assert encoder.format.projection == f"random-{projection_id(encoder.R, encoder.P)}"  # 0.3.0 default
+    fitted = load_encoder(projection="pca")
+    assert fitted.format.projection == f"pca-{projection_id(fitted.R, fitted.P)}"
+    assert fitted.format != encoder.format
+    assert (fitted.format.beta, fitted.format.lambda_) == (encoder.format.beta, encoder.format.lambda_)
 
 
 def _legacy_exact_store(path, rng):
@@ -84,8 +84,9 @@ def test_retriever_refuses_a_store_of_another_projection(encoder, rng):
 
 
 def test_cli_records_and_refuses(tmp_path, capsys):
-    """Index with the 0.1.0 default (--projection random); searching with the new default is
-    refused with the reason, searching with the same projection works."""
+    """Index with the 0.2.0 default (--projection pca); searching with the default of 0.3.0 (the
+    seeded random projection) is refused with the reason and the fix, searching with the same
+    projection works."""
     from uibk_embedding import cli
 
     corpus = tmp_path / "corpus.jsonl"
@@ -93,17 +94,67 @@ def test_cli_records_and_refuses(tmp_path, capsys):
         ["lift of a swept wing at low speed", "heat transfer in hypersonic flow",
          "buckling of thin cylindrical shells"])))
     store = str(tmp_path / "store")
-    assert cli.main(["index", str(corpus), "--path", store, "--projection", "random", "--quiet"]) == 0
+    assert cli.main(["index", str(corpus), "--path", store, "--projection", "pca", "--quiet"]) == 0
     recorded = json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"]
-    assert recorded.startswith("random-")
-    with pytest.raises(SystemExit, match=f"its lists were encoded with projection {recorded}, not pca-"):
+    assert recorded.startswith("pca-")
+    with pytest.raises(SystemExit, match=f"its lists were encoded with projection {recorded}, not random-"
+                                         ".*0.2.0.*--projection pca"):
         cli.main(["search", "hypersonic heating", "--path", store])
     capsys.readouterr()
-    assert cli.main(["search", "hypersonic heating", "--path", store, "--projection", "random",
+    assert cli.main(["search", "hypersonic heating", "--path", store, "--projection", "pca",
                      "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert hits[0]["id"] == "d1"
     # and indexing more with another projection is refused before anything is written
-    with pytest.raises(SystemExit, match="not pca-"):
+    with pytest.raises(SystemExit, match="not random-"):
         cli.main(["index", str(corpus), "--path", store, "--quiet"])
     assert json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"] == recorded
+
+
+def test_stores_of_0_1_0_and_0_2_0_open_with_the_projection_that_filled_them(tmp_path, rng, encoder):
+    """The 0.3.0 default (seeded) opens a 0.1.0 store; a 0.2.0 store (the shipped PCA) refuses it
+    with the fix in the message, and opens with projection='pca'."""
+    from uibk_embedding.encoder import load_encoder
+
+    _legacy_exact_store(tmp_path / "v010", rng)
+    with open_store("exact", path=tmp_path / "v010", format=encoder.format) as s:
+        assert s.count() == 2
+    pca = load_encoder(projection="pca").format
+    with open_store("exact", path=tmp_path / "v020", format=pca) as s:
+        s.upsert(["a"], [make_list(pca, rng, 5)])
+    with pytest.raises(CollectionMismatch, match=r"0\.2\.0.*projection='pca'.*--projection pca"):
+        open_store("exact", path=tmp_path / "v020", format=encoder.format)
+    with open_store("exact", path=tmp_path / "v020", format=pca) as s:
+        assert s.count() == 1
+
+
+def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, capsys):
+    """`uibk-embed index --fit-projection`: P fitted on the indexed documents, the encoder saved in
+    the store folder and recorded by the store; `search --path` finds and uses it; the default
+    encoder is refused on that store; a server backend without --save-encoder is refused."""
+    from uibk_embedding import cli
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.testing import datasets_dir
+
+    corpus = datasets_dir() / "cranfield" / "corpus.jsonl"
+    lines = corpus.read_text().splitlines()[:300]
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    store = tmp_path / "store"
+    assert cli.main(["index", str(data), "--path", str(store), "--fit-projection", "--fit-sample", "200",
+                     "--quiet"]) == 0
+    assert "it is found there" in capsys.readouterr().out
+    fitted = load_encoder(store / "uibk-encoder")
+    assert fitted.config()["projection"] == "pca"
+    recorded = json.loads((store / "store.json").read_text())["format"]["projection"]
+    assert recorded == fitted.format.projection and recorded.startswith("pca-")
+    first = json.loads(lines[7])
+    assert cli.main(["search", first["text"][:120], "--path", str(store), "--json", "-k", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == str(first["_id"])
+    with pytest.raises(SystemExit, match="not random-"):  # the default projection does not fit it
+        cli.main(["search", "wing", "--path", str(store), "--projection", "random"])
+    with pytest.raises(SystemExit, match="needs --save-encoder"):
+        cli.main(["index", str(data), "--backend", "milvus", "--option", "uri=http://127.0.0.1:9",
+                  "--fit-projection", "--quiet"])
+    with pytest.raises(SystemExit, match="is not empty"):
+        cli.main(["index", str(data), "--path", str(store), "--fit-projection", "--quiet"])

@@ -146,6 +146,9 @@ def cmd_index(args: argparse.Namespace) -> int:
                          "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
                          "`uibk-embed serve --encoder DIR`")
     if args.ray:
+        if args.fit_projection:
+            raise SystemExit("uibk-embed: --fit-projection runs in one process: fit first "
+                             "(`uibk-embed fit-projection DATA --out DIR`), then `index --ray --encoder DIR`")
         return _index_ray(args)
     for flag in ("ray_address", "workers", "resume", "skip_bad", "num_gpus"):
         if getattr(args, flag):
@@ -154,12 +157,18 @@ def cmd_index(args: argparse.Namespace) -> int:
     _require_a_place(args.backend, opts)
     docs = read_corpus(args.data)
     if args.encoder_url:
+        if args.fit_projection:
+            raise SystemExit("uibk-embed: --fit-projection fits an in-process encoder; a server "
+                             "encodes with its own (fit-projection, then serve that folder)")
         from uibk_embedding.encoder.remote import RemoteEncoder
 
         enc = RemoteEncoder(args.encoder_url[0])
     else:
         enc = _load_encoder(args)
-    store = open_store(args.backend, format=enc.format, **opts)
+    saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
+    store = open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
+    if saved_to is not None:
+        enc.save_projections(saved_to)  # after the store exists: a store folder holds it
     t0 = time.perf_counter()
     from tqdm.auto import tqdm
 
@@ -176,7 +185,49 @@ def cmd_index(args: argparse.Namespace) -> int:
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
           f"in {time.perf_counter() - t0:.1f} s")
+    if saved_to is not None:
+        inside = _beside_store(args.backend, opts) == saved_to
+        found = ", or just `--path`: it is found there" if inside else ""
+        print(f"the fitted encoder is in {saved_to}: search with it (`--encoder {saved_to}`{found})")
     return 0
+
+
+# backends whose store folder is ours, so a fitted encoder can live inside it (found by `search`)
+_OWN_FOLDERS = ("exact", "plaid", "warp")
+FITTED_ENCODER_DIR = "uibk-encoder"
+
+
+def _beside_store(backend: str, opts: dict[str, Any]) -> Path | None:
+    path = opts.get("path")
+    return Path(path) / FITTED_ENCODER_DIR if backend in _OWN_FOLDERS and path else None
+
+
+def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dict[str, Any]) -> Path:
+    """``index --fit-projection``: PCA ``P`` fitted on (a sample of) the documents being indexed,
+    the encoder's folder returned (saved by the caller once the store exists), so the store records
+    the fitted projection and every later query can use it."""
+    import numpy as np
+
+    if not hasattr(enc, "fit_projection") or not hasattr(enc, "save_projections"):
+        raise SystemExit(f"uibk-embed: --fit-projection needs an encoder with its own projections; "
+                         f"{type(enc).__name__} has none")
+    out = Path(args.save_encoder) if args.save_encoder else _beside_store(args.backend, opts)
+    if out is None:
+        raise SystemExit(f"uibk-embed: --fit-projection with the {args.backend} backend needs "
+                         "--save-encoder DIR: the fitted encoder must be kept to search the store")
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"uibk-embed: {out} is not empty: the fitted encoder needs a new folder "
+                         "(or search with the encoder already there: `--encoder " + str(out) + "`)")
+    rng = np.random.default_rng(0)
+    pick = sorted(rng.choice(len(docs), size=min(len(docs), args.fit_sample), replace=False).tolist())
+    t0 = time.perf_counter()
+    try:
+        enc.fit_projection([docs[i].full_text for i in pick])
+    except ValueError as e:
+        raise SystemExit(f"uibk-embed: cannot fit a projection on this corpus: {e}") from None
+    print(f"fitted P on {len(pick)} of {len(docs)} documents in {time.perf_counter() - t0:.1f} s "
+          f"({enc.format.projection}); the encoder goes to {out}", file=sys.stderr)
+    return out
 
 
 def _index_ray(args: argparse.Namespace) -> int:
@@ -214,6 +265,9 @@ def _index_ray(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from uibk_embedding.adapters import open_store
 
+    fitted = _beside_store(args.backend, _store_options(args))
+    if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
+        args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
     enc = _load_encoder(args)
     store = open_store(args.backend, format=enc.format, **_store_options(args))
     flt = json.loads(args.filter) if args.filter else None
@@ -347,9 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let a PyLate model folder (--encoder) run the Python code it ships, "
                              "e.g. the released UIBK-Embedding-v1's custom modules (read it first)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
-                        help="the embedded model's projections R and P: the shipped PCA fit (pca, "
-                             "the default) or random (seed 0, the default before 0.2.0); stores "
-                             "record it and refuse another")
+                        help="the embedded model's projections R and P: random (seed 0, the "
+                             "default) or the shipped PCA fit (pca, the default of 0.2.0: open 0.2.0 "
+                             "stores with it); stores record it and refuse another")
         if store:
             sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
             sp.add_argument("--path", default=None, help="store location (backend option path)")
@@ -364,6 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("index", help="index a BEIR folder or a JSONL file")
     sp.add_argument("data")
+    sp.add_argument("--fit-projection", action="store_true",
+                    help="fit the token projection P by PCA on the documents being indexed (no labels) "
+                         "and save the encoder with the store (exact/plaid/warp: inside --path, found "
+                         "by `search`; other backends: --save-encoder DIR). Not a default anywhere: "
+                         "docs/model.md says when it helps")
+    sp.add_argument("--fit-sample", type=_positive_int, default=5000,
+                    help="documents the fit reads at most (a seeded random sample; default 5000)")
+    sp.add_argument("--save-encoder", default=None, metavar="DIR",
+                    help="where --fit-projection saves the fitted encoder")
     sp.add_argument("--batch-size", type=_positive_int, default=256)
     sp.add_argument("--no-store-text", dest="store_text", action="store_false",
                     help="do not keep the text in the metadata")
