@@ -929,6 +929,7 @@ class MilvusStore(MultiVectorStore):
 
 # -- Milvus Lite -----------------------------------------------------------------------------------
 _lite_refs: dict[str, int] = {}
+LITE_START_TIMEOUT = 60.0  # seconds to wait for the server of a crashed process to let go
 _lite_lock = threading.Lock()
 
 
@@ -978,8 +979,19 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
+    deadline = time.monotonic() + LITE_START_TIMEOUT
     try:
-        store = MilvusStore(uri=uri, collection=collection, _on_close=release, **options)
+        while True:
+            try:
+                store = MilvusStore(uri=uri, collection=collection, _on_close=release, **options)
+                break
+            except BackendUnavailable as e:
+                # the server of a process that died with this folder open stops only once it sees
+                # that process's lock released (it polls); until then a new one cannot open the
+                # files ("database is locked"): wait for it, bounded
+                if "Open local milvus failed" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     except BaseException:
         release()
         raise

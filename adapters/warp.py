@@ -68,7 +68,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import sqlite3
 import tempfile
@@ -91,6 +90,8 @@ from uibk_embedding._sqlite_state import (
     committed_generation,
     connect,
     lock_folder,
+    refuse_foreign_folder,
+    remove_stale_index_dirs,
     state_get,
     state_set,
     transaction,
@@ -102,7 +103,6 @@ from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_genera
 SCHEMA_VERSION = 1
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
-_INDEX_NAME = re.compile(r"^warp-(\d{6,})$")
 _INDEX_PREFIX = "warp-"
 _SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 
@@ -501,24 +501,10 @@ class WarpStore(MultiVectorStore):
         return None
 
     def _refuse_foreign_folder(self) -> None:
-        """A folder without the store database must be empty (but for the lock): this store
-        never writes into, or cleans up, a folder it did not create."""
-        if (self.path / DB_NAME).exists():
-            return
-        other = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
-        if other:
-            raise CollectionMismatch(f"{self.path} is not a WARP store (no {DB_NAME}) and is not empty "
-                                     f"(it holds {other[:5]}): give an empty or new folder")
+        refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, "WARP")
 
     def _remove_stale_indexes(self) -> None:
-        """Delete the index folders this store wrote and no longer uses: ``warp-NNNNNN``
-        of an earlier generation, or of the next one (a rebuild that crashed before its switch),
-        never a folder of another name."""
-        for p in self.path.iterdir():
-            m = _INDEX_NAME.match(p.name)
-            ours = m is not None and int(m.group(1)) <= int(self._generation) + 1
-            if ours and p.is_dir() and p.name != self._index_dir:
-                shutil.rmtree(p, ignore_errors=True)
+        remove_stale_index_dirs(self.path, _INDEX_PREFIX, self._index_dir, self._generation)
 
     def _remember(self, seq: int, doc_id: str, start: int, n_rows: int, md: dict) -> None:
         self._id_of[seq], self._seq_of[doc_id] = doc_id, seq

@@ -523,13 +523,7 @@ class TaggedEncoder:
                 toks[:, 0] = fmt.token_tag
                 toks[:, 1:] = u * (math.sqrt(fmt.beta) / _safe_norm(u))
                 out.index_copy_(0, dst_tok, toks)
-            if dev.type == "cuda":
-                host = torch.empty(out.shape, dtype=torch.float32, pin_memory=True)
-                host.copy_(out, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-            else:
-                host, event = out, None
+            host, event = to_host(out)
         return _Pending(tb, host, event, np.concatenate([[0], np.cumsum(tb.counts)]))
 
     def _finish(self, p: _Pending) -> tuple[list[int], list[np.ndarray], np.ndarray]:
@@ -582,6 +576,33 @@ class TaggedEncoder:
         path.mkdir(parents=True, exist_ok=True)
         np.savez(path / PROJECTIONS_NAME, R=self.R, P=self.P)
         (path / CONFIG_NAME).write_text(json.dumps(self.config(), indent=2))
+
+
+def to_host(rows: Any) -> tuple[Any, Any]:
+    """The packed rows of one batch on their way to the host: on CUDA a non-blocking copy into
+    pinned memory and the event that marks its end; on the CPU the rows themselves, no event."""
+    import torch
+
+    if rows.device.type != "cuda":
+        return rows, None
+    host = torch.empty(rows.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def resolve_dtype(device: str, dtype: str | None) -> str:
+    """The model dtype: bfloat16 on CUDA, float32 elsewhere, unless given (one of the two).
+
+    >>> resolve_dtype("cpu", None), resolve_dtype("cuda:0", None), resolve_dtype("cpu", "bfloat16")
+    ('float32', 'bfloat16', 'bfloat16')
+    """
+    if dtype is None:
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    return dtype
 
 
 def _check_projection_kind(kind: str) -> str:

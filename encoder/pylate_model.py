@@ -45,7 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, _Pending, resolve_device
+from uibk_embedding.encoder.base import (
+    TaggedEncoder,
+    TokenBatch,
+    _Pending,
+    resolve_device,
+    resolve_dtype,
+    to_host,
+)
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
 
 from uibk_embedding._optional import require
@@ -343,11 +350,7 @@ class PyLateEncoder(TaggedEncoder):
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
-        if dtype is None:
-            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
-        if dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
-        self.dtype = dtype
+        self.dtype = dtype = resolve_dtype(self.device, dtype)
         self.trust_remote_code = bool(trust_remote_code)
         self.colbert_options = dict(colbert_options or {})
         with quiet_transformers(), warnings.catch_warnings():
@@ -479,13 +482,7 @@ class PyLateEncoder(TaggedEncoder):
                 scale = torch.from_numpy(np.repeat(weights, n)).to(rows.device, dtype=torch.float32)
                 idx = torch.from_numpy(first).to(rows.device)
                 rows[idx] = rows[idx] * scale.unsqueeze(1)
-            if rows.device.type == "cuda":
-                host = torch.empty(rows.shape, dtype=torch.float32, pin_memory=True)
-                host.copy_(rows, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-            else:
-                host, event = rows, None
+            host, event = to_host(rows)
         return _Pending(tb, host, event, offsets)
 
 

@@ -62,6 +62,7 @@ from uibk_embedding.encoder.base import (
     TokenBatch,
     pad_ids,
     resolve_device,
+    resolve_dtype,
 )
 
 WEIGHTS_NAME = "model.safetensors"
@@ -273,11 +274,7 @@ class UIBKEncoder(TaggedEncoder):
         self.uibk_config = config
         bc = config.backbone_config()
         self.device = resolve_device(device)
-        if dtype is None:
-            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
-        if dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
-        self.dtype = dtype
+        self.dtype = dtype = resolve_dtype(self.device, dtype)
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
         self.model_name = name or "uibk"
         self.tokenizer = tokenizer.__class__.from_str(tokenizer.to_str())  # private copy

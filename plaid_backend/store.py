@@ -62,7 +62,6 @@ import importlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import sqlite3
 import tempfile
@@ -83,6 +82,8 @@ from uibk_embedding._sqlite_state import (
     committed_generation,
     connect,
     lock_folder,
+    refuse_foreign_folder,
+    remove_stale_index_dirs,
     state_get,
     state_set,
     transaction,
@@ -96,7 +97,6 @@ SCHEMA_VERSION = 2
 1: original vectors as SQLite blobs (converted on open)."""
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
-_INDEX_NAME = re.compile(r"^plaid-(\d{6,})$")
 _INDEX_PREFIX = "plaid-"
 _SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 
@@ -521,24 +521,10 @@ class PlaidStore(MultiVectorStore):
             return None
 
     def _refuse_foreign_folder(self) -> None:
-        """A folder without the store database must be empty (but for the lock): this store
-        never writes into, or cleans up, a folder it did not create."""
-        if (self.path / DB_NAME).exists():
-            return
-        other = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
-        if other:
-            raise CollectionMismatch(f"{self.path} is not a PLAID store (no {DB_NAME}) and is not empty "
-                                     f"(it holds {other[:5]}): give an empty or new folder")
+        refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, "PLAID")
 
     def _remove_stale_indexes(self) -> None:
-        """Delete the index folders this store wrote and no longer uses: ``plaid-NNNNNN``
-        of an earlier generation, or of the next one (a rebuild that crashed before its switch),
-        never a folder of another name."""
-        for p in self.path.iterdir():
-            m = _INDEX_NAME.match(p.name)
-            ours = m is not None and int(m.group(1)) <= int(self._generation) + 1
-            if ours and p.is_dir() and p.name != self._plaid_dir:
-                shutil.rmtree(p, ignore_errors=True)
+        remove_stale_index_dirs(self.path, _INDEX_PREFIX, self._plaid_dir, self._generation)
 
     # -- the engine ------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -132,8 +132,9 @@ def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, cap
     """`uibk-embed index --fit-projection`: P fitted on the indexed documents, the encoder saved in
     the store folder and recorded by the store; `search --path` finds and uses it; the default
     encoder is refused on that store; a server backend without --save-encoder is refused."""
-    from uibk_embedding import cli
     from uibk_embedding.encoder import load_encoder
+
+    from uibk_embedding import cli
     from uibk_embedding.testing import datasets_dir
 
     corpus = datasets_dir() / "cranfield" / "corpus.jsonl"

@@ -16,11 +16,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
+import shutil
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
-from uibk_embedding.errors import StoreInUse
+from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 
 def lock_folder(lock_path: str | os.PathLike, what: str, owner: str) -> IO[bytes]:
@@ -106,3 +109,34 @@ def committed_generation(db: sqlite3.Connection, key: str) -> int | None:
         return int(state_get(db, key, "1") or 1)
     except (sqlite3.Error, ValueError):
         return None
+
+
+def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: str, what: str) -> None:
+    """A folder without the store database must be empty (but for the lock): an engine store never
+    writes into, or cleans up, a folder it did not create (:class:`CollectionMismatch`)."""
+    folder = Path(folder)
+    if (folder / db_name).exists():
+        return
+    other = sorted(p.name for p in folder.iterdir() if p.name != lock_name)
+    if other:
+        raise CollectionMismatch(f"{folder} is not a {what} store (no {db_name}) and is not empty "
+                                 f"(it holds {other[:5]}): give an empty or new folder")
+
+
+def remove_stale_index_dirs(folder: str | os.PathLike, prefix: str, current: str, generation: int) -> None:
+    """Delete the index folders an engine store wrote and no longer uses: ``<prefix>NNNNNN`` of an
+    earlier generation, or of the next one (a rebuild that crashed before its switch), never a
+    folder of another name.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> for name in ("plaid-000001", "plaid-000002", "plaid-notes"): (d / name).mkdir()
+    >>> remove_stale_index_dirs(d, "plaid-", current="plaid-000002", generation=2)
+    >>> sorted(p.name for p in d.iterdir())
+    ['plaid-000002', 'plaid-notes']
+    """
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d{{6,}})$")
+    for p in Path(folder).iterdir():
+        m = pattern.match(p.name)
+        if m and int(m.group(1)) <= int(generation) + 1 and p.is_dir() and p.name != current:
+            shutil.rmtree(p, ignore_errors=True)

@@ -334,3 +334,4 @@ def test_milvus_ids_with_control_characters_are_refused_before_writing(lite):
                 store.upsert(["fine", bad], docs(12, 2))
         assert store.count() == 1 and store.get(["fine"]) == []
 
+
