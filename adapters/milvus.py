@@ -988,9 +988,9 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
             except BackendUnavailable as e:
                 # the server of a process that died with this folder open stops only once it sees
                 # that process's lock released (it polls); until then a new one cannot open the
-                # files ("database is locked"): wait for it, bounded
-                if "Open local milvus failed" not in str(e) or time.monotonic() > deadline:
-                    raise
+                # files ("database is locked", or a socket that never answers): wait, bounded
+                if time.monotonic() > deadline:  # (a local file: "unavailable" is a server
+                    raise                                # that did not come up, or not yet)
                 time.sleep(0.5)
     except BaseException:
         release()
