@@ -64,6 +64,23 @@ def _run_as() -> dict[str, Any]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 
+def _reachable_binaries(bindir: Path, base: Path, as_user: dict[str, Any]) -> Path:
+    """``bindir``, or a copy of the build inside ``base`` when the unprivileged user cannot run
+    the installed one (a checkout under a private folder such as ``/root``)."""
+    try:
+        subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, check=True,
+                       timeout=60, **as_user)
+        return bindir
+    except (OSError, subprocess.CalledProcessError):
+        # the same layout: the binaries find their libraries at $ORIGIN/../../../<package>.libs
+        site, root = bindir.parent.parent.parent, base / "pgcopy"
+        copy = root / bindir.parent.parent.name / bindir.parent.name
+        shutil.copytree(bindir.parent, copy, ignore=shutil.ignore_patterns("include"), symlinks=True)
+        for libs in site.glob(f"{bindir.parent.parent.name}.libs"):
+            shutil.copytree(libs, root / libs.name, symlinks=True)
+        return copy / "bin"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -84,12 +101,14 @@ def _serve(base: Path, owner: int) -> None:
     log = open(f"{base}.log", "ab")  # beside the folder: kept when startup fails
     proc = None
     try:
+        bindir = binaries()
         if as_user:
             os.chown(base, as_user["user"], as_user["group"])
-        subprocess.run([str(binaries() / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
+            bindir = _reachable_binaries(bindir, base, as_user)
+        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                         "-E", "UTF8", "--no-locale", "--no-sync"],
                        stdout=log, stderr=log, check=True, **as_user)
-        proc = subprocess.Popen([str(binaries() / "postgres"), "-D", str(data), "-k", str(base),
+        proc = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), "-k", str(base),
                                  "-p", str(PORT), "-c", "listen_addresses=", "-c", "max_connections=200"],
                                 stdout=log, stderr=log, **as_user)
         sock = base / f".s.PGSQL.{PORT}"
