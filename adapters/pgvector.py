@@ -69,7 +69,7 @@ from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vect
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
-from uibk_embedding.maxsim import maxsim_scores, pack, top_k
+from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.rank import rerank
 
 SCHEMA_VERSION = 1
@@ -455,25 +455,33 @@ class PgVectorStore(MultiVectorStore):
 
     def _search_exact(self, queries: list[np.ndarray], k: int,
                       conditions: tuple[Condition, ...]) -> list[list[Hit]]:
-        """Every document passing the filter, in write order, scored in pieces; a running top-k
-        per query (earlier documents first, so ties keep write order as the exact store does)."""
+        """Every document passing the filter, in write order, scored in pieces (float32, as the
+        exact store scores); a running top-k per query (earlier documents first, so ties keep
+        write order as the exact store does). One snapshot (REPEATABLE READ) for the scan and
+        the winners' metadata; lists arrive as raw bytes (a binary cursor)."""
         where, params = filter_sql(conditions)
-        best: list[tuple[np.ndarray, list[str], list[str]]] = [
-            (np.zeros(0), [], []) for _ in queries]  # scores, ids, metadata texts
-        with self.conn.transaction(), self.conn.cursor(name=f"uibk_scan_{id(self)}") as cur:
-            cur.execute(self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
-                                "ORDER BY seq"), params)
-            while rows := cur.fetchmany(self.batch_size):
-                mat, off = pack([_from_bytes(v, n) for _, _, n, v in rows])
-                scores = maxsim_scores(queries, mat, off, dtype=np.float64)
-                for qi, row in enumerate(scores):
-                    s0, ids0, md0 = best[qi]
-                    pool = np.concatenate([s0, row])
-                    keep = top_k(pool, k)
-                    ids = ids0 + [r[0] for r in rows]
-                    mds = md0 + [r[1] for r in rows]
-                    best[qi] = (pool[keep], [ids[j] for j in keep], [mds[j] for j in keep])
-        return [[Hit(x, finite_score(s), json.loads(m)) for s, x, m in zip(*b, strict=True)] for b in best]
+        best: list[tuple[np.ndarray, list[str]]] = [(np.zeros(0, np.float32), []) for _ in queries]
+        with self.conn.transaction():
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            with self.conn.cursor(name=f"uibk_scan_{id(self)}", binary=True) as cur:
+                cur.execute(self._q(f"SELECT id, vectors FROM {{t}} WHERE {where} ORDER BY seq"), params)
+                while rows := cur.fetchmany(self.batch_size):
+                    lengths = np.fromiter((len(v) // (4 * DIM) for _, v in rows), np.int64, len(rows))
+                    mat = np.frombuffer(b"".join(v for _, v in rows), dtype="<f4").reshape(-1, DIM)
+                    off = np.concatenate([[0], np.cumsum(lengths)])
+                    scores = maxsim_scores(queries, mat, off)
+                    chunk = [x for x, _ in rows]
+                    for qi, row in enumerate(scores):
+                        s0, ids0 = best[qi]
+                        pool = np.concatenate([s0, row])
+                        keep = top_k(pool, k)
+                        ids = ids0 + chunk
+                        best[qi] = (pool[keep], [ids[j] for j in keep])
+            winners = list(dict.fromkeys(x for _, ids in best for x in ids))
+            meta = dict(self.conn.execute(self._q("SELECT id, metadata::text FROM {t} WHERE id = ANY(%s)"),
+                                          (winners,)).fetchall()) if winners else {}
+        return [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
+                for b in best]
 
     def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
         """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly."""
@@ -498,6 +506,13 @@ class PgVectorStore(MultiVectorStore):
         return [Hit(rows[i][0], finite_score(s), json.loads(rows[i][1])) for i, s in ranked]
 
     # -- maintenance -----------------------------------------------------------------------
+    def size_bytes(self) -> int:
+        """Bytes the table takes on the server: rows, TOAST (the lists) and every index."""
+        with self._lock:
+            self._check_open()
+            return int(self.conn.execute("SELECT pg_total_relation_size(%s::regclass)",
+                                         (self._quoted(),)).fetchone()[0])
+
     def drop(self) -> None:
         """Drop this store's table (and its sequence and indexes) from the database (irreversible)."""
         self._write(lambda: self.conn.execute(self._q("DROP TABLE IF EXISTS {t}")))
