@@ -214,12 +214,8 @@ class PgVectorStore(MultiVectorStore):
                                  "autocommit=True)): the store runs its own transactions")
             self.conn, self._owns = connection, False
         else:
-            try:
-                self.conn = psycopg.connect(dsn, autocommit=True,
-                                            connect_timeout=max(1, round(connect_timeout)))
-            except psycopg.OperationalError as e:
-                raise BackendUnavailable(f"cannot connect to PostgreSQL at {dsn!r}: {str(e).strip()}") from e
-            self._owns = True
+            self._dsn, self._timeout = dsn, connect_timeout
+            self.conn, self._owns = self._connect(), True
         try:
             self.vector_version = self._check_server()
             self._iterative = self.vector_version >= ITERATIVE_VECTOR
@@ -230,6 +226,25 @@ class PgVectorStore(MultiVectorStore):
         except BaseException:
             self.close()
             raise
+
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        try:
+            return psycopg.connect(self._dsn, autocommit=True,
+                                   connect_timeout=max(1, round(self._timeout)))
+        except psycopg.OperationalError as e:
+            raise BackendUnavailable(f"cannot connect to PostgreSQL at {self._dsn!r}: "
+                                     f"{str(e).strip()}") from e
+
+    def _reconnect(self) -> None:
+        from pgvector.psycopg import register_vector
+
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        self.conn = self._connect()
+        register_vector(self.conn)
 
     # -- schema ----------------------------------------------------------------------------
     def _ident(self, suffix: str = "") -> Any:
@@ -351,20 +366,46 @@ class PgVectorStore(MultiVectorStore):
         if self._closed:
             raise StoreInUse(f"this PgVectorStore (table {self.table!r}) is closed")
 
-    def _write(self, fn: Any) -> Any:
-        """``fn()`` in one transaction, retried when the server reports a deadlock or a
-        serialisation failure (another writer; nothing of the failed attempt was committed)."""
-        errors = _psycopg().errors
+    def _call(self, fn: Any, *, transaction: bool = False, idempotent: bool = True) -> Any:
+        """``fn()`` (in one transaction with ``transaction``) under the store's lock.
+
+        Retried when the server reports a deadlock or a serialisation failure (another writer;
+        nothing of the failed attempt was committed). A lost connection (server restarted,
+        connection killed) is opened again once and an ``idempotent`` call retried (an upsert or
+        delete by id applied twice leaves the same state); otherwise it is
+        :class:`BackendUnavailable`."""
+        psycopg = _psycopg()
+        errors = psycopg.errors
         with self._lock:
             self._check_open()
+            reconnected = False
+            if self._owns and (self.conn.closed or self.conn.broken):  # lost during an earlier call
+                self._reconnect()
+                reconnected = True
             for attempt in range(_RETRIES):
                 try:
+                    if not transaction:
+                        return fn()
                     with self.conn.transaction():
                         return fn()
                 except (errors.DeadlockDetected, errors.SerializationFailure):
                     if attempt == _RETRIES - 1:
                         raise
                     time.sleep(0.01 * 2 ** attempt)
+                except psycopg.OperationalError as e:
+                    if not (self.conn.closed or self.conn.broken):
+                        raise  # an error of this statement on a working connection
+                    if not self._owns or reconnected or not idempotent:
+                        raise BackendUnavailable(
+                            f"the connection to PostgreSQL was lost ({str(e).strip()})" +
+                            ("" if idempotent else "; the operation may or may not have been applied")
+                        ) from e
+                    self._reconnect()
+                    reconnected = True
+            raise AssertionError("unreachable")
+
+    def _write(self, fn: Any, *, idempotent: bool = True) -> Any:
+        return self._call(fn, transaction=True, idempotent=idempotent)
 
     # -- writes ----------------------------------------------------------------------------
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
@@ -400,13 +441,11 @@ class PgVectorStore(MultiVectorStore):
     def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
         where, params = filter_sql(conditions)
         sql = self._q(f"DELETE FROM {{t}} WHERE {where}")
-        return self._write(lambda: self.conn.execute(sql, params).rowcount)
+        return self._write(lambda: self.conn.execute(sql, params).rowcount, idempotent=False)
 
     # -- reads -----------------------------------------------------------------------------
     def count(self) -> int:
-        with self._lock:
-            self._check_open()
-            return int(self.conn.execute(self._q("SELECT count(*) FROM {t}")).fetchone()[0])
+        return self._call(lambda: int(self.conn.execute(self._q("SELECT count(*) FROM {t}")).fetchone()[0]))
 
     def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Keyset pages in id order, each page its own statement (no transaction held open)."""
@@ -414,9 +453,8 @@ class PgVectorStore(MultiVectorStore):
         sql = self._q(f"SELECT id, metadata::text FROM {{t}} WHERE id > %s AND {where} ORDER BY id LIMIT %s")
         last = ""
         while True:
-            with self._lock:
-                self._check_open()
-                rows = self.conn.execute(sql, [last, *params, batch_size]).fetchall()
+            page_params = [last, *params, batch_size]
+            rows = self._call(lambda p=page_params: self.conn.execute(sql, p).fetchall())
             if rows:
                 yield [(x, json.loads(m)) for x, m in rows]
             if len(rows) < batch_size:
@@ -424,11 +462,13 @@ class PgVectorStore(MultiVectorStore):
             last = rows[-1][0]
 
     def _get(self, ids: list[str]) -> list[Record]:
-        with self._lock:
-            self._check_open()
-            rows = self.conn.execute(
-                self._q("SELECT id, metadata::text, n_rows, vectors FROM {t} WHERE id = ANY(%s)"),
-                (list(dict.fromkeys(ids)),)).fetchall()
+        sql = self._q("SELECT id, metadata::text, n_rows, vectors FROM {t} WHERE id = ANY(%s)")
+
+        def read() -> list:
+            with self.conn.cursor(binary=True) as cur:
+                return cur.execute(sql, (list(dict.fromkeys(ids)),)).fetchall()
+
+        rows = self._call(read)
         found = {x: Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
         return [Record(found[x].id, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
@@ -438,20 +478,20 @@ class PgVectorStore(MultiVectorStore):
 
     def _search_batch(self, queries: list[np.ndarray], k: int,
                       conditions: tuple[Condition, ...]) -> list[list[Hit]]:
-        with self._lock:
-            self._check_open()
-            approx = [q for q in queries if not self.exact and q[0, 0] < 0]
-            out: dict[int, list[Hit]] = {}
-            if approx:
-                for i, q in enumerate(queries):
-                    if not self.exact and q[0, 0] < 0:
-                        out[i] = self._search_candidates(q, k, conditions)
-            rest = [i for i in range(len(queries)) if i not in out]
-            if rest:
-                for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
-                                   strict=True):
-                    out[i] = hits
-            return [out[i] for i in range(len(queries))]
+        return self._call(lambda: self._search_all(queries, k, conditions))
+
+    def _search_all(self, queries: list[np.ndarray], k: int,
+                    conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+        out: dict[int, list[Hit]] = {}
+        for i, q in enumerate(queries):
+            if not self.exact and q[0, 0] < 0:  # a dense vector to find candidates with
+                out[i] = self._search_candidates(q, k, conditions)
+        rest = [i for i in range(len(queries)) if i not in out]
+        if rest:  # exact mode, or token-only queries: one scan for all of them
+            for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
+                               strict=True):
+                out[i] = hits
+        return [out[i] for i in range(len(queries))]
 
     def _search_exact(self, queries: list[np.ndarray], k: int,
                       conditions: tuple[Condition, ...]) -> list[list[Hit]]:
@@ -495,10 +535,11 @@ class PgVectorStore(MultiVectorStore):
                 self.conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 self.conn.execute(self._sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
                     self._sql.Literal(max(20000, 20 * limit))))
-            rows = self.conn.execute(
-                self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
-                        "ORDER BY dense <#> %s LIMIT %s"),
-                [*params, dense_vector(q).astype(np.float32), limit]).fetchall()
+            with self.conn.cursor(binary=True) as cur:
+                rows = cur.execute(
+                    self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
+                            "ORDER BY dense <#> %s LIMIT %s"),
+                    [*params, dense_vector(q).astype(np.float32), limit]).fetchall()
         if conditions and not self._iterative and len(rows) < limit:
             # pgvector < 0.8 filters after its index scan: too few matches, score the subset exactly
             return self._search_exact([q], k, conditions)[0]
@@ -508,10 +549,8 @@ class PgVectorStore(MultiVectorStore):
     # -- maintenance -----------------------------------------------------------------------
     def size_bytes(self) -> int:
         """Bytes the table takes on the server: rows, TOAST (the lists) and every index."""
-        with self._lock:
-            self._check_open()
-            return int(self.conn.execute("SELECT pg_total_relation_size(%s::regclass)",
-                                         (self._quoted(),)).fetchone()[0])
+        return self._call(lambda: int(self.conn.execute("SELECT pg_total_relation_size(%s::regclass)",
+                                                        (self._quoted(),)).fetchone()[0]))
 
     def drop(self) -> None:
         """Drop this store's table (and its sequence and indexes) from the database (irreversible)."""

@@ -282,3 +282,37 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return True
+
+
+def test_a_lost_connection_is_reopened_for_idempotent_calls(store, dsn, fmt, rng):
+    """The server ends the store's connection (as a restart or a killed backend does): reads,
+    upserts and deletes by id open it again and go on; a delete by filter (not idempotent: its
+    count) says it may or may not have been applied, and the next call reconnects."""
+    import psycopg
+
+    store.upsert(["a", "b"], [make_list(fmt, rng, 4), make_list(fmt, rng, 5)], [{"g": 1}, {"g": 2}])
+
+    def kill_connection() -> None:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            pid = store.conn.info.backend_pid
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+        time.sleep(0.2)
+
+    kill_connection()
+    assert store.count() == 2
+    kill_connection()
+    store.upsert(["c"], [make_list(fmt, rng, 4)], [{"g": 3}])
+    kill_connection()
+    assert [r.id for r in store.get(["c", "a"])] == ["c", "a"]
+    kill_connection()
+    with pytest.raises(BackendUnavailable, match="may or may not"):
+        store.delete(filter={"g": 1})
+    assert store.delete(filter={"g": 1}) == 1 and store.count() == 2
+
+
+def test_ray_workers_may_share_a_pgvector_store_by_dsn():
+    from uibk_embedding.distributed import check_backend
+
+    check_backend("pgvector", {"dsn": "host=/tmp dbname=x"})
+    with pytest.raises(ValueError, match="dsn"):
+        check_backend("pgvector", {"connection": object()})
