@@ -60,7 +60,12 @@ def _run_as() -> dict[str, Any]:
         return {}
     import pwd
 
-    nobody = pwd.getpwnam("nobody")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        raise RuntimeError("running as root, and PostgreSQL refuses to run as root: this machine has no "
+                           "'nobody' user to run it as; run the tests as another user, or set PG_DSN "
+                           "to a server") from None
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 

@@ -13,6 +13,7 @@ subprocesses of the test run (crash and concurrency children) use the same serve
 through ``$UIBK_PG_SERVER_OWNER`` (set here to the test run's pid).
 """
 
+import atexit
 import hashlib
 import importlib.util
 import os
@@ -46,10 +47,30 @@ def _local_hnsw(d: Path, **kw):
     return _local(d, exact=False, candidates=64, **kw)
 
 
+_created: list[str] = []
+
+
 def _live(d: Path, **kw):
     from uibk_embedding.adapters.pgvector import PgVectorStore
 
-    return PgVectorStore(PG_DSN, table=table_name(d, "uibk_test"), **kw)
+    store = PgVectorStore(PG_DSN, table=table_name(d, "uibk_test"), **kw)
+    if store.table not in _created:
+        _created.append(store.table)
+    return store
+
+
+@atexit.register
+def _drop_test_tables() -> None:
+    """Drop the tables the live spec used in $PG_DSN's database (only those: names made from this
+    run's test folders), in the test run's process only: its subprocesses (crash, durability
+    children) write tables the test run reads after they exit."""
+    if not _created or os.environ.get("UIBK_PG_SERVER_OWNER") != str(os.getpid()):
+        return
+    import psycopg
+
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        for name in _created:
+            conn.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
 def _skip_local() -> str | None:
