@@ -123,6 +123,21 @@ def filter_sql(conditions: Sequence[Condition]) -> tuple[str, list[Any]]:
     return (" AND ".join(parts) or "TRUE"), params
 
 
+def _where(dsn: str | None) -> str:
+    """``host:port`` of a DSN for messages (never its password).
+
+    >>> _where("host=127.0.0.1 port=5433 dbname=x password=secret")
+    '127.0.0.1:5433'
+    >>> _where("postgresql://u:pw@db.internal/app")
+    'db.internal:5432'
+    """
+    try:
+        info = _psycopg().conninfo.conninfo_to_dict(dsn or "")
+    except Exception:
+        return "(an unparsable DSN)"
+    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+
+
 def _has_nul(x: Any) -> bool:
     if isinstance(x, str):
         return "\x00" in x
@@ -233,8 +248,8 @@ class PgVectorStore(MultiVectorStore):
             return psycopg.connect(self._dsn, autocommit=True,
                                    connect_timeout=max(1, round(self._timeout)))
         except psycopg.OperationalError as e:
-            raise BackendUnavailable(f"cannot connect to PostgreSQL at {self._dsn!r}: "
-                                     f"{str(e).strip()}") from e
+            raise BackendUnavailable(f"cannot connect to PostgreSQL at {_where(self._dsn)} "
+                                     f"({str(e).strip()}); is the server running and the DSN right?") from e
 
     def _reconnect(self) -> None:
         from pgvector.psycopg import register_vector
