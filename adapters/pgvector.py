@@ -234,9 +234,7 @@ class PgVectorStore(MultiVectorStore):
         try:
             self.vector_version = self._check_server()
             self._iterative = self.vector_version >= ITERATIVE_VECTOR
-            from pgvector.psycopg import register_vector
-
-            register_vector(self.conn)
+            require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
             self._open_or_create(format)
         except BaseException:
             self.close()
@@ -252,14 +250,12 @@ class PgVectorStore(MultiVectorStore):
                                      f"({str(e).strip()}); is the server running and the DSN right?") from e
 
     def _reconnect(self) -> None:
-        from pgvector.psycopg import register_vector
-
         try:
             self.conn.close()
         except Exception:
             pass
         self.conn = self._connect()
-        register_vector(self.conn)
+        require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
 
     # -- schema ----------------------------------------------------------------------------
     def _ident(self, suffix: str = "") -> Any:
@@ -555,8 +551,10 @@ class PgVectorStore(MultiVectorStore):
                     self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
                             "ORDER BY dense <#> %s LIMIT %s"),
                     [*params, dense_vector(q).astype(np.float32), limit]).fetchall()
-        if conditions and not self._iterative and len(rows) < limit:
-            # pgvector < 0.8 filters after its index scan: too few matches, score the subset exactly
+        if len(rows) < limit:
+            # fewer than asked: a table or filtered subset smaller than the budget, an iterative
+            # scan that reached hnsw.max_scan_tuples, or pgvector < 0.8 filtering after its index
+            # scan; the subset is scored exactly (never a short, post-filtered top-k)
             return self._search_exact([q], k, conditions)[0]
         ranked = rerank(q, [_from_bytes(v, n) for _, _, n, v in rows], k, dtype=np.float64)
         return [Hit(rows[i][0], finite_score(s), json.loads(rows[i][1])) for i, s in ranked]
