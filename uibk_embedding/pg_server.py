@@ -96,8 +96,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _serve(base: Path, owner: int) -> None:
-    """The supervisor: initdb, start postgres, write ``ready.json``, wait, stop, clean up."""
+def _serve(base: Path, owner: int, leftovers: list[str]) -> None:
+    """The supervisor: initdb, start postgres, write ``ready.json``, wait, stop, clean up (also
+    the ``leftovers``: the shared server's note files)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
@@ -138,6 +139,8 @@ def _serve(base: Path, owner: int) -> None:
                 proc.wait()
         log.close()
         shutil.rmtree(base, ignore_errors=True)
+        for path in leftovers:
+            Path(path).unlink(missing_ok=True)
         if proc is not None and proc.returncode in (0, -signal.SIGINT, -signal.SIGKILL):
             Path(f"{base}.log").unlink(missing_ok=True)
 
@@ -154,9 +157,11 @@ class LocalPostgresServer:
     >>> server.stop()                   # doctest: +SKIP
     """
 
-    def __init__(self, startup_timeout: float = 120.0, owner: int | None = None) -> None:
+    def __init__(self, startup_timeout: float = 120.0, owner: int | None = None,
+                 leftovers: tuple[str, ...] = ()) -> None:
         self.startup_timeout = startup_timeout
         self.owner = owner if owner is not None else os.getpid()
+        self.leftovers = tuple(leftovers)
         self.dsn = ""
         self.pid: int | None = None
         self.base = ""
@@ -166,7 +171,8 @@ class LocalPostgresServer:
         binaries()  # fail here, with the extra's name, when the package is missing
         self.base = tempfile.mkdtemp(prefix="uibk-pg-")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "uibk_embedding.pg_server", "serve", self.base, str(self.owner)],
+            [sys.executable, "-m", "uibk_embedding.pg_server", "serve", self.base, str(self.owner),
+             *self.leftovers],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the test's process group: Ctrl-C reaches us first
         ready = Path(self.base) / "ready.json"
@@ -231,20 +237,19 @@ class LocalPostgresServer:
                     if Path(info["base"], "ready.json").exists():
                         cls._shared_dsn = info["dsn"]
                         return cls._shared_dsn
-                server = cls(owner=owner)
+                server = cls(owner=owner, leftovers=(str(note), f"{note}.lock"))
                 server.start()
                 note.write_text(json.dumps({"dsn": server.dsn, "base": server.base}))
-                if owner == os.getpid():
+                if owner == os.getpid():  # else the supervisor stops it when the owner exits
                     import atexit
 
                     atexit.register(server.stop)
-                    atexit.register(lambda: note.unlink(missing_ok=True))
                 cls._shared, cls._shared_dsn = server, server.dsn
             return cls._shared_dsn
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "serve":
-        _serve(Path(sys.argv[2]), int(sys.argv[3]))
+    if len(sys.argv) >= 4 and sys.argv[1] == "serve":
+        _serve(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
     else:
-        sys.exit("usage: python -m uibk_embedding.pg_server serve BASE OWNER_PID")
+        sys.exit("usage: python -m uibk_embedding.pg_server serve BASE OWNER_PID [FILE-TO-REMOVE ...]")
