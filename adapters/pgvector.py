@@ -282,9 +282,12 @@ class PgVectorStore(MultiVectorStore):
             try:
                 self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             except _psycopg().Error as e:
-                raise ServerTooOld(f"the vector extension is installed on the server but not enabled in "
-                                   f"this database, and enabling it failed ({str(e).strip()}): run "
-                                   "'CREATE EXTENSION vector' as a privileged user") from e
+                if self.conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+                    pass  # another process created it at the same moment
+                else:
+                        raise ServerTooOld(f"the vector extension is installed on the server but not enabled "
+                                       f"in this database, and enabling it failed ({str(e).strip()}): "
+                                       "run 'CREATE EXTENSION vector' as a privileged user") from e
             row = self.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
         version = parse_version(row[0])
         if version < MIN_VECTOR:

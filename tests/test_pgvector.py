@@ -8,8 +8,9 @@ reliability and framework suites cover the rest through tests/backends/pgvector.
   tempt a database to mix types (``True``/``1``, ``1``/``1.0``, ``"1"``/``1``, lists, nulls,
   missing fields);
 * a filtered approximate search still returns ``k`` matches (filtering inside the index scan);
-* an existing table that does not fit is refused and left unchanged; bad options; a server that
-  cannot be reached; the local server leaves nothing behind.
+* an existing table that does not fit is refused and left unchanged; a database without the
+  ``vector`` extension (and no right to create it) gets ServerTooOld; bad options; a server that
+  cannot be reached; a lost connection; the local server leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -316,3 +317,30 @@ def test_ray_workers_may_share_a_pgvector_store_by_dsn():
     check_backend("pgvector", {"dsn": "host=/tmp dbname=x"})
     with pytest.raises(ValueError, match="dsn"):
         check_backend("pgvector", {"connection": object()})
+
+
+def test_a_database_without_the_extension_and_no_right_to_create_it(dsn):
+    """A role that may not create extensions (pgvector is not a trusted extension), in a database
+    without ``vector``: ServerTooOld saying what to run, and nothing is created."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from uibk_embedding.errors import ServerTooOld
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS uibk_noext")
+        admin.execute("DROP ROLE IF EXISTS uibk_plain")
+        admin.execute("CREATE ROLE uibk_plain LOGIN")
+        admin.execute("CREATE DATABASE uibk_noext OWNER uibk_plain")
+        try:
+            info = conninfo_to_dict(dsn)
+            plain = make_conninfo(**{**info, "user": "uibk_plain", "dbname": "uibk_noext"})
+            with pytest.raises(ServerTooOld, match="CREATE EXTENSION vector"):
+                PgVectorStore(plain, table="t")
+            with psycopg.connect(plain) as conn:
+                assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'"
+                                    ).fetchone() == (0,)
+                assert conn.execute("SELECT to_regclass('t')").fetchone() == (None,)
+        finally:
+            admin.execute("DROP DATABASE IF EXISTS uibk_noext")
+            admin.execute("DROP ROLE IF EXISTS uibk_plain")
