@@ -64,7 +64,7 @@ def store(dsn, tmp_path):
 
 
 _WRITER = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 from uibk_embedding.adapters.pgvector import PgVectorStore
 from uibk_embedding.pg_server import LocalPostgresServer
@@ -73,6 +73,9 @@ from uibk_embedding.testing import make_list
 table, writer, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 store = PgVectorStore(LocalPostgresServer.shared_dsn(), table=table)
 rng, fmt = np.random.default_rng(writer), TaggedFormat()
+open(log + ".ready", "w").close()  # then wait for the other writer: start together
+while not os.path.exists(log + ".go"):
+    time.sleep(0.01)
 with open(log, "w", buffering=1) as out:
     for i in range(60):
         ids = sorted(rng.choice(12, size=int(rng.integers(1, 6)), replace=False).tolist())
@@ -103,6 +106,12 @@ def test_two_processes_writing_one_table_end_in_a_serial_state(dsn, tmp_path):
     logs = [tmp_path / f"w{w}.log" for w in (0, 1)]
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, table, str(w), str(logs[w])],
                               stderr=subprocess.PIPE) for w in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{log}.ready").exists() for log in logs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a writer did not start"
+        time.sleep(0.02)
+    for log in logs:
+        Path(f"{log}.go").touch()
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()[-3000:]
