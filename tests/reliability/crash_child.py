@@ -16,9 +16,12 @@ from uibk_embedding.testing import load_backend_specs, make_list
 
 BATCH = 8
 # engine calls smaller than one batch, so a kill can land between two calls of one upsert (the
-# store must make the batch all-or-nothing itself): Qdrant Edge 3 points, Milvus 64 vectors a call
+# store must make the batch all-or-nothing itself): Qdrant Edge 3 points, Milvus 64 vectors a call,
+# pgvector 3 rows a statement
 ENGINE_CALLS = {"qdrant-edge": {"batch_size": 3}, "milvus-lite": {"batch_rows": 64},
-                "qdrant-path": {"batch_size": 3}}
+                "qdrant-path": {"batch_size": 3},
+                # pgvector: 3 rows per statement, so a kill lands inside one upsert's transaction
+                "pgvector-exact": {"batch_size": 3}, "pgvector-hnsw": {"batch_size": 3}}
 
 
 def main() -> None:
