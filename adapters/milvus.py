@@ -985,7 +985,7 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
             try:
                 store = MilvusStore(uri=uri, collection=collection, _on_close=release, **options)
                 break
-            except BackendUnavailable as e:
+            except BackendUnavailable:
                 # the server of a process that died with this folder open stops only once it sees
                 # that process's lock released (it polls); until then a new one cannot open the
                 # files ("database is locked", or a socket that never answers): wait, bounded

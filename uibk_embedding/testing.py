@@ -50,6 +50,8 @@ class BackendSpec:
     contract "approximate": recall@10 against exact MaxSim >= recall_floor on real data.
     get_atol: how close ``get`` must return the stored vectors.
     skip: a reason to skip (e.g. the server URL is not set).
+    shared_writers: any number of store objects and processes may write to one store at once
+    (a database server serialises them): the one-writer-per-folder test does not apply.
     """
 
     name: str
@@ -60,6 +62,7 @@ class BackendSpec:
     score_rtol: float = 1e-5
     get_atol: float = 1e-6
     skip: str | None = None
+    shared_writers: bool = False
 
 
 def load_backend_specs(folder: str | os.PathLike) -> list[BackendSpec]:

@@ -16,11 +16,13 @@ from uibk_embedding.testing import load_backend_specs, make_list
 
 BATCH = 8
 # engine calls smaller than one batch, so a kill can land between two calls of one upsert (the
-# store must make the batch all-or-nothing itself): Qdrant Edge and local mode 3 points a call.
+# store must make the batch all-or-nothing itself): Qdrant Edge and local mode 3 points a call,
+# pgvector 3 rows a statement (a kill lands inside one upsert's transaction).
 # Not Milvus: a Milvus upsert larger than one insert call (8,192 vectors) is all-or-nothing per
 # document, not per batch (docs/milvus.md); with 64-vector calls this test saw 4-8 torn batches in
 # 5 kills, every document whole and no acknowledged batch lost
-ENGINE_CALLS = {"qdrant-edge": {"batch_size": 3}, "qdrant-path": {"batch_size": 3}}
+ENGINE_CALLS = {"qdrant-edge": {"batch_size": 3}, "qdrant-path": {"batch_size": 3},
+                "pgvector-exact": {"batch_size": 3}, "pgvector-hnsw": {"batch_size": 3}}
 
 
 def main() -> None:

@@ -70,6 +70,14 @@ def _open_weaviate(port: int):
                       timeout=TIMEOUT)
 
 
+def _open_pgvector(port: int):
+    pytest.importorskip("psycopg")
+    from uibk_embedding import open_store
+
+    return open_store("pgvector", dsn=f"host=127.0.0.1 port={port} dbname=x user=x",
+                      connect_timeout=TIMEOUT)
+
+
 def _remote_encoder(port: int):
     from uibk_embedding.encoder.remote import RemoteEncoder
 
@@ -78,7 +86,7 @@ def _remote_encoder(port: int):
 
 
 CLIENTS = {"qdrant": _open_qdrant, "milvus": _open_milvus, "weaviate": _open_weaviate,
-           "remote-encoder": _remote_encoder}
+           "pgvector": _open_pgvector, "remote-encoder": _remote_encoder}
 
 
 @pytest.mark.parametrize("mode", ["refused", "no answer"])

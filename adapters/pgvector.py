@@ -1,0 +1,582 @@
+"""PostgreSQL + pgvector adapter: tagged multi-vectors in the database most teams already run.
+
+PostgreSQL has no multi-vector type and pgvector no MaxSim, so the layout is one row per
+document in one table (``table``):
+
+========== ====================== ==========================================================
+column     type                   holds
+========== ====================== ==========================================================
+id         ``text COLLATE "C"``   the document id (primary key)
+seq        ``bigint``             write order (a sequence; ties in a ranking keep it, as the
+                                  exact store keeps insertion order)
+metadata   ``json``               the metadata exactly as given (returned by get/scan/search)
+fields     ``jsonb``              the same metadata, for filters (GIN ``jsonb_path_ops`` index)
+n_rows     ``integer``            vectors in the list
+vectors    ``bytea``              the whole tagged list, float32 little-endian (stored
+                                  uncompressed out of line)
+dense      ``vector(381)``        :func:`~uibk_embedding.encoder.tagged.dense_vector`, the three
+                                  slot bodies: its inner product is the dense part of MaxSim
+                                  (HNSW index, ``vector_ip_ops``)
+========== ====================== ==========================================================
+
+Search, ``exact=True`` (default): every document passing the filter is read (a server-side
+cursor, in pieces) and scored with exact MaxSim, so results equal the exact store's. With
+``exact=False`` the ``candidates`` documents nearest to the query's dense vector come from the
+HNSW index (with pgvector >= 0.8 an iterative index scan, so a filter still yields
+``candidates`` matches: filtering happens inside the index scan, never after a top-k) and are
+rescored exactly (:func:`uibk_embedding.rank.rerank`). Scores are always exact MaxSim; only
+which documents are scored is approximate. A query without slot rows has no dense vector and is
+answered exactly.
+
+Writes are transactions: one ``upsert`` (``INSERT ... ON CONFLICT DO UPDATE``) or ``delete`` is
+all-or-nothing and durable when it returns (PostgreSQL's WAL); any number of store objects,
+processes and hosts may write to one table at once (rows are locked in id order; a deadlock
+detected by the server is retried). Filters, ``scan`` and ``delete(filter=)`` are SQL over
+``fields`` with the semantics of :func:`~uibk_embedding.adapters.filters.matches`: jsonb
+equality keeps types apart (``true`` is not ``1``, ``"1"`` is not ``1``; ``1`` equals ``1.0``),
+a missing field never matches.
+
+The table's configuration (schema version, the tagged format) is the table's comment. An
+existing table is validated (columns, types, dimensions, index metric, format) and never
+altered; a server without the ``vector`` extension, or one too old, raises :class:`ServerTooOld`.
+
+Example (needs a server; ``uibk_embedding.pg_server.LocalPostgresServer`` starts one)
+-------
+>>> import numpy as np
+>>> from uibk_embedding.testing import make_list
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> docs = [make_list(fmt, rng, n) for n in (5, 40, 9)]
+>>> store = PgVectorStore("postgresql://localhost/mydb", table="papers")  # doctest: +SKIP
+>>> store.upsert(["a", "b", "c"], docs, [{"lang": "en"}, {"lang": "de"}, {}])  # doctest: +SKIP
+>>> [h.id for h in store.search(docs[1], k=2, filter={"lang": "de"})]  # doctest: +SKIP
+['b']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
+from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
+
+from uibk_embedding._optional import require
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
+from uibk_embedding.maxsim import maxsim_scores, top_k
+from uibk_embedding.rank import rerank
+
+SCHEMA_VERSION = 1
+DENSE_DIM = N_SLOTS * (DIM - 1)  # 381
+MIN_SERVER = 130000  # PostgreSQL 13, the oldest pgvector 0.5 supports
+MIN_VECTOR = (0, 5, 0)  # HNSW
+ITERATIVE_VECTOR = (0, 8, 0)  # hnsw.iterative_scan: filtered index scans that keep going
+DEFAULT_CANDIDATES = 100
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+_RETRIES = 8
+
+
+def _psycopg():
+    return require("psycopg", "pgvector", "the pgvector adapter")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``(major, minor, patch)`` of an extension version string.
+
+    >>> parse_version("0.8.6"), parse_version("0.5.1"), parse_version("0.7")
+    ((0, 8, 6), (0, 5, 1), (0, 7, 0))
+    """
+    parts = [int(x) for x in re.findall(r"\d+", text)[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def filter_sql(conditions: Sequence[Condition]) -> tuple[str, list[Any]]:
+    """A SQL condition over the ``fields`` jsonb column for parsed filter ``conditions``, and
+    its parameters (values are parameters, never interpolated; ``"TRUE"`` for none).
+
+    Each condition is ``fields -> field = ANY(values::jsonb[])`` (jsonb equality: types never
+    mix, numbers compare by value) together with a containment ``fields @> {field: value}`` for
+    each value, which the GIN index answers.
+
+    >>> from uibk_embedding.adapters.filters import parse_filter
+    >>> sql, params = filter_sql(parse_filter({"n": {"$in": [1, True]}}))
+    >>> sql
+    '(fields @> %s::jsonb OR fields @> %s::jsonb) AND (fields -> %s) = ANY(%s::jsonb[])'
+    >>> params
+    ['{"n": 1}', '{"n": true}', 'n', ['1', 'true']]
+    >>> filter_sql(())
+    ('TRUE', [])
+    """
+    parts: list[str] = []
+    params: list[Any] = []
+    for c in conditions:
+        contain = " OR ".join(["fields @> %s::jsonb"] * len(c.values))
+        parts.append(f"({contain}) AND (fields -> %s) = ANY(%s::jsonb[])")
+        params += [json.dumps({c.field: v}, ensure_ascii=False) for v in c.values]
+        params += [c.field, [json.dumps(v, ensure_ascii=False) for v in c.values]]
+    return (" AND ".join(parts) or "TRUE"), params
+
+
+def _where(dsn: str | None) -> str:
+    """``host:port`` of a DSN for messages (never its password).
+
+    >>> _where("host=127.0.0.1 port=5433 dbname=x password=secret")
+    '127.0.0.1:5433'
+    >>> _where("postgresql://u:pw@db.internal/app")
+    'db.internal:5432'
+    """
+    try:
+        info = _psycopg().conninfo.conninfo_to_dict(dsn or "")
+    except Exception:
+        return "(an unparsable DSN)"
+    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+
+
+def _has_nul(x: Any) -> bool:
+    if isinstance(x, str):
+        return "\x00" in x
+    if isinstance(x, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in x.items())
+    if isinstance(x, list):
+        return any(_has_nul(v) for v in x)
+    return False
+
+
+def _to_bytes(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x, dtype="<f4").tobytes()
+
+
+def _from_bytes(b: bytes, n_rows: int) -> np.ndarray:
+    arr = np.frombuffer(b, dtype="<f4")
+    if arr.size != n_rows * DIM:
+        raise CollectionMismatch(f"a stored list has {arr.size} floats, expected {n_rows} x {DIM}")
+    return arr.reshape(n_rows, DIM).astype(np.float32)
+
+
+class PgVectorStore(MultiVectorStore):
+    """Tagged multi-vectors in a PostgreSQL table with pgvector (see the module docstring).
+
+    Parameters
+    ----------
+    dsn: a libpq connection string or URI (``"postgresql://user@host/db"``,
+        ``"host=/tmp port=5432 dbname=db"``).
+    connection: an open ``psycopg.Connection`` in autocommit mode to use instead (not closed
+        by :meth:`close`).
+    table: the table name (lowercase letters, digits, underscores; at most 40 characters); it
+        is created when missing, validated when present.
+    exact: score every document passing the filter (default) or only HNSW candidates.
+    candidates: documents taken from the dense HNSW index per query (``exact=False``).
+    ef_search: HNSW search breadth (default ``max(candidates, 40)``).
+    m, ef_construction: HNSW build parameters of a new table.
+    connect_timeout: seconds to wait for the server when connecting.
+    batch_size: documents per statement and per fetch of a scan.
+    format: the tagged format; recorded with a new table and checked against an existing one.
+
+    Example
+    -------
+    >>> s = PgVectorStore("host=/tmp dbname=postgres", table="uibk")  # doctest: +SKIP
+    >>> s.exact, s.count()  # doctest: +SKIP
+    (True, 0)
+    """
+
+    backend = "pgvector"
+    exact = True
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        connection: Any = None,
+        table: str = "uibk",
+        exact: bool = True,
+        candidates: int = DEFAULT_CANDIDATES,
+        ef_search: int | None = None,
+        m: int = 16,
+        ef_construction: int = 64,
+        connect_timeout: float = 10.0,
+        batch_size: int = 256,
+        format: TaggedFormat | None = None,
+    ) -> None:
+        super().__init__(format)
+        if (dsn is None) == (connection is None):
+            raise TypeError("PgVectorStore takes dsn=... or connection=..., exactly one of them")
+        if not isinstance(table, str) or not _NAME.match(table):
+            raise ValueError(f"table name {table!r}: use lowercase letters, digits and underscores, "
+                             "starting with a letter or underscore (at most 40 characters)")
+        for name, v in (("candidates", candidates), ("m", m), ("ef_construction", ef_construction),
+                        ("batch_size", batch_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.table = table
+        self.exact = bool(exact)  # instance value: this store's guarantee
+        self.candidates = candidates
+        self.ef_search = min(ef_search if ef_search is not None else max(candidates, 40), 1000)
+        self.m, self.ef_construction = m, ef_construction
+        self.batch_size = batch_size
+        self._lock = threading.RLock()
+        self._closed = False
+        psycopg = _psycopg()
+        self._sql = psycopg.sql
+        if connection is not None:
+            if not getattr(connection, "autocommit", False):
+                raise ValueError("connection= must be in autocommit mode (psycopg.connect(..., "
+                                 "autocommit=True)): the store runs its own transactions")
+            self.conn, self._owns = connection, False
+        else:
+            self._dsn, self._timeout = dsn, connect_timeout
+            self.conn, self._owns = self._connect(), True
+        try:
+            self.vector_version = self._check_server()
+            self._iterative = self.vector_version >= ITERATIVE_VECTOR
+            require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
+            self._open_or_create(format)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        try:
+            return psycopg.connect(self._dsn, autocommit=True,
+                                   connect_timeout=max(1, round(self._timeout)))
+        except psycopg.OperationalError as e:
+            raise BackendUnavailable(f"cannot connect to PostgreSQL at {_where(self._dsn)} "
+                                     f"({str(e).strip()}); is the server running and the DSN right?") from e
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        self.conn = self._connect()
+        require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
+
+    # -- schema ----------------------------------------------------------------------------
+    def _ident(self, suffix: str = "") -> Any:
+        return self._sql.Identifier(self.table + suffix)
+
+    def _q(self, text: str, **names: str) -> Any:
+        """SQL text with ``{t}`` (the table) and ``{<name>}`` (``table + suffix``) identifiers."""
+        ids = {"t": self._ident(), **{k: self._ident(v) for k, v in names.items()}}
+        return self._sql.SQL(text).format(**ids)
+
+    def _check_server(self) -> tuple[int, ...]:
+        """The ``vector`` extension's version, created in this database when missing."""
+        server = int(self.conn.info.server_version)
+        if server < MIN_SERVER:
+            raise ServerTooOld(f"PostgreSQL {server // 10000}.{server % 10000} is too old: the pgvector "
+                               "adapter needs PostgreSQL >= 13 with the vector extension >= 0.5.0")
+        row = self.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        if row is None:
+            avail = self.conn.execute(
+                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+            if avail is None:
+                raise ServerTooOld("this PostgreSQL server has no pgvector extension ('vector' is not in "
+                                   "pg_available_extensions): install pgvector on the server")
+            try:
+                self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            except _psycopg().Error as e:
+                if self.conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+                    pass  # another process created it at the same moment
+                else:
+                        raise ServerTooOld(f"the vector extension is installed on the server but not enabled "
+                                       f"in this database, and enabling it failed ({str(e).strip()}): "
+                                       "run 'CREATE EXTENSION vector' as a privileged user") from e
+            row = self.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        version = parse_version(row[0])
+        if version < MIN_VECTOR:
+            raise ServerTooOld(f"the vector extension is {row[0]}; the pgvector adapter needs >= 0.5.0 "
+                               "(HNSW): ALTER EXTENSION vector UPDATE")
+        return version
+
+    def _marker(self) -> str:
+        return json.dumps({"uibk": "pgvector", "schema": SCHEMA_VERSION,
+                           "format": self.format.to_stored()}, sort_keys=True)
+
+    EXPECTED: ClassVar[dict[str, str]] = {
+        "id": "text", "seq": "bigint", "metadata": "json", "fields": "jsonb", "n_rows": "integer",
+        "vectors": "bytea", "dense": f"vector({DENSE_DIM})"}
+
+    def _open_or_create(self, format: TaggedFormat | None) -> None:
+        with self._lock, self.conn.transaction():
+            # one creator at a time per table name (other processes and hosts)
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"uibk-pgvector:{self.table}",))
+            exists = self.conn.execute("SELECT to_regclass(%s)", (self._quoted(),)).fetchone()[0]
+            if exists is None:
+                self._create()
+                self.created = True
+            else:
+                self._validate(format)
+                self.created = False
+
+    def _quoted(self) -> str:
+        return self._ident().as_string(self.conn)
+
+    def _create(self) -> None:
+        ex = self.conn.execute
+        ex(self._q("CREATE SEQUENCE {s}", s="_seq"))
+        ex(self._q('CREATE TABLE {t} (id text COLLATE "C" PRIMARY KEY, '
+                   "seq bigint NOT NULL DEFAULT nextval('{s}'), metadata json NOT NULL, "
+                   "fields jsonb NOT NULL, n_rows integer NOT NULL CHECK (n_rows > 3), "
+                   f"vectors bytea NOT NULL, dense vector({DENSE_DIM}) NOT NULL)", s="_seq"))
+        ex(self._q("ALTER SEQUENCE {s} OWNED BY {t}.seq", s="_seq"))
+        ex(self._q("ALTER TABLE {t} ALTER COLUMN vectors SET STORAGE EXTERNAL"))  # floats do not compress
+        ex(self._q("CREATE INDEX {i} ON {t} (seq)", i="_seq_idx"))
+        ex(self._q("CREATE INDEX {i} ON {t} USING gin (fields jsonb_path_ops)", i="_fields"))
+        ex(self._sql.SQL("CREATE INDEX {i} ON {t} USING hnsw (dense vector_ip_ops) "
+                         "WITH (m = {m}, ef_construction = {ef})").format(
+            i=self._ident("_dense"), t=self._ident(), m=self._sql.Literal(self.m),
+            ef=self._sql.Literal(self.ef_construction)))
+        ex(self._sql.SQL("COMMENT ON TABLE {t} IS {c}").format(t=self._ident(),
+                                                              c=self._sql.Literal(self._marker())))
+
+    def _validate(self, format: TaggedFormat | None) -> None:
+        problems: list[str] = []
+        cols = dict(self.conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+            (self._quoted(),)).fetchall())
+        for name, typ in self.EXPECTED.items():
+            if name not in cols:
+                problems.append(f"column {name!r} is missing")
+            elif cols[name] != typ:
+                problems.append(f"column {name!r} has type {cols[name]}, expected {typ}")
+        comment = self.conn.execute("SELECT obj_description(%s::regclass, 'pg_class')",
+                                    (self._quoted(),)).fetchone()[0]
+        try:
+            info = json.loads(comment) if comment else None
+        except ValueError:
+            info = None
+        if not problems:
+            if not isinstance(info, dict) or info.get("uibk") != "pgvector":
+                problems.append("it was not created by this adapter (no uibk table comment)")
+            elif info.get("schema") != SCHEMA_VERSION:
+                problems.append(f"schema version {info.get('schema')} (this adapter writes {SCHEMA_VERSION})")
+        if not problems:
+            opclasses = [r[0] for r in self.conn.execute(
+                "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
+                (self._quoted(),)).fetchall()]
+            dense = [d for d in opclasses if "hnsw" in d and "(dense" in d]
+            if dense and "vector_ip_ops" not in dense[0]:
+                problems.append(f"the dense index is not an inner-product index ({dense[0]})")
+        if problems:
+            raise CollectionMismatch(
+                f"existing PostgreSQL table {self.table!r} does not fit this store: " + "; ".join(problems)
+                + ". It was left unchanged: use another table name or drop it yourself.")
+        try:
+            saved = TaggedFormat.from_stored(info["format"])  # type: ignore[index]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CollectionMismatch(f"table {self.table!r}: unreadable format record ({e})") from None
+        self.format = settle_format(saved, format, f"PostgreSQL table {self.table!r}")
+
+    # -- transactions ----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreInUse(f"this PgVectorStore (table {self.table!r}) is closed")
+
+    def _call(self, fn: Any, *, transaction: bool = False, idempotent: bool = True) -> Any:
+        """``fn()`` (in one transaction with ``transaction``) under the store's lock.
+
+        Retried when the server reports a deadlock or a serialisation failure (another writer;
+        nothing of the failed attempt was committed). A lost connection (server restarted,
+        connection killed) is opened again once and an ``idempotent`` call retried (an upsert or
+        delete by id applied twice leaves the same state); otherwise it is
+        :class:`BackendUnavailable`."""
+        psycopg = _psycopg()
+        errors = psycopg.errors
+        with self._lock:
+            self._check_open()
+            reconnected = False
+            if self._owns and (self.conn.closed or self.conn.broken):  # lost during an earlier call
+                self._reconnect()
+                reconnected = True
+            for attempt in range(_RETRIES):
+                try:
+                    if not transaction:
+                        return fn()
+                    with self.conn.transaction():
+                        return fn()
+                except (errors.DeadlockDetected, errors.SerializationFailure):
+                    if attempt == _RETRIES - 1:
+                        raise
+                    time.sleep(0.01 * 2 ** attempt)
+                except psycopg.OperationalError as e:
+                    if not (self.conn.closed or self.conn.broken):
+                        raise  # an error of this statement on a working connection
+                    if not self._owns or reconnected or not idempotent:
+                        raise BackendUnavailable(
+                            f"the connection to PostgreSQL was lost ({str(e).strip()})" +
+                            ("" if idempotent else "; the operation may or may not have been applied")
+                        ) from e
+                    self._reconnect()
+                    reconnected = True
+            raise AssertionError("unreachable")
+
+    def _write(self, fn: Any, *, idempotent: bool = True) -> Any:
+        return self._call(fn, transaction=True, idempotent=idempotent)
+
+    # -- writes ----------------------------------------------------------------------------
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        rows = []
+        for x, v, md in zip(ids, vectors, metadata, strict=True):
+            if _has_nul(md):
+                raise ValueError(f"metadata of {x!r} holds a NUL character, which PostgreSQL's jsonb "
+                                 "cannot store: remove it")
+            text = json.dumps(md, ensure_ascii=False, allow_nan=False)
+            rows.append([x, text, text, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
+        sql = self._q("INSERT INTO {t} (seq, id, metadata, fields, n_rows, vectors, dense) "
+                      "VALUES (%s, %s, %s::json, %s::jsonb, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+                      "seq = EXCLUDED.seq, metadata = EXCLUDED.metadata, fields = EXCLUDED.fields, "
+                      "n_rows = EXCLUDED.n_rows, vectors = EXCLUDED.vectors, dense = EXCLUDED.dense")
+
+        def run() -> None:
+            # write order follows the caller's order (ties in a ranking keep it); rows are locked
+            # in id order, the same in every writer, so concurrent batches do not deadlock
+            seqs = self.conn.execute(self._q("SELECT nextval('{s}') FROM generate_series(1, %s)", s="_seq"),
+                                     (len(rows),)).fetchall()
+            ordered = sorted(([s[0], *r] for s, r in zip(seqs, rows, strict=True)),
+                             key=lambda r: r[1].encode())
+            with self.conn.cursor() as cur:
+                for i in range(0, len(ordered), self.batch_size):
+                    cur.executemany(sql, ordered[i:i + self.batch_size])
+
+        self._write(run)
+
+    def _delete(self, ids: list[str]) -> None:
+        ordered = sorted(ids, key=str.encode)
+        self._write(lambda: self.conn.execute(self._q("DELETE FROM {t} WHERE id = ANY(%s)"), (ordered,)))
+
+    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+        where, params = filter_sql(conditions)
+        sql = self._q(f"DELETE FROM {{t}} WHERE {where}")
+        return self._write(lambda: self.conn.execute(sql, params).rowcount, idempotent=False)
+
+    # -- reads -----------------------------------------------------------------------------
+    def count(self) -> int:
+        return self._call(lambda: int(self.conn.execute(self._q("SELECT count(*) FROM {t}")).fetchone()[0]))
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Keyset pages in id order, each page its own statement (no transaction held open)."""
+        where, params = filter_sql(conditions)
+        sql = self._q(f"SELECT id, metadata::text FROM {{t}} WHERE id > %s AND {where} ORDER BY id LIMIT %s")
+        last = ""
+        while True:
+            page_params = [last, *params, batch_size]
+            rows = self._call(lambda p=page_params: self.conn.execute(sql, p).fetchall())
+            if rows:
+                yield [(x, json.loads(m)) for x, m in rows]
+            if len(rows) < batch_size:
+                return
+            last = rows[-1][0]
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        sql = self._q("SELECT id, metadata::text, n_rows, vectors FROM {t} WHERE id = ANY(%s)")
+
+        def read() -> list:
+            with self.conn.cursor(binary=True) as cur:
+                return cur.execute(sql, (list(dict.fromkeys(ids)),)).fetchall()
+
+        rows = self._call(read)
+        found = {x: Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
+        return [Record(found[x].id, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
+                for x in ids if x in found]
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        return self._search_batch([query], k, conditions)[0]
+
+    def _search_batch(self, queries: list[np.ndarray], k: int,
+                      conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+        return self._call(lambda: self._search_all(queries, k, conditions))
+
+    def _search_all(self, queries: list[np.ndarray], k: int,
+                    conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+        out: dict[int, list[Hit]] = {}
+        for i, q in enumerate(queries):
+            if not self.exact and q[0, 0] < 0:  # a dense vector to find candidates with
+                out[i] = self._search_candidates(q, k, conditions)
+        rest = [i for i in range(len(queries)) if i not in out]
+        if rest:  # exact mode, or token-only queries: one scan for all of them
+            for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
+                               strict=True):
+                out[i] = hits
+        return [out[i] for i in range(len(queries))]
+
+    def _search_exact(self, queries: list[np.ndarray], k: int,
+                      conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+        """Every document passing the filter, in write order, scored in pieces (float32, as the
+        exact store scores); a running top-k per query (earlier documents first, so ties keep
+        write order as the exact store does). One snapshot (REPEATABLE READ) for the scan and
+        the winners' metadata; lists arrive as raw bytes (a binary cursor)."""
+        where, params = filter_sql(conditions)
+        best: list[tuple[np.ndarray, list[str]]] = [(np.zeros(0, np.float32), []) for _ in queries]
+        with self.conn.transaction():
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            with self.conn.cursor(name=f"uibk_scan_{id(self)}", binary=True) as cur:
+                cur.execute(self._q(f"SELECT id, vectors FROM {{t}} WHERE {where} ORDER BY seq"), params)
+                while rows := cur.fetchmany(self.batch_size):
+                    lengths = np.fromiter((len(v) // (4 * DIM) for _, v in rows), np.int64, len(rows))
+                    mat = np.frombuffer(b"".join(v for _, v in rows), dtype="<f4").reshape(-1, DIM)
+                    off = np.concatenate([[0], np.cumsum(lengths)])
+                    scores = maxsim_scores(queries, mat, off)
+                    chunk = [x for x, _ in rows]
+                    for qi, row in enumerate(scores):
+                        s0, ids0 = best[qi]
+                        pool = np.concatenate([s0, row])
+                        keep = top_k(pool, k)
+                        ids = ids0 + chunk
+                        best[qi] = (pool[keep], [ids[j] for j in keep])
+            winners = list(dict.fromkeys(x for _, ids in best for x in ids))
+            meta = dict(self.conn.execute(self._q("SELECT id, metadata::text FROM {t} WHERE id = ANY(%s)"),
+                                          (winners,)).fetchall()) if winners else {}
+        return [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
+                for b in best]
+
+    def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+        """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly."""
+        where, params = filter_sql(conditions)
+        limit = max(self.candidates, k)
+        # without iterative scans the index returns at most ef_search rows: widen it to the limit
+        ef = self.ef_search if self._iterative else min(1000, max(self.ef_search, limit))
+        with self.conn.transaction():
+            self.conn.execute(self._sql.SQL("SET LOCAL hnsw.ef_search = {}").format(self._sql.Literal(ef)))
+            if self._iterative:
+                self.conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                self.conn.execute(self._sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
+                    self._sql.Literal(max(20000, 20 * limit))))
+            with self.conn.cursor(binary=True) as cur:
+                rows = cur.execute(
+                    self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
+                            "ORDER BY dense <#> %s LIMIT %s"),
+                    [*params, dense_vector(q).astype(np.float32), limit]).fetchall()
+        if len(rows) < limit:
+            # fewer than asked: a table or filtered subset smaller than the budget, an iterative
+            # scan that reached hnsw.max_scan_tuples, or pgvector < 0.8 filtering after its index
+            # scan; the subset is scored exactly (never a short, post-filtered top-k)
+            return self._search_exact([q], k, conditions)[0]
+        ranked = rerank(q, [_from_bytes(v, n) for _, _, n, v in rows], k, dtype=np.float64)
+        return [Hit(rows[i][0], finite_score(s), json.loads(rows[i][1])) for i, s in ranked]
+
+    # -- maintenance -----------------------------------------------------------------------
+    def size_bytes(self) -> int:
+        """Bytes the table takes on the server: rows, TOAST (the lists) and every index."""
+        return self._call(lambda: int(self.conn.execute("SELECT pg_total_relation_size(%s::regclass)",
+                                                        (self._quoted(),)).fetchone()[0]))
+
+    def drop(self) -> None:
+        """Drop this store's table (and its sequence and indexes) from the database (irreversible)."""
+        self._write(lambda: self.conn.execute(self._q("DROP TABLE IF EXISTS {t}")))
+
+    def close(self) -> None:
+        """Close the connection (one given as ``connection=`` stays open); later calls raise
+        :class:`StoreInUse`."""
+        if self._closed:
+            return
+        self._closed = True
+        if getattr(self, "_owns", False):
+            self.conn.close()

