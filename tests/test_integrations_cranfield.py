@@ -79,24 +79,25 @@ def test_exact_store_end_to_end_through_the_cli(cranfield, encoder, tmp_path, ca
     path = tmp_path / "store"
     assert cli.main(["index", str(corpus), "--backend", "exact", "--path", str(path), "--quiet"]) == 0
     queries = list(cranfield.queries.values())[:2]
-    store = open_store("exact", path=path)
-    try:
-        assert store.count() == N_DOCS
-        settings = [(queries[0], None, None), (queries[1], 2.5, None), (queries[1], None, "odd")]
-        for q, w, group in settings:
-            args = ["--backend", "exact", "--path", str(path)]
-            args += ["--dense-weight", str(w)] if w else []
-            args += ["--filter", json.dumps({"group": group})] if group else []
-            ref = cli_search(capsys, q, args)
-            assert len(ref) == K
+    settings = [(queries[0], None, None), (queries[1], 2.5, None), (queries[1], None, "odd")]
+    for q, w, group in settings:
+        args = ["--backend", "exact", "--path", str(path)]
+        args += ["--dense-weight", str(w)] if w else []
+        args += ["--filter", json.dumps({"group": group})] if group else []
+        ref = cli_search(capsys, q, args)  # the CLI opens the store itself: one store object at a time
+        assert len(ref) == K
+        store = open_store("exact", path=path)
+        try:
+            assert store.count() == N_DOCS
             lc_hits, li_hits = framework_results(encoder, store, q, w, group)
-            assert_same(ref, lc_hits, f"LangChain, query {q[:40]!r}, w={w}, group={group}")
-            assert_same(ref, li_hits, f"LlamaIndex, query {q[:40]!r}, w={w}, group={group}")
-        # the LangChain vector store reads the CLI's store as it is (text + metadata)
+        finally:
+            store.close()
+        assert_same(ref, lc_hits, f"LangChain, query {q[:40]!r}, w={w}, group={group}")
+        assert_same(ref, li_hits, f"LlamaIndex, query {q[:40]!r}, w={w}, group={group}")
+    # the LangChain vector store reads the CLI's store as it is (text + metadata)
+    with open_store("exact", path=path) as store:
         doc = lc.UIBKVectorStore.from_existing_store(store, encoder).get_by_ids([cranfield.corpus[0].id])[0]
         assert doc.page_content == cranfield.corpus[0].text and doc.metadata["group"] == "even"
-    finally:
-        store.close()
 
 
 # -- every backend spec (the ``spec`` parameter of tests/conftest.py) ---------------------------

@@ -427,7 +427,7 @@ def encoder_format(encoder: EncoderSpec = None, encoder_options: Mapping[str, An
     """The tagged format (with the projection) of the lists the actors will make: asked of the
     first server, else read from the encoder loaded once on the driver's CPU.
 
-    >>> encoder_format().projection.startswith("pca-")
+    >>> encoder_format().projection.startswith("random-")
     True
     """
     if encoder_urls:
