@@ -224,6 +224,11 @@ class MultiVectorStore(ABC):
 
     backend: ClassVar[str] = "abstract"
     exact: ClassVar[bool] = True
+    search_options: ClassVar[tuple[str, ...]] = ()
+    """Per-query options ``search`` and ``search_batch`` accept beyond ``k`` and ``filter`` (each
+    documented in the backend's class docstring). Given ones are passed on to ``_search``,
+    ``_search_explained`` and ``_search_batch`` as keyword arguments, which check their values;
+    a name not declared here is refused with the list of declared ones."""
 
     def __init__(self, format: TaggedFormat | None = None) -> None:
         self.format = format or TaggedFormat()
@@ -278,26 +283,41 @@ class MultiVectorStore(ABC):
             yield from page
 
     def search(
-        self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False
+        self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False,
+        **options: Any,
     ) -> list[Hit]:
         """The ``k`` documents with the highest MaxSim against ``query``, best first.
 
         ``filter`` restricts the candidates (see :mod:`~uibk_embedding.adapters.filters`);
-        ``explain=True`` attaches each hit's :class:`Decomposition` (from the stored vectors).
+        ``explain=True`` attaches each hit's :class:`Decomposition` (from the stored vectors);
+        ``options`` are the backend's declared :attr:`search_options` (None: the store's default).
         """
+        opts = self._given_options(options)
         q = validate_query(query)
         k = validate_k(k)
         conds = parse_filter(filter)
-        return self._search_explained(q, k, conds) if explain else self._search(q, k, conds)
+        if explain:
+            return self._search_explained(q, k, conds, **opts)
+        return self._search(q, k, conds, **opts)
 
     def search_batch(
-        self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None
+        self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None, **options: Any
     ) -> list[list[Hit]]:
         """``search`` for many queries (backends may answer them in one call)."""
+        opts = self._given_options(options)
         qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
         k = validate_k(k)
         conds = parse_filter(filter)
-        return self._search_batch(qs, k, conds)
+        return self._search_batch(qs, k, conds, **opts) if qs else []
+
+    def _given_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The per-query options that were given (not None), refusing undeclared names."""
+        unknown = sorted(set(options) - set(self.search_options))
+        if unknown:
+            takes = ", ".join(self.search_options) or "no options"
+            raise TypeError(f"{type(self).__name__}.search() got unknown option(s) "
+                            f"{', '.join(unknown)}; it takes {takes}")
+        return {name: v for name, v in options.items() if v is not None}
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         """Stored records for the ids that exist, in the order asked (missing ids skipped)."""
@@ -336,12 +356,13 @@ class MultiVectorStore(ABC):
     def _delete(self, ids: list[str]) -> None: ...
 
     @abstractmethod
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]: ...
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                **options: Any) -> list[Hit]: ...
 
     def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...], **options: Any
     ) -> list[list[Hit]]:
-        return [self._search(q, k, conditions) for q in queries]
+        return [self._search(q, k, conditions, **options) for q in queries]
 
     @abstractmethod
     def _get(self, ids: list[str]) -> list[Record]: ...
@@ -358,10 +379,11 @@ class MultiVectorStore(ABC):
             self._delete(ids)
         return len(ids)
 
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                          **options: Any) -> list[Hit]:
         """``_search`` with each hit's decomposition. Default: a second ``get`` for the hits'
         vectors; backends whose engine returns them with the search override this."""
-        return self._explain(q, self._search(q, k, conditions))
+        return self._explain(q, self._search(q, k, conditions, **options))
 
     def _explain(self, q: np.ndarray, hits: list[Hit]) -> list[Hit]:
         records = {r.id: r for r in self.get([h.id for h in hits])}

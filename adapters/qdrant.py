@@ -58,10 +58,8 @@ from uibk_embedding.adapters.base import (
     MultiVectorStore,
     Record,
     finite_score,
-    validate_k,
-    validate_query,
 )
-from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
+from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
@@ -154,6 +152,7 @@ class _QdrantBase(MultiVectorStore):
 
     backend = "qdrant-base"
     exact = True
+    search_options = ("mode", "prefetch")  # per query: "exact"/"prefetch"/"hnsw", dense candidates
 
     def _init_modes(self, mode: str, prefetch: int, dense_name: str | None) -> None:
         self._check_mode(mode, dense_name)
@@ -180,40 +179,19 @@ class _QdrantBase(MultiVectorStore):
         n = self.prefetch if prefetch is None else self._check_prefetch(prefetch)
         return m, n
 
-    # the public search takes the mode per query; the base signature keeps working
-    def search(
-        self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False,
-        mode: str | None = None, prefetch: int | None = None,
-    ) -> list[Hit]:
-        """Top-``k`` by MaxSim; ``mode`` ("exact", "prefetch", "hnsw") and ``prefetch`` (the
-        number of dense candidates) override the store's defaults for this query."""
-        q = validate_query(query)
-        k = validate_k(k)
-        conds = parse_filter(filter)
-        m, n = self._resolve(mode, prefetch)
-        return self._run([q], k, conds, m, n, explain=explain)[0]
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
+        return self._run([query], k, conditions, *self._resolve(mode, prefetch))[0]
 
-    def search_batch(
-        self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None, *,
-        mode: str | None = None, prefetch: int | None = None,
-    ) -> list[list[Hit]]:
-        """``search`` for many queries, sent to the engine as batches."""
-        qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
-        k = validate_k(k)
-        conds = parse_filter(filter)
-        m, n = self._resolve(mode, prefetch)
-        return self._run(qs, k, conds, m, n) if qs else []
-
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
-        return self._run([query], k, conditions, self.mode, self.prefetch)[0]
-
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
-        return self._run([q], k, conditions, self.mode, self.prefetch, explain=True)[0]
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                          mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
+        return self._run([q], k, conditions, *self._resolve(mode, prefetch), explain=True)[0]
 
     def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+        mode: str | None = None, prefetch: int | None = None,
     ) -> list[list[Hit]]:
-        return self._run(queries, k, conditions, self.mode, self.prefetch)
+        return self._run(queries, k, conditions, *self._resolve(mode, prefetch))
 
     @staticmethod
     def _query_dense(q: np.ndarray) -> list[float]:
