@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
+from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
@@ -84,16 +85,6 @@ _RETRIES = 8
 
 def _psycopg():
     return require("psycopg", "pgvector", "the pgvector adapter")
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """``(major, minor, patch)`` of an extension version string.
-
-    >>> parse_version("0.8.6"), parse_version("0.5.1"), parse_version("0.7")
-    ((0, 8, 6), (0, 5, 1), (0, 7, 0))
-    """
-    parts = [int(x) for x in re.findall(r"\d+", text)[:3]]
-    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def filter_sql(conditions: Sequence[Condition]) -> tuple[str, list[Any]]:

@@ -38,7 +38,6 @@ Example
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -59,6 +58,7 @@ from uibk_embedding.adapters.base import (
     Record,
     finite_score,
 )
+from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
@@ -214,6 +214,48 @@ class _QdrantBase(MultiVectorStore):
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         raise NotImplementedError
 
+    # -- filters: one builder for both engines, over their condition classes ---------------------
+    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
+        """Parsed filter conditions as the engine's filter (``None`` for none): per condition an
+        alternative of string matches, boolean matches (:meth:`_bool_conditions`), numbers as
+        ranges ``[v, v]`` and integers beyond 2**53 matched exactly; conditions all required."""
+        if not conditions:
+            return None
+        must = []
+        for c in conditions:
+            key = json_key(c.field)
+            strs, bools, nums, big = split_values(c.values)
+            alts: list[Any] = []
+            if strs:
+                alts.append(self._match(key, strs))
+            if bools:
+                alts += self._bool_conditions(c.field, key, list(dict.fromkeys(bools)))
+            alts += [self._equal_number(key, v) for v in dict.fromkeys(nums)]
+            if big:
+                alts.append(self._match_any(key, big))
+            must.append(alts[0] if len(alts) == 1 else self._filter_of(should=alts))
+        return self._filter_of(must=must)
+
+    def _match(self, key: str, values: list[Any]) -> Any:
+        """``key`` equal to the one value (``MatchValue``) or any of several (``MatchAny``)."""
+        raise NotImplementedError
+
+    def _match_any(self, key: str, values: list[Any]) -> Any:
+        """``key`` equal to any of ``values`` (``MatchAny``, even for one value)."""
+        raise NotImplementedError
+
+    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
+        """The alternatives matching ``field`` equal to one of the booleans ``values``."""
+        raise NotImplementedError
+
+    def _equal_number(self, key: str, v: int | float) -> Any:
+        """``key`` numerically equal to ``v`` (a range ``[v, v]``: never a boolean)."""
+        raise NotImplementedError
+
+    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
+        """The engine's ``Filter(must=...)`` or ``Filter(should=...)``."""
+        raise NotImplementedError
+
     # -- writes: one point layout and one batch loop for both engines ----------------------------
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
         """The engine's point object."""
@@ -268,18 +310,6 @@ def _is_transport(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError)
 
 
-def _serialized(method: Callable[..., T]) -> Callable[..., T]:
-    """Run the method under the store's guard (a lock in local mode, nothing on a server)."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        with self._guard:
-            return method(self, *args, **kwargs)
-
-    return wrapper
-
-
-
 def redo_folder(path: str | os.PathLike, collection: str) -> Path:
     """The redo log of one collection of a local-mode folder (name percent-encoded).
 
@@ -289,6 +319,7 @@ def redo_folder(path: str | os.PathLike, collection: str) -> Path:
     from urllib.parse import quote
 
     return Path(path) / "uibk-redo" / quote(collection, safe="")
+
 
 class QdrantStore(_QdrantBase):
     """Tagged multivectors in a Qdrant collection, through ``qdrant_client.QdrantClient``.
@@ -588,28 +619,26 @@ class QdrantStore(_QdrantBase):
         self._call(f"create_payload_index({field!r})", self.client.create_payload_index,
                    self.collection, field_name=json_key(field), field_schema=schema, wait=True)
 
-    # -- filters ------------------------------------------------------------------------------
-    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
-        if not conditions:
-            return None
+    # -- filters: the engine's condition classes ----------------------------------------------
+    def _match(self, key: str, values: list[Any]) -> Any:
         m = self._models
-        must = []
-        for c in conditions:
-            key = json_key(c.field)
-            strs, bools, nums, big = split_values(c.values)
-            alts: list[Any] = []
-            if strs:
-                match = m.MatchValue(value=strs[0]) if len(strs) == 1 else m.MatchAny(any=strs)
-                alts.append(m.FieldCondition(key=key, match=match))
-            alts += [m.FieldCondition(key=key, match=m.MatchValue(value=b)) for b in dict.fromkeys(bools)]
-            alts += [m.FieldCondition(key=key, range=m.Range(gte=v, lte=v)) for v in dict.fromkeys(nums)]
-            if big:
-                alts.append(m.FieldCondition(key=key, match=m.MatchAny(any=big)))
-            must.append(alts[0] if len(alts) == 1 else m.Filter(should=alts))
-        return m.Filter(must=must)
+        match = m.MatchValue(value=values[0]) if len(values) == 1 else m.MatchAny(any=values)
+        return m.FieldCondition(key=key, match=match)
+
+    def _match_any(self, key: str, values: list[Any]) -> Any:
+        return self._models.FieldCondition(key=key, match=self._models.MatchAny(any=values))
+
+    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
+        return [self._match(key, [b]) for b in values]
+
+    def _equal_number(self, key: str, v: int | float) -> Any:
+        return self._models.FieldCondition(key=key, range=self._models.Range(gte=v, lte=v))
+
+    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
+        return self._models.Filter(must=must) if should is None else self._models.Filter(should=should)
 
     # -- the interface ------------------------------------------------------------------------
-    @_serialized
+    @serialized  # the guard: a lock in local mode, nothing on a server
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         if self._redo is None:
             self._write_points(ids, vectors, metadata)
@@ -630,7 +659,7 @@ class QdrantStore(_QdrantBase):
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
         return self._models.PointStruct(id=point_id(doc_id), vector=vectors, payload=payload)
 
-    @_serialized
+    @serialized
     def _delete(self, ids: list[str]) -> None:
         if self._redo is None:
             self._delete_points(ids)
@@ -645,11 +674,11 @@ class QdrantStore(_QdrantBase):
             self._call("delete", self.client.delete, self.collection,
                        points_selector=m.PointIdsList(points=[point_id(x) for x in chunk]), wait=True)
 
-    @_serialized
+    @serialized
     def count(self) -> int:
         return int(self._call("count", self.client.count, self.collection, exact=True).count)
 
-    @_serialized
+    @serialized
     def _scroll_page(self, flt: Any, offset: Any, limit: int) -> tuple[list[tuple[str, dict]], Any]:
         recs, nxt = self._call("scroll", self.client.scroll, self.collection, scroll_filter=flt,
                                limit=limit, offset=offset, with_payload=True, with_vectors=False)
@@ -669,7 +698,7 @@ class QdrantStore(_QdrantBase):
             return super()._delete_where(conditions)
         return self._delete_by_filter(conditions)
 
-    @_serialized
+    @serialized
     def _delete_by_filter(self, conditions: tuple[Condition, ...]) -> int:
         m = self._models
         flt = self._filter(conditions) or m.Filter(must=[])
@@ -679,7 +708,7 @@ class QdrantStore(_QdrantBase):
                        points_selector=m.FilterSelector(filter=flt), wait=True)
         return n
 
-    @_serialized
+    @serialized
     def _get(self, ids: list[str]) -> list[Record]:
         found: dict[str, Record] = {}
         unique = list(dict.fromkeys(ids))
@@ -710,7 +739,7 @@ class QdrantStore(_QdrantBase):
                                       with_vector=[self.vector_name] if explain else False))
         return out
 
-    @_serialized
+    @serialized
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         flt = self._filter(conditions)
@@ -730,13 +759,19 @@ class QdrantStore(_QdrantBase):
                         for q, resp in zip(chunk, resps, strict=True)]
         return results
 
-    def drop_collection(self) -> None:
+    def drop(self) -> None:
         """Delete the collection, only if this store created it (a user's collection never is)."""
         if not self.created:
             raise PermissionError(f"collection {self.collection!r} was not created by this store; "
                                   "refusing to drop it")
         self._call("delete_collection", self.client.delete_collection, self.collection)
         self.created = False
+
+    def drop_collection(self) -> None:
+        """Deprecated name of :meth:`drop` (the name every backend uses)."""
+        warnings.warn("QdrantStore.drop_collection() is deprecated: use drop()", DeprecationWarning,
+                      stacklevel=2)
+        self.drop()
 
     def close(self) -> None:
         """Close the client if the store opened it (local mode: releases the path lock)."""

@@ -49,7 +49,6 @@ from uibk_embedding.adapters.qdrant import (
     json_key,
     point_id,
     split_payload,
-    split_values,
 )
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
@@ -246,29 +245,24 @@ class QdrantEdgeStore(_QdrantBase):
         """Merge segments and build the HNSW indexes (slow on multivectors): True if it did work."""
         return bool(self.shard.optimize())
 
-    # -- filters --------------------------------------------------------------------------
-    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
-        if not conditions:
-            return None
+    # -- filters: the engine's condition classes (the builder is _QdrantBase._filter) ------
+    def _match(self, key: str, values: list[Any]) -> Any:
         e = self._e
-        must = []
-        for c in conditions:
-            key = json_key(c.field)
-            strs, bools, nums, big = split_values(c.values)
-            alts: list[Any] = []
-            if strs:
-                match = e.MatchValue(strs[0]) if len(strs) == 1 else e.MatchAny(strs)
-                alts.append(e.FieldCondition(key, match=match))
-            if bools:
-                toks = [bool_token(c.field, b) for b in dict.fromkeys(bools)]
-                match = e.MatchValue(toks[0]) if len(toks) == 1 else e.MatchAny(toks)
-                alts.append(e.FieldCondition(BOOLS_KEY, match=match))
-            alts += [e.FieldCondition(key, range=e.RangeFloat(gte=float(v), lte=float(v)))
-                     for v in dict.fromkeys(nums)]
-            if big:
-                alts.append(e.FieldCondition(key, match=e.MatchAny(big)))
-            must.append(alts[0] if len(alts) == 1 else e.Filter(should=alts))
-        return e.Filter(must=must)
+        match = e.MatchValue(values[0]) if len(values) == 1 else e.MatchAny(values)
+        return e.FieldCondition(key, match=match)
+
+    def _match_any(self, key: str, values: list[Any]) -> Any:
+        return self._e.FieldCondition(key, match=self._e.MatchAny(values))
+
+    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
+        """Booleans match their tokens in ``_uibk_bools`` (see :func:`bool_token`)."""
+        return [self._match(BOOLS_KEY, [bool_token(field, b) for b in values])]
+
+    def _equal_number(self, key: str, v: int | float) -> Any:
+        return self._e.FieldCondition(key, range=self._e.RangeFloat(gte=float(v), lte=float(v)))
+
+    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
+        return self._e.Filter(must=must) if should is None else self._e.Filter(should=should)
 
     # -- the interface --------------------------------------------------------------------
     # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``

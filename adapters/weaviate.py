@@ -58,6 +58,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
@@ -389,19 +390,6 @@ def connection_kwargs(url: str, *, grpc_port: int | None = None, grpc_host: str 
         "grpc_port": int(grpc_port),
         "grpc_secure": secure,
     }
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """``"1.30.2-rc.0"`` -> ``(1, 30, 2)``.
-
-    >>> parse_version("1.29.0"), parse_version("v1.31.2-rc.1")
-    ((1, 29, 0), (1, 31, 2))
-    """
-    core = text.strip().lstrip("v").split("-")[0].split("+")[0]
-    nums = [int(x) for x in core.split(".")[:3]]
-    while len(nums) < 3:
-        nums.append(0)
-    return nums[0], nums[1], nums[2]
 
 
 class WeaviateBatchError(RuntimeError):
