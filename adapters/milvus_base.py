@@ -1,0 +1,628 @@
+"""What both Milvus layouts share: connection, collections, id and metadata rows, rescoring.
+
+:class:`MilvusStore` is the store users make (``MilvusStore(uri, collection, layout=...)``); it
+hands construction to the class of the layout asked for, each in its own module:
+:class:`~uibk_embedding.adapters.milvus_token_rows.MilvusTokenRowsStore` (``"token_rows"``) and
+:class:`~uibk_embedding.adapters.milvus_embedding_list.MilvusEmbeddingListStore`
+(``"embedding_list"``). Import them through :mod:`uibk_embedding.adapters.milvus`, which
+registers both. Here: the filter expressions, the connection and server version, creating or
+validating the collections and the store's marker, the metadata rows, ``count``/``scan``/``get``,
+the one search entry point (``candidates`` per query) and the exact rescoring of candidates with
+its consistency rule (a list is never older than the rows that nominated it).
+
+A layout implements: ``_names`` (its collections), ``_expected_fields`` and ``_build_schema``,
+``_write`` (an upsert after the shared checks), ``_fetch`` (stored lists by id) and
+``_search_one`` (candidates for one query, then :meth:`MilvusStore._rescore`); optionally
+``_check_server``, ``_doc_filter``, ``_marker``/``_write_marker``, ``_index_problems`` and
+``repair``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
+from uibk_embedding.adapters.common import serialized
+from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.rerank import rerank_candidates
+from uibk_embedding.encoder.tagged import TaggedFormat, decompose
+
+from uibk_embedding._optional import require
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
+
+LAYOUTS = ("token_rows", "embedding_list")
+MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call
+MAX_META_BYTES = 65535  # VARCHAR max_length
+ID_BYTES = 2048  # ids are <= 512 characters, <= 4 bytes each in UTF-8
+SCHEMA_VERSION = 1
+DEFAULT_CANDIDATES = 64
+# Milvus returns float32 scores: a bound is trusted only this far above an exact score
+_BOUND_SLACK = 1e-4
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
+_Stored = tuple[np.ndarray, dict, int]  # a fetched document: its list, metadata, write version
+
+
+def _pymilvus():
+    return require("pymilvus", "milvus", "the Milvus adapter")
+
+
+# -- filters -----------------------------------------------------------------------------------
+def encode_filter_value(v: Any) -> Any:
+    """How one metadata value is stored for filtering (``None``: not filterable).
+
+    >>> encode_filter_value("x"), encode_filter_value(True), encode_filter_value(2)
+    ('sx', 'b1', 2)
+    """
+    if isinstance(v, bool):
+        return "b1" if v else "b0"
+    if isinstance(v, str):
+        return "s" + v
+    if isinstance(v, int | float):
+        return v
+    return None
+
+
+def filter_fields(metadata: dict) -> dict:
+    """The type-tagged JSON object stored beside a document for filtering."""
+    out = {}
+    for key, v in metadata.items():
+        enc = encode_filter_value(v)
+        if enc is not None:
+            out[key] = enc
+    return out
+
+
+def _literal(v: Any) -> str:
+    enc = encode_filter_value(v)
+    if isinstance(enc, str):
+        return json.dumps(enc, ensure_ascii=False)  # a quoted literal, quotes/backslashes escaped
+    if isinstance(enc, float):
+        if not math.isfinite(enc):
+            raise ValueError(f"filter value {v!r} is not finite")
+        return repr(enc)
+    return str(int(enc))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def filter_expression(conditions: Sequence[Condition], field: str = "f") -> str:
+    """A Milvus boolean expression for parsed filter ``conditions`` ('' for none).
+
+    A condition on a string with a control character (newline, tab, ...) is left out: it is a
+    wider server-side search, and the client-side check of every rescored document applies it.
+
+    >>> from uibk_embedding.adapters.filters import parse_filter
+    >>> filter_expression(parse_filter({"lang": 'x" or 1==1 or "', "n": {"$in": [1, True]}}))
+    '(f["lang"] == "sx\\\\" or 1==1 or \\\\"") and (f["n"] == 1 or f["n"] == "b1")'
+    >>> filter_expression(parse_filter({"a": "two\\nlines", "n": 1}))
+    '(f["n"] == 1)'
+    """
+    parts = []
+    for c in conditions:
+        if any(isinstance(v, str) and _CONTROL.search(v) for v in c.values):
+            # Milvus Lite 2.5 matches no escaped control character (\n, \t) in a string literal
+            # and refuses a raw newline: this condition is left to the client-side check every
+            # search already applies to the documents it rescores (a wider server-side search,
+            # the same result)
+            continue
+        path = f"{field}[{json.dumps(c.field, ensure_ascii=False)}]"
+        ors = " or ".join(f"{path} == {_literal(v)}" for v in c.values)
+        parts.append(f"({ors})")
+    return " and ".join(parts)
+
+
+def _ids_expr(ids: Sequence[str]) -> str:
+    return "doc_id in [" + ", ".join(json.dumps(x, ensure_ascii=False) for x in ids) + "]"
+
+
+def _chunks(seq: Sequence, n: int) -> Iterable[Sequence]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+class _Version:
+    """Write versions: above the local clock (nanoseconds since the epoch) when it is ahead, and
+    always above every version already stored for the documents written (``after``), so a writer
+    whose clock is behind (another host, an NTP step, a restored VM) still supersedes what it
+    read: the order of versions is the order of acknowledged writes, not of clocks."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self, after: int = 0) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, int(after) + 1, time.time_ns())
+            return self._last
+
+
+# -- the store -----------------------------------------------------------------------------------
+class MilvusStore(MultiVectorStore):
+    """Tagged multi-vectors in Milvus; ``MilvusStore(...)`` makes the store of the ``layout``
+    asked for (see :mod:`uibk_embedding.adapters.milvus` for the layouts).
+
+    Parameters
+    ----------
+    uri: ``http://host:19530`` for a server, or a local ``*.db`` path for Milvus Lite.
+    collection: base name; ``token_rows`` uses ``<collection>_rows`` and ``<collection>_docs``.
+    layout: ``"token_rows"`` (every Milvus) or ``"embedding_list"`` (Milvus >= 2.6.4).
+    candidates: nearest rows taken per query vector (``token_rows``) or documents rescored
+        (``embedding_list``). Larger = better recall, slower. Also a per-query option:
+        ``search(q, k, candidates=256)``.
+    exact: guarantee exact top-k (``token_rows`` with ``index_type="FLAT"`` only).
+    index_type, index_params, search_params: the row index (``"HNSW"`` by default, M=16,
+        efConstruction=200; ``ef`` = max(candidates, 64) at search time).
+    token, timeout: connection options; ``timeout`` (seconds) bounds connecting and each call.
+    format: the tagged format; stored with the collection and checked on reopen.
+    batch_rows: vectors per insert call; ``show_progress`` draws a bar over insert batches.
+    client: an existing ``pymilvus.MilvusClient`` to use instead of ``uri``.
+
+    Example
+    -------
+    >>> s = MilvusStore(uri="http://localhost:19530")  # doctest: +SKIP
+    """
+
+    backend = "milvus"
+    exact = False
+    search_options = ("candidates",)  # per query: the candidate pool (see Parameters)
+    layout: ClassVar[str] = ""  # set by each layout class
+    supports_exact: ClassVar[bool] = False  # whether exact=True can be proven by this layout
+    _docs_suffix: ClassVar[str] = "_docs"  # the documents collection: <collection><suffix>
+    _layouts: ClassVar[dict[str, type[MilvusStore]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.layout:
+            MilvusStore._layouts[cls.layout] = cls
+
+    def __new__(cls, *args: Any, layout: str | None = None, **kwargs: Any) -> MilvusStore:
+        if cls is MilvusStore:  # the class of the layout asked for
+            layout = "token_rows" if layout is None else layout
+            if layout not in LAYOUTS:
+                raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+            if layout not in MilvusStore._layouts:
+                raise ValueError(f"layout {layout!r} is not loaded: import uibk_embedding.adapters.milvus")
+            cls = MilvusStore._layouts[layout]
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        uri: str = "http://localhost:19530",
+        collection: str = "uibk",
+        *,
+        layout: str | None = None,
+        candidates: int = DEFAULT_CANDIDATES,
+        exact: bool = False,
+        index_type: str = "HNSW",
+        index_params: dict | None = None,
+        search_params: dict | None = None,
+        token: str = "",
+        timeout: float = 30.0,
+        format: TaggedFormat | None = None,
+        batch_rows: int = 8192,
+        show_progress: bool = False,
+        client: Any = None,
+        _on_close: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(format)
+        self._guard = threading.RLock()
+        if layout is not None and layout != self.layout:
+            raise ValueError(f"{type(self).__name__} stores layout {self.layout!r}, got layout={layout!r}")
+        if not isinstance(collection, str) or not _NAME.match(collection):
+            raise ValueError(
+                f"collection name {collection!r}: use letters, digits and underscores, "
+                "starting with a letter or underscore (at most 201 characters)"
+            )
+        candidates = self._check_candidates(candidates)
+        index_type = index_type.upper()
+        if exact and (not self.supports_exact or index_type != "FLAT"):
+            raise ValueError(
+                "exact=True needs layout='token_rows' and index_type='FLAT' (an exhaustive row "
+                "search); the bound that proves exactness does not hold for approximate indexes"
+            )
+        self.uri = uri
+        self.collection = collection
+        self.candidates = candidates
+        self.exact = exact  # instance value: this store's guarantee
+        self.index_type = index_type
+        self.index_params = dict(index_params if index_params is not None else
+                                 ({"M": 16, "efConstruction": 200} if index_type == "HNSW" else
+                                  {"nlist": 1024} if index_type.startswith("IVF") else {}))
+        self.search_params = dict(search_params or {})
+        self.timeout = timeout
+        self.batch_rows = batch_rows
+        self.show_progress = show_progress
+        self._on_close = _on_close
+        self._versions = _Version()
+        self._closed = False
+        self._owns_client = client is None
+        self.client = client if client is not None else self._connect(uri, token, timeout)
+        self.server_version = self._server_version(uri, timeout)
+        self._check_server(self.server_version)
+        self.rows_name = f"{collection}_rows"
+        self.docs_name = f"{collection}{self._docs_suffix}"
+        self._open_or_create(format)
+
+    @staticmethod
+    def _check_candidates(candidates: Any) -> int:
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or not (
+                1 <= candidates <= MAX_LIMIT):
+            raise ValueError(f"candidates must be an int in 1..{MAX_LIMIT}, got {candidates!r}")
+        return candidates
+
+    # -- connection ------------------------------------------------------------------------
+    @staticmethod
+    def _connect(uri: str, token: str, timeout: float) -> Any:
+        pymilvus = _pymilvus()
+        if uri.endswith(".db"):
+            Path = __import__("pathlib").Path
+            Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        result: dict[str, Any] = {}
+
+        def connect() -> None:  # pymilvus may retry for long: bound it ourselves
+            try:
+                result["client"] = pymilvus.MilvusClient(uri=uri, token=token, timeout=timeout)
+            except BaseException as e:
+                result["error"] = e
+
+        t = threading.Thread(target=connect, daemon=True)
+        t.start()
+        t.join(timeout + 1.0)
+        if "client" in result:
+            return result["client"]
+        why = f"{type(result['error']).__name__}: {result['error']}" if "error" in result else \
+            f"no answer within {timeout:g} s"
+        raise BackendUnavailable(f"cannot connect to Milvus at {uri!r} ({why}); is the server running "
+                              "and the URI right (e.g. http://localhost:19530)?") from result.get("error")
+
+    def _server_version(self, uri: str, timeout: float) -> str:
+        if uri.endswith(".db"):
+            import milvus_lite
+
+            version = str(getattr(milvus_lite, "__version__", ""))
+            if version.startswith("2."):  # the C++ Milvus Lite lacks the GetVersion call of pymilvus 3
+                return f"milvus_lite-{version}"
+        return str(self.client.get_server_version(timeout=timeout))
+
+    def _check_server(self, version: str) -> None:
+        """Refuse a server this layout cannot run on (default: every server will do)."""
+
+    # -- schema ----------------------------------------------------------------------------
+    def _description(self) -> str:
+        return json.dumps({"uibk": self.layout, "schema": SCHEMA_VERSION,
+                           "format": self.format.to_stored()}, sort_keys=True)
+
+    def _names(self) -> list[str]:
+        """The layout's collections in creation order; the documents collection (the one with
+        the store's marker) last."""
+        raise NotImplementedError
+
+    def _expected_fields(self, name: str) -> dict[str, tuple[str, dict]]:
+        """Field name -> (Milvus type name, type parameters) of collection ``name``."""
+        raise NotImplementedError
+
+    def _build_schema(self, name: str) -> tuple[Any, Any]:
+        """The schema and index parameters collection ``name`` is created with."""
+        raise NotImplementedError
+
+    def _open_or_create(self, format: TaggedFormat | None) -> None:
+        names = self._names()
+        present = [n for n in names if self.client.has_collection(n, timeout=self.timeout)]
+        if present and len(present) != len(names):
+            missing = sorted(set(names) - set(present))
+            raise CollectionMismatch(
+                f"Milvus store {self.collection!r} is incomplete: {present} exist but {missing} do "
+                "not (a crash during creation, or a name clash). Drop the existing collection(s) or "
+                "choose another collection name; nothing was changed."
+            )
+        if present:
+            for n in reversed(names):  # the docs collection (with the marker) first
+                self._validate_existing(n, format)
+        else:
+            for n in names:
+                schema, ip = self._build_schema(n)
+                self.client.create_collection(n, schema=schema, index_params=ip,
+                                              consistency_level="Strong", timeout=self.timeout)
+                self.client.load_collection(n, timeout=max(self.timeout, 60))
+            self._write_marker()
+
+    def _marker(self, desc: dict) -> Any:
+        """The store's marker: the docs collection's description (a layout whose engine may not
+        keep descriptions adds a fallback)."""
+        try:
+            info = json.loads(desc.get("description") or "")
+            if isinstance(info, dict) and "uibk" in info:
+                return info
+        except ValueError:
+            pass
+        return None
+
+    def _write_marker(self) -> None:
+        """Store the marker beyond the collection description (default: nothing more)."""
+
+    def _validate_existing(self, name: str, format: TaggedFormat | None) -> None:
+        desc = self.client.describe_collection(name, timeout=self.timeout)
+        problems = self._field_problems(name, desc)
+        if not problems:
+            self.client.load_collection(name, timeout=max(self.timeout, 60))
+        if name == self.docs_name and not problems:
+            info = self._marker(desc)
+            if not isinstance(info, dict) or info.get("uibk") != self.layout:
+                problems.append(f"it was not created by this adapter with layout={self.layout!r}")
+            elif info.get("schema") != SCHEMA_VERSION:
+                problems.append(f"schema version {info.get('schema')} (this adapter writes "
+                                f"{SCHEMA_VERSION})")
+            else:
+                saved = TaggedFormat.from_stored(info["format"])
+                problem = saved.conflict(format)
+                if problem:
+                    problems.append(problem)
+                else:
+                    self.format = saved
+        if not problems:
+            problems = self._index_problems(name)
+        if problems:
+            raise CollectionMismatch(
+                f"existing Milvus collection {name!r} does not fit this store: " + "; ".join(problems)
+                + ". It was left unchanged: use another collection name or drop it yourself."
+            )
+
+    def _index_problems(self, name: str) -> list[str]:
+        """What makes the vector index of an existing collection unusable (default: nothing)."""
+        return []
+
+    def _field_problems(self, name: str, desc: dict) -> list[str]:
+        problems: list[str] = []
+        fields = {f["name"]: f for f in desc.get("fields", [])}
+        for fname, (ftype, params) in self._expected_fields(name).items():
+            f = fields.get(fname)
+            if f is None:
+                problems.append(f"field {fname!r} is missing")
+                continue
+            got = getattr(f["type"], "name", str(f["type"]))
+            if got != ftype:
+                problems.append(f"field {fname!r} has type {got}, expected {ftype}")
+            fp = f.get("params", {})
+            for key, want in params.items():
+                val = fp.get(key, f.get(key))
+                val = getattr(val, "name", val)
+                if val is not None and str(val) != str(want):
+                    problems.append(f"field {fname!r} has {key}={val}, expected {want}")
+        return problems
+
+    def _index_info(self, name: str, field: str) -> dict:
+        try:
+            for idx in self.client.list_indexes(name, field_name=field, timeout=self.timeout):
+                return dict(self.client.describe_index(name, idx, timeout=self.timeout) or {})
+        except Exception:
+            return {}
+        return {}
+
+    def _index_metric(self, name: str, field: str) -> str | None:
+        return self._index_info(name, field).get("metric_type")
+
+    def _index_type(self, name: str, field: str) -> str | None:
+        return self._index_info(name, field).get("index_type")
+
+    # -- writes ----------------------------------------------------------------------------
+    def _meta_text(self, doc_id: str, md: dict) -> str:
+        text = json.dumps(md, ensure_ascii=False, allow_nan=False)
+        if len(text.encode()) > MAX_META_BYTES:
+            raise ValueError(f"metadata of {doc_id!r} is {len(text.encode())} bytes as JSON; "
+                             f"Milvus VARCHAR holds at most {MAX_META_BYTES}")
+        return text
+
+    @serialized
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        for x in ids:
+            if _CONTROL.search(x):
+                raise ValueError(
+                    f"document id {x!r} has a control character: Milvus matches none in its filter "
+                    "expressions (get and delete could never find it again); use printable ids")
+        texts = [self._meta_text(x, m) for x, m in zip(ids, metadata, strict=True)]  # check all first
+        self._write(ids, vectors, metadata, texts)
+
+    def _write(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict],
+               texts: list[str]) -> None:
+        """Store checked documents (``texts``: each one's metadata as JSON)."""
+        raise NotImplementedError
+
+    def _batches(self, rows: list[dict], sizes: list[int], more: list[dict] | None = None):
+        """Insert batches of at most ``batch_rows`` vectors, with an optional progress bar."""
+        from tqdm.auto import tqdm
+
+        batches: list[list[dict]] = []
+        cur: list[dict] = []
+        n = 0
+        for r, s in zip(rows, sizes, strict=True):
+            if cur and n + s > self.batch_rows:
+                batches.append(cur)
+                cur, n = [], 0
+            cur.append(r)
+            n += s
+        if cur:
+            batches.append(cur)
+        if more:
+            batches.extend(list(b) for b in _chunks(more, self.batch_rows))
+        with tqdm(total=len(batches), desc=f"milvus insert {self.collection}", unit="batch",
+                  disable=not self.show_progress) as bar:
+            for b in batches:
+                yield b
+                bar.update(1)
+
+    def _delete_versions(self, ids: Sequence[str], extra: str = "") -> None:
+        # the documents collection first: a write killed between two deletes leaves token rows
+        # without a document, which search ignores (it rescores stored lists) and repair()
+        # removes; the other order left a document that get/count/scan return and search misses
+        names = list(reversed(self._names()))
+        for chunk in _chunks(list(ids), 500):
+            expr = _ids_expr(chunk) + (f" and {extra}" if extra else "")
+            for name in names:
+                self.client.delete(name, filter=expr, timeout=self.timeout)
+
+    @serialized
+    def _delete(self, ids: list[str]) -> None:
+        self._delete_versions(ids)
+
+    # -- reads -----------------------------------------------------------------------------
+    def _doc_filter(self, expr: str) -> str:
+        """``expr`` restricted to the rows of the documents collection that hold a document's
+        metadata, one per document (default: every row)."""
+        return expr
+
+    @serialized
+    def count(self) -> int:
+        res = self.client.query(self.docs_name, filter=self._doc_filter(""), output_fields=["count(*)"],
+                                timeout=self.timeout)
+        return int(res[0]["count(*)"]) if res else 0
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Milvus's query iterator over the document collection (a lock per page, not per scan)."""
+        expr = self._doc_filter(filter_expression(conditions))
+        with self._guard:
+            it = self.client.query_iterator(self.docs_name, batch_size=batch_size, filter=expr,
+                                            output_fields=["doc_id", "meta"], timeout=self.timeout)
+        seen: set[str] = set()  # an overwrite in progress briefly holds two versions of a document
+        try:
+            while True:
+                with self._guard:
+                    rows = it.next()
+                if not rows:
+                    return
+                page = [(r["doc_id"], json.loads(r["meta"])) for r in rows if r["doc_id"] not in seen]
+                seen.update(x for x, _ in page)
+                if page:
+                    yield page
+        finally:
+            with self._guard:
+                it.close()
+
+    def _query_all(self, name: str, expr: str, fields: list[str], *, batch: int = 1024) -> list[dict]:
+        """Every row matching ``expr`` (paged: ``query`` returns at most 16,384 rows per call)."""
+        it = self.client.query_iterator(name, batch_size=batch, filter=expr, output_fields=fields,
+                                        timeout=self.timeout)
+        out: list[dict] = []
+        try:
+            while True:
+                page = it.next()
+                if not page:
+                    break
+                out.extend(page)
+        finally:
+            it.close()
+        return out
+
+    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
+        """Newest complete stored list, metadata and version of each id (missing ids absent).
+
+        ``wait=False`` reads what the server holds now (``Eventually``) instead of waiting for
+        the collection's ``Strong`` consistency point: callers that know which version they
+        need check it and re-read the stale ones."""
+        raise NotImplementedError
+
+    @serialized
+    def _get(self, ids: list[str]) -> list[Record]:
+        found = self._fetch(ids)
+        return [Record(x, found[x][0].copy(), json.loads(json.dumps(found[x][1])))
+                for x in ids if x in found]
+
+    @serialized
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                candidates: int | None = None) -> list[Hit]:
+        return self._search_batch([query], k, conditions, candidates=candidates)[0]
+
+    @serialized
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+                      candidates: int | None = None) -> list[list[Hit]]:
+        n = self.candidates if candidates is None else self._check_candidates(candidates)
+        return [self._search_one(q, k, conditions, {}, n) for q in queries]
+
+    @serialized
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                          candidates: int | None = None) -> list[Hit]:
+        """The rescoring already fetched every hit's list: decompose from those, no second read."""
+        cache: dict[str, _Stored | None] = {}
+        n = self.candidates if candidates is None else self._check_candidates(candidates)
+        hits = self._search_one(q, k, conditions, cache, n)
+        missing = [h.id for h in hits if cache.get(h.id) is None]
+        if missing:
+            cache.update(self._fetch(missing))
+        for h in hits:
+            stored = cache.get(h.id)
+            if stored is not None:
+                h.decomposition = decompose(q, stored[0], self.format)
+        return hits
+
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                    cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
+        """One query with a candidate pool of ``candidates``; ``cache`` collects the lists
+        fetched for the rescoring."""
+        raise NotImplementedError
+
+    def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Condition, ...],
+                 cache: dict[str, _Stored | None] | None = None,
+                 upper: dict[str, float] | None = None,
+                 seen: dict[str, int] | None = None) -> tuple[list[Hit], float]:
+        """Exact MaxSim over ``ids`` (fetched in pieces); the hits and the k-th score.
+
+        With ``upper`` (score upper bounds, ``ids`` in descending bound order) rescoring stops
+        once the k-th exact score reaches the next document's bound: no later document can
+        enter the top k. With ``seen`` (the row versions the search returned) lists are read
+        without waiting for the consistency point; any list older than its rows, or not found,
+        is read again with the collection's consistency, so a list is never staler than the
+        rows that nominated it."""
+        cache = {} if cache is None else cache
+
+        def fetch(chunk: Sequence[str]) -> dict[str, tuple[np.ndarray, dict]]:
+            missing = [x for x in chunk if x not in cache]
+            if missing:
+                if seen is None:
+                    got = self._fetch(missing)
+                else:
+                    got = self._fetch(missing, wait=False)
+                    stale = [x for x in missing if x not in got or got[x][2] < seen.get(x, 0)]
+                    if stale:
+                        got.update(self._fetch(stale))
+                cache.update(got)
+                cache.update((x, None) for x in missing if x not in got)
+            found = {x: cache[x] for x in chunk if cache.get(x) is not None}
+            return {x: (s[0], s[1]) for x, s in found.items() if matches(s[1], conditions)}  # type: ignore[index]
+
+        # small first fetches when bounds can stop early
+        hits = rerank_candidates(q, ids, fetch, k, bounds=upper, bound_slack=_BOUND_SLACK,
+                                 first=64 if upper is not None else 512)
+        return hits, (hits[-1].score if len(hits) >= k else -math.inf)
+
+    # -- maintenance -----------------------------------------------------------------------
+    @serialized
+    def repair(self) -> int:
+        """Remove what interrupted writes left behind; returns how many documents were fixed
+        (0 for a layout whose writes leave nothing behind)."""
+        return 0
+
+    def drop(self) -> None:
+        """Delete this store's collections from the server (irreversible)."""
+        for n in self._names():
+            if self.client.has_collection(n, timeout=self.timeout):
+                self.client.drop_collection(n, timeout=self.timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._owns_client:
+                self.client.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+

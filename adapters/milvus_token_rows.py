@@ -1,0 +1,302 @@
+"""The ``token_rows`` Milvus layout: one row per vector, the lists in base64 document parts.
+
+Runs on every Milvus, Milvus Lite included. Two collections. ``<name>_rows`` holds one row per
+vector (document id, version, 128-d ``FLOAT_VECTOR`` with the ``IP`` metric, type-tagged
+filter values); ``<name>_docs`` holds each document's whole tagged list as float32 bytes (base64
+in ``VARCHAR`` parts of 64 vectors; long documents span several parts) plus its metadata, and
+the store's marker row (doc_id ``''``, part -1: Milvus Lite keeps no collection description).
+A base64 part decodes ~100x faster than an ``ARRAY<FLOAT>`` (whose ``max_capacity`` Milvus
+caps at 4096 floats, 32 vectors) and holds twice as many vectors.
+
+A search sends every query vector (slots included) to the row index, takes the union of the
+documents owning the ``candidates`` nearest rows of each query vector, fetches their lists and
+rescores them with exact MaxSim, best score bound first (a candidate's bound takes, per query
+vector, its best returned row or else the last returned score), stopping once the k-th exact
+score reaches the next bound. ``exact=True`` (with ``index_type="FLAT"``) proves the top-k with
+the threshold-algorithm bound, deepening the row search (x4, up to Milvus' 16,384 limit) and at
+worst rescoring every document that passes the filter.
+
+Writes: each upsert writes a new *version* of its documents (parts first, then rows), then
+deletes older versions; readers use the newest *complete* version, and :meth:`repair` removes
+what an interrupted write left. See :mod:`uibk_embedding.adapters.milvus` for the whole story.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from uibk_embedding.adapters.base import Hit
+from uibk_embedding.adapters.common import serialized
+from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.milvus_base import (
+    ID_BYTES,
+    MAX_LIMIT,
+    MAX_META_BYTES,
+    MilvusStore,
+    _chunks,
+    _ids_expr,
+    _pymilvus,
+    _Stored,
+    filter_expression,
+    filter_fields,
+)
+from uibk_embedding.encoder.tagged import DIM
+
+PART_ROWS = 64  # vectors per document part: 32 KiB of float32, 43,692 base64 characters
+PART_CHARS = 43692
+
+
+def _b64(x: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(x, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<f4")
+
+
+class MilvusTokenRowsStore(MilvusStore):
+    """The ``token_rows`` layout (see the module docstring; parameters: :class:`MilvusStore`)."""
+
+    layout: ClassVar[str] = "token_rows"
+    supports_exact: ClassVar[bool] = True
+
+    # -- schema ----------------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        return [self.rows_name, self.docs_name]
+
+    def _expected_fields(self, name: str) -> dict[str, tuple[str, dict]]:
+        if name == self.rows_name:
+            return {"pk": ("INT64", {}), "doc_id": ("VARCHAR", {"max_length": ID_BYTES}),
+                    "ver": ("INT64", {}), "f": ("JSON", {}), "vec": ("FLOAT_VECTOR", {"dim": DIM})}
+        return {"pk": ("INT64", {}), "doc_id": ("VARCHAR", {"max_length": ID_BYTES}),
+                "ver": ("INT64", {}), "part": ("INT64", {}), "n_parts": ("INT64", {}),
+                "n_rows": ("INT64", {}), "meta": ("VARCHAR", {"max_length": MAX_META_BYTES}),
+                "f": ("JSON", {}),
+                "vecs": ("VARCHAR", {"max_length": PART_CHARS}),
+                "dummy": ("FLOAT_VECTOR", {"dim": 2})}
+
+    def _build_schema(self, name: str) -> tuple[Any, Any]:
+        DataType = _pymilvus().DataType
+        schema = self.client.create_schema(auto_id=True, enable_dynamic_field=False,
+                                           description=self._description())
+        ip = self.client.prepare_index_params()
+        schema.add_field("pk", DataType.INT64, is_primary=True)
+        schema.add_field("doc_id", DataType.VARCHAR, max_length=ID_BYTES)
+        schema.add_field("ver", DataType.INT64)
+        if name == self.rows_name:
+            schema.add_field("f", DataType.JSON)
+            schema.add_field("vec", DataType.FLOAT_VECTOR, dim=DIM)
+            ip.add_index("vec", index_type=self.index_type, metric_type="IP", params=self.index_params)
+        else:
+            schema.add_field("part", DataType.INT64)
+            schema.add_field("n_parts", DataType.INT64)
+            schema.add_field("n_rows", DataType.INT64)
+            schema.add_field("meta", DataType.VARCHAR, max_length=MAX_META_BYTES)
+            schema.add_field("f", DataType.JSON)
+            schema.add_field("vecs", DataType.VARCHAR, max_length=PART_CHARS)
+            schema.add_field("dummy", DataType.FLOAT_VECTOR, dim=2)  # Milvus 2.3 needs a vector
+            ip.add_index("dummy", index_type="FLAT", metric_type="L2")
+        return schema, ip
+
+    def _marker(self, desc: dict) -> Any:
+        """The collection description, else (Milvus Lite does not keep descriptions) the marker
+        row of the docs collection (doc_id '', part -1)."""
+        info = super()._marker(desc)
+        if info is not None or "part" not in {f["name"] for f in desc.get("fields", [])}:
+            return info
+        res = self.client.query(self.docs_name, filter='doc_id == "" and part == -1',
+                                output_fields=["meta"], timeout=self.timeout)
+        try:
+            return json.loads(res[0]["meta"]) if res else None
+        except ValueError:
+            return None
+
+    def _write_marker(self) -> None:
+        self.client.insert(self.docs_name, [{"doc_id": "", "ver": 0, "part": -1, "n_parts": 0,
+                                             "n_rows": 0, "meta": self._description(), "f": {},
+                                             "vecs": "", "dummy": [0.0, 0.0]}],
+                           timeout=self.timeout)
+
+    def _index_problems(self, name: str) -> list[str]:
+        if name != self.rows_name:
+            return []
+        problems = []
+        metric = self._index_metric(name, "vec")
+        if metric is not None and metric != "IP":
+            problems.append(f"the vector index uses metric {metric}, expected IP "
+                            "(COSINE/L2 would change MaxSim scores)")
+        idx = self._index_type(name, "vec")
+        if self.exact and idx not in (None, "FLAT"):
+            problems.append(f"exact=True needs a FLAT row index, the collection has {idx}")
+        return problems
+
+    # -- writes ----------------------------------------------------------------------------
+    def _write(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict],
+               texts: list[str]) -> None:
+        ver = self._versions.next(after=self._newest_version(ids))
+        doc_rows: list[dict] = []
+        doc_sizes: list[int] = []
+        vec_rows: list[dict] = []
+        for x, v, m, t in zip(ids, vectors, metadata, texts, strict=True):
+            f = filter_fields(m)
+            n_parts = -(-len(v) // PART_ROWS)
+            for p in range(n_parts):
+                chunk = v[p * PART_ROWS:(p + 1) * PART_ROWS]
+                doc_rows.append({"doc_id": x, "ver": ver, "part": p, "n_parts": n_parts,
+                                 "n_rows": len(v), "meta": t if p == 0 else "",
+                                 "f": f if p == 0 else {}, "vecs": _b64(chunk),
+                                 "dummy": [0.0, 0.0]})
+                doc_sizes.append(len(chunk))
+            vec_rows.extend({"doc_id": x, "ver": ver, "f": f, "vec": r} for r in v.tolist())
+        # 1. the new version's lists, 2. its rows, 3. drop older versions (see module docstring)
+        for batch in self._batches(doc_rows, doc_sizes, vec_rows):
+            self.client.insert(self.docs_name if "vecs" in batch[0] else self.rows_name, batch,
+                               timeout=self.timeout)
+        self._delete_versions(ids, f"ver < {ver}")
+
+    def _newest_version(self, ids: Sequence[str]) -> int:
+        """The highest version stored for any of ``ids`` (complete or not; 0 for none), read at
+        the collection's ``Strong`` consistency point, so it includes every acknowledged write."""
+        newest = 0
+        for chunk in _chunks(list(dict.fromkeys(ids)), 128):
+            res = self.client.query(self.docs_name, filter=_ids_expr(chunk) + " and part >= 0",
+                                    output_fields=["ver"], limit=MAX_LIMIT, timeout=self.timeout)
+            newest = max([newest, *(int(r["ver"]) for r in res)])
+        return newest
+
+    # -- reads -----------------------------------------------------------------------------
+    def _doc_filter(self, expr: str) -> str:
+        # one row per document holds its metadata: part 0
+        return "part == 0" + (f" and ({expr})" if expr else "")
+
+    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
+        """Newest complete stored list, metadata and version of each id (missing ids absent);
+        an incomplete version (a write that crashed) is never used. ``wait=False``: see
+        :meth:`MilvusStore._fetch` (the ``Strong`` point is one time tick, ~200 ms on 2.3)."""
+        out: dict[str, _Stored] = {}
+        level = {} if wait else {"consistency_level": "Eventually"}
+        fields = ["doc_id", "ver", "part", "n_parts", "n_rows", "meta", "vecs"]
+        todo = [list(c) for c in _chunks(list(dict.fromkeys(ids)), 128)]
+        rows: list[dict] = []
+        while todo:
+            chunk = todo.pop()
+            res = self.client.query(self.docs_name, filter=_ids_expr(chunk), output_fields=fields,
+                                    limit=MAX_LIMIT, timeout=self.timeout, **level)
+            if len(res) >= MAX_LIMIT:  # maybe truncated: split and ask again
+                if len(chunk) == 1:
+                    res = self._query_all(self.docs_name, _ids_expr(chunk), fields, batch=256)
+                else:
+                    todo += [chunk[: len(chunk) // 2], chunk[len(chunk) // 2:]]
+                    continue
+            rows.extend(res)
+        groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+        for r in rows:
+            groups[(r["doc_id"], int(r["ver"]))].append(r)
+        for (doc_id, ver), parts in sorted(groups.items(), key=lambda kv: kv[0][1]):
+            parts.sort(key=lambda r: int(r["part"]))
+            n_parts = int(parts[0]["n_parts"])
+            if [int(p["part"]) for p in parts] != list(range(n_parts)):
+                continue  # an incomplete version (a write that crashed): never used
+            flat = np.concatenate([_unb64(p["vecs"]) for p in parts])
+            n_rows = int(parts[0]["n_rows"])
+            if flat.size != n_rows * DIM:
+                continue
+            out[doc_id] = (flat.reshape(n_rows, DIM), json.loads(parts[0]["meta"]), ver)  # newest wins
+        return out
+
+    # -- search ----------------------------------------------------------------------------
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                    cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
+        expr = filter_expression(conditions)
+        depth = min(max(candidates, 1), MAX_LIMIT)
+        while True:
+            upper, seen, bound, complete = self._row_candidates(q, depth, expr)
+            hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen)
+            if not self.exact or complete or (len(hits) == k and kth >= bound):
+                return hits
+            if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
+                return self._rescore(q, self._all_ids(expr), k, conditions, cache)[0]
+            depth = min(depth * 4, MAX_LIMIT)
+
+    def _row_candidates(self, q: np.ndarray, depth: int,
+                        expr: str) -> tuple[dict[str, float], dict[str, int], float, bool]:
+        """Documents owning each query vector's ``depth`` nearest rows, with score upper bounds.
+
+        Returns ``{doc_id: upper bound of its MaxSim}`` ordered best bound first, the newest
+        version of each document among its returned rows, the bound for
+        documents outside the union (sum over query vectors of the last returned score) and
+        whether some list came back short (then every row passing the filter was seen, so the
+        union is every matching document). A document's bound takes, per query vector, its best
+        returned row, or the last returned score where it has none; with an exhaustive row
+        search (FLAT) it is a true upper bound, so rescoring in bound order can stop early."""
+        params = {"metric_type": "IP", "params": dict(self.search_params)}
+        if self.index_type == "HNSW":
+            params["params"].setdefault("ef", max(depth, 64))
+        elif self.index_type.startswith("IVF"):
+            params["params"].setdefault("nprobe", 32)
+        gain: dict[str, float] = {}  # sum over query vectors of (best row - last row)
+        seen: dict[str, int] = {}
+        bound = 0.0
+        complete = False
+        per_call = max(1, min(len(q), 2_000_000 // depth))
+        for qs in _chunks(q, per_call):
+            res = self.client.search(self.rows_name, data=qs.tolist(), limit=depth, filter=expr,
+                                     output_fields=["doc_id", "ver"], search_params=params,
+                                     anns_field="vec", timeout=self.timeout)
+            for hits in res:
+                if len(hits) < depth:
+                    complete = True
+                if not hits:
+                    continue
+                last = min(float(h["distance"]) for h in hits)
+                bound += last
+                best: dict[str, float] = {}
+                for h in hits:
+                    d, s = h["entity"]["doc_id"], float(h["distance"])
+                    if s > best.get(d, -math.inf):
+                        best[d] = s
+                    seen[d] = max(seen.get(d, 0), int(h["entity"]["ver"]))
+                for d, s in best.items():
+                    gain[d] = gain.get(d, 0.0) + (s - last)
+        upper = {d: bound + g for d, g in sorted(gain.items(), key=lambda kv: -kv[1])}
+        return upper, seen, bound, complete
+
+    def _all_ids(self, expr: str) -> list[str]:
+        e = self._doc_filter(expr)
+        return list(dict.fromkeys(r["doc_id"] for r in self._query_all(self.docs_name, e, ["doc_id"])))
+
+    # -- maintenance -----------------------------------------------------------------------
+    @serialized
+    def repair(self) -> int:
+        """Remove versions left behind by interrupted writes; returns how many documents were fixed.
+
+        For every document stored in more than one version (or with an incomplete version), keep
+        the newest complete version and delete the rest (rows and parts)."""
+        rows = self._query_all(self.docs_name, "part >= 0", ["doc_id", "ver", "part", "n_parts"])
+        by_doc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+        n_parts: dict[tuple[str, int], int] = {}
+        for r in rows:
+            by_doc[r["doc_id"]][int(r["ver"])].append(int(r["part"]))
+            n_parts[(r["doc_id"], int(r["ver"]))] = int(r["n_parts"])
+        row_vers: dict[str, set[int]] = defaultdict(set)
+        for r in self._query_all(self.rows_name, "", ["doc_id", "ver"], batch=4096):
+            row_vers[r["doc_id"]].add(int(r["ver"]))
+        fixed = 0
+        for doc_id in set(by_doc) | set(row_vers):
+            vers = by_doc.get(doc_id, {})
+            complete = [v for v, parts in vers.items()
+                        if sorted(parts) == list(range(n_parts[(doc_id, v)]))]
+            keep = max(complete) if complete else None
+            stale = (set(vers) | row_vers.get(doc_id, set())) - {keep}
+            if stale:
+                fixed += 1
+                cond = f"ver != {keep}" if keep is not None else ""
+                self._delete_versions([doc_id], cond)
+        return fixed
+
