@@ -24,9 +24,9 @@ cursor, in pieces) and scored with exact MaxSim, so results equal the exact stor
 ``exact=False`` the ``candidates`` documents nearest to the query's dense vector come from the
 HNSW index (with pgvector >= 0.8 an iterative index scan, so a filter still yields
 ``candidates`` matches: filtering happens inside the index scan, never after a top-k) and are
-rescored exactly (:func:`uibk_embedding.rank.rerank`). Scores are always exact MaxSim; only
-which documents are scored is approximate. A query without slot rows has no dense vector and is
-answered exactly.
+rescored exactly (:func:`uibk_embedding.adapters.rerank.rerank_candidates`). Scores are always
+exact MaxSim; only which documents are scored is approximate. A query without slot rows has no
+dense vector and is answered exactly. ``exact`` and ``candidates`` can also be given per query.
 
 Writes are transactions: one ``upsert`` (``INSERT ... ON CONFLICT DO UPDATE``) or ``delete`` is
 all-or-nothing and durable when it returns (PostgreSQL's WAL); any number of store objects,
@@ -66,12 +66,12 @@ import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
-from uibk_embedding.rank import rerank
 
 SCHEMA_VERSION = 1
 DENSE_DIM = N_SLOTS * (DIM - 1)  # 381
@@ -162,8 +162,12 @@ class PgVectorStore(MultiVectorStore):
     table: the table name (lowercase letters, digits, underscores; at most 40 characters); it
         is created when missing, validated when present.
     exact: score every document passing the filter (default) or only HNSW candidates.
-    candidates: documents taken from the dense HNSW index per query (``exact=False``).
-    ef_search: HNSW search breadth (default ``max(candidates, 40)``).
+    candidates: documents taken from the dense HNSW index per query (``exact=False``), rescored
+        exactly (:func:`~uibk_embedding.adapters.rerank.rerank_candidates`).
+    ef_search: HNSW search breadth (default ``max(candidates, 40)``, at most 1000).
+
+    ``exact`` and ``candidates`` are also per-query options: ``search(q, k, exact=False,
+    candidates=300)`` (the HNSW breadth follows ``candidates`` unless ``ef_search`` was given).
     m, ef_construction: HNSW build parameters of a new table.
     connect_timeout: seconds to wait for the server when connecting.
     batch_size: documents per statement and per fetch of a scan.
@@ -178,6 +182,7 @@ class PgVectorStore(MultiVectorStore):
 
     backend = "pgvector"
     exact = True
+    search_options = ("exact", "candidates")  # per query, as the parameters of the same names
 
     def __init__(
         self,
@@ -202,11 +207,11 @@ class PgVectorStore(MultiVectorStore):
                              "starting with a letter or underscore (at most 40 characters)")
         for name, v in (("candidates", candidates), ("m", m), ("ef_construction", ef_construction),
                         ("batch_size", batch_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            self._check_positive(name, v)
         self.table = table
         self.exact = bool(exact)  # instance value: this store's guarantee
         self.candidates = candidates
+        self._ef_search_given = ef_search
         self.ef_search = min(ef_search if ef_search is not None else max(candidates, 40), 1000)
         self.m, self.ef_construction = m, ef_construction
         self.batch_size = batch_size
@@ -230,6 +235,12 @@ class PgVectorStore(MultiVectorStore):
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _check_positive(name: str, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        return v
 
     def _connect(self) -> Any:
         psycopg = _psycopg()
@@ -478,19 +489,26 @@ class PgVectorStore(MultiVectorStore):
         return [Record(found[x].id, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
-        return self._search_batch([query], k, conditions)[0]
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
+        return self._search_batch([query], k, conditions, exact=exact, candidates=candidates)[0]
 
-    def _search_batch(self, queries: list[np.ndarray], k: int,
-                      conditions: tuple[Condition, ...]) -> list[list[Hit]]:
-        return self._call(lambda: self._search_all(queries, k, conditions))
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+                      exact: bool | None = None, candidates: int | None = None) -> list[list[Hit]]:
+        exact = self.exact if exact is None else bool(exact)
+        if candidates is None:
+            pool, ef = self.candidates, self.ef_search
+        else:
+            pool = self._check_positive("candidates", candidates)
+            ef = min(self._ef_search_given if self._ef_search_given is not None else max(pool, 40), 1000)
+        return self._call(lambda: self._search_all(queries, k, conditions, exact, pool, ef))
 
-    def _search_all(self, queries: list[np.ndarray], k: int,
-                    conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+    def _search_all(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+                    exact: bool, candidates: int, ef_search: int) -> list[list[Hit]]:
         out: dict[int, list[Hit]] = {}
         for i, q in enumerate(queries):
-            if not self.exact and q[0, 0] < 0:  # a dense vector to find candidates with
-                out[i] = self._search_candidates(q, k, conditions)
+            if not exact and q[0, 0] < 0:  # a dense vector to find candidates with
+                out[i] = self._search_candidates(q, k, conditions, candidates, ef_search)
         rest = [i for i in range(len(queries)) if i not in out]
         if rest:  # exact mode, or token-only queries: one scan for all of them
             for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
@@ -528,12 +546,13 @@ class PgVectorStore(MultiVectorStore):
         return [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
                 for b in best]
 
-    def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+    def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                           candidates: int, ef_search: int) -> list[Hit]:
         """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly."""
         where, params = filter_sql(conditions)
-        limit = max(self.candidates, k)
+        limit = max(candidates, k)
         # without iterative scans the index returns at most ef_search rows: widen it to the limit
-        ef = self.ef_search if self._iterative else min(1000, max(self.ef_search, limit))
+        ef = ef_search if self._iterative else min(1000, max(ef_search, limit))
         with self.conn.transaction():
             self.conn.execute(self._sql.SQL("SET LOCAL hnsw.ef_search = {}").format(self._sql.Literal(ef)))
             if self._iterative:
@@ -550,8 +569,10 @@ class PgVectorStore(MultiVectorStore):
             # scan that reached hnsw.max_scan_tuples, or pgvector < 0.8 filtering after its index
             # scan; the subset is scored exactly (never a short, post-filtered top-k)
             return self._search_exact([q], k, conditions)[0]
-        ranked = rerank(q, [_from_bytes(v, n) for _, _, n, v in rows], k, dtype=np.float64)
-        return [Hit(rows[i][0], finite_score(s), json.loads(rows[i][1])) for i, s in ranked]
+        # the candidates came with their lists: the rerank's fetch is a lookup, in one piece
+        stored = {x: (_from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
+        return rerank_candidates(q, [r[0] for r in rows], lambda ids: {x: stored[x] for x in ids}, k,
+                                 first=len(rows))
 
     # -- maintenance -----------------------------------------------------------------------
     def size_bytes(self) -> int:

@@ -60,11 +60,11 @@ import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
-from uibk_embedding.rank import rerank
 
 DEFAULT_COLLECTION = "UibkEmbedding"
 VECTOR_NAME = "uibk"
@@ -424,10 +424,14 @@ class WeaviateStore(MultiVectorStore):
         with ``cloud=True``) or ``host=`` (``connect_to_local``), and ``api_key``/``headers``.
     vector_name, muvera, ef, ef_construction, max_connections:
         The named multi-vector's configuration (see :func:`vector_config`).
-    rerank:
-        Score the ``candidates`` (default ``4 * k``) hits Weaviate returns with exact MaxSim on
-        their stored vectors and keep the best ``k`` (scores then never depend on Weaviate's
-        distance convention).
+    rerank, candidates:
+        With ``rerank=True``, score the ``candidates`` (default ``4 * k``, at least ``k``) hits
+        Weaviate returns with exact MaxSim on their stored vectors and keep the best ``k``
+        (:func:`~uibk_embedding.adapters.rerank.rerank_candidates`; scores then never depend on
+        Weaviate's distance convention). **Off by default**, unlike the other candidate-finding
+        stores (Milvus, pgvector with ``exact=False``, PLAID, WARP), which always rerank: without
+        it the hits and scores are Weaviate's own MaxSim (HNSW, or MUVERA). Both are also
+        per-query options: ``search(q, k, rerank=True, candidates=200)``.
     batch_size, max_rows_per_request:
         Upserts go in requests of at most this many objects / vector rows.
     timeout:
@@ -443,6 +447,7 @@ class WeaviateStore(MultiVectorStore):
 
     backend: ClassVar[str] = "weaviate"
     exact: ClassVar[bool] = False
+    search_options: ClassVar[tuple[str, ...]] = ("rerank", "candidates")
 
     def __init__(
         self,
@@ -673,9 +678,12 @@ class WeaviateStore(MultiVectorStore):
         """Number of objects in the collection."""
         return int(self._collection.aggregate.over_all(total_count=True).total_count or 0)
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                rerank: bool | None = None, candidates: int | None = None) -> list[Hit]:
         MetadataQuery = _wv().classes.query.MetadataQuery
-        limit = max(k, self.candidates or 4 * k) if self.rerank else k
+        rerank = self.rerank if rerank is None else bool(rerank)
+        pool = self.candidates if candidates is None else self._check_candidates(candidates)
+        limit = max(k, pool or 4 * k) if rerank else k
         res = self._collection.query.near_vector(
             near_vector=query.astype(np.float32).tolist(),
             target_vector=self.vector_name,
@@ -683,14 +691,22 @@ class WeaviateStore(MultiVectorStore):
             filters=to_weaviate_filter(conditions),
             return_metadata=MetadataQuery(distance=True),
             return_properties=[PROP_ID, PROP_METADATA],
-            include_vector=[self.vector_name] if self.rerank else False,
+            include_vector=[self.vector_name] if rerank else False,
         )
         found = [(*self._id_and_metadata(obj), obj) for obj in res.objects]
-        if not self.rerank:
+        if not rerank:
             return [Hit(doc_id, distance_to_score(obj.metadata.distance), md)
                     for doc_id, md, obj in found][:k]
-        ranked = rerank(query, [self._vectors_of(obj) for _, _, obj in found], k, dtype=np.float64)
-        return [Hit(found[i][0], score, found[i][1]) for i, score in ranked]
+        # the candidates came with their vectors: the rerank's fetch is a lookup, in one piece
+        stored = {doc_id: (self._vectors_of(obj), md) for doc_id, md, obj in found}
+        return rerank_candidates(query, [doc_id for doc_id, _, _ in found],
+                                 lambda ids: {x: stored[x] for x in ids}, k, first=max(1, len(found)))
+
+    @staticmethod
+    def _check_candidates(candidates: Any) -> int:
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+            raise ValueError(f"candidates must be a positive int, got {candidates!r}")
+        return candidates
 
     def close(self) -> None:
         """Close the connection if the store opened it (a given ``client`` stays open)."""
