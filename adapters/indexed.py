@@ -708,18 +708,20 @@ class IndexedStore(Reranking, MultiVectorStore):
             self._before_search(rerank)
             if not self._id_of:
                 return [[] for _ in queries]
-            live = [s for s in self._id_of if matches(self._meta[s], conditions)] if conditions \
-                else list(self._id_of)
-            if not live:
+            # live: the allowed documents (None: all of them, not listed unless needed)
+            live = [s for s in self._id_of if matches(self._meta[s], conditions)] if conditions else None
+            if live is not None and not live:
                 return [[] for _ in queries]
-            n_indexed, subset, pending = 0, None, live
+            n_indexed, subset, pending = 0, None, []
             if self._index is not None:
-                pending = [s for s in live if s in self._pending] if self._pending else []
-                n_indexed = len(live) - len(pending)
-                if n_indexed < len(self._id_of) - len(self._pending):
+                if self._pending:
+                    pending = list(self._pending) if live is None else [s for s in live if s in self._pending]
+                n_indexed = (len(self._id_of) if live is None else len(live)) - len(pending)
+                if live is not None and n_indexed < len(self._id_of) - len(self._pending):
                     subset = [s for s in live if s not in self._pending] if pending else live
+            everyone = (lambda: list(self._id_of)) if live is None else (lambda: live)
             if not n_indexed or (rerank and n_indexed <= pool):
-                return self._exact(queries, live, k)
+                return self._exact(queries, everyone(), k)
             # the engine may still return removed documents: ask for that many more
             top = pool + (len(self._dead) if subset is None else 0)
             found = self._engine_candidates(queries, top, subset)
@@ -728,10 +730,10 @@ class IndexedStore(Reranking, MultiVectorStore):
                 cands = [(s, sc) for s, sc in cands if s in self._id_of][:pool]
                 if rerank:
                     short = len(cands) < min(k, n_indexed)  # the engine came up short: score them all
-                    keys = live if short else sorted({s for s, _ in cands}.union(pending))
+                    keys = everyone() if short else sorted({s for s, _ in cands}.union(pending))
                     out.append(self._rescored(q, keys, k))
                 elif len(cands) < min(k, n_indexed):
-                    out.append(self._fill_short(q, cands, live, k))
+                    out.append(self._fill_short(q, cands, everyone(), k))
                 else:
                     out.append([self._hit(s, sc) for s, sc in cands[:k]])
             return out

@@ -235,7 +235,7 @@ def build(args: argparse.Namespace) -> None:
             plaid.upsert(ids, docs)
         total = time.perf_counter() - t0
         usage = plaid.disk_usage()
-        n_centroids = int(np.load(plaid.path / plaid._plaid_dir / "centroids.npy", mmap_mode="r").shape[0])
+        n_centroids = int(np.load(plaid.path / plaid._index_dir / "centroids.npy", mmap_mode="r").shape[0])
         plaid.close()
         t = {k: round(v, 2) for k, v in timer.t.items()}
         ours = round(total - t["kmeans_s"] - t["rust_create_s"], 2)
