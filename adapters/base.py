@@ -440,7 +440,7 @@ class Reranking:
                         default: int = 100) -> None:
         """Set the store defaults; ``n_rerank`` is the deprecated name of ``candidates``."""
         name = "candidates" if n_rerank is None else "n_rerank"
-        pool = renamed_option("candidates", candidates, "n_rerank", n_rerank, stacklevel=4)
+        pool = renamed_option("candidates", candidates, "n_rerank", n_rerank, stacklevel=5)
         pool = default if pool is None else pool
         if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
             raise ValueError(f"{name} must be a positive int, got {pool!r}")

@@ -212,3 +212,19 @@ def test_warp_flush_is_durable_before_it_is_marked_clean(tmp_path, monkeypatch):
     clean = events.index("state dirty=0")
     dirty = events.index("state dirty=1")
     assert any(e.startswith("fsync warp-") for e in events[dirty:clean]), events
+
+
+def test_warp_retrain_factor_is_the_deprecated_name_of_rebuild_growth(tmp_path):
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.adapters.warp import WarpStore
+
+    with pytest.warns(DeprecationWarning, match="retrain_factor is deprecated; use rebuild_growth"):
+        s = WarpStore(tmp_path / "w", retrain_factor=3.0)
+    try:
+        assert (s.rebuild_growth, s.retrain_factor) == (3.0, 3.0)
+    finally:
+        s.close()
+    with pytest.raises(ValueError, match="retrain_factor must be a number > 1"):
+        WarpStore(tmp_path / "x", retrain_factor=1)
+    with pytest.raises(ValueError, match="rebuild_growth must be a number > 1"):
+        WarpStore(tmp_path / "y", rebuild_growth=0.5)
