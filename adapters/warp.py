@@ -1,38 +1,29 @@
 """WARP over xtr-warp-rs: string ids, upserts, deletes, filters, a durable id map, exact rerank.
 
-:class:`WarpStore` keeps three things in a directory:
+:class:`WarpStore` is the xtr-warp-rs engine of the file-backed store
+:class:`~uibk_embedding.adapters.indexed.IndexedStore`, which owns the folder, its SQLite
+source of truth, the memory-mapped vector file, the dirty flag and its repair, compaction,
+rebuilds and the exact rerank. Beside those, the folder holds ``warp-NNNNNN/``, the
+xtr-warp-rs index. The engine numbers passages itself (``create`` numbers them 0..n-1, ``add``
+continues from its ``next_passage_id``, ids are never reused); the store keeps each document's
+passage id in the ``pid`` column (NULL while the document is *pending*, not yet in the
+engine) and the pids of deleted or overwritten documents that the engine still holds in a
+``dead`` table.
 
-* ``store.sqlite`` (SQLite in WAL mode, ``synchronous=FULL``): the source of truth. One row per
-  document: its string id, an insertion sequence number, where its original vectors lie in the
-  vector file (``start``, ``n_rows``), its WARP passage id (``pid``; NULL while the document
-  is *pending*, not yet in the engine) and its JSON metadata; the engine pids of deleted or
-  overwritten documents that the engine still holds (``dead``); and a state table (saved build
-  parameters, the current index directory, the committed length of the vector file, a *dirty*
-  flag). No pickle anywhere.
-* ``vectors-NNNNNN.f16`` (:class:`~uibk_embedding.vectorfile.VectorFile`): the original vectors,
-  append-only and memory-mapped: ``get``, exact rerank and rebuilds read them from there.
-* ``warp-NNNNNN/``: the xtr-warp-rs index. The engine numbers passages itself (``create``
-  numbers them 0..n-1, ``add`` continues from its ``next_passage_id``, ids are never reused);
-  the store maps them back to string ids through the ``pid`` column.
-
-Writes never call the engine. An upsert appends the vectors (durably) and then commits, in one
-transaction, the new rows (pending) and the dead pids of what it replaced; a delete commits
-the removal and the dead pids. A process killed at any point leaves the whole write or none of
-it (an append that was never committed is cut off on open). Pending documents are searched
+Writes never call the engine (``sync_on_write`` is off): a write commits the rows (pending)
+and the dead pids of what they replaced in one transaction. Pending documents are searched
 exactly, beside the engine's candidates; the engine catches up in :meth:`WarpStore.flush`,
 which a search runs when more than ``buffer_size`` documents are pending or dead (so a bulk
-load builds the index once, on the first search): with no index yet it builds one into a fresh
-``warp-NNNNNN/`` and switches to it in one transaction (pids assigned with it); otherwise it
-marks the index dirty, tombstones the dead pids, adds the pending documents, compacts when the
-engine's tombstone ratio calls for it, flushes the engine's files to disk and commits the new
-pids while clearing the flag. A crash inside that window leaves the flag set and the index is
-rebuilt from the stored vectors on the next open (the documents themselves were committed
-before; nothing acknowledged is lost).
+load builds the index once, on the first search): the store marks the index dirty, the engine
+tombstones the dead pids, adds the pending documents and compacts when its tombstone ratio
+calls for it, its files are fsync'd and the new pids are committed while the flag is cleared.
+A crash inside that window leaves the flag set and the index is rebuilt from the stored
+vectors on the next open (the documents themselves were committed before).
 
 Scores: WARP (XTR) scoring is not MaxSim. For each query vector it looks only at the document
 vectors found in the probed centroids and *imputes* the similarity of the documents it did
 not see there (a per-query-vector lower estimate), on compressed residuals. With
-``rerank=True`` (the default) the engine only proposes ``n_rerank`` candidates, which are
+``rerank=True`` (the default) the engine only proposes ``candidates`` (200) documents, which are
 rescored with exact MaxSim on the stored originals (``docs/warp.md`` has the measurements);
 with ``rerank=False`` hits carry the engine's own scores and ranking (every pending write is
 flushed first, so the engine sees everything). Filters are evaluated on this side with the
@@ -68,11 +59,7 @@ import json
 import logging
 import os
 import queue
-import shutil
-import sqlite3
-import tempfile
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -80,31 +67,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.base import renamed_option
+from uibk_embedding.adapters.indexed import IndexedStore, check_positive
 from uibk_embedding.encoder.tagged import TaggedFormat
 
-from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import (
-    committed_generation,
-    connect,
-    lock_folder,
-    refuse_foreign_folder,
-    remove_stale_index_dirs,
-    state_get,
-    state_set,
-    transaction,
-)
-from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
-from uibk_embedding.maxsim import maxsim_scores, top_k
-from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
+from uibk_embedding.errors import EngineError, call_engine
+from uibk_embedding.vectorfile import file_name
 
 SCHEMA_VERSION = 1
-DB_NAME = "store.sqlite"
-LOCK_NAME = "store.lock"
-_INDEX_PREFIX = "warp-"
-_SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 
 #: Build parameters saved with a store: xtr-warp-rs ``create`` defaults (``num_partitions=None``
 #: is the engine's corpus-size heuristic); ``vector_dtype`` is ours.
@@ -199,16 +170,7 @@ def engine_call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     return call_engine("xtr-warp-rs", WarpEngineError, what, fn, *args, **kwargs)
 
 
-def _positive_int(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
-
-
-class WarpStore(MultiVectorStore):
+class WarpStore(IndexedStore):
     """A WARP index (xtr-warp-rs) with string ids, metadata filters and exact rerank.
 
     Parameters
@@ -232,10 +194,12 @@ class WarpStore(MultiVectorStore):
         index density, ``k`` and the query length (its ``hyperparams.optimize``).
     search_batch_size:
         The engine's ``batch_size`` for the query-centroid product (engine default 8192).
-    rerank:
-        Rescore the engine's candidates with exact MaxSim on the stored vectors (default on).
+    rerank, candidates:
+        Rescore the engine's ``candidates`` best (default 200, at least ``k``) with exact
+        MaxSim on the stored vectors (default on). Both also per query:
+        ``search(q, k, rerank=False)``.
     n_rerank:
-        Candidates asked from the engine when reranking (at least ``k``).
+        Deprecated name of ``candidates``.
     buffer_size:
         A search flushes pending writes into the engine when more than this many documents
         are pending or dead (pending ones are scored exactly meanwhile). 0 flushes on every
@@ -246,10 +210,14 @@ class WarpStore(MultiVectorStore):
         xtr-warp-rs ``add`` centroid expansion (engine defaults 50 and 0.1).
     compact_threshold:
         Tombstone ratio at which a flush compacts the engine index (engine default 0.2).
-    retrain_factor:
+    rebuild_growth:
         Rebuild (re-cluster) at a flush once the live vectors exceed this factor times the
-        vectors the index was trained on; ``None`` (default) relies on the engine's centroid
+        vectors the index was built from; ``None`` (default) relies on the engine's centroid
         expansion, as xtr-warp-rs does. :meth:`rebuild` re-clusters on demand.
+    retrain_factor:
+        Deprecated name of ``rebuild_growth``.
+    vector_compact_fraction:
+        The vector file is compacted once dead rows exceed this fraction of it (and 65,536).
     num_threads:
         The engine's search threads (engine default 1). Index builds use torch's threads.
     device:
@@ -257,7 +225,15 @@ class WarpStore(MultiVectorStore):
     """
 
     backend = "warp"
-    exact = False
+    label = "WARP"
+    engine_name = "xtr-warp-rs"
+    engine_error = WarpEngineError
+    index_prefix = "warp-"
+    schema_version = SCHEMA_VERSION
+    build_defaults = BUILD_DEFAULTS
+    sync_on_write = False
+    ref_column = "pid"
+    vector_compact_min_rows = 65536
 
     def __init__(
         self,
@@ -278,25 +254,26 @@ class WarpStore(MultiVectorStore):
         centroid_score_threshold: float | None = None,
         search_batch_size: int = 8192,
         rerank: bool = True,
-        n_rerank: int = 200,
+        candidates: int | None = None,
+        n_rerank: int | None = None,
         buffer_size: int = 256,
         min_index_vectors: int = 256,
         min_outliers: int = 50,
         max_growth_rate: float = 0.1,
         compact_threshold: float = 0.2,
+        rebuild_growth: float | None = None,
         retrain_factor: float | None = None,
+        vector_compact_fraction: float = 0.5,
         num_threads: int = 1,
         device: str = "cpu",
     ) -> None:
-        super().__init__(format)
-        for name, value in [("search_batch_size", search_batch_size), ("n_rerank", n_rerank),
-                            ("min_index_vectors", min_index_vectors), ("num_threads", num_threads)]:
-            _positive_int(name, value)
-        _positive_int("buffer_size", buffer_size, allow_zero=True)
-        _positive_int("min_outliers", min_outliers, allow_zero=True)
+        for name, value in [("search_batch_size", search_batch_size), ("num_threads", num_threads)]:
+            check_positive(name, value)
+        check_positive("buffer_size", buffer_size, allow_zero=True)
+        check_positive("min_outliers", min_outliers, allow_zero=True)
         for name, value in [("bound", bound), ("nprobe", nprobe), ("t_prime", t_prime),
                             ("max_candidates", max_candidates)]:
-            _positive_int(name, value, allow_none=True)
+            check_positive(name, value, allow_none=True)
         if centroid_score_threshold is not None and not 0 <= centroid_score_threshold <= 1:
             raise ValueError("centroid_score_threshold must be in [0, 1] or None, got "
                              f"{centroid_score_threshold!r}")
@@ -304,8 +281,8 @@ class WarpStore(MultiVectorStore):
             raise ValueError(f"compact_threshold must be in (0, 1], got {compact_threshold!r}")
         if not max_growth_rate > 0:
             raise ValueError(f"max_growth_rate must be positive, got {max_growth_rate!r}")
-        if retrain_factor is not None and not retrain_factor > 1:
-            raise ValueError(f"retrain_factor must be > 1 or None, got {retrain_factor!r}")
+        growth_name = "rebuild_growth" if retrain_factor is None else "retrain_factor"
+        rebuild_growth = renamed_option("rebuild_growth", rebuild_growth, "retrain_factor", retrain_factor)
         self._torch = require("torch", "warp", "the WARP backend")
         self._warp_mod = require("xtr_warp", "warp", "the WARP backend")
         self.engine_version = importlib.metadata.version("xtr-warp-rs")
@@ -313,205 +290,41 @@ class WarpStore(MultiVectorStore):
                               "max_candidates": max_candidates,
                               "centroid_score_threshold": centroid_score_threshold}
         self.search_batch_size = search_batch_size
-        self.rerank = bool(rerank)
-        self.n_rerank = n_rerank
         self.buffer_size = buffer_size
-        self.min_index_vectors = min_index_vectors
         self.min_outliers = min_outliers
         self.max_growth_rate = float(max_growth_rate)
         self.compact_threshold = float(compact_threshold)
-        self.retrain_factor = retrain_factor
         self.num_threads = num_threads
-        self.device = device
         given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
                  "max_points_per_centroid": max_points_per_centroid, "n_samples_kmeans": n_samples_kmeans,
                  "num_partitions": num_partitions, "seed": seed, "vector_dtype": vector_dtype}
-        self._check_build_params(given)
-
-        self._lock = threading.RLock()
         self._worker = _EngineThread()
-        self._closed = False
-        self._tmpdir: str | None = None
-        if path is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="uibk-warp-")
-            path = self._tmpdir
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lockfile: Any = None
-        self._lockfile = self._acquire_dir_lock()
-        self._engine: Any = None
-        self._vf: VectorFile | None = None
-        # in-memory view of the store (seq = insertion sequence number)
-        self._id_of: dict[int, str] = {}
-        self._seq_of: dict[str, int] = {}
-        self._start: dict[int, int] = {}
-        self._rows: dict[int, int] = {}
-        self._meta: dict[int, dict] = {}
-        self._pid: dict[int, int] = {}        # seq -> engine pid (indexed documents)
-        self._seq_of_pid: dict[int, int] = {}
-        self._pending: dict[int, None] = {}   # seqs not yet in the engine, in order
-        self._dead: set[int] = set()          # engine pids of documents that are gone
-        self._n_vectors = 0
         try:
-            self._refuse_foreign_folder()
-            self._db = self._connect()
-            self._open(format, given)
+            super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
+                             default_candidates=200, min_index_vectors=min_index_vectors,
+                             vector_compact_fraction=vector_compact_fraction,
+                             rebuild_growth=rebuild_growth, growth_name=growth_name, device=device)
         except BaseException:
-            self._closed = True
-            self._release()
+            self._worker.stop()
             raise
         _OPEN_STORES.add(self)
 
-    # -- configuration ---------------------------------------------------------------------
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
         for name in ("nbits", "kmeans_niters", "max_points_per_centroid", "n_samples_kmeans",
                      "num_partitions"):
-            _positive_int(name, given[name], allow_none=True)
-        _positive_int("seed", given["seed"], allow_zero=True, allow_none=True)
+            check_positive(name, given[name], allow_none=True)
+        check_positive("seed", given["seed"], allow_zero=True, allow_none=True)
         if given["nbits"] is not None and given["nbits"] not in (1, 2, 4, 8):
             raise ValueError(f"nbits must be 1, 2, 4 or 8, got {given['nbits']!r}")
-        if given["vector_dtype"] not in (None, "float16", "float32"):
-            raise ValueError(f"vector_dtype must be 'float16' or 'float32', got {given['vector_dtype']!r}")
+        IndexedStore._check_build_params(given)
 
     @property
-    def build_params(self) -> dict[str, Any]:
-        """The saved build parameters (nbits, k-means settings, seed, vector dtype)."""
-        return dict(self._build)
+    def retrain_factor(self) -> float | None:
+        """Deprecated name of :attr:`rebuild_growth`."""
+        return self.rebuild_growth
 
-    @property
-    def has_index(self) -> bool:
-        """Whether an engine index exists (False for empty or tiny stores, searched exactly)."""
-        return self._engine is not None
-
-    @property
-    def n_pending(self) -> int:
-        """Documents written but not yet in the engine index (searched exactly meanwhile)."""
-        return len(self._pending)
-
-    # -- files -----------------------------------------------------------------------------
-    def _acquire_dir_lock(self) -> Any:
-        return lock_folder(self.path / LOCK_NAME, f"the WARP store at {self.path}", "WarpStore")
-
-    def _connect(self) -> sqlite3.Connection:
-        return connect(
-            self.path / DB_NAME,
-            "CREATE TABLE IF NOT EXISTS docs (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
-            "start INTEGER NOT NULL, n_rows INTEGER NOT NULL, pid INTEGER UNIQUE, metadata TEXT NOT NULL)",
-            "CREATE TABLE IF NOT EXISTS dead (pid INTEGER PRIMARY KEY)")
-
-    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._db)
-
-    def _state_get(self, key: str, default: str | None = None) -> str | None:
-        return state_get(self._db, key, default)
-
-    _state_set = staticmethod(state_set)
-
-    def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
-        raw = self._state_get("config")
-        if raw is None:
-            self._build = {k: (BUILD_DEFAULTS[k] if v is None else v) for k, v in given.items()}
-            config = {"backend": "warp", "schema": SCHEMA_VERSION, "format": self.format.to_stored(),
-                      "build": self._build, "engine": f"xtr-warp-rs {self.engine_version}"}
-            with self._tx() as db:
-                self._state_set(db, config=json.dumps(config), index_dir="", dirty="0",
-                                generation="0", vf_generation="1", vf_rows="0", trained_vectors="0")
-            config_engine = config["engine"]
-        else:
-            config = json.loads(raw)
-            if config.get("backend") != "warp" or config.get("schema") != SCHEMA_VERSION:
-                raise CollectionMismatch(f"{self.path} does not hold a WARP store of schema {SCHEMA_VERSION}")
-            self.format = settle_format(TaggedFormat.from_stored(config["format"]), format,
-                                        f"store at {self.path}")
-            self._build = dict(config["build"])
-            for k, v in given.items():
-                if v is not None and v != self._build[k]:
-                    raise CollectionMismatch(
-                        f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
-                        f"without {k}, or index into a new store"
-                    )
-            config_engine = config.get("engine")
-        self._generation = int(self._state_get("generation", "0") or 0)
-        self._index_dir = self._state_get("index_dir", "") or ""
-        self._trained = int(self._state_get("trained_vectors", "0") or 0)
-        vf_gen = int(self._state_get("vf_generation", "1") or 1)
-        vf_rows = int(self._state_get("vf_rows", "0") or 0)
-        self._vf = VectorFile.open(self.path, generation=vf_gen, dtype=self._build["vector_dtype"],
-                                   committed_rows=vf_rows)
-        remove_other_generations(self.path, keep=self._vf.path.name)
-        for seq, doc_id, start, n_rows, pid, md in self._db.execute(
-                "SELECT seq, id, start, n_rows, pid, metadata FROM docs ORDER BY seq"):
-            self._remember(seq, doc_id, start, n_rows, json.loads(md))
-            if pid is None:
-                self._pending[seq] = None
-            else:
-                self._pid[seq] = pid
-                self._seq_of_pid[pid] = seq
-        self._dead = {r[0] for r in self._db.execute("SELECT pid FROM dead")}
-        self._last_seq = max([int(self._state_get("last_seq", "0") or 0), *self._id_of])
-
-        reason = None
-        if self._state_get("dirty") == "1":
-            reason = "an interrupted flush left it out of date"
-        elif config_engine != f"xtr-warp-rs {self.engine_version}":
-            reason = f"it was built by {config_engine}, this is xtr-warp-rs {self.engine_version}"
-        elif self._index_dir:
-            reason = self._load_engine()
-        if reason is not None:
-            if config_engine != f"xtr-warp-rs {self.engine_version}":
-                config["engine"] = f"xtr-warp-rs {self.engine_version}"
-                with self._tx() as db:
-                    self._state_set(db, config=json.dumps(config))
-            if self._index_dir or self._pid:
-                warnings.warn(f"rebuilding the WARP index at {self.path} from the stored vectors: "
-                              f"{reason}", RuntimeWarning, stacklevel=3)
-            try:
-                self._rebuild()
-            except (WarpEngineError, OSError, sqlite3.Error) as e:
-                self._open_without_index(e)
-        self._remove_stale_indexes()
-
-    def _open_without_index(self, error: BaseException) -> None:
-        """The index could not be rebuilt on open (a full disk, say): the store opens on its
-        committed documents with no index (searches are exact MaxSim over the stored vectors),
-        still marked dirty, so the next write, flush or :meth:`rebuild` tries again."""
-        self._close_engine()
-        with contextlib.suppress(sqlite3.Error), self._tx() as db:
-            self._state_set(db, dirty="1")
-        warnings.warn(f"the WARP index at {self.path} could not be rebuilt ({error}); the store is "
-                      "open without an index: searches are exact over the stored vectors until a "
-                      "write, flush or rebuild() succeeds", RuntimeWarning, stacklevel=4)
-
-    def _load_engine(self) -> str | None:
-        """Open the current index; the reason it cannot be used, or None."""
-        folder = self.path / self._index_dir
-        try:
-            n_engine = self._engine_passages(folder) - self._tombstones(folder)
-        except WarpEngineError as e:
-            return str(e)
-        if n_engine != len(self._pid) + len(self._dead):
-            return f"it holds {n_engine} live passages, the store expects {len(self._pid) + len(self._dead)}"
-        try:
-            engine = self._warp_mod.XTRWarp(str(folder), device=self.device)
-            self._call("load", engine.load, device=self.device)
-        except WarpEngineError as e:
-            return str(e)
-        self._engine = engine
-        return None
-
-    def _refuse_foreign_folder(self) -> None:
-        refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, "WARP")
-
-    def _remove_stale_indexes(self) -> None:
-        remove_stale_index_dirs(self.path, _INDEX_PREFIX, self._index_dir, self._generation)
-
-    def _remember(self, seq: int, doc_id: str, start: int, n_rows: int, md: dict) -> None:
-        self._id_of[seq], self._seq_of[doc_id] = doc_id, seq
-        self._start[seq], self._rows[seq], self._meta[seq] = start, n_rows, md
-        self._n_vectors += n_rows
-
-    # -- the engine ------------------------------------------------------------------------
+    # -- xtr-warp-rs -----------------------------------------------------------------------
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """:func:`engine_call` on the store's engine thread. The engine's searcher is a pyo3
         *unsendable* object: it panics when used or dropped on any thread but the one that
@@ -523,141 +336,6 @@ class WarpStore(MultiVectorStore):
         mat, off = self._gather(seqs)
         t = self._torch.from_numpy(mat)
         return [t[off[i]:off[i + 1]] for i in range(len(seqs))]
-
-    def _gather(self, seqs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        assert self._vf is not None
-        starts = np.fromiter((self._start[s] for s in seqs), dtype=np.int64, count=len(seqs))
-        lengths = np.fromiter((self._rows[s] for s in seqs), dtype=np.int64, count=len(seqs))
-        return self._vf.gather(starts, lengths)
-
-    def _close_engine(self) -> None:
-        if self._engine is not None:
-            with contextlib.suppress(Exception):
-                self._call("free", self._engine.free)  # drops the searcher on its own thread
-            self._engine = None
-
-    def _rebuild(self) -> None:
-        """Build a fresh index from the stored vectors into a new directory, then switch to it
-        (the pids of every live document are reassigned in the same transaction)."""
-        gen = self._generation + 1
-        live = sorted(self._id_of)
-        name = f"{_INDEX_PREFIX}{gen:06d}" if self._n_vectors >= self.min_index_vectors else ""
-        engine = None
-        if name:
-            target = self.path / name
-            shutil.rmtree(target, ignore_errors=True)
-            b = self._build
-            engine = self._warp_mod.XTRWarp(str(target), device=self.device)
-            tensors = self._tensors(live)
-            with _quiet_kmeans():
-                self._call("create", engine.create, tensors, device=self.device, nbits=b["nbits"],
-                            kmeans_niters=b["kmeans_niters"],
-                            max_points_per_centroid=b["max_points_per_centroid"],
-                            n_samples_kmeans=b["n_samples_kmeans"], num_partitions=b["num_partitions"],
-                            seed=b["seed"], show_progress=False)
-            del tensors
-            fsync_tree(target)  # durable before the state row points at it
-        old_dir = self._index_dir
-        with self._tx() as db:
-            db.execute("UPDATE docs SET pid = NULL")
-            if name:
-                db.executemany("UPDATE docs SET pid = ? WHERE seq = ?", [(p, s) for p, s in enumerate(live)])
-            db.execute("DELETE FROM dead")
-            self._state_set(db, index_dir=name, generation=gen, dirty="0",
-                            trained_vectors=self._n_vectors if name else 0)
-        self._close_engine()
-        self._index_dir, self._generation = name, gen
-        self._trained = self._n_vectors if name else 0
-        self._dead = set()
-        self._pid, self._seq_of_pid, self._pending = {}, {}, {}
-        if name:
-            self._pid = {s: p for p, s in enumerate(live)}
-            self._seq_of_pid = dict(enumerate(live))
-            assert engine is not None
-            self._call("load", engine.load, device=self.device)
-            self._engine = engine
-        else:
-            self._pending = dict.fromkeys(live)
-        if old_dir and old_dir != name:
-            shutil.rmtree(self.path / old_dir, ignore_errors=True)
-
-    def rebuild(self) -> None:
-        """Re-cluster: build the index anew from the stored vectors (e.g. after the collection
-        drifted far from the one the centroids were trained on)."""
-        with self._lock:
-            self._check_open()
-            self._rebuild()
-
-    def flush(self) -> None:
-        """Bring the engine index up to date with every committed write (builds it when the
-        store has reached ``min_index_vectors``). Searches call this on their own when more
-        than ``buffer_size`` documents are pending or dead."""
-        with self._lock:
-            self._check_open()
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending and not self._dead:
-            return
-        if self._engine is None:
-            if self._n_vectors >= self.min_index_vectors:
-                self._rebuild()
-            return
-        drifted = self.retrain_factor is not None and self._n_vectors > self.retrain_factor * self._trained
-        if self._n_vectors < self.min_index_vectors or (not self._pid and not self._pending) or drifted:
-            self._rebuild()
-            return
-        try:
-            self._flush_incremental()
-        except WarpEngineError as e:
-            warnings.warn(f"{e}; rebuilding the WARP index from the stored vectors", RuntimeWarning,
-                          stacklevel=3)
-            self._close_engine()
-            self._rebuild()
-
-    def _flush_incremental(self) -> None:
-        assert self._engine is not None
-        engine = self._engine
-        pending = list(self._pending)
-        dead = sorted(self._dead)
-        folder = self.path / self._index_dir
-        with self._tx() as db:
-            self._state_set(db, dirty="1")
-        if dead:
-            self._call("delete", engine.delete, dead, compact_threshold=None)
-        self._close_engine()  # the engine rewrites files the searcher maps
-        new: list[int] = []
-        if pending:
-            with _quiet_kmeans():
-                new = [int(p) for p in self._call(
-                    "add", engine.add, self._tensors(pending), reload=False, min_outliers=self.min_outliers,
-                    max_growth_rate=self.max_growth_rate,
-                    max_points_per_centroid=self._build["max_points_per_centroid"], show_progress=False)]
-            if len(new) != len(pending) or len(set(new)) != len(new) or set(new) & set(self._seq_of_pid):
-                raise WarpEngineError(f"add returned {len(new)} passage ids for {len(pending)} documents "
-                                      "(or ids already in use)")
-        # the engine's num_passages keeps counting tombstoned passages until it compacts
-        n_engine, n_tomb = self._engine_passages(folder), self._tombstones(folder)
-        if n_tomb and n_tomb / max(1, n_engine) >= self.compact_threshold:
-            self._call("compact", engine.compact, reload=False, show_progress=False)
-            n_engine, n_tomb = self._engine_passages(folder), self._tombstones(folder)
-        if n_engine - n_tomb != len(self._pid) + len(new):
-            raise WarpEngineError(f"after the flush the engine holds {n_engine - n_tomb} live passages, "
-                                  f"the store {len(self._pid) + len(new)}")
-        fresh = self._warp_mod.XTRWarp(str(folder), device=self.device)
-        self._call("load", fresh.load, device=self.device)
-        fsync_tree(folder)  # the engine's files are durable before the flag is cleared
-        with self._tx() as db:
-            db.executemany("UPDATE docs SET pid = ? WHERE seq = ?", list(zip(new, pending, strict=True)))
-            for i in range(0, len(dead), _SQL_CHUNK):
-                chunk = dead[i:i + _SQL_CHUNK]
-                db.execute(f"DELETE FROM dead WHERE pid IN ({','.join('?' * len(chunk))})", chunk)
-            self._state_set(db, dirty="0")
-        self._engine = fresh
-        for p, s in zip(new, pending, strict=True):
-            self._pid[s], self._seq_of_pid[p] = p, s
-        self._pending = {}
-        self._dead = set()
 
     @staticmethod
     def _tombstones(folder: Path) -> int:
@@ -674,223 +352,71 @@ class WarpStore(MultiVectorStore):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise WarpEngineError(f"the index metadata is unreadable: {e}") from e
 
-    # -- writes ----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreInUse("this WarpStore is closed")
+    def _before_search(self, rerank: bool) -> None:
+        waiting = len(self._pending) + len(self._dead)
+        if waiting > self.buffer_size or (not rerank and waiting):
+            self._sync()
 
-    def _retire(self, db: sqlite3.Connection, seqs: list[int]) -> None:
-        """Delete the rows of ``seqs`` and record the engine pids they leave behind."""
-        for i in range(0, len(seqs), _SQL_CHUNK):
-            chunk = seqs[i:i + _SQL_CHUNK]
-            db.execute(f"DELETE FROM docs WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
-        dead = [(self._pid[s],) for s in seqs if s in self._pid]
-        db.executemany("INSERT OR IGNORE INTO dead (pid) VALUES (?)", dead)
+    # -- the engine interface --------------------------------------------------------------
+    def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:
+        b = self._build
+        engine = self._warp_mod.XTRWarp(str(folder), device=self.device)
+        tensors = self._tensors(seqs)
+        with _quiet_kmeans():
+            self._call("create", engine.create, tensors, device=self.device, nbits=b["nbits"],
+                       kmeans_niters=b["kmeans_niters"], max_points_per_centroid=b["max_points_per_centroid"],
+                       n_samples_kmeans=b["n_samples_kmeans"], num_partitions=b["num_partitions"],
+                       seed=b["seed"], show_progress=False)
+        del tensors
+        self._call("load", engine.load, device=self.device)
+        return engine, list(range(len(seqs)))
 
-    def _forget(self, seqs: list[int]) -> None:
-        for s in seqs:
-            self._n_vectors -= self._rows.pop(s)
-            del self._seq_of[self._id_of.pop(s)]
-            del self._start[s], self._meta[s]
-            self._pending.pop(s, None)
-            pid = self._pid.pop(s, None)
-            if pid is not None:
-                del self._seq_of_pid[pid]
-                self._dead.add(pid)
+    def _engine_open(self, folder: Path) -> Any:
+        engine = self._warp_mod.XTRWarp(str(folder), device=self.device)
+        self._call("load", engine.load, device=self.device)
+        return engine
 
-    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        with self._lock:
-            self._check_open()
-            assert self._vf is not None
-            old = [self._seq_of[x] for x in ids if x in self._seq_of]
-            new = list(range(self._last_seq + 1, self._last_seq + 1 + len(ids)))
-            starts = self._vf.append(vectors)  # durable before any row points at it
-            rows = [(s, x, int(st), len(v), json.dumps(m, ensure_ascii=False))
-                    for s, x, st, v, m in zip(new, ids, starts, vectors, metadata, strict=True)]
-            with self._tx() as db:
-                self._retire(db, old)
-                db.executemany("INSERT INTO docs (seq, id, start, n_rows, pid, metadata) "
-                               "VALUES (?, ?, ?, ?, NULL, ?)", rows)
-                self._state_set(db, vf_rows=self._vf.n_rows, last_seq=new[-1])
-            self._last_seq = new[-1]
-            self._forget(old)
-            for s, x, st, v, m in zip(new, ids, starts, vectors, metadata, strict=True):
-                self._remember(s, x, int(st), len(v), m)
-                self._pending[s] = None
-            self._maybe_rewrite_vectors()
+    def _engine_count(self, folder: Path) -> int:
+        # the engine's num_passages keeps counting tombstoned passages until it compacts
+        return self._engine_passages(folder) - self._tombstones(folder)
 
-    def _delete(self, ids: list[str]) -> None:
-        with self._lock:
-            self._check_open()
-            old = [self._seq_of[x] for x in ids if x in self._seq_of]
-            if not old:
-                return
-            with self._tx() as db:
-                self._retire(db, old)
-            self._forget(old)
-            self._maybe_rewrite_vectors()
+    def _engine_update(self, dead: list[int], seqs: list[int]) -> list[int]:
+        engine, folder = self._index, self.path / self._index_dir
+        if dead:
+            self._call("delete", engine.delete, dead, compact_threshold=None)
+        self._close_index()  # the engine rewrites files the searcher maps
+        new: list[int] = []
+        if seqs:
+            with _quiet_kmeans():
+                new = [int(p) for p in self._call(
+                    "add", engine.add, self._tensors(seqs), reload=False, min_outliers=self.min_outliers,
+                    max_growth_rate=self.max_growth_rate,
+                    max_points_per_centroid=self._build["max_points_per_centroid"], show_progress=False)]
+        n_engine, n_tomb = self._engine_passages(folder), self._tombstones(folder)
+        if n_tomb and n_tomb / max(1, n_engine) >= self.compact_threshold:
+            self._call("compact", engine.compact, reload=False, show_progress=False)
+        self._index = self._engine_open(folder)
+        return new
 
-    def _maybe_rewrite_vectors(self) -> None:
-        """Copy the live vectors into a fresh file once more than half the file is garbage."""
-        assert self._vf is not None
-        garbage = self._vf.n_rows - self._n_vectors
-        if garbage < 65536 or garbage <= self._n_vectors:
-            return
-        live = sorted(self._id_of)
-        gen = int(self._state_get("vf_generation", "1") or 1) + 1
-        starts = np.fromiter((self._start[s] for s in live), dtype=np.int64, count=len(live))
-        lengths = np.fromiter((self._rows[s] for s in live), dtype=np.int64, count=len(live))
-        try:
-            new_vf, new_starts = self._vf.rewrite(self.path, gen, starts, lengths)
-        except OSError as e:  # the write itself is committed; the garbage rows only cost disk
-            warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
-                          stacklevel=4)
-            return
-        try:
-            with self._tx() as db:
-                db.executemany("UPDATE docs SET start = ? WHERE seq = ?",
-                               [(int(st), s) for st, s in zip(new_starts, live, strict=True)])
-                self._state_set(db, vf_generation=gen, vf_rows=new_vf.n_rows)
-        except (OSError, sqlite3.Error) as e:
-            named = committed_generation(self._db, "vf_generation")
-            if named != gen:  # not committed: the new file is nobody's (unless unreadable: kept)
-                new_vf.close()
-                if named == gen - 1:
-                    new_vf.path.unlink(missing_ok=True)
-                warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
-                              stacklevel=4)
-                return
-        old, self._vf = self._vf, new_vf
-        old.close()
-        for st, s in zip(new_starts, live, strict=True):
-            self._start[s] = int(st)
-        remove_other_generations(self.path, keep=new_vf.path.name)
-
-    # -- reads -----------------------------------------------------------------------------
-    def count(self) -> int:
-        return len(self._id_of)
-
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        """From the id map in memory (the committed SQLite rows), in insertion order."""
-        with self._lock:
-            self._check_open()
-            found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
-                     for s in sorted(self._id_of) if matches(self._meta[s], conditions)]
-        for i in range(0, len(found), batch_size):
-            yield found[i:i + batch_size]
-
-    def _get(self, ids: list[str]) -> list[Record]:
-        with self._lock:
-            self._check_open()
-            assert self._vf is not None
-            seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
-            return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]),
-                           json.loads(json.dumps(self._meta[s]))) for s in seqs]
-
-    def _hit(self, seq: int, score: float) -> Hit:
-        return Hit(self._id_of[seq], finite_score(score), json.loads(json.dumps(self._meta[seq])))
-
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
-        return self._search_batch([query], k, conditions)[0]
-
-    def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
-    ) -> list[list[Hit]]:
-        with self._lock:
-            self._check_open()
-            if len(self._pending) + len(self._dead) > self.buffer_size \
-                    or (not self.rerank and (self._pending or self._dead)):
-                self._flush()
-            if not self._id_of:
-                return [[] for _ in queries]
-            # dicts keep insertion order, which is sequence order: no sorting
-            if conditions:
-                live = [s for s in self._id_of if matches(self._meta[s], conditions)]
-                if not live:
-                    return [[] for _ in queries]
-                indexed = [s for s in live if s in self._pid] if self._engine is not None else []
-                pending = [s for s in live if s not in self._pid] if indexed else live
-                n_indexed = len(indexed)
-                subset: list[int] | None = None if n_indexed == len(self._pid) \
-                    else [self._pid[s] for s in indexed]
-            else:
-                live = None  # all documents; listed only when needed
-                n_indexed = len(self._pid) if self._engine is not None else 0
-                pending = list(self._pending) if n_indexed else list(self._id_of)
-                subset = None
-            pool = max(self.n_rerank, k) if self.rerank else k
-            if not n_indexed or (self.rerank and n_indexed <= pool):
-                return self._exact(queries, list(self._id_of) if live is None else live, k)
-            found = self._engine_search(queries, pool + (len(self._dead) if subset is None else 0), subset)
-            out = []
-            for q, cands in zip(queries, found, strict=True):
-                cands = [(s, sc) for s, sc in cands if s in self._id_of][:pool]
-                if len(cands) < min(k, n_indexed):  # the engine came up short: score them all
-                    out.append(self._exact([q], list(self._id_of) if live is None else live, k)[0])
-                elif self.rerank:
-                    out.append(self._exact([q], sorted({s for s, _ in cands} | set(pending)), k)[0])
-                else:
-                    out.append([self._hit(s, sc) for s, sc in cands[:k]])
-            return out
-
-    def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
-        """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
-        if not seqs:
-            return [[] for _ in queries]
-        mat, off = self._gather(seqs)
-        scores = maxsim_scores(queries, mat, off)
-        return [[self._hit(seqs[i], row[i]) for i in top_k(row, k)] for row in scores]
-
-    def _engine_search(self, queries: list[np.ndarray], top: int,
-                       subset: list[int] | None) -> list[list[tuple[int, float]]]:
+    def _engine_candidates(self, queries: list[np.ndarray], top: int,
+                           subset: list[int] | None) -> list[list[tuple[int, float]]]:
         """Engine candidates per query as (seq, score), best first (unknown pids dropped).
         Queries go one at a time: the engine pads a batch with zero rows."""
-        assert self._engine is not None
-        torch = self._torch
+        pids = None if subset is None else [self._ref[s] for s in subset]
         out = []
         for q in queries:
-            res = self._call("search", self._engine.search, torch.from_numpy(np.ascontiguousarray(q)),
-                              top_k=top, num_threads=self.num_threads, batch_size=self.search_batch_size,
-                              subset=subset, show_progress=False, **self.search_params)
-            out.append([(self._seq_of_pid.get(int(p), -1), float(s)) for p, s in res[0]])
+            res = self._call("search", self._index.search, self._torch.from_numpy(np.ascontiguousarray(q)),
+                             top_k=top, num_threads=self.num_threads, batch_size=self.search_batch_size,
+                             subset=pids, show_progress=False, **self.search_params)
+            out.append([(self._seq_of_ref.get(int(p), -1), float(s)) for p, s in res[0]])
         return out
 
-    # -- housekeeping ----------------------------------------------------------------------
-    def disk_usage(self) -> dict[str, int]:
-        """Bytes on disk: ``warp_index`` (the engine directory) and ``stored`` (the vector file
-        and SQLite: original vectors, ids, metadata)."""
-        with self._lock:
-            self._check_open()
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count each stored byte once
-            idx = sum(p.stat().st_size for p in (self.path / self._index_dir).rglob("*") if p.is_file()) \
-                if self._index_dir else 0
-            stored = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
-            assert self._vf is not None
-            stored += self._vf.path.stat().st_size
-            return {"warp_index": idx, "stored": stored}
+    def _engine_close(self) -> None:
+        self._call("free", self._index.free)  # drops the searcher on its own thread
 
     def _release(self) -> None:
-        self._close_engine()
-        if self._vf is not None:
-            self._vf.close()
-            self._vf = None
-        db = getattr(self, "_db", None)
-        if db is not None:
-            db.close()
-        if self._lockfile is not None:
-            self._lockfile.close()  # releases the flock
-            self._lockfile = None
+        super()._release()
         self._worker.stop()
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._release()
 
     def __del__(self) -> None:  # a store dropped without close(): free the engine on its thread
         if not getattr(self, "_closed", True):

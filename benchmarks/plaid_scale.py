@@ -235,7 +235,7 @@ def build(args: argparse.Namespace) -> None:
             plaid.upsert(ids, docs)
         total = time.perf_counter() - t0
         usage = plaid.disk_usage()
-        n_centroids = int(np.load(plaid.path / plaid._plaid_dir / "centroids.npy", mmap_mode="r").shape[0])
+        n_centroids = int(np.load(plaid.path / plaid._index_dir / "centroids.npy", mmap_mode="r").shape[0])
         plaid.close()
         t = {k: round(v, 2) for k, v in timer.t.items()}
         ours = round(total - t["kmeans_s"] - t["rust_create_s"], 2)
@@ -389,18 +389,18 @@ def rerank(args: argparse.Namespace) -> None:
         db.execute("CREATE TABLE docs (seq INTEGER PRIMARY KEY, n_rows INTEGER, vectors BLOB)")
         with db:
             for lo in range(0, n, 2000):
-                pos = np.arange(lo, min(n, lo + 2000))
-                mat, off = plaid._vf.gather(plaid._starts[pos], plaid._lens[pos], dtype=np.float16)
+                chunk = list(plaid._id_of)[lo:lo + 2000]
+                mat, off = plaid._gather(chunk, dtype=np.float16)
                 db.executemany("INSERT INTO docs VALUES (?, ?, ?)",
-                               [(int(plaid._order[p]), int(off[i + 1] - off[i]),
-                                 mat[off[i]:off[i + 1]].tobytes()) for i, p in enumerate(pos)])
+                               [(s, int(off[i + 1] - off[i]), mat[off[i]:off[i + 1]].tobytes())
+                                for i, s in enumerate(chunk)])
         new, old = [], []
         for q in queries:
             cand = np.sort(rng.choice(n, size=min(args.candidates, n), replace=False))
-            seqs = plaid._order[cand].tolist()
+            seqs = np.fromiter(plaid._id_of, np.int64)[cand].tolist()
             for _ in range(args.runs):
                 t0 = time.perf_counter()
-                plaid._exact([q], cand, 10)
+                plaid._exact([q], seqs, 10)
                 new.append((time.perf_counter() - t0) * 1000)
                 t0 = time.perf_counter()
                 marks = ",".join("?" * len(seqs))
@@ -439,8 +439,8 @@ def profile(args: argparse.Namespace) -> None:
                 spent[key] += time.perf_counter() - t0
         return inner
 
-    plaid._engine_search = timed("engine", plaid._engine_search)
-    plaid._exact = timed("rerank", plaid._exact)
+    plaid._engine_candidates = timed("engine", plaid._engine_candidates)
+    plaid._rescored = timed("rerank", plaid._rescored)
     plaid.search(queries[0], k=10)
     rows = []
     for q in queries:

@@ -98,7 +98,7 @@ def query(args: argparse.Namespace) -> None:
     # how the engine's raw scores relate to exact MaxSim (its own top 100 per query)
     ratios, corrs = [], []
     for q in queries:
-        cands = store._engine_search([q], 100, None)[0]
+        cands = store._engine_candidates([q], 100, None)[0]
         seqs = [s for s, _ in cands]
         mat, off = pack([docs[pos[store._id_of[s]]] for s in seqs])
         exact_scores = maxsim_scores([q], mat, off)[0]

@@ -101,6 +101,30 @@ def state_set(db: sqlite3.Connection, **values: Any) -> None:
                    [(k, str(v)) for k, v in values.items()])
 
 
+def rename_state_keys(db: sqlite3.Connection, renamed: dict[str, str]) -> list[str]:
+    """Rename the ``state`` keys ``old -> new`` of ``renamed`` that the database still has, all in
+    one transaction (nothing is written when none is left); returns the old names renamed.
+
+    >>> import tempfile, pathlib
+    >>> db = connect(pathlib.Path(tempfile.mkdtemp()) / "s.sqlite")
+    >>> with transaction(db):
+    ...     state_set(db, plaid_dir="plaid-000002")
+    >>> rename_state_keys(db, {"plaid_dir": "index_dir", "vf_rows": "vector_rows"})
+    ['plaid_dir']
+    >>> state_get(db, "index_dir"), state_get(db, "plaid_dir"), rename_state_keys(db, {"plaid_dir": "x"})
+    ('plaid-000002', None, [])
+    """
+    marks = ",".join("?" * len(renamed))
+    found = [r[0] for r in db.execute(f"SELECT key FROM state WHERE key IN ({marks})", list(renamed))]
+    if found:
+        with transaction(db):
+            for old in found:
+                db.execute("INSERT OR REPLACE INTO state (key, value) "
+                           "SELECT ?, value FROM state WHERE key = ?", (renamed[old], old))
+                db.execute("DELETE FROM state WHERE key = ?", (old,))
+    return sorted(found)
+
+
 def committed_generation(db: sqlite3.Connection, key: str) -> int | None:
     """The vector-file generation ``key`` the database names now (after a failed transaction:
     did it commit after all?); None when the database cannot be read, in which case no file it

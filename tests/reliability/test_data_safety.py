@@ -172,13 +172,14 @@ def test_plaid_in_place_update_is_durable_before_it_is_marked_clean(tmp_path, mo
     in place, so they must be fsync'd before ``dirty=0`` commits (the rebuild path and WARP did;
     this path did not: after a power cut the stale index was trusted and 29 of 29 documents
     searched with their own vectors returned another id)."""
+    import uibk_embedding.adapters.indexed as indexed
     import uibk_embedding.plaid_backend.store as plaid
 
     store = _plaid(tmp_path / "s", rebuild_growth=None)
     store.upsert([f"a{i}" for i in range(30)], docs(4, 30))
     assert store.has_index
     events: list[str] = []
-    real_sync, real_set = plaid.fsync_tree, plaid.PlaidStore._state_set
+    real_sync, real_set = indexed.fsync_tree, plaid.PlaidStore._state_set
 
     def sync(path):
         events.append(f"fsync {Path(path).name}")
@@ -188,7 +189,7 @@ def test_plaid_in_place_update_is_durable_before_it_is_marked_clean(tmp_path, mo
         events.append("state " + ",".join(f"{k}={v}" for k, v in sorted(values.items())))
         real_set(db, **values)
 
-    monkeypatch.setattr(plaid, "fsync_tree", sync)
+    monkeypatch.setattr(indexed, "fsync_tree", sync)  # the engine store's fsync
     monkeypatch.setattr(plaid.PlaidStore, "_state_set", staticmethod(record))
     store.upsert([f"b{i}" for i in range(5)], docs(5, 5))  # an engine update, no rebuild
     store.close()

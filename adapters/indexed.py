@@ -1,0 +1,848 @@
+"""The file-backed engine store: one folder, one SQLite truth, one vector file, any index engine.
+
+:class:`IndexedStore` is everything PLAID and WARP share; an *engine* (a subclass) adds only
+the calls into its index. The store keeps, in its folder:
+
+* ``store.sqlite`` (WAL, ``synchronous=FULL``; :mod:`uibk_embedding._sqlite_state`): the source
+  of truth. ``docs`` holds one row per document (string id, insertion sequence number ``seq``,
+  ``start`` and ``n_rows`` in the vector file, JSON metadata; an engine whose document numbers
+  must survive a reopen adds a column for them, see ``ref_column``). ``state`` holds one set of
+  keys for every engine: ``config`` (backend, schema, tagged format, build parameters, engine
+  version), ``index_dir`` and ``generation`` (the current index folder), ``dirty``,
+  ``vector_gen`` and ``vector_rows`` (the vector file's generation and committed rows),
+  ``built_vectors`` (vectors the index was last built from) and ``last_seq``. Stores written
+  with older key names (PLAID ``plaid_dir``; WARP ``index_dir``/``vf_generation``/``vf_rows``/
+  ``trained_vectors``) are renamed on open, in one transaction (:data:`RENAMED_KEYS`).
+* ``vectors-NNNNNN.f16`` (:mod:`uibk_embedding.vectorfile`): the original vectors, appended and
+  ``fsync``'d before the transaction that references them; compacted into the next generation
+  when dead rows exceed ``vector_compact_fraction`` of the file.
+* ``<prefix>NNNNNN/``: the engine's index, written fresh by a rebuild and switched to in one
+  transaction; stale ones (older, or a rebuild that died before its switch) are removed on
+  open, and a folder holding anything but a store is refused.
+
+A write appends the vectors, then commits the rows (and, for ``sync_on_write`` engines, the
+*dirty* flag) in one transaction; the documents are then *pending* (not in the index) and the
+ones they replaced *dead* (still in the index). :meth:`IndexedStore.flush` brings the index in
+line: a rebuild when there is no index yet, the store is below ``min_index_vectors``, no indexed
+document is left or it grew past ``rebuild_growth`` times the vectors of the last build; else an
+in-place update (dirty set first, the engine's files fsync'd before ``dirty=0`` commits; an
+engine error rebuilds). A dirty store is rebuilt on open; when that fails it opens without an
+index (searches exact) and the next write tries again.
+
+Search is one template: the engine proposes candidates, the store reads their stored vectors
+and :meth:`~uibk_embedding.adapters.base.Reranking._rescored` scores them with one
+:func:`uibk_embedding.rank.rerank` call (``rerank``/``candidates``, per store and per query).
+Stores (or filtered subsets) no larger than the pool, and stores without an index, are
+scored exactly; pending documents are scored beside the engine's candidates.
+
+The engine interface
+--------------------
+An engine sets ``backend``, ``label``, ``engine_name``, ``engine_error``, ``index_prefix``,
+``schema_version``, ``build_defaults`` (and optionally ``sync_on_write``, ``ref_column``,
+``vector_compact_min_rows``), validates its own parameters in ``__init__`` before calling
+``IndexedStore.__init__``, and implements six methods on ``self._index`` (its handle):
+
+* ``_engine_build(folder, seqs) -> (handle, refs)``: a new index of the documents ``seqs``
+  (store order; vectors from :meth:`IndexedStore._gather`) and each one's engine number;
+* ``_engine_open(folder) -> handle``: open the index of a folder the store trusts;
+* ``_engine_count(folder) -> int``: live documents the index in ``folder`` holds;
+* ``_engine_update(dead, seqs) -> refs``: remove the engine numbers ``dead``, add ``seqs``;
+* ``_engine_candidates(queries, top, subset) -> [[(seq, score)]]``: best first, ``subset``
+  the allowed seqs (None: all);
+* ``_engine_close()``: release the handle.
+
+Engine numbers (*refs*) are the seqs themselves unless ``ref_column`` names a ``docs`` column
+that stores them (WARP's passage ids); then a ``dead`` table keeps the refs of removed
+documents the engine still holds. :class:`ScanEngine` below is a complete engine: 46 lines,
+28 of them its six engine methods (PLAID's six are 43 lines, WARP's 50).
+
+Example
+-------
+>>> import numpy as np
+>>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+>>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> store = ScanEngine(candidates=2, min_index_vectors=8)   # a temporary directory
+>>> docs = [mk(5) for _ in range(4)]
+>>> store.upsert(["a", "b", "c", "d"], docs, [{"lang": "en"}, {}, {"lang": "de"}, {}])
+>>> store.has_index, store.count(), sorted(store.disk_usage())
+(True, 4, ['scan_index', 'stored', 'vectors'])
+>>> [h.id for h in store.search(docs[2], k=1)], [h.id for h in store.search(docs[0], k=1, rerank=False)]
+(['c'], ['a'])
+>>> store.delete(["a"]); store.count(), [h.id for h in store.search(docs[3], k=2, filter={})][0]
+(3, 'd')
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    Reranking,
+    finite_score,
+    settle_format,
+)
+from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding._durable import fsync_tree
+from uibk_embedding._sqlite_state import (
+    committed_generation,
+    connect,
+    lock_folder,
+    refuse_foreign_folder,
+    remove_stale_index_dirs,
+    rename_state_keys,
+    state_get,
+    state_set,
+    transaction,
+)
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.vectorfile import VectorFile, remove_other_generations
+
+DB_NAME = "store.sqlite"
+LOCK_NAME = "store.lock"
+SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
+#: State keys older stores wrote, and the one name they have now.
+RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
+                "trained_vectors": "built_vectors"}
+
+
+def _in(column: str, values: list[int]) -> Iterator[tuple[str, list[int]]]:
+    """``column IN (?, ...)`` clauses over ``values``, a bounded number of parameters each."""
+    for i in range(0, len(values), SQL_CHUNK):
+        chunk = values[i:i + SQL_CHUNK]
+        yield f"{column} IN ({','.join('?' * len(chunk))})", chunk
+
+
+def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is a positive int (or 0 / None if allowed)."""
+    if value is None and allow_none:
+        return
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
+
+
+class IndexedStore(Reranking, MultiVectorStore):
+    """A file-backed store whose engine index proposes candidates (see the module docstring).
+
+    Parameters shared by every engine
+    ---------------------------------
+    path:
+        Directory of the store (created when missing, reopened when it holds one). ``None``:
+        a temporary directory removed by :meth:`close`.
+    format:
+        The tagged format (saved with the store; used for decompositions).
+    rerank, candidates:
+        Rescore the engine's ``candidates`` best (at least ``k``) with exact MaxSim on the
+        stored vectors (default on; also per query: ``search(..., rerank=, candidates=)``).
+    n_rerank:
+        Deprecated name of ``candidates``.
+    min_index_vectors:
+        Below this many stored vectors no index is built and search is exact.
+    vector_compact_fraction:
+        When deleted or overwritten documents' rows exceed this fraction of the vector file
+        (and ``vector_compact_min_rows``), the live rows are copied into a new generation.
+    rebuild_growth:
+        Rebuild (re-cluster) at the next flush once the store holds more than this many times
+        the vectors its index was built from (``None``: never).
+    device:
+        The engine's device, ``"cpu"`` or ``"cuda:N"``.
+    """
+
+    exact = False
+    label: ClassVar[str] = "indexed"
+    engine_name: ClassVar[str] = "engine"
+    engine_error: ClassVar[type[EngineError]] = EngineError
+    index_prefix: ClassVar[str] = "index-"
+    schema_version: ClassVar[int] = 1
+    build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": "float16"}
+    build_legacy: ClassVar[dict[str, Any]] = {}
+    sync_on_write: ClassVar[bool] = True
+    """True: every write updates the index (dirty during it); False: writes stay pending until
+    :meth:`flush` (which searches call via :meth:`_before_search`)."""
+    ref_column: ClassVar[str | None] = None
+    vector_compact_min_rows: ClassVar[int] = 0
+    engine_version: str = "0"
+
+    def __init__(
+        self, path: str | os.PathLike | None, format: TaggedFormat | None, given: dict[str, Any], *,
+        rerank: bool = True, candidates: int | None = None, n_rerank: int | None = None,
+        default_candidates: int = 100, min_index_vectors: int = 64, vector_compact_fraction: float = 0.5,
+        rebuild_growth: float | None = None, growth_name: str = "rebuild_growth", device: str = "cpu",
+    ) -> None:
+        MultiVectorStore.__init__(self, format)
+        self._init_reranking(rerank, candidates, n_rerank, default_candidates)
+        check_positive("min_index_vectors", min_index_vectors)
+        vcf = vector_compact_fraction
+        if isinstance(vcf, bool) or not isinstance(vcf, (int, float)) or not 0 < vcf <= 1:
+            raise ValueError(f"vector_compact_fraction must be in (0, 1], got {vcf!r}")
+        if rebuild_growth is not None and (isinstance(rebuild_growth, bool)
+                                           or not isinstance(rebuild_growth, (int, float))
+                                           or not rebuild_growth > 1):
+            raise ValueError(f"{growth_name} must be a number > 1 or None, got {rebuild_growth!r}")
+        self._check_build_params(given)
+        self.min_index_vectors = min_index_vectors
+        self.vector_compact_fraction = float(vcf)
+        self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
+        self.device = device
+
+        self._lock = threading.RLock()
+        self._closed = False
+        self._tmpdir: str | None = None
+        if path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix=f"uibk-{self.backend}-")
+            path = self._tmpdir
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lockfile: Any = None
+        self._index: Any = None
+        self._vf: VectorFile | None = None
+        # in-memory view of the committed rows (dicts keep insertion order = seq order)
+        self._id_of: dict[int, str] = {}
+        self._seq_of: dict[str, int] = {}
+        self._start: dict[int, int] = {}
+        self._rows: dict[int, int] = {}
+        self._meta: dict[int, dict] = {}
+        self._pending: dict[int, None] = {}   # live seqs not in the index, in order
+        self._dead: set[int] = set()          # refs of removed documents the index still holds
+        self._ref: dict[int, int] = {}        # seq -> engine ref (ref_column engines only)
+        self._seq_of_ref: dict[int, int] = {}
+        self._n_vectors = 0
+        self._last_seq = 0
+        self._dirty = False
+        self._version = 0                     # bumped on every change of the view
+        try:
+            self._lockfile = lock_folder(self.path / LOCK_NAME, f"the {self.label} store at {self.path}",
+                                         type(self).__name__)
+            refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label)
+            self._db = connect(self.path / DB_NAME)
+            self._open(format, given)
+        except BaseException:
+            self._closed = True
+            self._release()
+            raise
+
+    # -- configuration ---------------------------------------------------------------------
+    @staticmethod
+    def _check_build_params(given: dict[str, Any]) -> None:
+        """Refuse bad build parameters (``None``: the saved value). Engines extend this."""
+        if given.get("vector_dtype") not in (None, "float16", "float32"):
+            raise ValueError(f"vector_dtype must be 'float16' or 'float32', got {given['vector_dtype']!r}")
+
+    @property
+    def build_params(self) -> dict[str, Any]:
+        """The saved build parameters (the engine's, and the vector dtype)."""
+        return dict(self._build)
+
+    @property
+    def has_index(self) -> bool:
+        """Whether an engine index exists (False for empty or tiny stores, searched exactly)."""
+        return self._index is not None
+
+    @property
+    def n_pending(self) -> int:
+        """Documents written but not yet in the engine index (searched exactly meanwhile)."""
+        return len(self._pending)
+
+    @property
+    def dead_vector_rows(self) -> int:
+        """Rows of the vector file that no live document references (removed by compaction)."""
+        return self._vf.n_rows - self._n_vectors if self._vf is not None else 0
+
+    # -- SQLite ----------------------------------------------------------------------------
+    def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
+
+    def _state_get(self, key: str, default: str | None = None) -> str | None:
+        return state_get(self._db, key, default)
+
+    _state_set = staticmethod(state_set)
+
+    def _docs_table(self) -> str:
+        ref = f", {self.ref_column} INTEGER UNIQUE" if self.ref_column else ""
+        return ("(seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, start INTEGER NOT NULL, "
+                f"n_rows INTEGER NOT NULL{ref}, metadata TEXT NOT NULL)")
+
+    # -- open ------------------------------------------------------------------------------
+    def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
+        raw = self._state_get("config")
+        mine = f"{self.engine_name} {self.engine_version}"
+        if raw is None:
+            if self._db.execute("SELECT name FROM sqlite_master WHERE name = 'docs'").fetchone():
+                raise CollectionMismatch(
+                    f"{self.path / DB_NAME} has documents but no configuration: not a {self.label} store "
+                    "this library wrote; refusing to guess its layout")
+            self._build = {k: (self.build_defaults[k] if v is None else v) for k, v in given.items()}
+            config = {"backend": self.backend, "schema": self.schema_version,
+                      "format": self.format.to_stored(), "build": self._build, "engine": mine}
+            with self._tx() as db:
+                db.execute(f"CREATE TABLE docs {self._docs_table()}")
+                if self.ref_column:
+                    db.execute("CREATE TABLE dead (pid INTEGER PRIMARY KEY)")
+                self._state_set(db, config=json.dumps(config), index_dir="", dirty="0", generation="0",
+                                vector_gen="1", vector_rows="0", built_vectors="0", last_seq="0")
+        else:
+            config = json.loads(raw)
+            if config.get("backend") != self.backend:
+                raise CollectionMismatch(
+                    f"{self.path} does not hold a {self.label} store (backend {config.get('backend')!r})")
+            rename_state_keys(self._db, RENAMED_KEYS)
+            config = self._upgrade(config)
+            if config.get("schema") != self.schema_version:
+                raise CollectionMismatch(
+                    f"{self.path} holds a {self.label} store of schema {config.get('schema')!r}; this "
+                    f"version of uibk-embedding reads schema {self.schema_version}{self._converts}")
+            self.format = settle_format(TaggedFormat.from_stored(config["format"]), format,
+                                        f"store at {self.path}")
+            self._build = {**self.build_legacy, **config["build"]}
+            for k, v in given.items():
+                if v is not None and v != self._build[k]:
+                    raise CollectionMismatch(
+                        f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
+                        f"without {k}, or index into a new store")
+        self._load()
+        reason = None
+        engine = config.get("engine")
+        if self._state_get("dirty") == "1":
+            reason = f"an interrupted {'write' if self.sync_on_write else 'flush'} left it out of date"
+        elif engine != mine:
+            reason = f"it was built by {engine}, this is {mine}"
+        elif self._index_dir:
+            reason = self._open_index()
+        elif self.sync_on_write and self._n_vectors >= self.min_index_vectors:
+            reason = "it is missing"
+        if reason is not None:
+            if self._index_dir or (self.sync_on_write and self._n_vectors >= self.min_index_vectors):
+                warnings.warn(f"rebuilding the {self.label} index at {self.path} from the stored vectors: "
+                              f"{reason}", RuntimeWarning, stacklevel=4)
+            if engine != mine:
+                config["engine"] = mine
+                with self._tx() as db:
+                    self._state_set(db, config=json.dumps(config))
+            try:
+                self._rebuild()
+            except (self.engine_error, OSError, sqlite3.Error) as e:
+                self._open_without_index(e)
+        remove_stale_index_dirs(self.path, self.index_prefix, self._index_dir, self._generation)
+
+    _converts: ClassVar[str] = ""  # what _upgrade converts, for the schema error
+
+    def _upgrade(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Convert a store of an older schema (engines with older schemas override this)."""
+        return config
+
+    def _load(self) -> None:
+        """Read the committed rows, the vector file and the index's document map."""
+        self._generation = int(self._state_get("generation", "0") or 0)
+        self._index_dir = self._state_get("index_dir", "") or ""
+        built = self._state_get("built_vectors")  # absent in stores written before it existed
+        for seq, doc_id, start, n_rows, md in self._db.execute(
+                "SELECT seq, id, start, n_rows, metadata FROM docs ORDER BY seq"):
+            self._remember(seq, doc_id, start, n_rows, json.loads(md))
+        self._open_vectors()
+        self._built_vectors = int(built) if built is not None else self._n_vectors
+        self._last_seq = max([int(self._state_get("last_seq", "0") or 0), *self._id_of])
+        if self.ref_column:
+            for seq, ref in self._db.execute(
+                    f"SELECT seq, {self.ref_column} FROM docs WHERE {self.ref_column} IS NOT NULL"):
+                self._ref[seq], self._seq_of_ref[ref] = ref, seq
+            self._dead = {r[0] for r in self._db.execute("SELECT pid FROM dead")}
+            self._pending = {s: None for s in self._id_of if s not in self._ref}
+        elif not self._index_dir:
+            self._pending = dict.fromkeys(self._id_of)
+
+    def _open_vectors(self) -> None:
+        """Open the committed generation of the vector file (cutting an uncommitted tail) and
+        remove every other one (a compaction that crashed before its switch, or after it)."""
+        gen = int(self._state_get("vector_gen", "1") or 1)
+        committed = int(self._state_get("vector_rows", "0") or 0)
+        if any(self._start[s] + self._rows[s] > committed for s in self._id_of):
+            raise CollectionMismatch(f"{self.path / DB_NAME} references vector rows beyond the committed "
+                                     f"{committed}: the store was modified outside this library")
+        self._vf = VectorFile.open(self.path, generation=gen, dtype=self._build["vector_dtype"],
+                                   committed_rows=committed)
+        self._vgen = gen
+        remove_other_generations(self.path, keep=self._vf.path.name)
+
+    def _open_index(self) -> str | None:
+        """Open the current index; the reason it cannot be used, or None."""
+        folder = self.path / self._index_dir
+        expected = len(self._id_of) - len(self._pending) + len(self._dead)
+        try:
+            n = self._engine_count(folder)
+            if n != expected:
+                return f"it holds {n} documents, the store {expected}"
+            self._index = self._engine_open(folder)
+        except self.engine_error as e:
+            return str(e)
+        return None
+
+    def _open_without_index(self, error: BaseException) -> None:
+        """The index could not be rebuilt on open (a full disk, say): the store opens on its
+        committed documents with no index (searches are exact MaxSim over the stored vectors),
+        still marked dirty, so the next write, flush or :meth:`rebuild` tries again."""
+        self._close_index()
+        with contextlib.suppress(sqlite3.Error), self._tx() as db:
+            self._state_set(db, dirty="1")
+        self._dirty = True
+        warnings.warn(f"the {self.label} index at {self.path} could not be rebuilt ({error}); the store "
+                      "is open without an index: searches are exact over the stored vectors until a "
+                      "write, flush or rebuild() succeeds", RuntimeWarning, stacklevel=5)
+
+    def _remember(self, seq: int, doc_id: str, start: int, n_rows: int, md: dict) -> None:
+        self._id_of[seq], self._seq_of[doc_id] = doc_id, seq
+        self._start[seq], self._rows[seq], self._meta[seq] = start, n_rows, md
+        self._n_vectors += n_rows
+
+    def _gather(self, seqs: Sequence[int], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """The stored vectors of ``seqs`` packed as ``(matrix, offsets)`` (:meth:`VectorFile.gather`)."""
+        assert self._vf is not None
+        starts = np.fromiter((self._start[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        lengths = np.fromiter((self._rows[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        return self._vf.gather(starts, lengths, dtype=dtype)
+
+    # -- the index -------------------------------------------------------------------------
+    def _close_index(self) -> None:
+        if self._index is not None:
+            with contextlib.suppress(Exception):
+                self._engine_close()
+            self._index = None
+
+    def _rebuild(self) -> None:
+        """Build a fresh index from the stored vectors into a new folder, then switch to it (the
+        refs of every live document are set in the same transaction)."""
+        gen = self._generation + 1
+        live = list(self._id_of)
+        name = f"{self.index_prefix}{gen:06d}" if self._n_vectors >= self.min_index_vectors else ""
+        handle, refs = None, []
+        if name:
+            target = self.path / name
+            shutil.rmtree(target, ignore_errors=True)
+            handle, refs = self._engine_build(target, live)
+            fsync_tree(target)  # durable before the state row points at it
+        old_dir, built = self._index_dir, self._n_vectors if name else 0
+        try:
+            with self._tx() as db:
+                if self.ref_column:
+                    db.execute(f"UPDATE docs SET {self.ref_column} = NULL")
+                    db.executemany(f"UPDATE docs SET {self.ref_column} = ? WHERE seq = ?",
+                                   zip(refs, live, strict=True))
+                    db.execute("DELETE FROM dead")
+                self._state_set(db, index_dir=name, generation=str(gen), dirty="0", built_vectors=str(built))
+        except BaseException:
+            if handle is not None:
+                old, self._index = self._index, handle
+                self._close_index()
+                self._index = old
+            raise
+        self._close_index()
+        self._index, self._index_dir, self._generation = handle, name, gen
+        self._built_vectors, self._dirty = built, False
+        self._dead, self._pending = set(), ({} if name else dict.fromkeys(live))
+        if self.ref_column:
+            self._ref = dict(zip(live, refs, strict=True))
+            self._seq_of_ref = dict(zip(refs, live, strict=True))
+        self._version += 1
+        if old_dir and old_dir != name:
+            shutil.rmtree(self.path / old_dir, ignore_errors=True)
+
+    def rebuild(self) -> None:
+        """Re-cluster: build the index anew from the stored vectors (e.g. after the collection
+        drifted far from the one the centroids were trained on). The vector file is compacted
+        first (rows of deleted or overwritten documents dropped)."""
+        with self._lock:
+            self._check_open()
+            self._compact_vectors()
+            self._rebuild()
+
+    def flush(self) -> None:
+        """Bring the index up to date with every committed write (builds it when the store has
+        reached ``min_index_vectors``)."""
+        with self._lock:
+            self._check_open()
+            self._sync()
+
+    def _sync(self) -> None:
+        """:meth:`_flush`; on any failure the index is dropped (searches fall back to exact
+        MaxSim on the stored vectors, which stay committed) and the error raised. The dirty
+        flag stays set, so the next write, flush or open rebuilds it."""
+        try:
+            self._flush()
+        except BaseException:
+            self._close_index()
+            raise
+
+    def _flush(self) -> None:
+        if not self._pending and not self._dead and not self._dirty:
+            return
+        if self._index is None:
+            if self._n_vectors >= self.min_index_vectors or self._dirty:
+                self._rebuild()
+            return
+        growth = self.rebuild_growth
+        grown = growth is not None and self._n_vectors > growth * self._built_vectors
+        if self._n_vectors < self.min_index_vectors or len(self._pending) == len(self._id_of) or grown:
+            self._rebuild()
+            return
+        try:
+            self._update_index()
+        except self.engine_error as e:
+            warnings.warn(f"{e}; rebuilding the {self.label} index from the stored vectors", RuntimeWarning,
+                          stacklevel=5)
+            self._close_index()
+            self._rebuild()
+
+    def _update_index(self) -> None:
+        """The in-place update: dirty, engine update, count check, fsync, then clean."""
+        folder = self.path / self._index_dir
+        if not self._dirty:
+            with self._tx() as db:
+                self._state_set(db, dirty="1")
+            self._dirty = True
+        dead, added = sorted(self._dead), list(self._pending)
+        refs = self._engine_update(dead, added)
+        if len(refs) != len(added) or len(set(refs)) != len(refs) \
+                or (self.ref_column and set(refs) & set(self._seq_of_ref)):
+            raise self.engine_error(f"the update returned {len(refs)} document numbers for {len(added)} "
+                                    "documents (or numbers already in use)")
+        n = self._engine_count(folder)
+        if n != len(self._id_of):
+            raise self.engine_error(f"after the update the index holds {n} documents, the store "
+                                    f"{len(self._id_of)}")
+        # the engine updated its files in place without fsync: durable before the clean flag,
+        # or a power cut leaves the old index trusted and its numbers mapped to other ids
+        fsync_tree(folder)
+        with self._tx() as db:
+            if self.ref_column:
+                db.executemany(f"UPDATE docs SET {self.ref_column} = ? WHERE seq = ?",
+                               zip(refs, added, strict=True))
+                for clause, chunk in _in("pid", dead):
+                    db.execute(f"DELETE FROM dead WHERE {clause}", chunk)
+            self._state_set(db, dirty="0")
+        self._dirty = False
+        if self.ref_column:
+            for r, s in zip(refs, added, strict=True):
+                self._ref[s], self._seq_of_ref[r] = r, s
+        self._pending, self._dead = {}, set()
+        self._version += 1
+
+    # -- the vector file -------------------------------------------------------------------
+    def _compact_vectors(self) -> None:
+        """Copy the live rows (in seq order) into the next generation of the vector file,
+        durably, then switch every document's start and the generation in one transaction."""
+        assert self._vf is not None
+        live = list(self._id_of)
+        starts = np.fromiter((self._start[s] for s in live), dtype=np.int64, count=len(live))
+        lengths = np.fromiter((self._rows[s] for s in live), dtype=np.int64, count=len(live))
+        gen = self._vgen + 1
+        new, new_starts = self._vf.rewrite(self.path, gen, starts, lengths, chunk_rows=1 << 18)
+        try:
+            with self._tx() as db:
+                db.executemany("UPDATE docs SET start = ? WHERE seq = ?",
+                               zip(new_starts.tolist(), live, strict=True))
+                self._state_set(db, vector_gen=str(gen), vector_rows=str(new.n_rows))
+        except BaseException:
+            named = committed_generation(self._db, "vector_gen")
+            if named != gen:  # not committed: the new file is nobody's (unless unreadable: kept)
+                new.close()
+                if named == self._vgen:
+                    new.path.unlink(missing_ok=True)
+                raise
+        old, self._vf, self._vgen = self._vf, new, gen
+        old.close()
+        for s, st in zip(live, new_starts.tolist(), strict=True):
+            self._start[s] = st
+        remove_other_generations(self.path, keep=new.path.name)
+
+    def _maybe_compact_vectors(self) -> None:
+        dead = self.dead_vector_rows
+        assert self._vf is not None
+        if dead >= max(1, self.vector_compact_min_rows) \
+                and dead > self.vector_compact_fraction * self._vf.n_rows:
+            try:
+                self._compact_vectors()
+            except (OSError, sqlite3.Error) as e:  # the write is committed; dead rows only cost disk
+                warnings.warn(f"could not compact the vector file of {self.path}: {e}", RuntimeWarning,
+                              stacklevel=5)
+
+    # -- writes ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreInUse(f"this {type(self).__name__} is closed")
+
+    def _retire(self, db: sqlite3.Connection, seqs: list[int]) -> None:
+        """Delete the rows of ``seqs`` (and record the refs they leave in the index)."""
+        for clause, chunk in _in("seq", seqs):
+            db.execute(f"DELETE FROM docs WHERE {clause}", chunk)
+        if self.ref_column:
+            db.executemany("INSERT OR IGNORE INTO dead (pid) VALUES (?)",
+                           [(self._ref[s],) for s in seqs if s in self._ref])
+
+    def _forget(self, seqs: list[int]) -> None:
+        for s in seqs:
+            self._n_vectors -= self._rows.pop(s)
+            del self._seq_of[self._id_of.pop(s)]
+            del self._start[s], self._meta[s]
+            indexed = s not in self._pending
+            self._pending.pop(s, None)
+            if self.ref_column:
+                ref = self._ref.pop(s, None)
+                if ref is not None:
+                    del self._seq_of_ref[ref]
+                    self._dead.add(ref)
+            elif indexed and self._index is not None:
+                self._dead.add(s)
+
+    def _written(self) -> None:
+        self._version += 1
+        try:
+            if self.sync_on_write:
+                self._sync()
+        finally:
+            self._maybe_compact_vectors()
+
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        with self._lock:
+            self._check_open()
+            assert self._vf is not None
+            old = [self._seq_of[x] for x in ids if x in self._seq_of]
+            new = list(range(self._last_seq + 1, self._last_seq + 1 + len(ids)))
+            starts = self._vf.append(vectors)  # durable BEFORE the rows that reference them commit
+            rows = [(s, x, int(st), len(v), json.dumps(m, ensure_ascii=False))
+                    for s, x, st, v, m in zip(new, ids, starts, vectors, metadata, strict=True)]
+            dirty = {"dirty": "1"} if self.sync_on_write else {}
+            with self._tx() as db:
+                self._retire(db, old)
+                db.executemany("INSERT INTO docs (seq, id, start, n_rows, metadata) VALUES (?, ?, ?, ?, ?)",
+                               rows)
+                self._state_set(db, **dirty, vector_rows=str(self._vf.n_rows), last_seq=str(new[-1]))
+            self._dirty = self._dirty or self.sync_on_write
+            self._last_seq = new[-1]
+            self._forget(old)
+            for s, x, st, v, m in zip(new, ids, starts, vectors, metadata, strict=True):
+                self._remember(s, x, int(st), len(v), m)
+                self._pending[s] = None
+            self._written()
+
+    def _delete(self, ids: list[str]) -> None:
+        with self._lock:
+            self._check_open()
+            old = [self._seq_of[x] for x in ids if x in self._seq_of]
+            if not old:
+                return
+            with self._tx() as db:
+                self._retire(db, old)
+                if self.sync_on_write:
+                    self._state_set(db, dirty="1")
+            self._dirty = self._dirty or self.sync_on_write
+            self._forget(old)
+            self._written()
+
+    # -- reads -----------------------------------------------------------------------------
+    def count(self) -> int:
+        return len(self._id_of)
+
+    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        """From the id map in memory (the committed SQLite rows), in insertion order."""
+        with self._lock:
+            self._check_open()
+            found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
+                     for s in self._id_of if matches(self._meta[s], conditions)]
+        for i in range(0, len(found), batch_size):
+            yield found[i:i + batch_size]
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        with self._lock:
+            self._check_open()
+            assert self._vf is not None
+            seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
+            return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]),
+                           json.loads(json.dumps(self._meta[s]))) for s in seqs]
+
+    def _hit(self, key: int, score: float) -> Hit:
+        return Hit(self._id_of[key], finite_score(score), json.loads(json.dumps(self._meta[key])))
+
+    def _candidate_vectors(self, keys: Sequence[int]) -> list[np.ndarray]:
+        mat, off = self._gather(keys)
+        return [mat[off[i]:off[i + 1]] for i in range(len(keys))]
+
+    def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
+        """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
+        return [self._rescored(q, seqs, k) for q in queries]
+
+    def _before_search(self, rerank: bool) -> None:
+        """Called before every search: engines that defer writes flush here."""
+
+    def _fill_short(self, q: np.ndarray, cands: list[tuple[int, float]], seqs: list[int],
+                    k: int) -> list[Hit]:
+        """The engine (rerank off) found fewer than ``k`` of the allowed ``seqs``: by default
+        every allowed document is scored exactly."""
+        return self._exact([q], seqs, k)[0]
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+                **options: Any) -> list[Hit]:
+        return self._search_batch([query], k, conditions, **options)[0]
+
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+                      **options: Any) -> list[list[Hit]]:
+        rerank, pool = self._pool(k, **options)
+        with self._lock:
+            self._check_open()
+            self._before_search(rerank)
+            if not self._id_of:
+                return [[] for _ in queries]
+            # live: the allowed documents (None: all of them, not listed unless needed)
+            live = [s for s in self._id_of if matches(self._meta[s], conditions)] if conditions else None
+            if live is not None and not live:
+                return [[] for _ in queries]
+            n_indexed, subset, pending = 0, None, []
+            if self._index is not None:
+                if self._pending:
+                    pending = list(self._pending) if live is None else [s for s in live if s in self._pending]
+                n_indexed = (len(self._id_of) if live is None else len(live)) - len(pending)
+                if live is not None and n_indexed < len(self._id_of) - len(self._pending):
+                    subset = [s for s in live if s not in self._pending] if pending else live
+            everyone = (lambda: list(self._id_of)) if live is None else (lambda: live)
+            if not n_indexed or (rerank and n_indexed <= pool):
+                return self._exact(queries, everyone(), k)
+            # the engine may still return removed documents: ask for that many more
+            top = pool + (len(self._dead) if subset is None else 0)
+            found = self._engine_candidates(queries, top, subset)
+            out = []
+            for q, cands in zip(queries, found, strict=True):
+                cands = [(s, sc) for s, sc in cands if s in self._id_of][:pool]
+                if rerank:
+                    short = len(cands) < min(k, n_indexed)  # the engine came up short: score them all
+                    keys = everyone() if short else sorted({s for s, _ in cands}.union(pending))
+                    out.append(self._rescored(q, keys, k))
+                elif len(cands) < min(k, n_indexed):
+                    out.append(self._fill_short(q, cands, everyone(), k))
+                else:
+                    out.append([self._hit(s, sc) for s, sc in cands[:k]])
+            return out
+
+    # -- housekeeping ----------------------------------------------------------------------
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes on disk: ``<backend>_index`` (the engine folder), ``vectors`` (the vector file
+        of original vectors, dead rows included) and ``stored`` (that file plus SQLite:
+        everything but the index)."""
+        with self._lock:
+            self._check_open()
+            assert self._vf is not None
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count each stored byte once
+            idx = sum(p.stat().st_size for p in (self.path / self._index_dir).rglob("*") if p.is_file()) \
+                if self._index_dir else 0
+            db = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
+            vec = self._vf.path.stat().st_size
+            return {f"{self.backend}_index": idx, "vectors": vec, "stored": db + vec}
+
+    def _release(self) -> None:
+        self._close_index()
+        if self._vf is not None:
+            self._vf.close()
+            self._vf = None
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+        if self._lockfile is not None:
+            self._lockfile.close()  # releases the flock
+            self._lockfile = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._release()
+
+    # -- the engine interface (see the module docstring) -----------------------------------
+    def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:
+        raise NotImplementedError
+
+    def _engine_open(self, folder: Path) -> Any:
+        raise NotImplementedError
+
+    def _engine_count(self, folder: Path) -> int:
+        raise NotImplementedError
+
+    def _engine_update(self, dead: list[int], seqs: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def _engine_candidates(self, queries: list[np.ndarray], top: int,
+                           subset: list[int] | None) -> list[list[tuple[int, float]]]:
+        raise NotImplementedError
+
+    def _engine_close(self) -> None:
+        raise NotImplementedError
+
+
+class ScanEngine(IndexedStore):
+    """The smallest engine: its index is one ``.npy`` of each document's mean vector (and seq);
+    candidates are the documents whose mean is nearest the query's. A demonstration of the
+    engine interface (and a test of the store), not a search method."""
+
+    backend = "scan"
+    label = "scan"
+    engine_name = "scan"
+    index_prefix = "scan-"
+
+    def __init__(self, path: str | os.PathLike | None = None, **options: Any) -> None:
+        super().__init__(path, None, {"vector_dtype": None}, **options)
+
+    def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:
+        folder.mkdir()
+        mat, off = self._gather(seqs)
+        means = np.add.reduceat(mat, off[:-1], axis=0) / np.diff(off)[:, None] if seqs else mat
+        np.save(folder / "index.npy", np.hstack([np.asarray(seqs, np.float32)[:, None], means]))
+        return self._engine_open(folder), seqs
+
+    def _engine_open(self, folder: Path) -> Any:
+        return {"folder": folder, "table": np.load(folder / "index.npy")}
+
+    def _engine_count(self, folder: Path) -> int:
+        return len(np.load(folder / "index.npy", mmap_mode="r"))
+
+    def _engine_update(self, dead: list[int], seqs: list[int]) -> list[int]:
+        table = self._index["table"]
+        keep = table[~np.isin(table[:, 0], dead)]
+        mat, off = self._gather(seqs)
+        means = np.add.reduceat(mat, off[:-1], axis=0) / np.diff(off)[:, None] if seqs else mat[:0]
+        self._index["table"] = np.vstack([keep, np.hstack([np.asarray(seqs, np.float32)[:, None], means])])
+        np.save(self._index["folder"] / "index.npy", self._index["table"])
+        return seqs
+
+    def _engine_candidates(self, queries: list[np.ndarray], top: int,
+                           subset: list[int] | None) -> list[list[tuple[int, float]]]:
+        table = self._index["table"]
+        if subset is not None:
+            table = table[np.isin(table[:, 0], subset)]
+        scores = np.stack([q.mean(axis=0) for q in queries]) @ table[:, 1:].T
+        return [[(int(table[i, 0]), float(row[i])) for i in np.argsort(-row, kind="stable")[:top]]
+                for row in scores]
+
+    def _engine_close(self) -> None:
+        self._index = None
+
+
+__all__ = ["DB_NAME", "LOCK_NAME", "RENAMED_KEYS", "IndexedStore", "ScanEngine", "check_positive"]

@@ -1,0 +1,230 @@
+"""The file-backed engine store (:mod:`uibk_embedding.adapters.indexed`) as such: stores written
+with the state keys of the code before it (PLAID ``plaid_dir``..., WARP ``vf_generation``...)
+open without a rebuild and have their keys renamed in one go; the demonstration engine goes
+through writes, a reopen and the repair of a dirty index; the deprecated option names keep
+working; WARP's in-place flush is durable before it is marked clean."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from uibk_embedding.adapters.indexed import ScanEngine
+from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding._sqlite_state import connect, state_set, stored_state, transaction
+from uibk_embedding.testing import make_list
+
+NEW_KEYS = ["index_dir", "vector_gen", "vector_rows", "built_vectors"]
+
+
+def docs_for(seed: int, n: int, rows: int = 20) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [make_list(TaggedFormat(), rng, rows) for _ in range(n)]
+
+
+def _state(path: Path) -> dict[str, str]:
+    db = sqlite3.connect(path / "store.sqlite")
+    try:
+        return dict(db.execute("SELECT key, value FROM state"))
+    finally:
+        db.close()
+
+
+def _write_old_layout(path: Path, renames: dict[str, str], drop: tuple[str, ...] = ()) -> None:
+    """Rewrite the state rows of a closed store as the code before the shared store wrote them:
+    ``renames`` maps today's key to the old one; ``drop`` lists keys the old code never wrote."""
+    db = sqlite3.connect(path / "store.sqlite")
+    with db:
+        for new, old in renames.items():
+            db.execute("UPDATE state SET key = ? WHERE key = ?", (old, new))
+        for key in drop:
+            db.execute("DELETE FROM state WHERE key = ?", (key,))
+    db.close()
+
+
+def _reopened_cleanly(make, path: Path, vecs: list[np.ndarray], ids: list[str], old_keys: list[str]):
+    before = _state(path)
+    renamed = {o: n for o, n in zip(old_keys, NEW_KEYS, strict=True) if o != n}
+    assert set(renamed) <= set(before) and not set(renamed.values()) & set(before)  # the old layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no rebuild, no conversion
+        s = make(path)
+    try:
+        after = _state(path)
+        assert not set(renamed) & set(after)
+        assert [after[k] for k in NEW_KEYS] == [before[o] for o in old_keys]
+        assert after["generation"] == before["generation"]  # the index it had is the one it uses
+        assert s.has_index and s.count() == len(ids)
+        rerank, s.rerank = s.rerank, False  # the engine's own hits: its id map decides
+        try:
+            assert [s.search(v, k=1)[0].id for v in vecs[:8]] == ids[:8]
+        finally:
+            s.rerank = rerank
+        s.upsert(["extra"], docs_for(99, 1))  # and it goes on writing under the new keys
+        assert s.count() == len(ids) + 1
+    finally:
+        s.close()
+    again = make(path)
+    try:
+        assert again.count() == len(ids) + 1 and again.get(["extra"])[0].id == "extra"
+    finally:
+        again.close()
+
+
+def test_plaid_store_with_the_previous_state_keys_opens(tmp_path):
+    pytest.importorskip("fast_plaid")
+    from uibk_embedding.plaid_backend.store import PlaidStore
+
+    def make(p):
+        return PlaidStore(p, nbits=2, kmeans_niters=1, num_threads=1)
+
+    path, vecs = tmp_path / "p", docs_for(1, 40)
+    ids = [f"d{i}" for i in range(40)]
+    s = make(path)
+    s.upsert(ids, vecs)
+    assert s.has_index
+    s.close()
+    # the PLAID code before the shared store: plaid_dir, and no last_seq
+    _write_old_layout(path, {"index_dir": "plaid_dir"}, drop=("last_seq",))
+    _reopened_cleanly(make, path, vecs, ids, ["plaid_dir", "vector_gen", "vector_rows", "built_vectors"])
+
+
+def test_warp_store_with_the_previous_state_keys_opens(tmp_path):
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.adapters.warp import WarpStore
+
+    def make(p):
+        return WarpStore(p, nbits=2, kmeans_niters=1, min_index_vectors=64, buffer_size=0)
+
+    path, vecs = tmp_path / "w", docs_for(2, 40)
+    ids = [f"d{i}" for i in range(40)]
+    s = make(path)
+    s.upsert(ids, vecs)
+    s.delete(["d39"])  # a dead pid in the table
+    s.upsert(["d39"], [vecs[39]])
+    s.flush()
+    assert s.has_index and s.n_pending == 0
+    s.close()
+    old = {"vector_gen": "vf_generation", "vector_rows": "vf_rows", "built_vectors": "trained_vectors"}
+    _write_old_layout(path, old)
+    _reopened_cleanly(make, path, vecs, ids, ["index_dir", "vf_generation", "vf_rows", "trained_vectors"])
+
+
+def test_scan_engine_writes_reopens_and_repairs_a_dirty_index(tmp_path):
+    """The demonstration engine: the whole store life cycle on 30 lines of engine."""
+    path, vecs = tmp_path / "s", docs_for(3, 12, rows=6)
+    ids = [f"d{i}" for i in range(12)]
+    s = ScanEngine(path, min_index_vectors=40, candidates=3)
+    s.upsert(ids[:4], vecs[:4])
+    assert not s.has_index  # 4 * 6 vectors: below min_index_vectors, exact
+    s.upsert(ids[4:], vecs[4:], [{"i": i} for i in range(4, 12)])
+    assert s.has_index and stored_state(path, "index_dir") == "scan-000002"
+    s.delete(["d5"])
+    s.upsert(["d6"], [vecs[6]], [{"i": 66}])  # an overwrite: in-place updates, no rebuild
+    assert stored_state(path, "generation") == "2" and stored_state(path, "dirty") == "0"
+    expect = [x for x in ids if x != "d5"]
+    assert [s.search(vecs[int(x[1:])], k=1)[0].id for x in expect] == expect
+    assert [h.id for h in s.search(vecs[6], k=3, filter={"i": 66})] == ["d6"]
+    s.close()
+    db = connect(path / "store.sqlite")
+    with transaction(db):
+        state_set(db, dirty="1")  # an interrupted write
+    db.close()
+    with pytest.warns(RuntimeWarning, match="interrupted write"):
+        s = ScanEngine(path, min_index_vectors=40, candidates=3)
+    try:
+        assert stored_state(path, "dirty") == "0" and stored_state(path, "index_dir") == "scan-000003"
+        assert not (path / "scan-000002").exists()  # the stale index is gone
+        assert s.count() == 11 and [s.search(vecs[7], k=1)[0].id] == ["d7"]
+    finally:
+        s.close()
+
+
+def test_deprecated_option_names_are_aliases(tmp_path):
+    with pytest.warns(DeprecationWarning, match="n_rerank is deprecated; use candidates"):
+        s = ScanEngine(tmp_path / "s", n_rerank=7)
+    try:
+        assert (s.candidates, s.n_rerank) == (7, 7)
+        s.n_rerank = 9  # the attribute too (benchmarks set it)
+        assert s.candidates == 9
+        with pytest.raises(TypeError, match="not both"):
+            ScanEngine(tmp_path / "t", n_rerank=7, candidates=7)
+        with pytest.raises(ValueError, match="n_rerank must be a positive int"):
+            ScanEngine(tmp_path / "u", n_rerank=0)
+        with pytest.raises(TypeError, match=r"unknown option.*takes rerank, candidates"):
+            s.search(docs_for(4, 1)[0], k=1, n_rerank=5)
+        with pytest.raises(ValueError, match="candidates must be a positive int"):
+            s.search(docs_for(4, 1)[0], k=1, candidates=0)
+    finally:
+        s.close()
+
+
+def test_per_query_rerank_and_candidates(tmp_path):
+    """A pool of 1 with rerank returns the engine's single best candidate; rerank=False the
+    engine's own order and scores; candidates=k*... per query widens the pool."""
+    vecs = docs_for(5, 30, rows=6)
+    ids = [f"d{i}" for i in range(30)]
+    s = ScanEngine(tmp_path / "s", min_index_vectors=8, candidates=1)
+    s.upsert(ids, vecs)
+    try:
+        q = vecs[11]
+        exact = s.search(q, k=5, candidates=1000)  # the pool holds every document: exact
+        engine = s.search(q, k=5, rerank=False)
+        assert exact[0].id == "d11"
+        assert [h.score for h in engine] == sorted((h.score for h in engine), reverse=True)
+        assert [h.id for h in s.search(q, k=5, candidates=1000)] == [h.id for h in exact]
+        assert len(s.search(q, k=5)) == 5  # the pool is at least k
+    finally:
+        s.close()
+
+
+def test_warp_flush_is_durable_before_it_is_marked_clean(tmp_path, monkeypatch):
+    """The shared in-place update fsyncs the engine's files before ``dirty=0`` commits, for
+    WARP as for PLAID (tests/reliability/test_data_safety.py)."""
+    pytest.importorskip("xtr_warp")
+    import uibk_embedding.adapters.indexed as indexed
+    from uibk_embedding.adapters.warp import WarpStore
+
+    s = WarpStore(tmp_path / "w", nbits=2, kmeans_niters=1, min_index_vectors=64, buffer_size=10**6)
+    s.upsert([f"a{i}" for i in range(30)], docs_for(6, 30))
+    s.flush()
+    assert s.has_index
+    events: list[str] = []
+    real_sync, real_set = indexed.fsync_tree, WarpStore._state_set
+
+    def sync(path):
+        events.append(f"fsync {Path(path).name}")
+        real_sync(path)
+
+    def record(db, **values):
+        events.append("state " + ",".join(f"{k}={v}" for k, v in sorted(values.items())))
+        real_set(db, **values)
+
+    monkeypatch.setattr(indexed, "fsync_tree", sync)
+    monkeypatch.setattr(WarpStore, "_state_set", staticmethod(record))
+    s.upsert([f"b{i}" for i in range(5)], docs_for(7, 5))
+    s.flush()  # an engine add, no rebuild
+    s.close()
+    clean = events.index("state dirty=0")
+    dirty = events.index("state dirty=1")
+    assert any(e.startswith("fsync warp-") for e in events[dirty:clean]), events
+
+
+def test_warp_retrain_factor_is_the_deprecated_name_of_rebuild_growth(tmp_path):
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.adapters.warp import WarpStore
+
+    with pytest.warns(DeprecationWarning, match="retrain_factor is deprecated; use rebuild_growth"):
+        s = WarpStore(tmp_path / "w", retrain_factor=3.0)
+    try:
+        assert (s.rebuild_growth, s.retrain_factor) == (3.0, 3.0)
+    finally:
+        s.close()
+    with pytest.raises(ValueError, match="retrain_factor must be a number > 1"):
+        WarpStore(tmp_path / "x", retrain_factor=1)
+    with pytest.raises(ValueError, match="rebuild_growth must be a number > 1"):
+        WarpStore(tmp_path / "y", rebuild_growth=0.5)
