@@ -44,7 +44,6 @@ from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
 from uibk_embedding.errors import CollectionMismatch
-from uibk_embedding.rank import rerank as exact_rerank
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
@@ -418,65 +417,3 @@ def renamed_option(new_name: str, new: Any, old_name: str, old: Any, *, stacklev
     return old
 
 
-class Reranking:
-    """Candidates, then exact rerank: the search template of backends whose engine proposes
-    candidates that are rescored with exact MaxSim on stored vectors.
-
-    A backend mixes this in before :class:`MultiVectorStore`, calls :meth:`_init_reranking` in
-    its constructor and implements :meth:`_candidate_vectors` (stored vectors by key) and
-    :meth:`_hit` (a :class:`Hit` for a key); in its ``_search`` it asks :meth:`_pool` for the
-    rerank switch and pool size (store defaults, overridden per query), gets that many
-    candidate keys from its engine and returns :meth:`_rescored`, which scores them with one
-    :func:`uibk_embedding.rank.rerank` call. The options are declared (``search_options``), so
-    ``search(q, k, rerank=False)`` and ``search(q, k, candidates=500)`` work on every such
-    backend.
-    """
-
-    search_options: ClassVar[tuple[str, ...]] = ("rerank", "candidates")
-    rerank: bool = True
-    candidates: int = 100
-
-    def _init_reranking(self, rerank: bool, candidates: int | None, n_rerank: int | None = None,
-                        default: int = 100) -> None:
-        """Set the store defaults; ``n_rerank`` is the deprecated name of ``candidates``."""
-        name = "candidates" if n_rerank is None else "n_rerank"
-        pool = renamed_option("candidates", candidates, "n_rerank", n_rerank, stacklevel=5)
-        pool = default if pool is None else pool
-        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
-            raise ValueError(f"{name} must be a positive int, got {pool!r}")
-        self.rerank, self.candidates = bool(rerank), pool
-
-    @property
-    def n_rerank(self) -> int:
-        """Deprecated name of :attr:`candidates`."""
-        return self.candidates
-
-    @n_rerank.setter
-    def n_rerank(self, value: int) -> None:
-        self.candidates = value
-
-    def _pool(self, k: int, rerank: bool | None = None, candidates: int | None = None) -> tuple[bool, int]:
-        """``(rerank, pool)`` for one query: the pool is ``max(candidates, k)`` with rerank, else
-        ``k``. Per-query values override the store's (None: the store's)."""
-        if rerank is not None and not isinstance(rerank, bool | np.bool_):
-            raise TypeError(f"rerank must be True or False, got {rerank!r}")
-        if candidates is not None and (isinstance(candidates, bool) or not isinstance(candidates, int)
-                                       or candidates < 1):
-            raise ValueError(f"candidates must be a positive int, got {candidates!r}")
-        on = self.rerank if rerank is None else bool(rerank)
-        return on, (max(self.candidates if candidates is None else candidates, k) if on else k)
-
-    def _candidate_vectors(self, keys: Sequence[Any]) -> list[np.ndarray]:
-        """The stored vectors of the candidates ``keys`` (backend-specific)."""
-        raise NotImplementedError
-
-    def _hit(self, key: Any, score: float) -> Hit:
-        """The :class:`Hit` of candidate ``key`` with ``score`` (backend-specific)."""
-        raise NotImplementedError
-
-    def _rescored(self, q: np.ndarray, keys: Sequence[Any], k: int) -> list[Hit]:
-        """The best ``k`` of the candidates ``keys`` by exact MaxSim on their stored vectors
-        (ties: the earlier key)."""
-        if not len(keys):
-            return []
-        return [self._hit(keys[i], s) for i, s in exact_rerank(q, self._candidate_vectors(keys), k)]

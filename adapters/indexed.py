@@ -30,7 +30,7 @@ engine error rebuilds). A dirty store is rebuilt on open; when that fails it ope
 index (searches exact) and the next write tries again.
 
 Search is one template: the engine proposes candidates, the store reads their stored vectors
-and :meth:`~uibk_embedding.adapters.base.Reranking._rescored` scores them with one
+and :meth:`~uibk_embedding.adapters.rerank.Reranking._rescored` scores them with one
 :func:`uibk_embedding.rank.rerank` call (``rerank``/``candidates``, per store and per query).
 Stores (or filtered subsets) no larger than the pool, and stores without an index, are
 scored exactly; pending documents are scored beside the engine's candidates.
@@ -93,11 +93,11 @@ from uibk_embedding.adapters.base import (
     Hit,
     MultiVectorStore,
     Record,
-    Reranking,
     finite_score,
     settle_format,
 )
 from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.rerank import Reranking
 from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree

@@ -1,11 +1,14 @@
-"""Candidates, then exact rerank: the one loop the engine stores that find candidates share.
+"""Candidates, then exact rerank: the one loop every store whose engine finds candidates shares.
 
-An engine that cannot rank by exact MaxSim itself (Milvus rows or embedding lists, Weaviate
-with ``rerank=True``, pgvector's dense HNSW index) names candidate documents; :func:`rerank_candidates`
+An engine that cannot rank by exact MaxSim itself (PLAID and WARP centroids, Milvus rows or
+embedding lists, Weaviate with ``rerank=True``, pgvector's dense HNSW index) names candidate
+documents; :func:`rerank_candidates`
 fetches their stored lists (through a function the backend gives, in pieces), scores them with
 exact MaxSim (:func:`uibk_embedding.rank.rerank`, float64) and keeps a running top ``k``. Given
 score upper ``bounds`` (candidates in descending bound order), it stops as soon as the k-th
 exact score reaches the next candidate's bound: no later candidate can enter the top ``k``.
+:class:`Reranking` is the same template as a mixin with the two options every such store
+declares (``rerank``, ``candidates``); the file-backed engines (:mod:`.indexed`) use it.
 
 Example
 -------
@@ -22,10 +25,10 @@ Example
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, finite_score
+from uibk_embedding.adapters.base import Hit, finite_score, renamed_option
 
 from uibk_embedding.rank import rerank
 
@@ -35,7 +38,7 @@ Fetch = Callable[[Sequence[str]], Mapping[str, tuple[np.ndarray, dict[str, Any]]
 
 def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch, k: int, *,
                       bounds: Mapping[str, float] | None = None, bound_slack: float = 0.0,
-                      first: int = 512, piece: int = 512) -> list[Hit]:
+                      first: int = 512, piece: int = 512, dtype: type = np.float64) -> list[Hit]:
     """The best ``k`` of ``candidates`` by exact MaxSim with ``query``, best first.
 
     ``fetch(ids)`` returns the stored list and metadata of each id that exists (and passes any
@@ -44,7 +47,7 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
     ``piece``. With ``bounds`` (an upper bound of each candidate's score, ``candidates`` in
     descending bound order) no further piece is fetched once ``k`` hits are held and the k-th
     score is at least the next candidate's bound plus ``bound_slack``. Ties keep the earlier
-    candidate."""
+    candidate. Scores are computed in ``dtype`` (float64: reference scores)."""
     best_ids: list[str] = []
     best_lists: list[np.ndarray] = []
     best_scores: list[float] = []
@@ -61,7 +64,7 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
         if not keep:
             continue
         lists = best_lists + [found[x][0] for x in keep]  # the running top k plus this piece
-        ranked = rerank(query, lists, k, dtype=np.float64)
+        ranked = rerank(query, lists, k, dtype=dtype)
         pool = best_ids + keep
         best_ids = [pool[i] for i, _ in ranked]
         best_lists = [lists[i] for i, _ in ranked]
@@ -70,3 +73,70 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
         if len(best_scores) >= k:
             kth = best_scores[-1]
     return [Hit(x, finite_score(s), meta[x]) for x, s in zip(best_ids, best_scores, strict=True)]
+
+
+class Reranking:
+    """Candidates, then exact rerank: the search template of backends whose engine proposes
+    candidates that are rescored with exact MaxSim on stored vectors.
+
+    A backend mixes this in before :class:`MultiVectorStore`, calls :meth:`_init_reranking` in
+    its constructor and implements :meth:`_candidate_vectors` (stored vectors by key) and
+    :meth:`_hit` (a :class:`Hit` for a key); in its ``_search`` it asks :meth:`_pool` for the
+    rerank switch and pool size (store defaults, overridden per query), gets that many
+    candidate keys from its engine and returns :meth:`_rescored`, which scores them with one
+    :func:`uibk_embedding.rank.rerank` call. The options are declared (``search_options``), so
+    ``search(q, k, rerank=False)`` and ``search(q, k, candidates=500)`` work on every such
+    backend.
+    """
+
+    search_options: ClassVar[tuple[str, ...]] = ("rerank", "candidates")
+    rerank: bool = True
+    candidates: int = 100
+
+    def _init_reranking(self, rerank: bool, candidates: int | None, n_rerank: int | None = None,
+                        default: int = 100) -> None:
+        """Set the store defaults; ``n_rerank`` is the deprecated name of ``candidates``."""
+        name = "candidates" if n_rerank is None else "n_rerank"
+        pool = renamed_option("candidates", candidates, "n_rerank", n_rerank, stacklevel=5)
+        pool = default if pool is None else pool
+        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
+            raise ValueError(f"{name} must be a positive int, got {pool!r}")
+        self.rerank, self.candidates = bool(rerank), pool
+
+    @property
+    def n_rerank(self) -> int:
+        """Deprecated name of :attr:`candidates`."""
+        return self.candidates
+
+    @n_rerank.setter
+    def n_rerank(self, value: int) -> None:
+        self.candidates = value
+
+    def _pool(self, k: int, rerank: bool | None = None, candidates: int | None = None) -> tuple[bool, int]:
+        """``(rerank, pool)`` for one query: the pool is ``max(candidates, k)`` with rerank, else
+        ``k``. Per-query values override the store's (None: the store's)."""
+        if rerank is not None and not isinstance(rerank, bool | np.bool_):
+            raise TypeError(f"rerank must be True or False, got {rerank!r}")
+        if candidates is not None and (isinstance(candidates, bool) or not isinstance(candidates, int)
+                                       or candidates < 1):
+            raise ValueError(f"candidates must be a positive int, got {candidates!r}")
+        on = self.rerank if rerank is None else bool(rerank)
+        return on, (max(self.candidates if candidates is None else candidates, k) if on else k)
+
+    def _candidate_vectors(self, keys: Sequence[Any]) -> list[np.ndarray]:
+        """The stored vectors of the candidates ``keys`` (backend-specific)."""
+        raise NotImplementedError
+
+    def _hit(self, key: Any, score: float) -> Hit:
+        """The :class:`Hit` of candidate ``key`` with ``score`` (backend-specific)."""
+        raise NotImplementedError
+
+    def _rescored(self, q: np.ndarray, keys: Sequence[Any], k: int) -> list[Hit]:
+        """The best ``k`` of the candidates ``keys`` by exact MaxSim on their stored vectors
+        (ties: the earlier key)."""
+        if not len(keys):
+            return []
+        vectors = dict(zip(keys, self._candidate_vectors(keys), strict=True))
+        hits = rerank_candidates(q, keys, lambda piece: {x: (vectors[x], {}) for x in piece}, k,
+                                 first=len(keys), dtype=np.float32)  # local vectors: one piece
+        return [self._hit(h.id, h.score) for h in hits]
