@@ -42,7 +42,6 @@ import functools
 import json
 import math
 import os
-import re
 import threading
 import time
 import uuid
@@ -59,7 +58,14 @@ from uibk_embedding.adapters.base import (
     Record,
     finite_score,
 )
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import OPERATORS, Condition
+from uibk_embedding.adapters.qdrant_filters import (
+    CLIENT,
+    LISTS_KEY,
+    json_key,
+    list_fields,
+    to_qdrant_filter,
+)
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
@@ -74,8 +80,6 @@ ID_KEY = f"{RESERVED_PREFIX}_id"
 META_KEY = "uibk_embedding"  # key of our entry in the collection metadata
 DENSE_DIM = N_SLOTS * (DIM - 1)
 MODES = ("exact", "prefetch", "hnsw")
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_MAX_SAFE_INT = 2**53
 
 
 class QdrantUnavailable(BackendUnavailable):
@@ -89,41 +93,6 @@ def point_id(doc_id: str) -> str:
     (True, False)
     """
     return str(uuid.uuid5(POINT_ID_NAMESPACE, doc_id))
-
-
-def json_key(field: str) -> str:
-    """A metadata field name as a Qdrant JSON path: plain names as they are, others quoted
-    (so ``"a.b"`` is the top-level key ``a.b``, not the nested path ``a`` -> ``b``).
-
-    >>> json_key("lang"), json_key("a.b")
-    ('lang', '"a.b"')
-    """
-    if _PLAIN_KEY.fullmatch(field):
-        return field
-    if '"' in field:
-        raise ValueError(f"filter field {field!r} contains a double quote, which a Qdrant JSON path "
-                         "cannot express; rename the metadata field to filter on it")
-    return f'"{field}"'
-
-
-def split_values(values: Iterable[Any]) -> tuple[list[str], list[bool], list[int | float], list[int]]:
-    """Filter values by how Qdrant must match them: strings, booleans, numbers compared as
-    numbers (range ``[v, v]``: ``1`` matches ``1`` and ``1.0`` but never ``True``), and integers
-    beyond 2**53 (exact integer match: a float64 range could not tell them apart)."""
-    strs: list[str] = []
-    bools: list[bool] = []
-    nums: list[int | float] = []
-    big: list[int] = []
-    for v in values:
-        if isinstance(v, bool):
-            bools.append(v)
-        elif isinstance(v, str):
-            strs.append(v)
-        elif isinstance(v, int) and abs(v) > _MAX_SAFE_INT:
-            big.append(v)
-        else:
-            nums.append(v)
-    return strs, bools, nums, big
 
 
 def split_payload(payload: Mapping[str, Any] | None, fallback_id: Any) -> tuple[str, dict]:
@@ -152,6 +121,7 @@ class _QdrantBase(MultiVectorStore):
 
     backend = "qdrant-base"
     exact = True
+    filter_operators = frozenset(OPERATORS)
     search_options = ("mode", "prefetch")  # per query: "exact"/"prefetch"/"hnsw", dense candidates
 
     def _init_modes(self, mode: str, prefetch: int, dense_name: str | None) -> None:
@@ -221,7 +191,11 @@ class _QdrantBase(MultiVectorStore):
 
     def _payload(self, doc_id: str, metadata: dict) -> dict:
         """The stored payload: the user's metadata plus the original id under a reserved key."""
-        return {**metadata, ID_KEY: doc_id}
+        payload = {**metadata, ID_KEY: doc_id}
+        lists = list_fields(metadata)
+        if lists:  # Qdrant matches list elements: filters exclude these fields (qdrant_filters)
+            payload[LISTS_KEY] = lists
+        return payload
 
     def _in_batches(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict], label: str,
                     send: Callable[[list[Any]], Any]) -> None:
@@ -590,23 +564,7 @@ class QdrantStore(_QdrantBase):
 
     # -- filters ------------------------------------------------------------------------------
     def _filter(self, conditions: tuple[Condition, ...]) -> Any:
-        if not conditions:
-            return None
-        m = self._models
-        must = []
-        for c in conditions:
-            key = json_key(c.field)
-            strs, bools, nums, big = split_values(c.values)
-            alts: list[Any] = []
-            if strs:
-                match = m.MatchValue(value=strs[0]) if len(strs) == 1 else m.MatchAny(any=strs)
-                alts.append(m.FieldCondition(key=key, match=match))
-            alts += [m.FieldCondition(key=key, match=m.MatchValue(value=b)) for b in dict.fromkeys(bools)]
-            alts += [m.FieldCondition(key=key, range=m.Range(gte=v, lte=v)) for v in dict.fromkeys(nums)]
-            if big:
-                alts.append(m.FieldCondition(key=key, match=m.MatchAny(any=big)))
-            must.append(alts[0] if len(alts) == 1 else m.Filter(should=alts))
-        return m.Filter(must=must)
+        return to_qdrant_filter(CLIENT, conditions)
 
     # -- the interface ------------------------------------------------------------------------
     @_serialized

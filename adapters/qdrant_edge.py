@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record, settle_format
+from uibk_embedding.adapters.base import Hit, Record, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
@@ -49,8 +49,8 @@ from uibk_embedding.adapters.qdrant import (
     json_key,
     point_id,
     split_payload,
-    split_values,
 )
+from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, EDGE, bool_token, to_qdrant_filter
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
@@ -59,19 +59,9 @@ from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.errors import StoreInUse
 
-BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
 CONFIG_FILE = "uibk_embedding.json"
 REDO_DIR = "uibk-redo"
 EDGE_CONFIG = "edge_config.json"
-
-
-def bool_token(field: str, value: bool) -> str:
-    """The entry of ``_uibk_bools`` that stands for ``field == value``.
-
-    >>> bool_token("a=b", True)
-    '["a=b", true]'
-    """
-    return json.dumps([field, value], ensure_ascii=False)
 
 
 class QdrantEdgeStore(_QdrantBase):
@@ -248,27 +238,7 @@ class QdrantEdgeStore(_QdrantBase):
 
     # -- filters --------------------------------------------------------------------------
     def _filter(self, conditions: tuple[Condition, ...]) -> Any:
-        if not conditions:
-            return None
-        e = self._e
-        must = []
-        for c in conditions:
-            key = json_key(c.field)
-            strs, bools, nums, big = split_values(c.values)
-            alts: list[Any] = []
-            if strs:
-                match = e.MatchValue(strs[0]) if len(strs) == 1 else e.MatchAny(strs)
-                alts.append(e.FieldCondition(key, match=match))
-            if bools:
-                toks = [bool_token(c.field, b) for b in dict.fromkeys(bools)]
-                match = e.MatchValue(toks[0]) if len(toks) == 1 else e.MatchAny(toks)
-                alts.append(e.FieldCondition(BOOLS_KEY, match=match))
-            alts += [e.FieldCondition(key, range=e.RangeFloat(gte=float(v), lte=float(v)))
-                     for v in dict.fromkeys(nums)]
-            if big:
-                alts.append(e.FieldCondition(key, match=e.MatchAny(big)))
-            must.append(alts[0] if len(alts) == 1 else e.Filter(should=alts))
-        return e.Filter(must=must)
+        return to_qdrant_filter(EDGE, conditions)
 
     # -- the interface --------------------------------------------------------------------
     # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``

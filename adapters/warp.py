@@ -81,7 +81,7 @@ from typing import Any
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
@@ -257,6 +257,7 @@ class WarpStore(MultiVectorStore):
     """
 
     backend = "warp"
+    filter_operators = frozenset(OPERATORS)  # filters run in Python: filters.matches
     exact = False
 
     def __init__(

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
@@ -217,6 +217,7 @@ class PlaidStore(MultiVectorStore):
     """
 
     backend = "plaid"
+    filter_operators = frozenset(OPERATORS)  # filters run in Python: filters.matches
     exact = False
 
     def __init__(
