@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
+from uibk_embedding.adapters.filters import BASIC, Condition, Filter, operators, parse_filter
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
 from uibk_embedding.errors import CollectionMismatch
@@ -225,6 +225,9 @@ class MultiVectorStore(ABC):
 
     backend: ClassVar[str] = "abstract"
     exact: ClassVar[bool] = True
+    filter_operators: ClassVar[frozenset[str]] = BASIC
+    """The operators of :mod:`~uibk_embedding.adapters.filters` this backend translates to its
+    engine's native filter; a filter using another is refused before anything is sent."""
     search_options: ClassVar[tuple[str, ...]] = ()
     """Per-query options ``search`` and ``search_batch`` accept beyond ``k`` and ``filter`` (each
     documented in the backend's class docstring). Given ones are passed on to ``_search``,
@@ -267,7 +270,7 @@ class MultiVectorStore(ABC):
         if (ids is None) == (filter is None):
             raise TypeError("delete() takes ids or filter=..., exactly one of them")
         if filter is not None:
-            return self._delete_where(parse_filter(filter))
+            return self._delete_where(self._parse_filter(filter))
         ids = validate_ids(ids, unique=False)
         if ids:
             self._delete(list(dict.fromkeys(ids)))
@@ -277,7 +280,7 @@ class MultiVectorStore(ABC):
         """Every stored ``(id, metadata)`` whose metadata matches ``filter`` (all without one),
         read from the engine ``batch_size`` at a time. The order is the engine's; a document
         written or deleted while the scan runs may or may not be listed."""
-        conds = parse_filter(filter)
+        conds = self._parse_filter(filter)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         for page in self._scan(conds, batch_size):
@@ -296,7 +299,7 @@ class MultiVectorStore(ABC):
         opts = self._given_options(options)
         q = validate_query(query)
         k = validate_k(k)
-        conds = parse_filter(filter)
+        conds = self._parse_filter(filter)
         if explain:
             return self._search_explained(q, k, conds, **opts)
         return self._search(q, k, conds, **opts)
@@ -308,8 +311,18 @@ class MultiVectorStore(ABC):
         opts = self._given_options(options)
         qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
         k = validate_k(k)
-        conds = parse_filter(filter)
+        conds = self._parse_filter(filter)
         return self._search_batch(qs, k, conds, **opts) if qs else []
+
+    def _parse_filter(self, filter: Filter | None) -> tuple[Condition, ...]:
+        """``parse_filter``, refusing operators this backend does not translate."""
+        conds = parse_filter(filter)
+        missing = operators(conds) - self.filter_operators
+        if missing:
+            raise ValueError(
+                f"filter operator(s) {', '.join(sorted(missing))} are not supported by the "
+                f"{self.backend} backend (it translates {', '.join(sorted(self.filter_operators))})")
+        return conds
 
     def _given_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The per-query options that were given (not None), refusing undeclared names."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
@@ -106,6 +106,7 @@ class ExactStore(MultiVectorStore):
     """
 
     backend = "exact"
+    filter_operators = frozenset(OPERATORS)  # filters run in Python: filters.matches
     exact = True
 
     def __init__(

@@ -1,42 +1,106 @@
-"""The tiny filter language every backend translates.
+"""The one filter language every backend translates to its engine's native filter.
 
-A filter is a mapping from metadata field to a condition; all conditions must hold (AND):
+A filter is a mapping. Its keys are metadata fields or the combinators ``$and``, ``$or``,
+``$not``; several keys must all hold (AND). A field maps to a value (equality) or to a mapping
+of operators, which must all hold:
 
-* ``{"lang": "en"}`` or ``{"lang": {"$eq": "en"}}``: the field equals the value;
-* ``{"year": {"$in": [2023, 2024]}}``: the field equals one of the values.
+=====================  ==========================================================================
+``{"f": v}``           ``f`` equals ``v`` (same as ``{"f": {"$eq": v}}``)
+``$eq`` / ``$ne``      equals / does not equal one value
+``$in`` / ``$nin``     equals one of / none of a non-empty list of values
+``$gt`` ``$gte``       greater than (or equal to) a number
+``$lt`` ``$lte``       less than (or equal to) a number
+``$exists``            ``True``: ``f`` is present and neither null nor an empty list; ``False``:
+                       the opposite (LlamaIndex's ``IS_EMPTY``)
+``$and`` / ``$or``     all / any of a non-empty list of filters
+``$not``               the complement of one filter
+=====================  ==========================================================================
 
-Values are strings, integers, floats or booleans. A document without the field never matches
-(so a filter on a field no document has returns no hits: that is the documented behaviour on
-every backend, not an error). ``True`` does not equal ``1``: types must match.
+The type rules are those of equality so far, on every backend: values are strings, integers,
+floats or booleans; ``True`` does not equal ``1``; an int and a float compare by value; a string
+never equals a number. Ranges compare numbers only: a range bound must be an int or a float
+(never a bool), and a document whose field is a string, a bool, a list or missing is not in any
+range. (Ranges on strings are refused: Qdrant's payload ranges are numeric, so a string range
+could not mean the same thing on every engine.) A list-valued field equals nothing.
+
+Negations are complements: ``$ne``, ``$nin`` and ``$not`` match every document the positive
+form does not match, *including documents without the field*. To require the field as well,
+add ``{"$exists": True}``. A filter on a field no document has matches nothing (and its ``$ne``
+everything): never an error.
 
 Example
 -------
->>> f = parse_filter({"lang": "en", "year": {"$in": [2023, 2024]}})
->>> [c.field for c in f]
-['lang', 'year']
->>> matches({"lang": "en", "year": 2024}, f), matches({"lang": "en"}, f)
+>>> f = parse_filter({"lang": "en", "year": {"$gte": 1990, "$lt": 2000}})
+>>> matches({"lang": "en", "year": 1994}, f), matches({"lang": "en", "year": 2001}, f)
 (True, False)
+>>> g = parse_filter({"$or": [{"lang": {"$ne": "en"}}, {"draft": {"$exists": False}}]})
+>>> matches({"lang": "en", "draft": True}, g), matches({"lang": "en"}, g), matches({}, g)
+(False, True, True)
+>>> sorted(operators(g))
+['$exists', '$ne', '$or']
+>>> parse_filter({"title": {"$gt": "m"}})
+Traceback (most recent call last):
+...
+TypeError: filter on 'title': $gt compares numbers only (an int or a float), got 'm'
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 Scalar = str | int | float | bool
 Filter = Mapping[str, Any]
 
-OPERATORS = ("$eq", "$in")
+EQUALITY = ("$eq", "$ne", "$in", "$nin")
+RANGES = ("$gt", "$gte", "$lt", "$lte")
+FIELD_OPERATORS = (*EQUALITY, *RANGES, "$exists")
+COMBINATORS = ("$and", "$or", "$not")
+OPERATORS = FIELD_OPERATORS + COMBINATORS
+"""Every operator of the language. Backends declare which they translate (all of them, for
+every backend in this package); a filter using another is refused before it reaches the
+engine."""
+
+BASIC = frozenset({"$eq", "$in"})
+"""The operators of the first filter language (equality, AND only)."""
 
 
 @dataclass(frozen=True)
 class Condition:
-    """``field`` equals one of ``values`` (one value for ``$eq``)."""
+    """One operator on one field: ``field`` ``op`` ``values``.
+
+    ``values`` holds one value, except for ``$in``/``$nin`` (the list) and ``$exists`` (one
+    bool). ``$eq`` and ``$in`` are positive equality, ``$ne`` and ``$nin`` their complements.
+    """
 
     field: str
-    op: str  # "$eq" or "$in"
+    op: str
     values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True)
+class And:
+    """All of ``children`` hold."""
+
+    children: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    """At least one of ``children`` holds."""
+
+    children: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    """``child`` does not hold."""
+
+    child: Node
+
+
+Node = Union[Condition, And, Or, Not]  # noqa: UP007 - a runtime alias, used before 3.12 syntax
 
 
 def _check_value(field: str, v: Any) -> Scalar:
@@ -51,52 +115,160 @@ def _check_value(field: str, v: Any) -> Scalar:
     )
 
 
-def parse_filter(filter: Filter | None) -> tuple[Condition, ...]:
-    """Validate a filter and return its conditions (empty for ``None`` or ``{}``)."""
+def _check_number(field: str, op: str, v: Any) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError(f"filter on {field!r}: {op} compares numbers only (an int or a float), got {v!r}")
+    return _check_value(field, v)  # type: ignore[return-value]  # finite check
+
+
+def _values_list(field: str, op: str, arg: Any) -> tuple[Scalar, ...]:
+    if isinstance(arg, str | bytes | Mapping) or not hasattr(arg, "__iter__"):
+        raise TypeError(f"filter on {field!r}: {op} takes a list of values, got {arg!r}")
+    values = tuple(_check_value(field, v) for v in arg)
+    if not values:
+        raise ValueError(f"filter on {field!r}: {op} needs at least one value")
+    return values
+
+
+def _field_conditions(field: str, cond: Any) -> list[Node]:
+    if not isinstance(cond, Mapping):
+        return [Condition(field, "$eq", (_check_value(field, cond),))]
+    if not cond:
+        raise ValueError(f"filter on {field!r}: an empty condition {{}}; give a value or an operator")
+    out: list[Node] = []
+    for op, arg in cond.items():
+        if op in ("$eq", "$ne"):
+            out.append(Condition(field, op, (_check_value(field, arg),)))
+        elif op in ("$in", "$nin"):
+            out.append(Condition(field, op, _values_list(field, op, arg)))
+        elif op in RANGES:
+            out.append(Condition(field, op, (_check_number(field, op, arg),)))
+        elif op == "$exists":
+            if not isinstance(arg, bool):
+                raise TypeError(f"filter on {field!r}: $exists takes True or False, got {arg!r}")
+            out.append(Condition(field, op, (arg,)))
+        else:
+            raise ValueError(
+                f"filter on {field!r}: unknown operator {op!r}; the operators are "
+                f"{', '.join(FIELD_OPERATORS)} (and {', '.join(COMBINATORS)} around filters)"
+            )
+    return out
+
+
+def _parse(filter: Any, where: str) -> list[Node]:
+    if not isinstance(filter, Mapping):
+        raise TypeError(f"{where} must be a mapping of field -> condition, got {type(filter).__name__}")
+    out: list[Node] = []
+    for key, cond in filter.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
+        if key in ("$and", "$or"):
+            if isinstance(cond, str | bytes | Mapping) or not hasattr(cond, "__iter__"):
+                raise TypeError(f"{key} takes a list of filters, got {cond!r}")
+            subs = list(cond)
+            if not subs:
+                raise ValueError(f"{key} needs at least one filter")
+            children = tuple(_group(_parse(s, f"{key}[{i}]")) for i, s in enumerate(subs))
+            out.append(And(children) if key == "$and" else Or(children))
+        elif key == "$not":
+            out.append(Not(_group(_parse(cond, "$not"))))
+        elif key.startswith("$"):
+            raise ValueError(
+                f"unknown filter operator {key!r} at the top of a filter: use {', '.join(COMBINATORS)} "
+                f"there, and {', '.join(FIELD_OPERATORS)} inside a field's condition"
+            )
+        else:
+            out.extend(_field_conditions(key, cond))
+    return out
+
+
+def _group(nodes: list[Node]) -> Node:
+    """One node for a sub-filter: its only condition, or the AND of several (``{}``: all)."""
+    return nodes[0] if len(nodes) == 1 else And(tuple(nodes))  # {}: And(()), which always holds
+
+
+def parse_filter(filter: Filter | None) -> tuple[Node, ...]:
+    """Validate a filter and return its conditions, all of which must hold (empty for ``None``
+    or ``{}``, which match every document).
+
+    >>> parse_filter({"lang": "en"})
+    (Condition(field='lang', op='$eq', values=('en',)),)
+    >>> parse_filter({"n": {"$nin": [1, 2]}, "$not": {"x": True}})  # doctest: +NORMALIZE_WHITESPACE
+    (Condition(field='n', op='$nin', values=(1, 2)),
+     Not(child=Condition(field='x', op='$eq', values=(True,))))
+    """
     if filter is None:
         return ()
-    if not isinstance(filter, Mapping):
-        raise TypeError(f"filter must be a mapping of field -> condition, got {type(filter).__name__}")
-    out = []
-    for field, cond in filter.items():
-        if not isinstance(field, str) or not field:
-            raise ValueError(f"filter field names must be non-empty strings, got {field!r}")
-        if isinstance(cond, Mapping):
-            if len(cond) != 1 or next(iter(cond)) not in OPERATORS:
-                raise ValueError(
-                    f"filter on {field!r}: a condition is a value, {{'$eq': value}} or "
-                    f"{{'$in': [values]}}, got {dict(cond)!r}"
-                )
-            op, arg = next(iter(cond.items()))
-            if op == "$in":
-                if isinstance(arg, str | bytes) or not hasattr(arg, "__iter__"):
-                    raise TypeError(f"filter on {field!r}: $in takes a list of values, got {arg!r}")
-                values = tuple(_check_value(field, v) for v in arg)
-                if not values:
-                    raise ValueError(f"filter on {field!r}: $in needs at least one value")
-            else:
-                values = (_check_value(field, arg),)
-            out.append(Condition(field, op, values))
+    return tuple(_parse(filter, "filter"))
+
+
+def walk(nodes: tuple[Node, ...] | Node) -> Iterator[Node]:
+    """Every node of a parsed filter, parents before children."""
+    stack: list[Node] = list(nodes) if isinstance(nodes, tuple) else [nodes]
+    while stack:
+        n = stack.pop(0)
+        yield n
+        if isinstance(n, And | Or):
+            stack[:0] = list(n.children)
+        elif isinstance(n, Not):
+            stack.insert(0, n.child)
+
+
+def operators(nodes: tuple[Node, ...]) -> set[str]:
+    """The operators a parsed filter uses (``$and`` only for an explicit nested one)."""
+    out: set[str] = set()
+    for n in walk(nodes):
+        if isinstance(n, Condition):
+            out.add(n.op)
         else:
-            out.append(Condition(field, "$eq", (_check_value(field, cond),)))
-    return tuple(out)
+            out.add({And: "$and", Or: "$or", Not: "$not"}[type(n)])
+    return out
 
 
-def _equal(a: Any, b: Scalar) -> bool:
+def is_number(v: Any) -> bool:
+    """An int or a float, never a bool (the numbers ranges and numeric equality see)."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def equal(a: Any, b: Scalar) -> bool:
+    """Stored value ``a`` equals filter value ``b`` under the type rules."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, str) or isinstance(b, str):
         return isinstance(a, str) and isinstance(b, str) and a == b
-    return isinstance(a, int | float) and a == b
+    return is_number(a) and a == b
 
 
-def matches(metadata: Mapping[str, Any] | None, conditions: tuple[Condition, ...]) -> bool:
-    """Whether one document's metadata satisfies all ``conditions``."""
+def present(md: Mapping[str, Any], field: str) -> bool:
+    """What ``$exists: True`` tests: the field is there, not null and not an empty list."""
+    v = md.get(field)
+    return v is not None and v != []
+
+
+def _holds(md: Mapping[str, Any], n: Node) -> bool:
+    if isinstance(n, And):
+        return all(_holds(md, c) for c in n.children)
+    if isinstance(n, Or):
+        return any(_holds(md, c) for c in n.children)
+    if isinstance(n, Not):
+        return not _holds(md, n.child)
+    op = n.op
+    if op == "$exists":
+        return present(md, n.field) == n.values[0]
+    if n.field not in md:
+        return op in ("$ne", "$nin")
+    v = md[n.field]
+    if op in EQUALITY:
+        hit = any(equal(v, x) for x in n.values)
+        return hit if op in ("$eq", "$in") else not hit
+    if not is_number(v):
+        return False
+    bound = n.values[0]
+    return {"$gt": v > bound, "$gte": v >= bound, "$lt": v < bound, "$lte": v <= bound}[op]
+
+
+def matches(metadata: Mapping[str, Any] | None, conditions: tuple[Node, ...]) -> bool:
+    """Whether one document's metadata satisfies all ``conditions`` (the reference evaluation
+    every backend's native translation is tested against)."""
     md = metadata or {}
-    for c in conditions:
-        if c.field not in md:
-            return False
-        v = md[c.field]
-        if not any(_equal(v, x) for x in c.values):
-            return False
-    return True
+    return all(_holds(md, c) for c in conditions)

@@ -96,7 +96,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
     settle_format,
 )
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.adapters.rerank import Reranking
 from uibk_embedding.encoder.tagged import TaggedFormat
 
@@ -168,6 +168,7 @@ class IndexedStore(Reranking, MultiVectorStore):
     """
 
     exact = False
+    filter_operators = frozenset(OPERATORS)  # filters run in Python: filters.matches
     label: ClassVar[str] = "indexed"
     engine_name: ClassVar[str] = "engine"
     engine_error: ClassVar[type[EngineError]] = EngineError

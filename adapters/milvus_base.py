@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.encoder.tagged import TaggedFormat, decompose
 
@@ -93,30 +93,54 @@ def _literal(v: Any) -> str:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def filter_expression(conditions: Sequence[Condition], field: str = "f") -> str:
-    """A Milvus boolean expression for parsed filter ``conditions`` ('' for none).
+def filter_expression(conditions: Sequence[Node], field: str = "f") -> str:
+    """A Milvus boolean expression that every document matching ``conditions`` passes ('' for
+    no constraint); the exact check (:func:`~uibk_embedding.adapters.filters.matches`) runs on
+    the documents it returns, in search and in scan.
 
-    A condition on a string with a control character (newline, tab, ...) is left out: it is a
-    wider server-side search, and the client-side check of every rescored document applies it.
+    Equality and ranges on numbers, strings and booleans, under ``$and`` and ``$or``, are sent
+    to Milvus. What the stored filter fields cannot answer exactly is left to the exact check
+    and sent as no constraint (a wider server-side search, the same result): negations
+    (``$ne``, ``$nin``, ``$not``: Milvus's handling of a missing JSON key under ``not`` is not
+    the library's), ``$exists`` (lists and nulls are not stored for filtering), and strings
+    with a control character (Milvus Lite 2.5 matches no escaped ``\\n`` or ``\\t`` in a string
+    literal and refuses a raw newline).
 
     >>> from uibk_embedding.adapters.filters import parse_filter
     >>> filter_expression(parse_filter({"lang": 'x" or 1==1 or "', "n": {"$in": [1, True]}}))
     '(f["lang"] == "sx\\\\" or 1==1 or \\\\"") and (f["n"] == 1 or f["n"] == "b1")'
     >>> filter_expression(parse_filter({"a": "two\\nlines", "n": 1}))
     '(f["n"] == 1)'
+    >>> filter_expression(parse_filter({"$or": [{"y": {"$gte": 2}}, {"y": {"$lt": 0.5}}]}))
+    '((f["y"] >= 2) or (f["y"] < 0.5))'
+    >>> filter_expression(parse_filter({"$or": [{"y": 1}, {"z": {"$ne": 1}}]}))
+    ''
     """
-    parts = []
-    for c in conditions:
-        if any(isinstance(v, str) and _CONTROL.search(v) for v in c.values):
-            # Milvus Lite 2.5 matches no escaped control character (\n, \t) in a string literal
-            # and refuses a raw newline: this condition is left to the client-side check every
-            # search already applies to the documents it rescores (a wider server-side search,
-            # the same result)
-            continue
-        path = f"{field}[{json.dumps(c.field, ensure_ascii=False)}]"
-        ors = " or ".join(f"{path} == {_literal(v)}" for v in c.values)
-        parts.append(f"({ors})")
+    parts = [p for p in (_expression(c, field) for c in conditions) if p]
     return " and ".join(parts)
+
+
+_MILVUS_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def _expression(n: Node, field: str) -> str:
+    """A superset expression for one node ('' for no constraint)."""
+    if isinstance(n, And):
+        parts = [p for p in (_expression(c, field) for c in n.children) if p]
+        return "(" + " and ".join(parts) + ")" if parts else ""
+    if isinstance(n, Or):
+        parts = [_expression(c, field) for c in n.children]
+        if not parts or not all(parts):
+            return ""  # one unconstrained alternative: the whole OR is unconstrained
+        return "(" + " or ".join(parts) + ")"
+    if isinstance(n, Not) or n.op in ("$ne", "$nin", "$exists"):
+        return ""
+    path = f"{field}[{json.dumps(n.field, ensure_ascii=False)}]"
+    if n.op in _MILVUS_RANGE:
+        return f"({path} {_MILVUS_RANGE[n.op]} {_literal(n.values[0])})"
+    if any(isinstance(v, str) and _CONTROL.search(v) for v in n.values):
+        return ""
+    return "(" + " or ".join(f"{path} == {_literal(v)}" for v in n.values) + ")"
 
 
 def _ids_expr(ids: Sequence[str]) -> str:
@@ -171,6 +195,7 @@ class MilvusStore(MultiVectorStore):
     """
 
     backend = "milvus"
+    filter_operators = frozenset(OPERATORS)
     exact = False
     search_options = ("candidates",)  # per query: the candidate pool (see Parameters)
     layout: ClassVar[str] = ""  # set by each layout class
@@ -497,7 +522,8 @@ class MilvusStore(MultiVectorStore):
                     rows = it.next()
                 if not rows:
                     return
-                page = [(r["doc_id"], json.loads(r["meta"])) for r in rows if r["doc_id"] not in seen]
+                page = [(r["doc_id"], md) for r in rows if r["doc_id"] not in seen
+                        and matches(md := json.loads(r["meta"]), conditions)]
                 seen.update(x for x, _ in page)
                 if page:
                     yield page

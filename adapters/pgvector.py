@@ -65,7 +65,7 @@ from typing import Any, ClassVar
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
@@ -87,31 +87,62 @@ def _psycopg():
     return require("psycopg", "pgvector", "the pgvector adapter")
 
 
-def filter_sql(conditions: Sequence[Condition]) -> tuple[str, list[Any]]:
+def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
     """A SQL condition over the ``fields`` jsonb column for parsed filter ``conditions``, and
     its parameters (values are parameters, never interpolated; ``"TRUE"`` for none).
 
-    Each condition is ``fields -> field = ANY(values::jsonb[])`` (jsonb equality: types never
-    mix, numbers compare by value) together with a containment ``fields @> {field: value}`` for
-    each value, which the GIN index answers.
+    Equality is ``fields -> field = ANY(values::jsonb[])`` (jsonb equality: types never mix,
+    numbers compare by value) together with a containment ``fields @> {field: value}`` for each
+    value, which the GIN index answers. A range also checks ``jsonb_typeof(...) = 'number'``
+    (jsonb orders every number below every bool). Every part is two-valued (``COALESCE``), so a
+    missing field makes a comparison false and its negation true, as in
+    :func:`~uibk_embedding.adapters.filters.matches`.
 
     >>> from uibk_embedding.adapters.filters import parse_filter
     >>> sql, params = filter_sql(parse_filter({"n": {"$in": [1, True]}}))
     >>> sql
-    '(fields @> %s::jsonb OR fields @> %s::jsonb) AND (fields -> %s) = ANY(%s::jsonb[])'
+    'COALESCE((fields @> %s::jsonb OR fields @> %s::jsonb) AND (fields -> %s) = ANY(%s::jsonb[]), false)'
     >>> params
     ['{"n": 1}', '{"n": true}', 'n', ['1', 'true']]
+    >>> filter_sql(parse_filter({"$not": {"y": {"$gt": 2}}}))[0]
+    "NOT COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) > %s::jsonb, false)"
     >>> filter_sql(())
     ('TRUE', [])
     """
     parts: list[str] = []
     params: list[Any] = []
     for c in conditions:
-        contain = " OR ".join(["fields @> %s::jsonb"] * len(c.values))
-        parts.append(f"({contain}) AND (fields -> %s) = ANY(%s::jsonb[])")
-        params += [json.dumps({c.field: v}, ensure_ascii=False) for v in c.values]
-        params += [c.field, [json.dumps(v, ensure_ascii=False) for v in c.values]]
+        sql, p = _node_sql(c)
+        parts.append(sql)
+        params += p
     return (" AND ".join(parts) or "TRUE"), params
+
+
+_SQL_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def _node_sql(n: Node) -> tuple[str, list[Any]]:
+    if isinstance(n, And | Or):
+        if not n.children:
+            return ("TRUE" if isinstance(n, And) else "FALSE"), []
+        subs = [_node_sql(c) for c in n.children]
+        glue = " AND " if isinstance(n, And) else " OR "
+        return "(" + glue.join(s for s, _ in subs) + ")", [x for _, p in subs for x in p]
+    if isinstance(n, Not):
+        sql, p = _node_sql(n.child)
+        return f"NOT {sql}", p
+    if n.op == "$exists":
+        sql = "COALESCE((fields -> %s) NOT IN ('null'::jsonb, '[]'::jsonb), false)"
+        return (sql if n.values[0] else f"NOT {sql}"), [n.field]
+    if n.op in _SQL_RANGE:
+        sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {_SQL_RANGE[n.op]} "
+               "%s::jsonb, false)")
+        return sql, [n.field, n.field, json.dumps(n.values[0])]
+    contain = " OR ".join(["fields @> %s::jsonb"] * len(n.values))
+    sql = f"COALESCE(({contain}) AND (fields -> %s) = ANY(%s::jsonb[]), false)"
+    params = [json.dumps({n.field: v}, ensure_ascii=False) for v in n.values]
+    params += [n.field, [json.dumps(v, ensure_ascii=False) for v in n.values]]
+    return (sql if n.op in ("$eq", "$in") else f"NOT {sql}"), params
 
 
 def _where(dsn: str | None) -> str:
@@ -183,6 +214,7 @@ class PgVectorStore(MultiVectorStore):
     backend = "pgvector"
     exact = True
     search_options = ("exact", "candidates")  # per query, as the parameters of the same names
+    filter_operators = frozenset(OPERATORS)
 
     def __init__(
         self,

@@ -41,14 +41,13 @@ import contextlib
 import json
 import math
 import os
-import re
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from uibk_embedding.adapters.base import (
@@ -59,7 +58,14 @@ from uibk_embedding.adapters.base import (
     finite_score,
 )
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import OPERATORS, Condition
+from uibk_embedding.adapters.qdrant_filters import (
+    CLIENT,
+    LISTS_KEY,
+    json_key,
+    list_fields,
+    to_qdrant_filter,
+)
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
@@ -74,8 +80,6 @@ ID_KEY = f"{RESERVED_PREFIX}_id"
 META_KEY = "uibk_embedding"  # key of our entry in the collection metadata
 DENSE_DIM = N_SLOTS * (DIM - 1)
 MODES = ("exact", "prefetch", "hnsw")
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_MAX_SAFE_INT = 2**53
 
 
 class QdrantUnavailable(BackendUnavailable):
@@ -89,41 +93,6 @@ def point_id(doc_id: str) -> str:
     (True, False)
     """
     return str(uuid.uuid5(POINT_ID_NAMESPACE, doc_id))
-
-
-def json_key(field: str) -> str:
-    """A metadata field name as a Qdrant JSON path: plain names as they are, others quoted
-    (so ``"a.b"`` is the top-level key ``a.b``, not the nested path ``a`` -> ``b``).
-
-    >>> json_key("lang"), json_key("a.b")
-    ('lang', '"a.b"')
-    """
-    if _PLAIN_KEY.fullmatch(field):
-        return field
-    if '"' in field:
-        raise ValueError(f"filter field {field!r} contains a double quote, which a Qdrant JSON path "
-                         "cannot express; rename the metadata field to filter on it")
-    return f'"{field}"'
-
-
-def split_values(values: Iterable[Any]) -> tuple[list[str], list[bool], list[int | float], list[int]]:
-    """Filter values by how Qdrant must match them: strings, booleans, numbers compared as
-    numbers (range ``[v, v]``: ``1`` matches ``1`` and ``1.0`` but never ``True``), and integers
-    beyond 2**53 (exact integer match: a float64 range could not tell them apart)."""
-    strs: list[str] = []
-    bools: list[bool] = []
-    nums: list[int | float] = []
-    big: list[int] = []
-    for v in values:
-        if isinstance(v, bool):
-            bools.append(v)
-        elif isinstance(v, str):
-            strs.append(v)
-        elif isinstance(v, int) and abs(v) > _MAX_SAFE_INT:
-            big.append(v)
-        else:
-            nums.append(v)
-    return strs, bools, nums, big
 
 
 def split_payload(payload: Mapping[str, Any] | None, fallback_id: Any) -> tuple[str, dict]:
@@ -152,6 +121,7 @@ class _QdrantBase(MultiVectorStore):
 
     backend = "qdrant-base"
     exact = True
+    filter_operators = frozenset(OPERATORS)
     search_options = ("mode", "prefetch")  # per query: "exact"/"prefetch"/"hnsw", dense candidates
 
     def _init_modes(self, mode: str, prefetch: int, dense_name: str | None) -> None:
@@ -214,47 +184,11 @@ class _QdrantBase(MultiVectorStore):
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         raise NotImplementedError
 
-    # -- filters: one builder for both engines, over their condition classes ---------------------
+    # -- filters: one translation for both engines (adapters/qdrant_filters), in each one's dialect
+    dialect: ClassVar[Any] = None
+
     def _filter(self, conditions: tuple[Condition, ...]) -> Any:
-        """Parsed filter conditions as the engine's filter (``None`` for none): per condition an
-        alternative of string matches, boolean matches (:meth:`_bool_conditions`), numbers as
-        ranges ``[v, v]`` and integers beyond 2**53 matched exactly; conditions all required."""
-        if not conditions:
-            return None
-        must = []
-        for c in conditions:
-            key = json_key(c.field)
-            strs, bools, nums, big = split_values(c.values)
-            alts: list[Any] = []
-            if strs:
-                alts.append(self._match(key, strs))
-            if bools:
-                alts += self._bool_conditions(c.field, key, list(dict.fromkeys(bools)))
-            alts += [self._equal_number(key, v) for v in dict.fromkeys(nums)]
-            if big:
-                alts.append(self._match_any(key, big))
-            must.append(alts[0] if len(alts) == 1 else self._filter_of(should=alts))
-        return self._filter_of(must=must)
-
-    def _match(self, key: str, values: list[Any]) -> Any:
-        """``key`` equal to the one value (``MatchValue``) or any of several (``MatchAny``)."""
-        raise NotImplementedError
-
-    def _match_any(self, key: str, values: list[Any]) -> Any:
-        """``key`` equal to any of ``values`` (``MatchAny``, even for one value)."""
-        raise NotImplementedError
-
-    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
-        """The alternatives matching ``field`` equal to one of the booleans ``values``."""
-        raise NotImplementedError
-
-    def _equal_number(self, key: str, v: int | float) -> Any:
-        """``key`` numerically equal to ``v`` (a range ``[v, v]``: never a boolean)."""
-        raise NotImplementedError
-
-    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
-        """The engine's ``Filter(must=...)`` or ``Filter(should=...)``."""
-        raise NotImplementedError
+        return to_qdrant_filter(self.dialect, conditions)
 
     # -- writes: one point layout and one batch loop for both engines ----------------------------
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
@@ -263,7 +197,11 @@ class _QdrantBase(MultiVectorStore):
 
     def _payload(self, doc_id: str, metadata: dict) -> dict:
         """The stored payload: the user's metadata plus the original id under a reserved key."""
-        return {**metadata, ID_KEY: doc_id}
+        payload = {**metadata, ID_KEY: doc_id}
+        lists = list_fields(metadata)
+        if lists:  # Qdrant matches list elements: filters exclude these fields (qdrant_filters)
+            payload[LISTS_KEY] = lists
+        return payload
 
     def _in_batches(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict], label: str,
                     send: Callable[[list[Any]], Any]) -> None:
@@ -365,6 +303,7 @@ class QdrantStore(_QdrantBase):
     """
 
     backend = "qdrant"
+    dialect = CLIENT
     exact = True
 
     def __init__(
@@ -618,24 +557,6 @@ class QdrantStore(_QdrantBase):
                 raise ValueError(f"unknown payload schema {schema!r} for field {field!r}") from None
         self._call(f"create_payload_index({field!r})", self.client.create_payload_index,
                    self.collection, field_name=json_key(field), field_schema=schema, wait=True)
-
-    # -- filters: the engine's condition classes ----------------------------------------------
-    def _match(self, key: str, values: list[Any]) -> Any:
-        m = self._models
-        match = m.MatchValue(value=values[0]) if len(values) == 1 else m.MatchAny(any=values)
-        return m.FieldCondition(key=key, match=match)
-
-    def _match_any(self, key: str, values: list[Any]) -> Any:
-        return self._models.FieldCondition(key=key, match=self._models.MatchAny(any=values))
-
-    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
-        return [self._match(key, [b]) for b in values]
-
-    def _equal_number(self, key: str, v: int | float) -> Any:
-        return self._models.FieldCondition(key=key, range=self._models.Range(gte=v, lte=v))
-
-    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
-        return self._models.Filter(must=must) if should is None else self._models.Filter(should=should)
 
     # -- the interface ------------------------------------------------------------------------
     @serialized  # the guard: a lock in local mode, nothing on a server

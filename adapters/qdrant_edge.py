@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record, settle_format
+from uibk_embedding.adapters.base import Hit, Record, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
@@ -50,6 +50,7 @@ from uibk_embedding.adapters.qdrant import (
     point_id,
     split_payload,
 )
+from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, EDGE, bool_token
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
@@ -58,19 +59,9 @@ from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.errors import StoreInUse
 
-BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
 CONFIG_FILE = "uibk_embedding.json"
 REDO_DIR = "uibk-redo"
 EDGE_CONFIG = "edge_config.json"
-
-
-def bool_token(field: str, value: bool) -> str:
-    """The entry of ``_uibk_bools`` that stands for ``field == value``.
-
-    >>> bool_token("a=b", True)
-    '["a=b", true]'
-    """
-    return json.dumps([field, value], ensure_ascii=False)
 
 
 class QdrantEdgeStore(_QdrantBase):
@@ -102,6 +93,7 @@ class QdrantEdgeStore(_QdrantBase):
     """
 
     backend = "qdrant-edge"
+    dialect = EDGE
     exact = True
 
     def __init__(
@@ -244,25 +236,6 @@ class QdrantEdgeStore(_QdrantBase):
     def optimize(self) -> bool:
         """Merge segments and build the HNSW indexes (slow on multivectors): True if it did work."""
         return bool(self.shard.optimize())
-
-    # -- filters: the engine's condition classes (the builder is _QdrantBase._filter) ------
-    def _match(self, key: str, values: list[Any]) -> Any:
-        e = self._e
-        match = e.MatchValue(values[0]) if len(values) == 1 else e.MatchAny(values)
-        return e.FieldCondition(key, match=match)
-
-    def _match_any(self, key: str, values: list[Any]) -> Any:
-        return self._e.FieldCondition(key, match=self._e.MatchAny(values))
-
-    def _bool_conditions(self, field: str, key: str, values: list[bool]) -> list[Any]:
-        """Booleans match their tokens in ``_uibk_bools`` (see :func:`bool_token`)."""
-        return [self._match(BOOLS_KEY, [bool_token(field, b) for b in values])]
-
-    def _equal_number(self, key: str, v: int | float) -> Any:
-        return self._e.FieldCondition(key, range=self._e.RangeFloat(gte=float(v), lte=float(v)))
-
-    def _filter_of(self, *, must: list[Any] | None = None, should: list[Any] | None = None) -> Any:
-        return self._e.Filter(must=must) if should is None else self._e.Filter(should=should)
 
     # -- the interface --------------------------------------------------------------------
     # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``

@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.adapters.filters import And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
@@ -178,26 +178,50 @@ def data_objects(ids: list[str], vectors: list[np.ndarray], metadata: list[dict]
     ]
 
 
-def to_weaviate_filter(conditions: tuple[Condition, ...]) -> Any:
+WEAVIATE_OPERATORS = frozenset({"$eq", "$ne", "$in", "$nin", "$and", "$or", "$not"})
+"""What the typed terms answer exactly. Ranges (``$gt`` ...) and ``$exists`` are refused: the
+terms hold ``[field, value]`` pairs, which have no order and do not record a field's presence
+(a range would need a numeric property per metadata field in the collection's schema)."""
+
+_NO_TERM = "[]"  # a term no document carries (every stored term is a [field, value] pair)
+
+
+def to_weaviate_filter(conditions: tuple[Node, ...]) -> Any:
     """Parsed filter conditions as one Weaviate filter (``None`` for no conditions).
 
-    Each condition becomes ``uibk_terms`` *contains any* of its typed terms; conditions are
-    combined with *all of*.
+    A field condition becomes ``uibk_terms`` *contains any* of its typed terms (*contains none*
+    for ``$ne``/``$nin``, which a document without the field passes, as in
+    :func:`~uibk_embedding.adapters.filters.matches`); ``$and``/``$or``/``$not`` become
+    *all of*/*any of*/*not*.
 
     >>> from uibk_embedding.adapters.filters import parse_filter
     >>> f = to_weaviate_filter(parse_filter({"lang": {"$in": ["en", "de"]}}))
     >>> f.target, f.operator.value, f.value
     ('uibk_terms', 'ContainsAny', ['["lang","en"]', '["lang","de"]'])
+    >>> f = to_weaviate_filter(parse_filter({"lang": {"$ne": "en"}}))
+    >>> f.operator.value, f.value
+    ('ContainsNone', ['["lang","en"]'])
     """
     if not conditions:
         return None
+    parts = [_weaviate_node(c) for c in conditions]
+    return parts[0] if len(parts) == 1 else _wv().classes.query.Filter.all_of(parts)
+
+
+def _weaviate_node(n: Node) -> Any:
     Filter = _wv().classes.query.Filter
-    parts = [
-        Filter.by_property(PROP_TERMS).contains_any(
-            list(dict.fromkeys(filter_term(c.field, v) for v in c.values)))
-        for c in conditions
-    ]
-    return parts[0] if len(parts) == 1 else Filter.all_of(parts)
+    terms = Filter.by_property(PROP_TERMS)
+    if isinstance(n, And | Or):
+        if not n.children:  # {} inside $and/$or/$not: everything (an empty $or never parses)
+            return terms.contains_none([_NO_TERM])
+        parts = [_weaviate_node(c) for c in n.children]
+        if len(parts) == 1:
+            return parts[0]
+        return Filter.all_of(parts) if isinstance(n, And) else Filter.any_of(parts)
+    if isinstance(n, Not):
+        return Filter.not_(_weaviate_node(n.child))
+    values = list(dict.fromkeys(filter_term(n.field, v) for v in n.values))
+    return terms.contains_any(values) if n.op in ("$eq", "$in") else terms.contains_none(values)
 
 
 def distance_to_score(distance: float) -> float:
@@ -446,6 +470,7 @@ class WeaviateStore(MultiVectorStore):
     """
 
     backend: ClassVar[str] = "weaviate"
+    filter_operators = WEAVIATE_OPERATORS
     exact: ClassVar[bool] = False
     search_options: ClassVar[tuple[str, ...]] = ("rerank", "candidates")
 

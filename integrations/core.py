@@ -9,8 +9,8 @@ with their score and its decomposition (token part, dense part). It only uses th
 backend it talks to; the framework wrappers are thin layers over it.
 
 Filters are the library's filter language (:mod:`~uibk_embedding.adapters.filters`);
-:func:`translate_langchain_filter` and :func:`merge_conditions` turn the frameworks' filter
-shapes into it and refuse what it cannot express with a precise error.
+:func:`translate_langchain_filter` turns the frameworks' filter
+shapes into it and refuses what it cannot express with a precise error.
 
 Example
 -------
@@ -355,89 +355,23 @@ def _check_weight(w: Any) -> None:
 
 
 # -- filter translation ----------------------------------------------------------------------
-def merge_conditions(conditions: Sequence[tuple[str, Sequence[Any]]]) -> Filter | _NeverMatches | None:
-    """AND of ``(field, allowed values)`` pairs -> one filter of the library's language.
+def translate_langchain_filter(filter: Mapping[str, Any] | None) -> Filter | None:
+    """A LangChain-style metadata filter -> the library's filter language (checked).
 
-    Two conditions on one field keep the values both allow; when none is left, no document
-    can match and :data:`NEVER_MATCHES` is returned.
+    The dict style of LangChain's Qdrant, Chroma and PGVector stores is the language itself:
+    ``{"field": value}``, ``$eq $ne $gt $gte $lt $lte $in $nin $exists``, ``$and $or $not``.
+    Other operators (``$like``, ``$contains``, ``$between`` ...) are refused by name.
 
-    >>> merge_conditions([("lang", ["en"]), ("year", [2023, 2024]), ("year", [2024, 2025])])
-    {'lang': 'en', 'year': 2024}
-    >>> merge_conditions([("lang", ["en"]), ("lang", ["de"])])
-    NEVER_MATCHES
-    >>> merge_conditions([]) is None
-    True
-    """
-    allowed: dict[str, list[Any]] = {}
-    for fld, values in conditions:
-        vals = list(values)
-        if fld in allowed:
-            vals = [v for v in allowed[fld] if any(_same(v, x) for x in vals)]
-        allowed[fld] = vals
-    if not allowed:
-        return None
-    if any(not v for v in allowed.values()):
-        return NEVER_MATCHES
-    out: dict[str, Any] = {f: v[0] if len(v) == 1 else {"$in": v} for f, v in allowed.items()}
-    parse_filter(out)
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
-
-
-def translate_langchain_filter(filter: Mapping[str, Any] | None) -> Filter | _NeverMatches | None:
-    """A LangChain-style metadata filter -> the library's filter language.
-
-    Accepted: ``{"field": value}``, ``{"field": {"$eq": value}}``, ``{"field": {"$in": [...]}}``
-    and ``{"$and": [filter, ...]}`` of those. Anything else (``$or``, ``$ne``, ``$gt``, ...)
-    is refused with an error that names the operator.
-
-    >>> translate_langchain_filter({"$and": [{"lang": "en"}, {"year": {"$in": [2023, 2024]}}]})
-    {'lang': 'en', 'year': {'$in': [2023, 2024]}}
-    >>> translate_langchain_filter({"year": {"$gt": 2020}})
+    >>> translate_langchain_filter({"$and": [{"lang": "en"}, {"year": {"$gte": 2023}}]})
+    {'$and': [{'lang': 'en'}, {'year': {'$gte': 2023}}]}
+    >>> translate_langchain_filter({"title": {"$like": "%x%"}})
     Traceback (most recent call last):
     ...
-    ValueError: filter operator '$gt' (on 'year') is not supported: use a value, {'$eq': value}, ...
+    ValueError: filter on 'title': unknown operator '$like'; the operators are ...
     """
     if filter is None:
         return None
     if not isinstance(filter, Mapping):
         raise TypeError(f"filter must be a dict, got {type(filter).__name__}")
-    return merge_conditions(_langchain_conditions(filter))
-
-
-_SUPPORTED = "use a value, {'$eq': value}, {'$in': [values]} or {'$and': [filters]}"
-
-
-def _langchain_conditions(filter: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
-    out: list[tuple[str, list[Any]]] = []
-    for key, cond in filter.items():
-        if not isinstance(key, str):
-            raise TypeError(f"filter field names must be strings, got {key!r}")
-        if key == "$and":
-            if not isinstance(cond, list | tuple) or not all(isinstance(c, Mapping) for c in cond):
-                raise TypeError("'$and' takes a list of filters")
-            for sub in cond:
-                out.extend(_langchain_conditions(sub))
-            continue
-        if key.startswith("$"):
-            raise ValueError(f"filter operator {key!r} is not supported: {_SUPPORTED}")
-        if isinstance(cond, Mapping):
-            if len(cond) != 1:
-                raise ValueError(f"filter on {key!r}: one operator per field, got {dict(cond)!r}")
-            op, arg = next(iter(cond.items()))
-            if op == "$eq":
-                out.append((key, [arg]))
-            elif op == "$in":
-                if isinstance(arg, str | bytes) or not isinstance(arg, Sequence):
-                    raise TypeError(f"filter on {key!r}: $in takes a list of values, got {arg!r}")
-                parse_filter({key: {"$in": list(arg)}})
-                out.append((key, list(arg)))
-            else:
-                raise ValueError(f"filter operator {op!r} (on {key!r}) is not supported: {_SUPPORTED}")
-        else:
-            parse_filter({key: cond})
-            out.append((key, [cond]))
-    return out
+    parse_filter(filter)
+    return dict(filter)

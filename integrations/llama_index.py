@@ -51,7 +51,6 @@ from uibk_embedding.integrations.core import (
     NEVER_MATCHES,
     RetrievalCore,
     ScoredText,
-    merge_conditions,
 )
 
 from uibk_embedding._optional import require
@@ -66,6 +65,7 @@ from llama_index.core.vector_stores.types import (  # noqa: E402
     BasePydanticVectorStore,
     FilterCondition,
     FilterOperator,
+    MetadataFilter,
     MetadataFilters,
     VectorStoreQuery,
     VectorStoreQueryMode,
@@ -88,51 +88,65 @@ def _default_encoder() -> Any:
 
 
 # -- filters -----------------------------------------------------------------------------------
-def _filter_conditions(filters: MetadataFilters) -> list[tuple[str, list[Any]]]:
-    cond = filters.condition or FilterCondition.AND
-    if cond != FilterCondition.AND and not (cond == FilterCondition.OR and len(filters.filters) == 1):
+_OPERATORS = {"EQ": "$eq", "NE": "$ne", "GT": "$gt", "GTE": "$gte", "LT": "$lt", "LTE": "$lte",
+              "IN": "$in", "NIN": "$nin"}
+
+
+def _translate(f: MetadataFilters | MetadataFilter) -> dict[str, Any]:
+    if isinstance(f, MetadataFilters):
+        subs = [_translate(x) for x in f.filters]
+        cond = f.condition or FilterCondition.AND
+        if cond == FilterCondition.NOT:  # LlamaIndex: none of the filters holds
+            return {"$not": {"$or": subs}} if subs else {"$not": {}}
+        if not subs:
+            return {}
+        if cond == FilterCondition.OR:
+            return {"$or": subs}
+        keys = [k for sub in subs for k in sub]
+        if len(set(keys)) == len(keys) and not any(k.startswith("$") for k in keys):
+            return {k: v for sub in subs for k, v in sub.items()}  # one dict, as a user writes it
+        return {"$and": subs}
+    op = f.operator
+    if op == FilterOperator.IS_EMPTY:  # LlamaIndex: missing, None, "" or []
+        return {"$or": [{f.key: {"$exists": False}}, {f.key: ""}]}
+    if op.name not in _OPERATORS:
         raise ValueError(
-            f"MetadataFilters condition {cond.value!r} is not supported: combine EQ / IN filters with 'and'"
-        )
-    out: list[tuple[str, list[Any]]] = []
-    for f in filters.filters:
-        if isinstance(f, MetadataFilters):
-            out.extend(_filter_conditions(f))
-            continue
-        op = f.operator
-        if op == FilterOperator.EQ:
-            if isinstance(f.value, list):
-                raise ValueError(f"filter on {f.key!r}: EQ takes one value; use IN for a list")
-            out.append((f.key, [f.value]))
-        elif op == FilterOperator.IN:
-            if not isinstance(f.value, list):
-                raise ValueError(f"filter on {f.key!r}: IN takes a list of values, got {f.value!r}")
-            out.append((f.key, list(f.value)))
-        else:
-            raise ValueError(
-                f"filter operator {op.name} ({op.value!r}) on {f.key!r} is not supported: use EQ or IN"
-            )
-    for field, values in out:
-        parse_filter({field: {"$in": values}})  # types and emptiness, with the library's message
-    return out
+            f"filter operator {op.name} ({op.value!r}) on {f.key!r} is not supported: the filter "
+            "language compares whole values (a list-valued field equals nothing); use "
+            f"{', '.join(_OPERATORS)}, IS_EMPTY, with AND / OR / NOT")
+    if op in (FilterOperator.IN, FilterOperator.NIN):
+        if not isinstance(f.value, list):
+            raise ValueError(f"filter on {f.key!r}: {op.name} takes a list of values, got {f.value!r}")
+    elif isinstance(f.value, list):
+        raise ValueError(f"filter on {f.key!r}: {op.name} takes one value; use IN for a list")
+    return {f.key: {_OPERATORS[op.name]: f.value}}
 
 
 def translate_filters(filters: MetadataFilters | None) -> Any:
     """LlamaIndex ``MetadataFilters`` -> the library's filter language (or ``None``).
 
+    Every operator but the list and text ones (ANY, ALL, CONTAINS, TEXT_MATCH) maps onto the
+    language, with AND / OR / NOT (none of the filters, as LlamaIndex defines it) and nesting;
+    IS_EMPTY holds for a missing field, None, ``""`` or ``[]``, as in LlamaIndex.
+
     >>> from llama_index.core.vector_stores.types import MetadataFilter
     >>> translate_filters(MetadataFilters(filters=[
     ...     MetadataFilter(key="lang", value="en"),
-    ...     MetadataFilter(key="year", value=[2023, 2024], operator="in")]))
-    {'lang': 'en', 'year': {'$in': [2023, 2024]}}
-    >>> translate_filters(MetadataFilters(filters=[MetadataFilter(key="year", value=2020, operator=">")]))
+    ...     MetadataFilter(key="year", value=2020, operator=">")]))
+    {'lang': {'$eq': 'en'}, 'year': {'$gt': 2020}}
+    >>> translate_filters(MetadataFilters(condition="not", filters=[
+    ...     MetadataFilter(key="lang", value=["en", "de"], operator="in")]))
+    {'$not': {'$or': [{'lang': {'$in': ['en', 'de']}}]}}
+    >>> translate_filters(MetadataFilters(filters=[MetadataFilter(key="tags", value="x", operator="any")]))
     Traceback (most recent call last):
     ...
-    ValueError: filter operator GT ('>') on 'year' is not supported: use EQ or IN
+    ValueError: filter operator ANY ('any') on 'tags' is not supported: the filter language ...
     """
     if filters is None:
         return None
-    return merge_conditions(_filter_conditions(filters))
+    out = _translate(filters)
+    parse_filter(out)  # types, emptiness and operators, with the library's message
+    return out
 
 
 # -- the embed model for VectorStoreIndex ------------------------------------------------------
@@ -309,10 +323,10 @@ class UIBKVectorStore(BasePydanticVectorStore):
                 f"query mode {query.mode.value!r} is not supported: UIBKVectorStore runs one hybrid "
                 "MaxSim search (mode 'default' or 'hybrid'), or 'mmr' over its candidates"
             )
-        conditions = _filter_conditions(query.filters) if query.filters is not None else []
+        parts = [translate_filters(query.filters)] if query.filters is not None else []
         if query.doc_ids:
-            conditions.append((REF_DOC_KEY, list(query.doc_ids)))
-        flt = merge_conditions(conditions)
+            parts.append({REF_DOC_KEY: {"$in": list(query.doc_ids)}})
+        flt = parts[0] if len(parts) == 1 else {"$and": parts} if parts else None
         k = query.similarity_top_k
         if query.node_ids:
             hits = [h for h in self._core.rank_ids(query.query_str, query.node_ids, len(query.node_ids),

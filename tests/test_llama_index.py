@@ -111,11 +111,31 @@ def test_query_filters(vs):
     full = vs.query(VectorStoreQuery(query_str="sourdough", similarity_top_k=6))
     score = dict(zip(full.ids, full.similarities, strict=True))
     assert res.similarities[0] == pytest.approx(score["bread"], rel=1e-5)
+    # every LlamaIndex operator but the list/text ones, AND / OR / NOT, nested (the filter language)
+    everything = {n[0] for n in NODES}
+    assert run(flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.GT))) == {"bread", "tennis"}
+    assert run(flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.LTE),
+                   MetadataFilter(key="year", value=1958, operator=FilterOperator.GTE))) == {
+        "wing-1", "wing-2", "plate", "body"}
+    assert run(flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.LT))) == {
+        "wing-1", "wing-2"}
+    assert run(flt(MetadataFilter(key="topic", value="aero", operator=FilterOperator.NE))) == {
+        "body", "bread", "tennis"}
+    assert run(flt(MetadataFilter(key="topic", value=["aero", "heat"], operator=FilterOperator.NIN))) == {
+        "bread", "tennis"}
+    assert run(flt(MetadataFilter(key="topic", value="food"), MetadataFilter(key="year", value=1958),
+                   condition=FilterCondition.OR)) == {"wing-1", "wing-2", "bread"}
+    assert run(flt(MetadataFilter(key="topic", value="aero"), MetadataFilter(key="year", value=2021),
+                   condition=FilterCondition.NOT)) == {"body", "bread"}  # none of them holds
+    assert run(flt(MetadataFilter(key="topic", value="aero"),
+                   flt(MetadataFilter(key="year", value=1958), MetadataFilter(key="year", value=2021),
+                       condition=FilterCondition.OR))) == {"wing-1", "wing-2"}
+    assert run(flt(MetadataFilter(key="missing", value=None, operator=FilterOperator.IS_EMPTY))) == everything
+    assert run(flt(MetadataFilter(key="topic", value=None, operator=FilterOperator.IS_EMPTY))) == set()
     for bad, msg in [
-        (flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.GT)), "GT"),
-        (flt(MetadataFilter(key="year", value=1960, operator=FilterOperator.NE)), "NE"),
-        (flt(MetadataFilter(key="topic", value="x"), MetadataFilter(key="year", value=1),
-             condition=FilterCondition.OR), "'or'"),
+        (flt(MetadataFilter(key="topic", value=["aero"], operator=FilterOperator.ANY)), "ANY"),
+        (flt(MetadataFilter(key="topic", value="aer", operator=FilterOperator.TEXT_MATCH)), "TEXT_MATCH"),
+        (flt(MetadataFilter(key="topic", value="aero", operator=FilterOperator.CONTAINS)), "CONTAINS"),
     ]:
         with pytest.raises(ValueError, match=msg):
             run(bad)
@@ -175,8 +195,8 @@ def test_retriever_end_to_end(encoder, vs):
         UIBKRetriever(encoder=encoder)
     with pytest.raises(ValueError, match="similarity_top_k"):
         UIBKRetriever(vector_store=vs, similarity_top_k=0)
-    with pytest.raises(ValueError, match="GT"):
-        UIBKRetriever(vector_store=vs, filters=flt(MetadataFilter(key="year", value=1, operator=">")))
+    with pytest.raises(ValueError, match="ANY"):  # a filter the language cannot express: refused now
+        UIBKRetriever(vector_store=vs, filters=flt(MetadataFilter(key="year", value=[1], operator="any")))
     hits = asyncio.run(r.aretrieve("sourdough bread"))
     assert hits[0].node.node_id == "bread"
 
