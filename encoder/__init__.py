@@ -12,7 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.encoder.base import CONFIG_NAME, Encoder, TaggedEncoder, validate_texts
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
+from uibk_embedding.encoder.inputs import validate_texts
+from uibk_embedding.encoder.protocol import Encoder
 from uibk_embedding.encoder.tagged import (
     Decomposition,
     TaggedFormat,

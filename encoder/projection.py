@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
 
 PROJECTION_KINDS = ("random", "pca")
@@ -163,7 +164,6 @@ def encode_heads(encoder: Any, texts: Sequence[str], *, is_query: bool = False
     encoder returns, up to float32 rounding.
     """
     import torch
-    from uibk_embedding.encoder.base import validate_texts
 
     texts = validate_texts(texts)
     n = len(texts)

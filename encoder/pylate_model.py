@@ -2,7 +2,7 @@
 
 The released UIBK-Embedding-v1 (DESIGN 1.3b) is a PyLate ColBERT model with custom modules, whose
 ``ColBERT.encode(texts, is_query=...)`` returns the tagged lists themselves. This module makes
-such a folder an :class:`~uibk_embedding.encoder.base.Encoder` like every other
+such a folder an :class:`~uibk_embedding.encoder.protocol.Encoder` like every other
 (:class:`PyLateEncoder`, what ``load_encoder(folder, trust_remote_code=True)`` returns for a
 folder with ``modules.json`` and PyLate's ``config_sentence_transformers.json``), and writes our
 own encoders in the same format (:func:`save_pylate`, ``encoder.save_pylate(folder)``).
@@ -45,14 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import (
-    TaggedEncoder,
-    TokenBatch,
-    _Pending,
-    resolve_device,
-    resolve_dtype,
-    to_host,
-)
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
+from uibk_embedding.encoder.padding import TokenBatch
+from uibk_embedding.encoder.pipeline import Pending, to_host
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
 
 from uibk_embedding._optional import require
@@ -452,7 +448,7 @@ class PyLateEncoder(TaggedEncoder):
             tb.inputs = {k: v.pin_memory() for k, v in tb.inputs.items()}
         return tb
 
-    def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> _Pending:
+    def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> Pending:
         """PyLate's forward and its row selection (``ColBERT.encode``: the skiplist on documents,
         query expansion), rows normalised, query slots scaled by the dense weight."""
         import torch
@@ -483,7 +479,7 @@ class PyLateEncoder(TaggedEncoder):
                 idx = torch.from_numpy(first).to(rows.device)
                 rows[idx] = rows[idx] * scale.unsqueeze(1)
             host, event = to_host(rows)
-        return _Pending(tb, host, event, offsets)
+        return Pending(tb, host, event, offsets)
 
 
 # -- saving our encoders as PyLate models ----------------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import validate_texts, warn_truncated
+from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding.errors import BackendUnavailable, UIBKError

@@ -62,7 +62,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.encoder.base import validate_texts
+from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
 from uibk_embedding.encoder.tagged import DIM

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, resolve_device, validate_texts, warn_truncated
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
 
 _STOP = object()
 

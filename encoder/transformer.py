@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, pad_ids, resolve_device
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device
+from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.tagged import TaggedFormat
 

@@ -55,15 +55,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import (
-    CONFIG_NAME,
-    PROJECTIONS_NAME,
-    TaggedEncoder,
-    TokenBatch,
-    pad_ids,
-    resolve_device,
-    resolve_dtype,
-)
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
+from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
+from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
