@@ -29,7 +29,6 @@ from here too.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -50,7 +49,7 @@ from uibk_embedding.encoder.pipeline import (
     to_host,
 )
 from uibk_embedding.encoder.protocol import Encoder
-from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.encoder.tagged import TaggedFormat, check_dense_weight
 
 
 class TaggedEncoder(FixedProjections):
@@ -94,8 +93,7 @@ class TaggedEncoder(FixedProjections):
     ) -> None:
         self.format = format or TaggedFormat()
         self._init_projections(dense_dim, token_dim, projections, seed, projection)
-        self._check_weight(dense_weight)
-        self.dense_weight = float(dense_weight)
+        self.dense_weight = check_dense_weight(dense_weight)
         if query_token_cap < 1 or query_max_length < 2 or doc_max_length < 2:
             raise ValueError("token caps and lengths must be positive")
         self.query_token_cap = int(query_token_cap)
@@ -106,11 +104,6 @@ class TaggedEncoder(FixedProjections):
         self.prefetch = max(0, int(prefetch))
         self._lock = threading.Lock()
         self._device_consts: dict[str, Any] = {}
-
-    @staticmethod
-    def _check_weight(w: float) -> None:
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"dense_weight must be a positive finite number, got {w!r}")
 
     # -- subclasses ------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:  # pragma: no cover
@@ -160,8 +153,7 @@ class TaggedEncoder(FixedProjections):
         show_progress: bool | None = None,
     ) -> list[np.ndarray]:
         """Tagged query lists: 3 slots scaled by ``dense_weight`` then <= 64 token vectors."""
-        w = self.dense_weight if dense_weight is None else dense_weight
-        self._check_weight(w)
+        w = check_dense_weight(self.dense_weight if dense_weight is None else dense_weight)
         texts = validate_texts(texts)
         return self._encode(texts, True, w, show_progress)
 

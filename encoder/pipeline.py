@@ -16,7 +16,6 @@ build every tagged list of the batch (:func:`tag_batch`: the layout of
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from uibk_embedding.encoder.padding import TokenBatch
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -147,21 +146,14 @@ def tag_batch(fmt: TaggedFormat, g: Any, states: Any, index: Any, tb: TokenBatch
     out = torch.empty((int(tb.counts.sum()), DIM), dtype=torch.float32, device=dev)
     # slots: R g -> 3 slices of 127, each normalised, tagged, scaled by the query weight
     z = (g.to(hi) @ consts["R"].T).reshape(b, N_SLOTS, BODY)
-    slots = torch.empty((b, N_SLOTS, DIM), dtype=hi, device=dev)
-    slots[..., 0] = fmt.slot_tag
-    slots[..., 1:] = z * (math.sqrt(fmt.delta) / safe_norm(z))
-    if isinstance(w, np.ndarray):
-        slots *= torch.from_numpy(w).to(dev, dtype=hi).reshape(b, 1, 1)
-    elif w != 1.0:
-        slots *= w
+    slots = fmt.write_slots(torch.empty((b, N_SLOTS, DIM), dtype=hi, device=dev), z, safe_norm(z))
+    apply_dense_weight(slots, w)
     out.index_copy_(0, dst_slot, slots.reshape(b * N_SLOTS, DIM).to(torch.float32))
     if n_tok:
         # tokens: the chosen positions only, P (127 x token_dim), normalised, tagged
         h = states.reshape(b * t, states.shape[-1]).index_select(0, src)
         u = (h.float() @ consts["P"].T).to(hi)
-        toks = torch.empty((n_tok, DIM), dtype=torch.float32, device=dev)
-        toks[:, 0] = fmt.token_tag
-        toks[:, 1:] = u * (math.sqrt(fmt.beta) / safe_norm(u))
+        toks = fmt.write_tokens(torch.empty((n_tok, DIM), dtype=torch.float32, device=dev), u, safe_norm(u))
         out.index_copy_(0, dst_tok, toks)
     return out
 

@@ -49,7 +49,7 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pipeline import Pending, to_host
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import UntrustedCode
@@ -475,9 +475,8 @@ class PyLateEncoder(TaggedEncoder):
             if np.any(weights != 1.0) and rows.shape[0]:
                 n = np.minimum(counts, N_SLOTS)
                 first = np.repeat(offsets[:-1], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
-                scale = torch.from_numpy(np.repeat(weights, n)).to(rows.device, dtype=torch.float32)
                 idx = torch.from_numpy(first).to(rows.device)
-                rows[idx] = rows[idx] * scale.unsqueeze(1)
+                rows[idx] = apply_dense_weight(rows[idx], np.repeat(weights, n))
             host, event = to_host(rows)
         return Pending(tb, host, event, offsets)
 

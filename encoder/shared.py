@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
+from uibk_embedding.encoder.tagged import check_dense_weight
 
 _STOP = object()
 
@@ -178,9 +179,8 @@ class SharedEncoder:
     def encode_queries(self, texts: Sequence[str], *, dense_weight: float | None = None,
                        show_progress: bool | None = None) -> list[np.ndarray]:
         """Tagged query lists (see :meth:`TaggedEncoder.encode_queries`)."""
-        w = self.encoder.dense_weight if dense_weight is None else dense_weight
-        self.encoder._check_weight(w)
-        return self._call(validate_texts(texts), True, float(w), show_progress)
+        w = check_dense_weight(self.encoder.dense_weight if dense_weight is None else dense_weight)
+        return self._call(validate_texts(texts), True, w, show_progress)
 
     def encode_documents(self, texts: Sequence[str], *,
                          show_progress: bool | None = None) -> list[np.ndarray]:
