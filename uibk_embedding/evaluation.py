@@ -28,7 +28,7 @@ import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.data import Collection
-from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector
+from uibk_embedding.encoder.tagged import N_SLOTS, apply_dense_weight, dense_vector
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
 
@@ -42,7 +42,7 @@ def with_dense_weight(query: np.ndarray, w: float) -> np.ndarray:
     """The same query list with its slots rescaled to dense weight ``w`` (no re-encoding)."""
     q = np.array(query, dtype=np.float32, copy=True)
     n = np.linalg.norm(q[:N_SLOTS], axis=1, keepdims=True)
-    q[:N_SLOTS] = q[:N_SLOTS] / n * w
+    q[:N_SLOTS] = apply_dense_weight(q[:N_SLOTS] / n, w)
     return q
 
 
