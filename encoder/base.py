@@ -21,7 +21,8 @@ model's device in a few tensor operations (the fixed projections ``R``: dense ->
 column, the query slots scaled by the dense weight, the caps of DESIGN 1.1); then ONE
 device-to-host copy per batch and one split into documents.
 
-The protocol (:class:`~uibk_embedding.encoder.protocol.Encoder`), the input checks
+The protocols (:class:`~uibk_embedding.encoder.protocol.Encoder`, which every encoder satisfies,
+and :class:`~uibk_embedding.encoder.protocol.LocalEncoder`, which a ``TaggedEncoder`` does), the input checks
 (:mod:`~uibk_embedding.encoder.inputs`) and the padded batches
 (:mod:`~uibk_embedding.encoder.padding`) live in their own modules; their names are importable
 from here too.
@@ -48,7 +49,7 @@ from uibk_embedding.encoder.pipeline import (
     tag_batch,
     to_host,
 )
-from uibk_embedding.encoder.protocol import Encoder
+from uibk_embedding.encoder.protocol import Encoder, LocalEncoder, protocol_gaps
 from uibk_embedding.encoder.tagged import TaggedFormat, check_dense_weight
 
 
@@ -73,6 +74,8 @@ class TaggedEncoder(FixedProjections):
     """
 
     kind = "abstract"
+    #: set by each subclass: the model it runs (the protocol's ``model_name``)
+    model_name: str
 
     def __init__(
         self,
@@ -308,9 +311,11 @@ __all__ = [
     "CONFIG_NAME",
     "PROJECTIONS_NAME",
     "Encoder",
+    "LocalEncoder",
     "TaggedEncoder",
     "TokenBatch",
     "pad_ids",
+    "protocol_gaps",
     "resolve_device",
     "resolve_dtype",
     "to_host",

@@ -163,7 +163,7 @@ class SharedEncoder:
         self._worker = threading.Thread(target=self._run, name="uibk-shared-encoder", daemon=True)
         self._worker.start()
 
-    # -- what the protocol needs -------------------------------------------------------------
+    # -- what the protocol needs (uibk_embedding.encoder.protocol.Encoder) ---------------------
     @property
     def dense_weight(self) -> float:
         return self.encoder.dense_weight
@@ -175,6 +175,14 @@ class SharedEncoder:
     @property
     def device(self) -> str:
         return str(getattr(self.encoder, "device", "cpu"))
+
+    @property
+    def query_max_length(self) -> int:
+        return self.encoder.query_max_length
+
+    @property
+    def doc_max_length(self) -> int:
+        return self.encoder.doc_max_length
 
     def encode_queries(self, texts: Sequence[str], *, dense_weight: float | None = None,
                        show_progress: bool | None = None) -> list[np.ndarray]:
