@@ -48,7 +48,7 @@ Example (Milvus Lite, in-process; a temporary directory is used and removed on `
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> docs = [make_list(fmt, rng, n) for n in (5, 40, 9)]
 >>> with open_milvus_lite() as store:
@@ -79,12 +79,12 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import DIM, TaggedFormat, decompose
 
 LAYOUTS = ("token_rows", "embedding_list")
 MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call

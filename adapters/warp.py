@@ -44,7 +44,7 @@ scored exactly.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = WarpStore(buffer_size=0, min_index_vectors=32)   # a temporary directory
@@ -82,7 +82,6 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
@@ -98,6 +97,7 @@ from uibk_embedding._sqlite_state import (
 )
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, top_k
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
 
 SCHEMA_VERSION = 1

@@ -16,7 +16,8 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
 from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
-from uibk_embedding.encoder.tagged import (
+
+from uibk_embedding.tagged import (
     Decomposition,
     TaggedFormat,
     check_separation,

@@ -50,7 +50,8 @@ from uibk_embedding.encoder.pipeline import (
     to_host,
 )
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder, protocol_gaps
-from uibk_embedding.encoder.tagged import TaggedFormat, check_dense_weight
+
+from uibk_embedding.tagged import TaggedFormat, check_dense_weight
 
 
 class TaggedEncoder(FixedProjections):

@@ -23,7 +23,8 @@ from typing import Any, Self
 
 import numpy as np
 from uibk_embedding.encoder.projection import fit_pca_projections, projection_id
-from uibk_embedding.encoder.tagged import BODY, N_SLOTS, TaggedFormat, orthonormal_rows
+
+from uibk_embedding.tagged import BODY, N_SLOTS, TaggedFormat, orthonormal_rows
 
 CONFIG_NAME = "uibk_encoder.json"
 PROJECTIONS_NAME = "projections.npz"

@@ -6,7 +6,7 @@ strings them together: a background thread tokenises batch ``i + 1`` while batch
 (:func:`prefetched`, a bounded queue); the host computes the gather/scatter indices of each
 batch (:func:`gather_indices`); on the device, one forward pass and a few tensor operations
 build every tagged list of the batch (:func:`tag_batch`: the layout of
-:class:`~uibk_embedding.encoder.tagged.TaggedFormat`); then ONE device-to-host copy per batch
+:class:`~uibk_embedding.tagged.TaggedFormat`); then ONE device-to-host copy per batch
 (:func:`to_host`: pinned memory, non-blocking, on CUDA) and one split into lists
 (:func:`finish`). The lists of one batch are views of one float32 array.
 
@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 from uibk_embedding.encoder.padding import TokenBatch
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
+
+from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 T = TypeVar("T")
 U = TypeVar("U")

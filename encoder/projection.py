@@ -6,7 +6,7 @@ A tagged encoder reduces two things to the 127-d bodies of the tagged format (DE
 * ``P`` (127 x d): each contextual token state into a 127-d token direction.
 
 Both are fixed matrices with orthonormal rows, saved with the encoder. By default they are
-drawn from a seed (:func:`~uibk_embedding.encoder.tagged.orthonormal_rows`). This module
+drawn from a seed (:func:`~uibk_embedding.tagged.orthonormal_rows`). This module
 offers the alternative of fitting them once by PCA on a sample of texts
 (:func:`fit_pca_projections`, :meth:`TaggedEncoder.fit_projection
 <uibk_embedding.encoder.base.TaggedEncoder.fit_projection>`, ``uibk-embed fit-projection``):
@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 from uibk_embedding.encoder.inputs import validate_texts
-from uibk_embedding.encoder.tagged import (
+
+from uibk_embedding.tagged import (
     BODY,
     DIM,
     N_SLOTS,

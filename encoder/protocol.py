@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.tagged import TaggedFormat
 
 
 @runtime_checkable

@@ -49,10 +49,10 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pipeline import Pending, to_host
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import UntrustedCode
+from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 MODULES_NAME = "modules.json"
 ST_CONFIG_NAME = "config_sentence_transformers.json"

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat, check_dense_weight
 
 from uibk_embedding.errors import BackendUnavailable, UIBKError
+from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
 MAGIC = b"UIBKVEC1"
 MEDIA_TYPE = "application/x-uibk-vectors"

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
-from uibk_embedding.encoder.tagged import check_dense_weight
+
+from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
 

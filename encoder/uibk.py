@@ -333,7 +333,8 @@ class UIBKEncoder(TaggedEncoder):
         import torch
         from safetensors import safe_open
         from tokenizers import Tokenizer
-        from uibk_embedding.encoder.tagged import TaggedFormat
+
+        from uibk_embedding.tagged import TaggedFormat
 
         p = _resolve_folder(path)
         missing = [f for f in REQUIRED_FILES if not (p / f).is_file()]

@@ -45,9 +45,9 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
-from uibk_embedding.encoder.tagged import Decomposition, check_dense_weight, decompose, dense_vector
 
 from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import Decomposition, check_dense_weight, decompose, dense_vector
 
 DEFAULT_TEXT_KEY = "text"
 DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
@@ -299,7 +299,7 @@ class RetrievalCore:
 
         Relevance is the hit's :func:`relevance` (MaxSim over the reachable maximum, in [0, 1]);
         the similarity between two candidates is the cosine of their dense heads (the slot
-        vectors, :func:`~uibk_embedding.encoder.tagged.dense_vector`, in [-1, 1]): symmetric,
+        vectors, :func:`~uibk_embedding.tagged.dense_vector`, in [-1, 1]): symmetric,
         independent of the documents' lengths (MaxSim between two lists is neither), and what
         "says the same thing" means for a sentence encoder. :func:`mmr_select` picks.
         """

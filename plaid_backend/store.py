@@ -38,7 +38,7 @@ exact search.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = PlaidStore(nbits=2, num_threads=1)          # a temporary directory
@@ -74,7 +74,6 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
@@ -90,6 +89,7 @@ from uibk_embedding._sqlite_state import (
 )
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
+from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
 
 SCHEMA_VERSION = 2
