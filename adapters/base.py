@@ -1,7 +1,7 @@
 """The one store interface every backend implements, with shared input validation.
 
 A store holds *documents*: a string id, one tagged multi-vector (float32, ``(n, 128)``, see
-:mod:`uibk_embedding.encoder.tagged`) and a JSON metadata dict. Backends implement six small
+:mod:`uibk_embedding.tagged`) and a JSON metadata dict. Backends implement six small
 methods (``_upsert``, ``_delete``, ``_search``, ``_get``, ``count`` and ``_scan``, a paged
 listing of ids and metadata by filter with the engine's own listing call) and, where the engine
 deletes by filter natively, ``_delete_where``. The public methods here validate every input
@@ -12,7 +12,7 @@ Example
 -------
 >>> import numpy as np
 >>> from uibk_embedding.adapters.exact import ExactStore
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = ExactStore()
@@ -41,9 +41,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from uibk_embedding.adapters.filters import BASIC, Condition, Filter, operators, parse_filter
-from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
 from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192

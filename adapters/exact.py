@@ -14,7 +14,7 @@ that holds other files and no store is refused, never written into.
 Example
 -------
 >>> import numpy as np, tempfile
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> d = tempfile.mkdtemp()
@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
 from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
+from uibk_embedding.tagged import DIM, TaggedFormat
 
 _OP = re.compile(r"^(\d{12})\.npz$")
 LOCK_NAME = "store.lock"

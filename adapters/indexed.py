@@ -59,7 +59,7 @@ documents the engine still holds. :class:`ScanEngine` below is a complete engine
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = ScanEngine(candidates=2, min_index_vectors=8)   # a temporary directory
@@ -98,7 +98,6 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.adapters.rerank import Reranking
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._sqlite_state import (
@@ -113,6 +112,7 @@ from uibk_embedding._sqlite_state import (
     transaction,
 )
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
 
 DB_NAME = "store.sqlite"

@@ -52,7 +52,7 @@ Example (Milvus Lite, in-process; a temporary directory is used and removed on `
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> docs = [make_list(fmt, rng, n) for n in (5, 40, 9)]
 >>> with open_milvus_lite() as store:
@@ -89,10 +89,10 @@ from uibk_embedding.adapters.milvus_embedding_list import (
     MilvusEmbeddingListStore,
 )
 from uibk_embedding.adapters.milvus_token_rows import PART_ROWS, MilvusTokenRowsStore
-from uibk_embedding.encoder.tagged import DIM
 
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import BackendUnavailable
+from uibk_embedding.tagged import DIM
 
 __all__ = [
     "ARRAY_CAPACITY", "DEFAULT_CANDIDATES", "DIM", "EMBEDDING_LIST_MIN", "LAYOUTS", "MAX_LIMIT",

@@ -32,10 +32,10 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.encoder.tagged import TaggedFormat, decompose
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
+from uibk_embedding.tagged import TaggedFormat, decompose
 
 LAYOUTS = ("token_rows", "embedding_list")
 MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call

@@ -28,9 +28,9 @@ from uibk_embedding.adapters.milvus_base import (
     filter_expression,
     filter_fields,
 )
-from uibk_embedding.encoder.tagged import DIM
 
 from uibk_embedding.errors import ServerTooOld
+from uibk_embedding.tagged import DIM
 
 ARRAY_CAPACITY = 4096  # Milvus: largest ARRAY max_capacity (struct elements per document)
 EMBEDDING_LIST_MIN = (2, 6, 4)

@@ -46,7 +46,8 @@ from uibk_embedding.adapters.milvus_base import (
     filter_expression,
     filter_fields,
 )
-from uibk_embedding.encoder.tagged import DIM
+
+from uibk_embedding.tagged import DIM
 
 PART_ROWS = 64  # vectors per document part: 32 KiB of float32, 43,692 base64 characters
 PART_CHARS = 43692

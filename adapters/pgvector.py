@@ -14,7 +14,7 @@ fields     ``jsonb``              the same metadata, for filters (GIN ``jsonb_pa
 n_rows     ``integer``            vectors in the list
 vectors    ``bytea``              the whole tagged list, float32 little-endian (stored
                                   uncompressed out of line)
-dense      ``vector(381)``        :func:`~uibk_embedding.encoder.tagged.dense_vector`, the three
+dense      ``vector(381)``        :func:`~uibk_embedding.tagged.dense_vector`, the three
                                   slot bodies: its inner product is the dense part of MaxSim
                                   (HNSW index, ``vector_ip_ops``)
 ========== ====================== ==========================================================
@@ -44,7 +44,7 @@ Example (needs a server; ``uibk_embedding.pg_server.LocalPostgresServer`` starts
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> docs = [make_list(fmt, rng, n) for n in (5, 40, 9)]
 >>> store = PgVectorStore("postgresql://localhost/mydb", table="papers")  # doctest: +SKIP
@@ -67,11 +67,11 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_s
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
+from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
 
 SCHEMA_VERSION = 1
 DENSE_DIM = N_SLOTS * (DIM - 1)  # 381

@@ -5,7 +5,7 @@ tagged list with **DOT** distance and the **MAX_SIM** comparator, so Qdrant's mu
 score is exactly the MaxSim of :mod:`uibk_embedding.maxsim` (COSINE is refused: it renormalises
 every vector and so would undo the query-time dense weight). HNSW is disabled on it by default
 (``m=0``): it serves exact MaxSim and reranking, not graph search. A second named vector
-(default ``"dense"``) holds :func:`~uibk_embedding.encoder.tagged.dense_vector` of the list
+(default ``"dense"``) holds :func:`~uibk_embedding.tagged.dense_vector` of the list
 (381-d, unit, HNSW) for candidate prefetch.
 
 Two search modes, chosen per store or per query:
@@ -23,7 +23,7 @@ never modified or dropped (see :class:`CollectionMismatch`).
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = QdrantStore(location=":memory:")     # or url=..., api_key=... for a cluster
@@ -67,10 +67,10 @@ from uibk_embedding.adapters.qdrant_filters import (
     to_qdrant_filter,
 )
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
+from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 T = TypeVar("T")
 

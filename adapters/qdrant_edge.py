@@ -2,7 +2,7 @@
 
 Same layout and search modes as :class:`~uibk_embedding.adapters.qdrant.QdrantStore`: one
 point per document with the tagged list as a DOT / MaxSim multivector (``"tagged"``) and the
-381-d :func:`~uibk_embedding.encoder.tagged.dense_vector` (``"dense"``) for prefetch. Searches
+381-d :func:`~uibk_embedding.tagged.dense_vector` (``"dense"``) for prefetch. Searches
 are exact by default (``SearchParams(exact=True)``, and no HNSW on the multivector): HNSW on
 multivectors builds slowly and reached low recall on hard data (see DESIGN.md 2.1), so it
 is opt-in (``multivector_hnsw=True`` plus ``mode="hnsw"`` after :meth:`QdrantEdgeStore.optimize`).
@@ -16,7 +16,7 @@ Example
 -------
 >>> import numpy as np, tempfile
 >>> from uibk_embedding.testing import make_list
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> d = tempfile.mkdtemp()
 >>> with QdrantEdgeStore(path=d + "/shard") as s:
@@ -52,12 +52,12 @@ from uibk_embedding.adapters.qdrant import (
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, EDGE, bool_token
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.errors import StoreInUse
+from uibk_embedding.tagged import DIM, TaggedFormat
 
 CONFIG_FILE = "uibk_embedding.json"
 REDO_DIR = "uibk-redo"

@@ -35,7 +35,7 @@ scored exactly.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = WarpStore(buffer_size=0, min_index_vectors=32)   # a temporary directory
@@ -69,10 +69,10 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import renamed_option
 from uibk_embedding.adapters.indexed import IndexedStore, check_positive
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import EngineError, call_engine
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import file_name
 
 SCHEMA_VERSION = 1

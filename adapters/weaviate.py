@@ -61,10 +61,10 @@ from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_s
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
+from uibk_embedding.tagged import DIM, TaggedFormat
 
 DEFAULT_COLLECTION = "UibkEmbedding"
 VECTOR_NAME = "uibk"

@@ -91,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from uibk_embedding.encoder import load_encoder
-    from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector, infer_format
 
     from uibk_embedding.data import load_beir
     from uibk_embedding.evaluation import encode_collection
     from uibk_embedding.maxsim import maxsim_scores, pack
     from uibk_embedding.metrics import ndcg_at_k
+    from uibk_embedding.tagged import N_SLOTS, dense_vector, infer_format
     from uibk_embedding.testing import datasets_dir
 
     path = Path(args.data) if Path(args.data).exists() else datasets_dir() / args.data

@@ -179,7 +179,8 @@ def _shipped() -> dict[str, np.ndarray] | None:
 def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]]:
     """Every projection the benchmark compares (see the module docstring)."""
     from uibk_embedding.encoder.projection import pca_from_heads
-    from uibk_embedding.encoder.tagged import BODY, N_SLOTS, orthonormal_rows
+
+    from uibk_embedding.tagged import BODY, N_SLOTS, orthonormal_rows
 
     D, d = heads["doc_dense"].shape[1], heads["doc_mat"].shape[1]
     out = {f"random-s{s}": {"R": orthonormal_rows(N_SLOTS * BODY, D, s).astype(np.float32),
@@ -204,9 +205,8 @@ def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]
 def aligned_at_10(store, enc, dense_weight: float) -> float:
     """Share of (query, top-10 document) pairs whose score decomposes exactly (DESIGN 1.2:
     separated, and every query slot selected its own document slot)."""
-    from uibk_embedding.encoder.tagged import decompose
-
     from uibk_embedding.evaluation import fused_run, with_dense_weight
+    from uibk_embedding.tagged import decompose
 
     run = fused_run(store, enc, dense_weight, k=10)
     docs = dict(zip(enc.doc_ids, enc.docs, strict=True))
@@ -223,9 +223,9 @@ def aligned_at_10(store, enc, dense_weight: float) -> float:
 def eval_variant(coll, heads: dict, proj: dict, dense_weight: float) -> dict:
     from uibk_embedding.adapters import open_store
     from uibk_embedding.encoder.projection import tagged_from_heads
-    from uibk_embedding.encoder.tagged import TaggedFormat
 
     from uibk_embedding.evaluation import Encoded, index_into, run_eval
+    from uibk_embedding.tagged import TaggedFormat
 
     fmt = TaggedFormat()
     docs = tagged_from_heads(heads["doc_dense"], _split(heads["doc_mat"], heads["doc_off"]),
@@ -318,7 +318,8 @@ def cmd_ship(args: argparse.Namespace) -> int:
     the token states of the documents of the cached collections (in the order given), ``R`` the
     seed-0 matrix of the seeded default; save both."""
     from uibk_embedding.encoder.projection import pca_from_heads, projection_id
-    from uibk_embedding.encoder.tagged import BODY, N_SLOTS, orthonormal_rows
+
+    from uibk_embedding.tagged import BODY, N_SLOTS, orthonormal_rows
 
     heads = [load_heads(args.cache_dir / name) for name in args.data]
     proj = pca_from_heads(None, [h["doc_mat"] for h in heads])

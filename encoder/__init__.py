@@ -12,8 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.encoder.base import CONFIG_NAME, Encoder, TaggedEncoder, validate_texts
-from uibk_embedding.encoder.tagged import (
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
+from uibk_embedding.encoder.inputs import validate_texts
+from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
+
+from uibk_embedding.tagged import (
     Decomposition,
     TaggedFormat,
     check_separation,
@@ -29,8 +33,8 @@ def load_encoder(
     tokens: str | os.PathLike | None = None,
     trust_remote_code: bool = False,
     **options: Any,
-) -> Encoder:
-    """Load an encoder.
+) -> LocalEncoder:
+    """Load an encoder (in this process; every one satisfies :class:`LocalEncoder`).
 
     * ``None``: the embedded default (all-MiniLM-L6-v2 composition, offline);
     * a PyLate model folder (``modules.json`` + PyLate's ``config_sentence_transformers.json``),
@@ -118,6 +122,7 @@ def load_encoder(
 __all__ = [
     "Decomposition",
     "Encoder",
+    "LocalEncoder",
     "TaggedEncoder",
     "TaggedFormat",
     "check_separation",

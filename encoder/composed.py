@@ -52,19 +52,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import (
-    CONFIG_NAME,
-    PROJECTIONS_NAME,
-    TaggedEncoder,
-    TokenBatch,
-    resolve_device,
-)
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
+from uibk_embedding.encoder.inputs import resolve_device
+from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
-from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.encoder.transformer import quiet_transformers
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import ModelChanged
+from uibk_embedding.tagged import TaggedFormat
 
 KIND = "composed"
 # files that say nothing about the model's outputs (a model card) are not hashed

@@ -6,7 +6,7 @@ A tagged encoder reduces two things to the 127-d bodies of the tagged format (DE
 * ``P`` (127 x d): each contextual token state into a 127-d token direction.
 
 Both are fixed matrices with orthonormal rows, saved with the encoder. By default they are
-drawn from a seed (:func:`~uibk_embedding.encoder.tagged.orthonormal_rows`). This module
+drawn from a seed (:func:`~uibk_embedding.tagged.orthonormal_rows`). This module
 offers the alternative of fitting them once by PCA on a sample of texts
 (:func:`fit_pca_projections`, :meth:`TaggedEncoder.fit_projection
 <uibk_embedding.encoder.base.TaggedEncoder.fit_projection>`, ``uibk-embed fit-projection``):
@@ -42,14 +42,22 @@ True
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+from uibk_embedding.encoder.inputs import validate_texts
+
+from uibk_embedding.tagged import (
+    BODY,
+    DIM,
+    N_SLOTS,
+    TaggedFormat,
+    apply_dense_weight,
+    check_dense_weight,
+)
 
 PROJECTION_KINDS = ("random", "pca")
 DEFAULT_MAX_TOKEN_ROWS = 200_000
@@ -163,7 +171,6 @@ def encode_heads(encoder: Any, texts: Sequence[str], *, is_query: bool = False
     encoder returns, up to float32 rounding.
     """
     import torch
-    from uibk_embedding.encoder.base import validate_texts
 
     texts = validate_texts(texts)
     n = len(texts)
@@ -201,29 +208,25 @@ def tagged_from_heads(dense: np.ndarray, tokens: Sequence[np.ndarray], R: np.nda
     ((7, 128), True)
     """
     fmt = fmt or TaggedFormat()
-    if not (math.isfinite(dense_weight) and dense_weight > 0):
-        raise ValueError(f"dense_weight must be a positive finite number, got {dense_weight}")
+    w = check_dense_weight(dense_weight)
     g = np.asarray(dense, dtype=np.float64)
     z = (g @ np.asarray(R, dtype=np.float32).astype(np.float64).T).reshape(len(g), N_SLOTS, BODY)
-    slots = np.empty((len(g), N_SLOTS, DIM), dtype=np.float64)
-    slots[..., 0] = fmt.slot_tag
-    slots[..., 1:] = z * (math.sqrt(fmt.delta) / np.linalg.norm(z, axis=-1, keepdims=True))
-    slots *= dense_weight
+    slots = fmt.write_slots(np.empty((len(g), N_SLOTS, DIM)), z, np.linalg.norm(z, axis=-1, keepdims=True))
+    apply_dense_weight(slots, w)
     lengths = [len(t) for t in tokens]
     P32 = np.asarray(P, dtype=np.float32)
     if sum(lengths):
         h = np.concatenate([np.asarray(t, dtype=np.float32) for t in tokens if len(t)])
         u = (h @ P32.T).astype(np.float64)
-        body = u * (math.sqrt(fmt.beta) / np.linalg.norm(u, axis=-1, keepdims=True))
+        toks = fmt.write_tokens(np.empty((len(u), DIM)), u, np.linalg.norm(u, axis=-1, keepdims=True))
     else:
-        body = np.zeros((0, BODY))
+        toks = np.zeros((0, DIM))
     out: list[np.ndarray] = []
     pos = 0
     for i, m in enumerate(lengths):
         a = np.empty((N_SLOTS + m, DIM), dtype=np.float32)
         a[:N_SLOTS] = slots[i]
-        a[N_SLOTS:, 0] = fmt.token_tag
-        a[N_SLOTS:, 1:] = body[pos:pos + m]
+        a[N_SLOTS:] = toks[pos:pos + m]
         pos += m
         out.append(a)
     return out

@@ -2,7 +2,7 @@
 
 The released UIBK-Embedding-v1 (DESIGN 1.3b) is a PyLate ColBERT model with custom modules, whose
 ``ColBERT.encode(texts, is_query=...)`` returns the tagged lists themselves. This module makes
-such a folder an :class:`~uibk_embedding.encoder.base.Encoder` like every other
+such a folder an :class:`~uibk_embedding.encoder.protocol.Encoder` like every other
 (:class:`PyLateEncoder`, what ``load_encoder(folder, trust_remote_code=True)`` returns for a
 folder with ``modules.json`` and PyLate's ``config_sentence_transformers.json``), and writes our
 own encoders in the same format (:func:`save_pylate`, ``encoder.save_pylate(folder)``).
@@ -45,18 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import (
-    TaggedEncoder,
-    TokenBatch,
-    _Pending,
-    resolve_device,
-    resolve_dtype,
-    to_host,
-)
-from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
+from uibk_embedding.encoder.padding import TokenBatch
+from uibk_embedding.encoder.pipeline import Pending, to_host
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import UntrustedCode
+from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 MODULES_NAME = "modules.json"
 ST_CONFIG_NAME = "config_sentence_transformers.json"
@@ -452,7 +448,7 @@ class PyLateEncoder(TaggedEncoder):
             tb.inputs = {k: v.pin_memory() for k, v in tb.inputs.items()}
         return tb
 
-    def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> _Pending:
+    def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> Pending:
         """PyLate's forward and its row selection (``ColBERT.encode``: the skiplist on documents,
         query expansion), rows normalised, query slots scaled by the dense weight."""
         import torch
@@ -479,11 +475,10 @@ class PyLateEncoder(TaggedEncoder):
             if np.any(weights != 1.0) and rows.shape[0]:
                 n = np.minimum(counts, N_SLOTS)
                 first = np.repeat(offsets[:-1], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
-                scale = torch.from_numpy(np.repeat(weights, n)).to(rows.device, dtype=torch.float32)
                 idx = torch.from_numpy(first).to(rows.device)
-                rows[idx] = rows[idx] * scale.unsqueeze(1)
+                rows[idx] = apply_dense_weight(rows[idx], np.repeat(weights, n))
             host, event = to_host(rows)
-        return _Pending(tb, host, event, offsets)
+        return Pending(tb, host, event, offsets)
 
 
 # -- saving our encoders as PyLate models ----------------------------------------------------------

@@ -30,10 +30,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import validate_texts, warn_truncated
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
+from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
 
 from uibk_embedding.errors import BackendUnavailable, UIBKError
+from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
 MAGIC = b"UIBKVEC1"
 MEDIA_TYPE = "application/x-uibk-vectors"
@@ -234,9 +234,7 @@ class RemoteEncoder:
                        show_progress: bool | None = None) -> list[np.ndarray]:
         """Tagged query lists, computed by the server."""
         if dense_weight is not None:
-            from uibk_embedding.encoder.base import TaggedEncoder
-
-            TaggedEncoder._check_weight(dense_weight)
+            check_dense_weight(dense_weight)
         return self._encode(validate_texts(texts), "queries", dense_weight, show_progress)
 
     def encode_documents(self, texts: Sequence[str], *,

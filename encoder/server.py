@@ -62,12 +62,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.encoder.base import validate_texts
+from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
-from uibk_embedding.encoder.tagged import DIM
 
 from uibk_embedding._optional import require
+from uibk_embedding.tagged import DIM, check_dense_weight
 
 DEFAULT_PORT = 8765
 MAX_CLIENT_IDS = 1024  # distinct X-UIBK-Client ids remembered for /stats (the most recent)
@@ -251,8 +251,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             return error(400, "'dense_weight' applies to queries only")
         if kind == "queries":
             try:
-                w = enc.dense_weight if w is None else w
-                enc._check_weight(w)
+                w = check_dense_weight(enc.dense_weight if w is None else w)
             except ValueError as e:
                 return error(400, str(e))
         client = request.headers.get("x-uibk-client", "")[:128]

@@ -46,7 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, resolve_device, validate_texts, warn_truncated
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
+
+from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
 
@@ -161,7 +164,7 @@ class SharedEncoder:
         self._worker = threading.Thread(target=self._run, name="uibk-shared-encoder", daemon=True)
         self._worker.start()
 
-    # -- what the protocol needs -------------------------------------------------------------
+    # -- what the protocol needs (uibk_embedding.encoder.protocol.Encoder) ---------------------
     @property
     def dense_weight(self) -> float:
         return self.encoder.dense_weight
@@ -174,12 +177,19 @@ class SharedEncoder:
     def device(self) -> str:
         return str(getattr(self.encoder, "device", "cpu"))
 
+    @property
+    def query_max_length(self) -> int:
+        return self.encoder.query_max_length
+
+    @property
+    def doc_max_length(self) -> int:
+        return self.encoder.doc_max_length
+
     def encode_queries(self, texts: Sequence[str], *, dense_weight: float | None = None,
                        show_progress: bool | None = None) -> list[np.ndarray]:
         """Tagged query lists (see :meth:`TaggedEncoder.encode_queries`)."""
-        w = self.encoder.dense_weight if dense_weight is None else dense_weight
-        self.encoder._check_weight(w)
-        return self._call(validate_texts(texts), True, float(w), show_progress)
+        w = check_dense_weight(self.encoder.dense_weight if dense_weight is None else dense_weight)
+        return self._call(validate_texts(texts), True, w, show_progress)
 
     def encode_documents(self, texts: Sequence[str], *,
                          show_progress: bool | None = None) -> list[np.ndarray]:

@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, pad_ids, resolve_device
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.inputs import resolve_device
+from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
-from uibk_embedding.encoder.tagged import TaggedFormat
+
+from uibk_embedding.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
 # R and P fitted by PCA for the embedded model (``projection="pca"``), shipped with the package;

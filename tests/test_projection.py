@@ -17,10 +17,10 @@ from uibk_embedding.encoder.projection import (
     projection_id,
     tagged_from_heads,
 )
-from uibk_embedding.encoder.tagged import BODY, N_SLOTS, decompose
 
 from uibk_embedding.data import load_beir
 from uibk_embedding.evaluation import _fingerprint
+from uibk_embedding.tagged import BODY, N_SLOTS, decompose
 
 
 @pytest.fixture(scope="module")

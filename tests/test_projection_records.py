@@ -13,9 +13,9 @@ import json
 
 import pytest
 from uibk_embedding.adapters import open_store
-from uibk_embedding.encoder.tagged import UNRECORDED, TaggedFormat
 
 from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.tagged import UNRECORDED, TaggedFormat
 from uibk_embedding.testing import make_list
 
 RANDOM = TaggedFormat(projection="random-00aa11bb22cc33dd")

@@ -26,9 +26,9 @@ from uibk_embedding.adapters.qdrant import (  # noqa: E402
     point_id,
 )
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore  # noqa: E402
-from uibk_embedding.encoder.tagged import TaggedFormat  # noqa: E402
 
 from uibk_embedding.maxsim import maxsim  # noqa: E402
+from uibk_embedding.tagged import TaggedFormat  # noqa: E402
 from uibk_embedding.testing import make_list  # noqa: E402
 
 MULTI = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
@@ -192,7 +192,7 @@ def loaded(request, real_data, tmp_path):
 
 def test_prefetch_reranks_dense_candidates_exactly(loaded, real_data):
     docs = dict(zip(real_data.doc_ids, real_data.docs, strict=True))
-    from uibk_embedding.encoder.tagged import dense_vector
+    from uibk_embedding.tagged import dense_vector
 
     dense = np.stack([dense_vector(d) for d in real_data.docs])
     for q in real_data.queries[:2]:  # local mode is pure Python: keep it short

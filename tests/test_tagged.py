@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from uibk_embedding.encoder.tagged import (
+
+from uibk_embedding.maxsim import maxsim
+from uibk_embedding.tagged import (
     TaggedFormat,
     check_separation,
     compute_bounds,
@@ -15,8 +17,6 @@ from uibk_embedding.encoder.tagged import (
     infer_format,
     orthonormal_rows,
 )
-
-from uibk_embedding.maxsim import maxsim
 from uibk_embedding.testing import make_list
 
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from uibk_embedding.encoder import load_encoder
-from uibk_embedding.encoder.tagged import TaggedFormat, decompose
 from uibk_embedding.encoder.uibk import (
     REQUIRED_FILES,
     UIBKConfig,
@@ -19,6 +18,8 @@ from uibk_embedding.encoder.uibk import (
     param_counts,
     train_tokenizer,
 )
+
+from uibk_embedding.tagged import TaggedFormat, decompose
 
 CORPUS = [
     "experimental investigation of the lift on a wing in a propeller slipstream",

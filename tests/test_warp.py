@@ -20,9 +20,9 @@ from uibk_embedding._sqlite_state import stored_state
 pytest.importorskip("xtr_warp")
 
 from uibk_embedding.adapters.warp import WarpStore
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
 CHEAP = {"nbits": 2, "kmeans_niters": 1, "min_index_vectors": 64}
@@ -94,7 +94,7 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys, numpy as np
     from xtr_warp import XTRWarp
     from uibk_embedding.adapters.warp import WarpStore
-    from uibk_embedding.encoder.tagged import TaggedFormat
+    from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
     path, step = sys.argv[1], sys.argv[2]
     rng = np.random.default_rng(5)

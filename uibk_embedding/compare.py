@@ -38,7 +38,7 @@ Example
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> docs = [make_list(TaggedFormat(), np.random.default_rng(i), 4) for i in range(3)]
 >>> more = synthetic_corpus(docs, 5, seed=0)
 >>> len(more), more[3].shape[1], bool(np.allclose(np.linalg.norm(more[4], axis=1), 1, atol=1e-5))
@@ -145,7 +145,7 @@ def synthetic_corpus(docs: Sequence[np.ndarray], n: int, *, seed: int = 0, noise
     random ``drop`` fraction of its tokens (at least one kept): the lengths, tag layout and
     similarity structure stay those of real encoded text.
     """
-    from uibk_embedding.encoder.tagged import N_SLOTS, infer_format
+    from uibk_embedding.tagged import N_SLOTS, infer_format
 
     fmt = infer_format(docs[0])
     rng = np.random.default_rng(seed)

@@ -57,7 +57,7 @@ from uibk_embedding._optional import require
 from uibk_embedding.errors import DataError
 
 if TYPE_CHECKING:
-    from uibk_embedding.encoder.tagged import TaggedFormat
+    from uibk_embedding.tagged import TaggedFormat
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")

@@ -7,7 +7,7 @@ three ``g_s . g'_s``), tokens = MaxSim of query token rows over document token r
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.encoder.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> q = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(2, 127)))
 >>> bool(np.allclose(with_dense_weight(q, 2.0)[:3], 2 * q[:3]))
@@ -28,9 +28,9 @@ import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.data import Collection
-from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
+from uibk_embedding.tagged import N_SLOTS, apply_dense_weight, dense_vector
 
 
 def cache_dir() -> Path:
@@ -42,7 +42,7 @@ def with_dense_weight(query: np.ndarray, w: float) -> np.ndarray:
     """The same query list with its slots rescaled to dense weight ``w`` (no re-encoding)."""
     q = np.array(query, dtype=np.float32, copy=True)
     n = np.linalg.norm(q[:N_SLOTS], axis=1, keepdims=True)
-    q[:N_SLOTS] = q[:N_SLOTS] / n * w
+    q[:N_SLOTS] = apply_dense_weight(q[:N_SLOTS] / n, w)
     return q
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.tagged import TaggedFormat
 
 REPO = Path(__file__).resolve().parent.parent
 

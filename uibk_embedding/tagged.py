@@ -31,9 +31,10 @@ True
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,12 +47,85 @@ N_SLOTS = 3
 UNRECORDED = "unrecorded"
 
 
-def _unit_rows(x: np.ndarray, what: str) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
+#: a numpy array or a torch tensor: the layout below is written with operators both have
+Rows = TypeVar("Rows")
+
+
+def _row_norms(x: np.ndarray, what: str) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     if np.any(norms == 0) or not np.all(np.isfinite(norms)):
         raise ValueError(f"{what}: cannot normalise a zero or non-finite vector")
-    return x / norms
+    return norms
+
+
+def tag_rows(out: Rows, body: Any, norms: Any, tag: float, scale: float) -> Rows:
+    """Write tagged rows into ``out`` ``(..., 128)`` and return it: coordinate 0 is ``tag``, the
+    rest is ``body`` ``(..., 127)`` divided by its row ``norms`` (kept axis) and scaled by
+    ``sqrt(scale)``. THE layout of a tagged row, written with operators that numpy arrays and
+    torch tensors share, so :meth:`TaggedFormat.build` (numpy, float64) and the encoders'
+    batched construction on the model's device (torch, :mod:`uibk_embedding.encoder.pipeline`)
+    are one definition. The caller computes ``norms`` and decides what a zero norm does
+    (``build`` refuses it; the device construction makes the row NaN and refuses it later).
+
+    >>> x = np.array([[3.0, 4.0]])
+    >>> tag_rows(np.empty((1, 3)), x, np.linalg.norm(x, axis=-1, keepdims=True), -0.5, 0.25).tolist()
+    [[-0.5, 0.30000000000000004, 0.4]]
+    """
+    out[..., 0] = tag  # type: ignore[index]
+    out[..., 1:] = body * (math.sqrt(scale) / norms)  # type: ignore[index]
+    return out
+
+
+def check_dense_weight(w: Any) -> float:
+    """The query-time dense weight ``w`` as a float; a ``ValueError`` unless it is a positive
+    finite real number (a bool is not a weight). Every encoder, the integrations and the
+    tagged construction check a weight with this function.
+
+    >>> check_dense_weight(2)
+    2.0
+    >>> check_dense_weight(float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: dense_weight must be a positive finite number, got nan
+    """
+    if (isinstance(w, bool | np.bool_) or not isinstance(w, numbers.Real) or not math.isfinite(w)
+            or w <= 0):
+        raise ValueError(f"dense_weight must be a positive finite number, got {w!r}")
+    return float(w)
+
+
+def apply_dense_weight(slots: Rows, w: Any) -> Rows:
+    """Scale query slot rows by the dense weight ``w``, in place, and return them (a numpy array
+    or a torch tensor, ``(..., 128)``, slot rows only). ``w``: one weight (a weight of 1 leaves
+    the rows as they are), or an array of one weight per leading index (shape
+    ``slots.shape[:w.ndim]``: per list, or per row), taken in the rows' dtype and device. Every
+    weight is checked (:func:`check_dense_weight`). The one place a dense weight is applied.
+
+    >>> s = apply_dense_weight(np.ones((2, 3, 128)), np.array([1.0, 2.0]))
+    >>> s[:, :, 0].tolist()
+    [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    >>> apply_dense_weight(np.ones((3, 128)), 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: dense_weight must be a positive finite number, got 0
+    """
+    if np.ndim(w) == 0:
+        w = check_dense_weight(w.item() if isinstance(w, np.ndarray) else w)
+        if w != 1.0:
+            slots *= w  # type: ignore[operator]
+        return slots
+    weights = np.asarray(w, dtype=np.float64)
+    bad = ~(np.isfinite(weights) & (weights > 0))
+    if bad.any():
+        check_dense_weight(float(weights[bad].flat[0]))  # raises, naming the first bad weight
+    shape = weights.shape + (1,) * (slots.ndim - weights.ndim)  # type: ignore[attr-defined]
+    if isinstance(slots, np.ndarray):
+        slots *= weights.reshape(shape)
+    else:  # a torch tensor (torch is imported only by whoever made it)
+        import torch
+
+        slots *= torch.from_numpy(weights).to(slots.device, dtype=slots.dtype).reshape(shape)  # type: ignore[attr-defined,operator]
+    return slots
 
 
 @dataclass(frozen=True)
@@ -236,6 +310,16 @@ class TaggedFormat:
                 f"that indexed it{hint}, or index into a new store")
 
     # -- construction ----------------------------------------------------------------------
+    def write_slots(self, out: Rows, z: Any, norms: Any) -> Rows:
+        """Slot rows ``[-sqrt(1 - delta); sqrt(delta) z / |z|]`` written into ``out`` (numpy or
+        torch, ``(..., 128)``; :func:`tag_rows`), before any dense weight."""
+        return tag_rows(out, z, norms, self.slot_tag, self.delta)
+
+    def write_tokens(self, out: Rows, u: Any, norms: Any) -> Rows:
+        """Token rows ``[+sqrt(1 - beta); sqrt(beta) u / |u|]`` written into ``out`` (numpy or
+        torch, ``(..., 128)``; :func:`tag_rows`)."""
+        return tag_rows(out, u, norms, self.token_tag, self.beta)
+
     def token_vectors(self, u: np.ndarray) -> np.ndarray:
         """Tagged token vectors from 127-d token directions (normalised here).
 
@@ -245,10 +329,8 @@ class TaggedFormat:
         u = np.asarray(u)
         if u.ndim != 2 or u.shape[1] != BODY:
             raise ValueError(f"token directions must have shape (n, {BODY}), got {u.shape}")
-        out = np.empty((u.shape[0], DIM), dtype=np.float64)
-        out[:, 0] = self.token_tag
-        out[:, 1:] = math.sqrt(self.beta) * _unit_rows(u, "token direction")
-        return out
+        u = np.asarray(u, dtype=np.float64)
+        return self.write_tokens(np.empty((u.shape[0], DIM)), u, _row_norms(u, "token direction"))
 
     def slot_vectors(self, g_slices: np.ndarray) -> np.ndarray:
         """Tagged slot vectors from the three 127-d slices of ``R g`` (normalised here)."""
@@ -257,10 +339,8 @@ class TaggedFormat:
             raise ValueError(
                 f"slot slices must have shape ({self.n_slots}, {BODY}), got {g_slices.shape}"
             )
-        out = np.empty((self.n_slots, DIM), dtype=np.float64)
-        out[:, 0] = self.slot_tag
-        out[:, 1:] = math.sqrt(self.delta) * _unit_rows(g_slices, "dense slice")
-        return out
+        g = np.asarray(g_slices, dtype=np.float64)
+        return self.write_slots(np.empty((self.n_slots, DIM)), g, _row_norms(g, "dense slice"))
 
     def build(
         self, g_slices: np.ndarray, u: np.ndarray, dense_weight: float = 1.0
@@ -269,9 +349,8 @@ class TaggedFormat:
 
         Returns float32 of shape ``(3 + n_tokens, 128)``.
         """
-        if not (math.isfinite(dense_weight) and dense_weight > 0):
-            raise ValueError(f"dense_weight must be a positive finite number, got {dense_weight}")
-        slots = self.slot_vectors(g_slices) * dense_weight
+        w = check_dense_weight(dense_weight)
+        slots = apply_dense_weight(self.slot_vectors(g_slices), w)
         toks = self.token_vectors(u) if len(u) else np.zeros((0, DIM))
         return np.concatenate([slots, toks]).astype(np.float32)
 

@@ -1,0 +1,67 @@
+"""Input checks and device choices shared by every encoder (in-process, shared, remote).
+
+>>> validate_texts(["a", "b"])
+['a', 'b']
+>>> resolve_dtype("cpu", None)
+'float32'
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+
+def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
+    """Texts must be a list of non-empty strings.
+
+    >>> validate_texts(["a", "b"])
+    ['a', 'b']
+    >>> validate_texts(["a", "  "])
+    Traceback (most recent call last):
+    ...
+    ValueError: texts[1] is empty or whitespace only; there is nothing to encode
+    """
+    if isinstance(texts, str | bytes):
+        raise TypeError(f"{what} must be a list of strings, not a single string")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"{what}[{i}] must be a str, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"{what}[{i}] is empty or whitespace only; there is nothing to encode")
+    return out
+
+
+def resolve_device(device: str | None = None) -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"`` (or the device asked for)."""
+    if device:
+        return device
+    import torch  # lazily: importing torch costs seconds, and the remote client never needs it
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(device: str, dtype: str | None) -> str:
+    """The model dtype: bfloat16 on CUDA, float32 elsewhere, unless given (one of the two).
+
+    >>> resolve_dtype("cpu", None), resolve_dtype("cuda:0", None), resolve_dtype("cpu", "bfloat16")
+    ('float32', 'bfloat16', 'bfloat16')
+    """
+    if dtype is None:
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    return dtype
+
+
+def warn_truncated(n: int, total: int, limit: int, what: str) -> None:
+    """One warning per call naming how many texts were cut (not one per text)."""
+    if n:
+        warnings.warn(
+            f"{n} of {total} {what} were longer than {limit} tokens and were truncated",
+            stacklevel=5,
+        )
+
+
+__all__ = ["resolve_device", "resolve_dtype", "validate_texts", "warn_truncated"]

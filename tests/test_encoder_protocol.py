@@ -1,0 +1,125 @@
+"""Every encoder class satisfies the encoder protocol (uibk_embedding.encoder.protocol).
+
+``Encoder``: the in-process encoders (transformer, uibk, composed, pylate), the shared encoder
+and the remote encoder. ``LocalEncoder``: the in-process ones only (a shared or a remote encoder
+has no projections of its own to fit or save). Checked on tiny encoders, member by member and
+keyword by keyword (:func:`protocol_gaps`), and with ``isinstance`` (runtime_checkable).
+"""
+
+from __future__ import annotations
+
+import inspect
+import string
+import warnings
+
+import pytest
+import torch
+from uibk_embedding.encoder import Encoder, LocalEncoder, TaggedEncoder, load_encoder
+from uibk_embedding.encoder.base import Encoder as EncoderFromBase
+from uibk_embedding.encoder.protocol import protocol_gaps
+from uibk_embedding.encoder.shared import SharedEncoder
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+
+TEXTS = ["lift of a wing in a slipstream", "heat transfer to a blunt body"]
+
+
+def check(enc: object, local: bool) -> None:
+    assert protocol_gaps(enc, Encoder) == []
+    assert isinstance(enc, Encoder)
+    if local:
+        assert protocol_gaps(enc, LocalEncoder) == []
+        assert isinstance(enc, LocalEncoder)
+    else:
+        assert not isinstance(enc, LocalEncoder)
+    # what the protocol promises, used once
+    d = enc.encode_documents(TEXTS, show_progress=False)  # type: ignore[attr-defined]
+    q = enc.encode_queries(TEXTS[:1], dense_weight=2.0, show_progress=False)  # type: ignore[attr-defined]
+    assert [x.shape[1] for x in d + q] == [128] * 3
+    assert len(list(enc.encode_documents_iter(iter(TEXTS), chunk_size=1))) == 2  # type: ignore[attr-defined]
+    assert enc.format.projection and isinstance(enc.model_name, str)  # type: ignore[attr-defined]
+    assert enc.dense_weight > 0 and enc.query_max_length > 1 and enc.doc_max_length > 1  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> UIBKEncoder:
+    cfg = UIBKConfig.tiny()
+    return UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS), seed=0, device="cpu")
+
+
+def test_the_protocol_is_importable_from_where_it_was():
+    assert EncoderFromBase is Encoder
+
+
+def test_gaps_name_missing_members_and_keywords():
+    class Partial:
+        format = dense_weight = model_name = query_max_length = doc_max_length = None
+
+        def encode_queries(self, texts, *, show_progress=None): ...
+        def encode_documents(self, texts, **kw): ...
+        def encode_documents_iter(self, texts, *, chunk_size=1): ...
+
+    assert protocol_gaps(Partial(), Encoder) == ["encode_queries(dense_weight=)"]
+    assert not isinstance(object(), Encoder)
+
+
+def test_uibk(tiny):
+    check(tiny, local=True)
+
+
+def test_transformer_embedded_default():
+    check(load_encoder(device="cpu"), local=True)
+
+
+def test_pylate(tiny, tmp_path):
+    pytest.importorskip("pylate", reason="the colbert extra is not installed")
+    check(load_encoder(tiny.save_pylate(tmp_path / "pylate"), trust_remote_code=True, device="cpu"),
+          local=True)
+
+
+def test_shared(tiny):
+    with SharedEncoder(tiny) as enc:
+        check(enc, local=False)
+
+
+def test_remote(tiny, tmp_path):
+    pytest.importorskip("httpx", reason="the serve extra is not installed")
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    from uibk_embedding.encoder.remote import RemoteEncoder
+    from uibk_embedding.encoder.server import serve_subprocess
+
+    folder = tiny.save_pretrained(tmp_path / "tiny")
+    with serve_subprocess("--encoder", str(folder), "--device", "cpu") as url, RemoteEncoder(url) as enc:
+        check(enc, local=False)
+
+
+def test_composed(tmp_path):
+    st = pytest.importorskip("sentence_transformers", reason="the colbert extra is not installed")
+    pylate_models = pytest.importorskip("pylate.models", reason="the colbert extra is not installed")
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    letters = list(string.ascii_lowercase)
+    words = sorted({w for t in TEXTS for w in t.split()} - set(letters))  # no duplicate entries
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", *letters,
+             *(f"##{c}" for c in letters), *words]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    for name, seed in (("hf_dense", 0), ("hf_colbert", 1)):
+        torch.manual_seed(seed)
+        if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
+            tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+        else:
+            tok = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"), do_lower_case=True)
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+        BertModel(cfg).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st.SentenceTransformer(modules=[st.models.Transformer(str(tmp_path / "hf_dense"), max_seq_length=64),
+                                        st.models.Pooling(32), st.models.Normalize()],
+                               device="cpu").save(str(tmp_path / "dense"))
+        pylate_models.ColBERT(model_name_or_path=str(tmp_path / "hf_colbert"), device="cpu",
+                              query_length=16, document_length=40).save(str(tmp_path / "colbert"))
+        enc = load_encoder(dense=tmp_path / "dense", tokens=tmp_path / "colbert", device="cpu")
+    assert isinstance(enc, TaggedEncoder)
+    check(enc, local=True)
