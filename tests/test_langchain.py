@@ -139,12 +139,25 @@ def test_filters(vs):
     assert vs.similarity_search(q, k=10, filter={"year": "1960"}) == []  # types must match
     r = vs.as_retriever(search_kwargs={"k": 10, "filter": {"topic": "heat"}})
     assert [d.id for d in r.invoke(q)] == ["body"]
-    for bad, msg in [({"year": {"$gt": 1960}}, r"'\$gt'"), ({"$or": [{"topic": "aero"}]}, r"'\$or'"),
-                     ({"year": {"$ne": 1}}, r"'\$ne'")]:
-        with pytest.raises(ValueError, match=msg):
+    # the operators of LangChain's Qdrant / Chroma / PGVector filter dicts (the filter language)
+    for good, want in [
+        ({"year": {"$gt": 1960}}, {"panel", "bread", "tennis"}),
+        ({"year": {"$gte": 1960, "$lt": 2000}}, {"plate", "body", "panel"}),
+        ({"topic": {"$ne": "aero"}}, {"body", "bread", "tennis"}),
+        ({"topic": {"$nin": ["aero", "heat"]}}, {"bread", "tennis"}),
+        ({"$or": [{"topic": "food"}, {"year": {"$lte": 1958}}]}, {"wing", "bread"}),
+        ({"$not": {"topic": "aero"}}, {"body", "bread", "tennis"}),
+        ({"$and": [{"topic": "aero"}, {"$or": [{"year": 1958}, {"year": 1962}]}]}, {"wing", "panel"}),
+        ({"topic": {"$exists": True}}, {t[0] for t in TEXTS}),
+        ({"nope": {"$exists": True}}, set()),
+    ]:
+        assert {d.id for d in vs.similarity_search(q, k=10, filter=good)} == want, good
+    for bad, msg in [({"topic": {"$like": "aer%"}}, r"'\$like'"), ({"$nor": [{"topic": "aero"}]}, r"'\$nor'"),
+                     ({"year": {"$gt": "1960"}}, "numbers only")]:
+        with pytest.raises((ValueError, TypeError), match=msg):
             vs.similarity_search(q, filter=bad)
-    with pytest.raises(ValueError, match=r"'\$gt'"):
-        UIBKRetriever(vectorstore=vs, filter={"year": {"$gt": 1960}})
+    with pytest.raises(ValueError, match=r"'\$like'"):
+        UIBKRetriever(vectorstore=vs, filter={"topic": {"$like": "aer%"}})
 
 
 def test_delete_by_filter_and_get_by_ids(vs):
