@@ -40,7 +40,7 @@ The table's configuration (schema version, the tagged format) is the table's com
 existing table is validated (columns, types, dimensions, index metric, format) and never
 altered; a server without the ``vector`` extension, or one too old, raises :class:`ServerTooOld`.
 
-Example (needs a server; ``uibk_embedding.pg_server.LocalPostgresServer`` starts one)
+Example (needs a server; ``uibk_embedding.testing.pg_server.LocalPostgresServer`` starts one)
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list

@@ -80,7 +80,7 @@ def median_times(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, f
 
 
 def load_texts(datasets: list[str], n: int) -> list[str]:
-    from uibk_embedding.data import load_beir
+    from uibk_embedding.apps.data import load_beir
     from uibk_embedding.testing import datasets_dir
 
     texts: list[str] = []

@@ -28,12 +28,11 @@ from uibk_embedding.adapters.milvus import (
     MilvusStore,
     open_milvus_lite,
 )
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import encode_collection
-from uibk_embedding.milvus_server import LocalMilvusServer
 from uibk_embedding.testing import datasets_dir
+from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
 
 def timed_search(store, queries, k, repeats):

@@ -365,7 +365,7 @@ def test_readme_example_composes_two_local_folders(models, tmp_path, monkeypatch
 def test_cli_composes_two_folders(models, tmp_path, capsys):
     """``--dense/--tokens`` on the CLI: index and search with the composed encoder; the store
     records its projection, so searching it with the embedded default is refused."""
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"

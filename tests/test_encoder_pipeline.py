@@ -98,7 +98,7 @@ def encode(enc, texts, is_query, w=1.0):
 # -- texts ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(datasets) -> list[str]:
-    from uibk_embedding.data import load_beir
+    from uibk_embedding.apps.data import load_beir
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

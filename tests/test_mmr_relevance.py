@@ -14,7 +14,6 @@ import pytest
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.encoder.tagged import dense_vector
 from uibk_embedding.integrations.core import RetrievalCore, mmr_select, relevance
-
 from uibk_embedding.testing import datasets_dir
 
 QUERY = "boundary layer transition on a flat plate"
@@ -22,7 +21,7 @@ QUERY = "boundary layer transition on a flat plate"
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    from uibk_embedding.data import read_corpus
+    from uibk_embedding.apps.data import read_corpus
 
     docs = [d.full_text for d in read_corpus(datasets_dir() / "cranfield")[:60]]
     # two near-duplicates of one document: what MMR exists to avoid returning three times

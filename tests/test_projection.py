@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 import pytest
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import _fingerprint
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import (
     encode_heads,
@@ -18,9 +20,6 @@ from uibk_embedding.encoder.projection import (
     tagged_from_heads,
 )
 from uibk_embedding.encoder.tagged import BODY, N_SLOTS, decompose
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import _fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +189,7 @@ def test_pca_from_heads_matches_fit(fitted, sample):
 
 
 def test_cli_fit_projection(tmp_path, datasets, capsys):
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
     docs = load_beir(datasets / "cranfield").corpus[:400]
@@ -233,7 +232,7 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
 
 
 def test_cli_projection_option():
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     args = cli.build_parser().parse_args(["eval", "somewhere", "--projection", "pca"])
     assert cli._load_encoder(args).config()["projection"] == "pca"

@@ -27,9 +27,9 @@ from uibk_embedding.adapters.qdrant import (  # noqa: E402
 )
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore  # noqa: E402
 from uibk_embedding.encoder.tagged import TaggedFormat  # noqa: E402
+from uibk_embedding.testing import make_list  # noqa: E402
 
 from uibk_embedding.maxsim import maxsim  # noqa: E402
-from uibk_embedding.testing import make_list  # noqa: E402
 
 MULTI = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
 

@@ -15,9 +15,9 @@ from uibk_embedding.encoder.tagged import (
     infer_format,
     orthonormal_rows,
 )
+from uibk_embedding.testing import make_list
 
 from uibk_embedding.maxsim import maxsim
-from uibk_embedding.testing import make_list
 
 
 def test_constants_and_vectors(fmt, rng):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 from uibk_embedding.encoder.tagged import TaggedFormat
-
 from uibk_embedding.testing import load_backend_specs, make_list
 
 BATCH = 8

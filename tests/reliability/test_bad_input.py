@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from uibk_embedding.adapters.base import MAX_ID_LENGTH
 from uibk_embedding.encoder.tagged import TaggedFormat
-
 from uibk_embedding.testing import make_list
 
 FMT = TaggedFormat()

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from uibk_embedding.encoder.tagged import TaggedFormat
-
 from uibk_embedding.testing import make_list
 
 N_OPS = 30

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from uibk_embedding.encoder.tagged import TaggedFormat
-
 from uibk_embedding.testing import make_list
 
 CHILD = Path(__file__).with_name("crash_child.py")

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from uibk_embedding.encoder.tagged import TaggedFormat
-
 from uibk_embedding.testing import make_list
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

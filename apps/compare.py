@@ -1,6 +1,6 @@
 """``uibk-embed compare``: every backend on one collection, side by side, against exact MaxSim.
 
-The collection is encoded once (cached on disk by :func:`~uibk_embedding.evaluation.encode_collection`)
+The collection is encoded once (cached on disk by :func:`~uibk_embedding.apps.evaluation.encode_collection`)
 and written as plain arrays to a work folder. Each backend then runs in a FRESH Python process
 (so its peak memory is its own and a crash or a missing dependency only skips that backend):
 open the store, upsert every document, run one warm-up query (which also triggers lazy index
@@ -20,7 +20,7 @@ the registry later works here unchanged. ``LABEL=NAME`` runs a backend under ano
 Benchmark defaults per backend (:data:`DEFAULT_OPTIONS`): a store folder inside the work folder,
 so its size on disk can be measured; servers from ``QDRANT_URL`` / ``MILVUS_URI`` /
 ``WEAVIATE_URL`` when set. ``milvus`` without ``MILVUS_URI`` starts the local standalone server
-(:class:`~uibk_embedding.milvus_server.LocalMilvusServer`) in the worker; ``weaviate`` without
+(:class:`~uibk_embedding.testing.milvus_server.LocalMilvusServer`) in the worker; ``weaviate`` without
 ``WEAVIATE_URL`` is skipped. A backend that fails to import, open or index is reported as
 skipped with the reason.
 
@@ -66,6 +66,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
+from uibk_embedding.adapters.registry import BACKENDS, backend_factory, open_store
+from uibk_embedding.apps.data import DataError, load_beir
+from uibk_embedding.apps.evaluation import encode_collection
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.tagged import N_SLOTS, infer_format
+from uibk_embedding.testing.milvus_server import LocalMilvusServer
+from uibk_embedding.testing.pg_server import LocalPostgresServer
+
+from uibk_embedding.maxsim import maxsim_scores, pack, top_k
+from uibk_embedding.metrics import ndcg_at_k, overlap_at_k, recall_at_k
 
 K = 10
 
@@ -126,7 +137,6 @@ def default_options(name: str, folder: Path) -> dict[str, Any]:
     """
     if name in DEFAULT_OPTIONS:
         return DEFAULT_OPTIONS[name](folder)
-    from uibk_embedding.adapters.registry import backend_factory
 
     try:
         params = inspect.signature(backend_factory(name)).parameters
@@ -145,8 +155,6 @@ def synthetic_corpus(docs: Sequence[np.ndarray], n: int, *, seed: int = 0, noise
     random ``drop`` fraction of its tokens (at least one kept): the lengths, tag layout and
     similarity structure stay those of real encoded text.
     """
-    from uibk_embedding.encoder.tagged import N_SLOTS, infer_format
-
     fmt = infer_format(docs[0])
     rng = np.random.default_rng(seed)
     out = []
@@ -203,8 +211,6 @@ def _dir_bytes(path: Path) -> int:
 # -- the worker (one backend, one fresh process) ----------------------------------------------------
 def _save_arrays(folder: Path, doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
                  queries: Sequence[np.ndarray]) -> None:
-    from uibk_embedding.maxsim import pack
-
     folder.mkdir(parents=True, exist_ok=True)
     for prefix, lists in (("doc", docs), ("query", queries)):
         mat, off = pack(list(lists))
@@ -241,8 +247,6 @@ def _rss_mb() -> float:
 
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Index and query one backend as described by ``spec`` (run in a fresh process)."""
-    from uibk_embedding.adapters.registry import open_store
-
     started = time.perf_counter()
     doc_ids, docs, query_ids, queries = _load_arrays(Path(spec["arrays"]))
     base_rss = _rss_mb()
@@ -252,13 +256,10 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"base_rss_mb": round(base_rss, 1)}
     try:
         if options.pop("_local_server", False):
-            from uibk_embedding.milvus_server import LocalMilvusServer
-
             server = LocalMilvusServer()
             options["uri"] = server.start()
         local_pg = options.pop("_local_pg", False)
         if local_pg:  # its memory is many processes': no single peak to report
-            from uibk_embedding.pg_server import LocalPostgresServer
 
             server = LocalPostgresServer()
             options["dsn"] = server.start()
@@ -325,7 +326,7 @@ def _run_backend(label: str, backend: str, options: dict[str, Any], arrays: Path
     spec_path = folder.parent / f"{label}.spec.json"
     out_path = folder.parent / f"{label}.result.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "uibk_embedding.compare", "--worker", str(spec_path), str(out_path)]
+    cmd = [sys.executable, "-m", "uibk_embedding.apps.compare", "--worker", str(spec_path), str(out_path)]
     try:
         env = dict(os.environ)
         if threads:
@@ -359,8 +360,6 @@ def _worker_main(spec_path: str, out_path: str) -> int:
 
 # -- the comparison ------------------------------------------------------------------------------------
 def _parse_backends(text: str) -> list[tuple[str, str]]:
-    from uibk_embedding.adapters.registry import BACKENDS
-
     out = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -395,8 +394,6 @@ def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dic
 def exact_runs(docs: Sequence[np.ndarray], doc_ids: Sequence[str], queries: Sequence[np.ndarray],
                query_ids: Sequence[str], k: int = K) -> dict[str, list[str]]:
     """Top-``k`` ids of exact MaxSim for every query (the reference of every backend)."""
-    from uibk_embedding.maxsim import maxsim_scores, pack, top_k
-
     mat, off = pack(list(docs))
     out = {}
     for i in range(0, len(queries), 16):
@@ -409,8 +406,6 @@ def exact_runs(docs: Sequence[np.ndarray], doc_ids: Sequence[str], queries: Sequ
 def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
               reference: dict[str, list[str]] | None) -> dict[str, Any]:
     """The reported figures of one backend from its worker result."""
-    from uibk_embedding.metrics import ndcg_at_k, overlap_at_k, recall_at_k
-
     if "skipped" in res:
         return {"skipped": res["skipped"]}
     runs, lat = res["runs"], res["latencies_s"]
@@ -576,8 +571,6 @@ def plot_scale(scale: dict[str, dict[str, dict[str, Any]]], out: Path, title: st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from uibk_embedding.adapters.registry import BACKENDS
-
     p = argparse.ArgumentParser(prog="uibk-embed compare", description=__doc__.split("\n\n")[0])
     p.add_argument("data", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
     p.add_argument("--backends", default=",".join(BACKENDS),
@@ -617,10 +610,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({int(x) for x in args.scale.split(",") if x.strip()}) if args.scale else []
     if any(n <= 0 for n in sizes):
         raise SystemExit("uibk-embed compare: --scale sizes must be positive")
-    from tqdm.auto import tqdm
-
-    from uibk_embedding.data import DataError, load_beir
-    from uibk_embedding.evaluation import encode_collection
 
     try:
         coll = load_beir(args.data, split=args.split)
@@ -633,7 +622,6 @@ def main(argv: list[str] | None = None) -> int:
                disable=args.quiet)
     try:
         bar.set_postfix_str("encoding (cached)")
-        from uibk_embedding.encoder import load_encoder
 
         # the whole collection is encoded (and cached) once; subsets are taken from the vectors
         enc = encode_collection(load_encoder(args.encoder), coll, use_cache=not args.no_cache)

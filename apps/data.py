@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import validate_ids, validate_metadata
+
 from uibk_embedding.errors import DataError
 
 
@@ -92,8 +94,6 @@ def _str_field(obj: dict, names: tuple[str, ...], where: str, required: bool = T
 def read_corpus(path: str | os.PathLike) -> list[Document]:
     """Documents from a BEIR folder (``corpus.jsonl``) or a JSONL file. Duplicate ids are
     refused; documents whose title and text are both empty are kept out with a warning."""
-    import warnings
-
     p = Path(path)
     if p.is_dir():
         p = p / "corpus.jsonl"

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
+from tqdm.auto import tqdm
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.data import Collection
+from uibk_embedding.apps.data import Collection
 from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector
+
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
 
@@ -58,7 +59,7 @@ def collection_fingerprint(config: dict[str, Any], coll: Collection, length: int
     """A hex digest of an encoder configuration and a collection's texts (ids, documents,
     queries): the key of cached encodings.
 
-    >>> from uibk_embedding.data import Document
+    >>> from uibk_embedding.apps.data import Document
     >>> c = Collection("c", [Document("d1", "a wing")], {"q1": "wing"}, {})
     >>> collection_fingerprint({"model": "m"}, c) == collection_fingerprint({"model": "m"}, c)
     True
@@ -118,8 +119,6 @@ def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True)
 def index_into(store: MultiVectorStore, enc: Encoded, coll: Collection | None = None,
                batch_size: int = 512, show_progress: bool | None = None) -> None:
     """Upsert every encoded document into ``store`` in batches, with a progress bar."""
-    from tqdm.auto import tqdm
-
     md = {d.id: {"title": d.title, **d.metadata} for d in coll.corpus} if coll else {}
     n = len(enc.doc_ids)
     disable = {True: False, False: True}.get(show_progress, None)  # type: ignore[arg-type]

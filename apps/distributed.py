@@ -30,7 +30,7 @@ refused with the reason.
 
 Example (needs a Milvus server; ``ray.init()`` starts a local cluster when none is running)::
 
-    from uibk_embedding.distributed import index_distributed
+    from uibk_embedding.apps.distributed import index_distributed
     result = index_distributed("../shared/datasets/cranfield", "milvus",
                                {"uri": "http://127.0.0.1:19530", "collection": "cranfield"},
                                workers=2)
@@ -46,25 +46,30 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from tqdm.auto import tqdm
+from uibk_embedding.adapters import open_store
+from uibk_embedding.apps.data import Document, _iter_jsonl
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.remote import RemoteEncoder
+from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import DataError
-
-if TYPE_CHECKING:
-    from uibk_embedding.encoder.tagged import TaggedFormat
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
 
 
 def _ray() -> Any:
-    return require("ray", "ray", "distributed indexing (uibk_embedding.distributed)")
+    return require("ray", "ray", "distributed indexing (uibk_embedding.apps.distributed)")
 
 
 @dataclass
@@ -163,7 +168,6 @@ def _row(doc_id: Any, text: Any, title: Any, meta: Any, pos: Any) -> dict[str, A
     elif text is not None and not isinstance(text, str):
         err = err or f"text must be a string, got {type(text).__name__}"
     body = text if isinstance(text, str) else ""
-    from uibk_embedding.data import Document
 
     full = Document("x", body, title).full_text
     if err is None and not full.strip():
@@ -188,7 +192,7 @@ def _row(doc_id: Any, text: Any, title: Any, meta: Any, pos: Any) -> dict[str, A
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad texts kept and marked.
 
-    Unlike :func:`uibk_embedding.data.read_corpus` this keeps rows with an empty or non-string
+    Unlike :func:`uibk_embedding.apps.data.read_corpus` this keeps rows with an empty or non-string
     text (marked, so the run can report them with their line number) instead of skipping or
     refusing the file. Malformed JSON and duplicate ids still raise :class:`DataError`.
 
@@ -199,8 +203,6 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     >>> [(r["_id"], r["_pos"], r["_error"]) for r in read_rows(p)]
     [('a', 'docs.jsonl:1', ''), ('b', 'docs.jsonl:2', 'text must be a string, got int')]
     """
-    from uibk_embedding.data import _iter_jsonl
-
     p = Path(path)
     if p.is_dir():
         p = p / "corpus.jsonl"
@@ -220,8 +222,6 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
-    from uibk_embedding.data import Document
-
     out = []
     for i, it in enumerate(items):
         if isinstance(it, Document):
@@ -262,7 +262,7 @@ def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_colum
     """A Ray Dataset of normalised rows and its size (None when unknown without running it).
 
     ``data``: a Ray Dataset; a BEIR folder or JSONL file; a Parquet file, a folder of Parquet
-    files or a list of them; or a list of :class:`~uibk_embedding.data.Document` / dicts.
+    files or a list of them; or a list of :class:`~uibk_embedding.apps.data.Document` / dicts.
     """
     _ray()
     import ray.data
@@ -312,18 +312,12 @@ class IndexWorker:
                  encoder_options: Mapping[str, Any] | None = None,
                  encoder_urls: Sequence[str] | None = None, skip: Sequence[Any] | None = None,
                  store_text: bool = True, upsert_batch: int = 64, threads: int | None = None) -> None:
-        import random
-
-        from uibk_embedding.adapters import open_store
-
         self.gpu = False
         if threads:
             import torch
 
             torch.set_num_threads(int(threads))
         if encoder_urls:
-            from uibk_embedding.encoder.remote import RemoteEncoder
-
             self.encoders = [RemoteEncoder(u) for u in encoder_urls]
             self._next = random.randrange(len(self.encoders))  # spread actors over the servers
         else:
@@ -339,8 +333,6 @@ class IndexWorker:
             if callable(encoder):
                 self.encoders = [encoder()]
             else:
-                from uibk_embedding.encoder import load_encoder
-
                 self.encoders = [load_encoder(encoder, **options)]
             self._next = 0
         fmts = {e.format for e in self.encoders}
@@ -431,12 +423,9 @@ def encoder_format(encoder: EncoderSpec = None, encoder_options: Mapping[str, An
     True
     """
     if encoder_urls:
-        from uibk_embedding.encoder.remote import RemoteEncoder
-
         return RemoteEncoder(encoder_urls[0]).format
     if callable(encoder):
         return encoder().format
-    from uibk_embedding.encoder import load_encoder
 
     return load_encoder(encoder, **{**dict(encoder_options or {}), "device": "cpu"}).format
 
@@ -504,7 +493,6 @@ def index_distributed(
     ValueError: backend 'milvus-lite' lives inside one process; ...
     """
     ray = _ray()
-    from uibk_embedding.adapters import open_store
 
     check_backend(backend, store_options)
     if workers is not None and workers < 1:
@@ -562,8 +550,6 @@ def index_distributed(
 
 def _drive(out: Any, total: int, progress: bool | None) -> DistributedResult:
     """Run the pipeline, reading the actors' counters as they come: progress and the result."""
-    from tqdm.auto import tqdm
-
     result = DistributedResult(total=total)
     pids: dict[int, None] = {}
     disable = {True: False, False: True}.get(progress, None)  # type: ignore[arg-type]
