@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from uibk_embedding.encoder import pylate_modules
 from uibk_embedding.encoder.base import (
     TaggedEncoder,
     TokenBatch,
@@ -54,6 +55,8 @@ from uibk_embedding.encoder.base import (
     to_host,
 )
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
+from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
+from uibk_embedding.encoder.uibk import UIBKEncoder
 
 from uibk_embedding._optional import require
 from uibk_embedding.errors import UntrustedCode
@@ -345,7 +348,6 @@ class PyLateEncoder(TaggedEncoder):
                 "it, then load the model with trust_remote_code=True (CLI: --trust-remote-code)")
         pylate_models = require("pylate.models", "colbert", "loading a PyLate model")
         import torch
-        from uibk_embedding.encoder.transformer import quiet_transformers
 
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -534,10 +536,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
     True
     """
-    from uibk_embedding.encoder import pylate_modules
-    from uibk_embedding.encoder.transformer import TransformerEncoder
-    from uibk_embedding.encoder.uibk import UIBKEncoder
-
     require("pylate.models", "colbert", "saving a PyLate model")
     import torch
 
@@ -576,7 +574,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
         token_dim = cfg.token_dim
     else:
         layout = "transformer"
-        from uibk_embedding.encoder.transformer import quiet_transformers
 
         with quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import TaggedEncoder, resolve_device, validate_texts, warn_truncated
 
 _STOP = object()
@@ -135,8 +136,6 @@ class SharedEncoder:
         **load_options: Any,
     ) -> None:
         if encoder is None or isinstance(encoder, str | os.PathLike):
-            from uibk_embedding.encoder import load_encoder
-
             encoder = load_encoder(encoder, device=resolve_device(device), **load_options)
         if not isinstance(encoder, TaggedEncoder):
             raise TypeError(

@@ -64,6 +64,8 @@ from uibk_embedding.encoder.base import (
     resolve_device,
     resolve_dtype,
 )
+from uibk_embedding.encoder.projection import projection_id
+from uibk_embedding.encoder.tagged import TaggedFormat
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
@@ -338,7 +340,6 @@ class UIBKEncoder(TaggedEncoder):
         import torch
         from safetensors import safe_open
         from tokenizers import Tokenizer
-        from uibk_embedding.encoder.tagged import TaggedFormat
 
         p = _resolve_folder(path)
         missing = [f for f in REQUIRED_FILES if not (p / f).is_file()]
@@ -377,7 +378,6 @@ class UIBKEncoder(TaggedEncoder):
             if "R" not in npz or "P" not in npz:
                 raise ValueError(f"{p / PROJECTIONS_NAME} must hold arrays R and P")
             projections = {"R": npz["R"], "P": npz["P"]}
-        from uibk_embedding.encoder.projection import projection_id
 
         want = meta.get("projection_id")
         if want is not None and projection_id(projections["R"], projections["P"]) != want:

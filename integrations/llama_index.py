@@ -45,6 +45,7 @@ from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
     DEFAULT_FETCH_K,
     DEFAULT_TEXT_KEY,
@@ -82,8 +83,6 @@ DEFAULT_TOP_K = 2  # LlamaIndex's DEFAULT_SIMILARITY_TOP_K
 
 
 def _default_encoder() -> Any:
-    from uibk_embedding.encoder import load_encoder
-
     return load_encoder()
 
 
