@@ -23,6 +23,8 @@ format, which belongs to the ground floor).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -201,3 +203,14 @@ def test_the_check_catches(tmp_path: Path, source: str, upward: list[str], insid
     (tmp_path / "apps" / "cli.py").write_text("")
     (tmp_path / "uibk_embedding" / "bad.py").write_text(source)
     assert violations(tmp_path) == (upward, inside)
+
+
+def test_a_plain_checkout_says_what_to_do() -> None:
+    """Without an install (``-S``: no site-packages, so no editable mapping) the import fails
+    with the way out, not with ``No module named 'uibk_embedding.adapters'``."""
+    out = subprocess.run([sys.executable, "-S", "-c", "import uibk_embedding"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: uibk_embedding is imported from a plain checkout")
+    assert "make setup" in last and "pip install -e ." in last
