@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+
 from uibk_embedding.adapters.filters import Condition, Filter, parse_filter
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
-
 from uibk_embedding.errors import CollectionMismatch
 
 MAX_ID_LENGTH = 512

@@ -77,12 +77,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
-from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_folder
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat, decompose
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.rank import rerank
 

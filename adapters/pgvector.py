@@ -63,11 +63,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.rank import rerank

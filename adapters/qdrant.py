@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import (
     RESERVED_PREFIX,
     Hit,
@@ -62,8 +64,6 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 
 T = TypeVar("T")

@@ -39,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._durable import atomic_write_text, fsync_tree
+from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.adapters.base import RESERVED_PREFIX, Hit, Record, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
@@ -53,10 +57,6 @@ from uibk_embedding.adapters.qdrant import (
 )
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
-
-from uibk_embedding._durable import atomic_write_text, fsync_tree
-from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.errors import StoreInUse
 
 BOOLS_KEY = f"{RESERVED_PREFIX}_bools"

@@ -80,9 +80,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
-from uibk_embedding.adapters.filters import Condition, matches
-from uibk_embedding.encoder.tagged import TaggedFormat
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._optional import require
@@ -96,6 +93,9 @@ from uibk_embedding._sqlite_state import (
     state_set,
     transaction,
 )
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
+from uibk_embedding.adapters.filters import Condition, matches
+from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, call_engine
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations

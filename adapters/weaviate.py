@@ -57,11 +57,11 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.filters import Condition, matches
 from uibk_embedding.encoder.tagged import DIM, TaggedFormat
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.rank import rerank
 

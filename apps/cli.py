@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
+
+from uibk_embedding import adapters
 from uibk_embedding.adapters.registry import BACKENDS
 from uibk_embedding.apps.data import load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
@@ -38,8 +40,6 @@ from uibk_embedding.apps.evaluation import encode_collection, index_into, run_ev
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import projection_id
 from uibk_embedding.encoder.remote import RemoteEncoder
-
-from uibk_embedding import adapters
 from uibk_embedding.errors import DataError, UIBKError
 
 QUICKSTART_CORPUS = [

@@ -67,16 +67,16 @@ from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
+
 from uibk_embedding.adapters.registry import BACKENDS, backend_factory, open_store
 from uibk_embedding.apps.data import DataError, load_beir
 from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.tagged import N_SLOTS, infer_format
-from uibk_embedding.testing.milvus_server import LocalMilvusServer
-from uibk_embedding.testing.pg_server import LocalPostgresServer
-
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import ndcg_at_k, overlap_at_k, recall_at_k
+from uibk_embedding.testing.milvus_server import LocalMilvusServer
+from uibk_embedding.testing.pg_server import LocalPostgresServer
 
 K = 10
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import validate_ids, validate_metadata
-
 from uibk_embedding.errors import DataError
 
 

@@ -55,13 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
 from uibk_embedding.apps.data import Document, _iter_jsonl
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.encoder.tagged import TaggedFormat
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import DataError
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")

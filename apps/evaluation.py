@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
+
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.apps.data import Collection
 from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector
-
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import make_list

@@ -94,10 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     from uibk_embedding.apps.evaluation import encode_collection
     from uibk_embedding.encoder import load_encoder
     from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector, infer_format
-    from uibk_embedding.testing import datasets_dir
-
     from uibk_embedding.maxsim import maxsim_scores, pack
     from uibk_embedding.metrics import ndcg_at_k
+    from uibk_embedding.testing import datasets_dir
 
     path = Path(args.data) if Path(args.data).exists() else datasets_dir() / args.data
     coll = load_beir(path)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.milvus import (
     DEFAULT_CANDIDATES,

@@ -26,15 +26,15 @@ import sys
 import time
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.pgvector import PgVectorStore
 from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
+from uibk_embedding.rank import rerank
 from uibk_embedding.testing import datasets_dir
 from uibk_embedding.testing.pg_server import LocalPostgresServer
-
-from uibk_embedding.rank import rerank
 
 K = 10
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import Encoded, encode_collection, with_dense_weight

@@ -375,9 +375,8 @@ def rerank(args: argparse.Namespace) -> None:
     import sqlite3
     import tempfile
 
-    from uibk_embedding.plaid_backend.store import PlaidStore
-
     from uibk_embedding.maxsim import maxsim_scores
+    from uibk_embedding.plaid_backend.store import PlaidStore
 
     queries = _queries(args)
     plaid = PlaidStore(_dir(args) / (args.label or "plaid"), num_threads=args.threads)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.qdrant import DENSE_DIM, QdrantStore, point_id
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore

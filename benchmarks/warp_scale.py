@@ -26,15 +26,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.warp import WarpStore
 from uibk_embedding.apps.compare import synthetic_corpus
 from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
-from uibk_embedding.testing import datasets_dir
-
 from uibk_embedding.maxsim import maxsim_scores, pack
+from uibk_embedding.testing import datasets_dir
 
 BATCH = 512
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat, orthonormal_rows
 
 CONFIG_NAME = "uibk_encoder.json"

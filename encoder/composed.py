@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.encoder.base import (
     CONFIG_NAME,
     PROJECTIONS_NAME,
@@ -62,8 +64,6 @@ from uibk_embedding.encoder.base import (
 from uibk_embedding.encoder.pooling import read_modules
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.encoder.transformer import quiet_transformers
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import ModelChanged
 
 KIND = "composed"

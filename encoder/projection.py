@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
 
 PROJECTION_KINDS = ("random", "pca")
@@ -163,6 +164,7 @@ def encode_heads(encoder: Any, texts: Sequence[str], *, is_query: bool = False
     encoder returns, up to float32 rounding.
     """
     import torch
+
     from uibk_embedding.encoder.base import validate_texts
 
     texts = validate_texts(texts)

@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.encoder import pylate_modules
 from uibk_embedding.encoder.base import (
     TaggedEncoder,
@@ -57,8 +59,6 @@ from uibk_embedding.encoder.base import (
 from uibk_embedding.encoder.tagged import BODY, DIM, N_SLOTS, TaggedFormat
 from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
 from uibk_embedding.encoder.uibk import UIBKEncoder
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import UntrustedCode
 
 MODULES_NAME = "modules.json"

@@ -30,10 +30,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.base import TaggedEncoder, validate_texts, warn_truncated
-from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 
 from uibk_embedding._optional import require
+from uibk_embedding.encoder.base import TaggedEncoder, validate_texts, warn_truncated
+from uibk_embedding.encoder.tagged import DIM, TaggedFormat
 from uibk_embedding.errors import BackendUnavailable, UIBKError
 
 MAGIC = b"UIBKVEC1"

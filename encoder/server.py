@@ -62,12 +62,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.encoder.base import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
 from uibk_embedding.encoder.tagged import DIM
-
-from uibk_embedding._optional import require
 
 DEFAULT_PORT = 8765
 MAX_CLIENT_IDS = 1024  # distinct X-UIBK-Client ids remembered for /stats (the most recent)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import TaggedEncoder, resolve_device, validate_texts, warn_truncated
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.base import TaggedEncoder, TokenBatch, pad_ids, resolve_device
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.tagged import TaggedFormat

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.base import (
     CONFIG_NAME,
     PROJECTIONS_NAME,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.adapters.base import (
     MultiVectorStore,
     settle_format,
@@ -46,7 +47,6 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.encoder.tagged import Decomposition, decompose, dense_vector
-
 from uibk_embedding.rank import rerank
 
 DEFAULT_TEXT_KEY = "text"

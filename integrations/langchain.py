@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.encoder import load_encoder
@@ -50,8 +51,6 @@ from uibk_embedding.integrations.core import (
     StoredText,
     translate_langchain_filter,
 )
-
-from uibk_embedding._optional import require
 
 require("langchain_core", "langchain", "the LangChain integration")
 

@@ -43,6 +43,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.encoder import load_encoder
@@ -54,8 +55,6 @@ from uibk_embedding.integrations.core import (
     ScoredText,
     merge_conditions,
 )
-
-from uibk_embedding._optional import require
 
 require("llama_index.core", "llamaindex", "the LlamaIndex integration")
 

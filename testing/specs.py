@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.tagged import TaggedFormat

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import datasets_dir, load_backend_specs, open_spec
 

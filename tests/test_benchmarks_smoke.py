@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from uibk_embedding.apps import compare
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -135,9 +136,8 @@ def test_plaid_scale_smoke(tmp_path, rng):
     interleaved search, sweep, rerank and profile produce consistent results."""
     pytest.importorskip("fast_plaid")
     from uibk_embedding.encoder.tagged import TaggedFormat
-    from uibk_embedding.testing import make_list
-
     from uibk_embedding.maxsim import pack
+    from uibk_embedding.testing import make_list
 
     docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]
     queries = [make_list(TaggedFormat(), rng, 4) for _ in range(3)]

@@ -20,10 +20,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import check_separation, decompose, load_encoder
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
-
 from uibk_embedding.errors import ModelChanged
 
 st = pytest.importorskip("sentence_transformers")
@@ -321,9 +321,8 @@ def test_embedded_default_is_mean_pooled_and_normalised():
 def test_shared_encoder_and_one_index(composed, models):
     """The composed encoder runs behind SharedEncoder (so `uibk-embed serve`) unchanged, and its
     lists go into one store and come back with one search, explained."""
-    from uibk_embedding.encoder.shared import SharedEncoder
-
     import uibk_embedding as ue
+    from uibk_embedding.encoder.shared import SharedEncoder
 
     with SharedEncoder(dense=models["dense"], tokens=models["colbert"], device="cpu") as shared:
         for w in (1.0, 3.0):

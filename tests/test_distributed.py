@@ -22,6 +22,7 @@ pytest.importorskip("pymilvus")
 pytest.importorskip("milvus")
 
 import ray
+
 from uibk_embedding.adapters import open_store
 from uibk_embedding.apps import cli
 from uibk_embedding.apps.distributed import BadDocuments, index_distributed
@@ -97,6 +98,7 @@ def vector_bound(encoder, corpus) -> float:
     changes float32 rounding): twice its batching noise, over the batch sizes and thread counts of
     both paths (one process: 64 texts, this process's threads; actors: BATCH texts, 1 thread)."""
     import torch
+
     from uibk_embedding.apps.data import read_corpus
 
     texts = [d.full_text for d in read_corpus(corpus)]

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.shared import SharedEncoder
 from uibk_embedding.encoder.uibk import N_PREFIX, UIBKConfig, UIBKEncoder, train_tokenizer

@@ -22,6 +22,7 @@ pytest.importorskip("langchain_core")
 pytest.importorskip("llama_index.core")
 
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
+
 from uibk_embedding.adapters import open_store
 from uibk_embedding.apps import cli
 from uibk_embedding.apps.data import load_beir

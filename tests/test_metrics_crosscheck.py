@@ -16,10 +16,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import pytrec_eval
-from uibk_embedding.apps.data import load_beir
-from uibk_embedding.testing import datasets_dir
 
+from uibk_embedding.apps.data import load_beir
 from uibk_embedding.metrics import evaluate, ndcg_at_k, recall_at_k
+from uibk_embedding.testing import datasets_dir
 
 _WORD = re.compile(r"\w+")
 

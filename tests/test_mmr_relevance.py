@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.encoder.tagged import dense_vector
 from uibk_embedding.integrations.core import RetrievalCore, mmr_select, relevance
@@ -116,6 +117,7 @@ def test_langchain_mmr_and_threshold_as_its_docs_use_them(encoder, core):
 def test_llama_index_mmr_mode_as_its_docs_use_it(encoder, core):
     pytest.importorskip("llama_index.core")
     from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
     from uibk_embedding.integrations.llama_index import UIBKVectorStore, index_from_store
 
     vs = UIBKVectorStore(encoder=encoder, store=core.store)

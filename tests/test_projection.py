@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+
 from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import _fingerprint
 from uibk_embedding.encoder import load_encoder

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from uibk_embedding.adapters import open_store
 from uibk_embedding.encoder.tagged import UNRECORDED, TaggedFormat
-from uibk_embedding.testing import make_list
-
 from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.testing import make_list
 
 RANDOM = TaggedFormat(projection="random-00aa11bb22cc33dd")
 PCA = TaggedFormat(projection="pca-44ee55ff66aa77bb")

@@ -31,7 +31,6 @@ from uibk_embedding.encoder.pylate_model import (  # noqa: E402
 )
 from uibk_embedding.encoder.shared import SharedEncoder  # noqa: E402
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
-
 from uibk_embedding.errors import UntrustedCode  # noqa: E402
 
 SAME_BATCH = 1e-5

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder.tagged import (
     TaggedFormat,
     check_separation,
@@ -15,9 +16,8 @@ from uibk_embedding.encoder.tagged import (
     infer_format,
     orthonormal_rows,
 )
-from uibk_embedding.testing import make_list
-
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.testing import make_list
 
 
 def test_constants_and_vectors(fmt, rng):

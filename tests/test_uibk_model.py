@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.tagged import TaggedFormat, decompose
 from uibk_embedding.encoder.uibk import (

@@ -21,9 +21,8 @@ pytest.importorskip("xtr_warp")
 
 from uibk_embedding.adapters.warp import WarpStore
 from uibk_embedding.encoder.tagged import TaggedFormat
-from uibk_embedding.testing import make_list
-
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.testing import make_list
 
 CHEAP = {"nbits": 2, "kmeans_niters": 1, "min_index_vectors": 64}
 

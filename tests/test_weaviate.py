@@ -18,10 +18,6 @@ import pytest
 
 pytest.importorskip("weaviate")
 
-from uibk_embedding.adapters import weaviate as wa
-from uibk_embedding.adapters.filters import matches, parse_filter
-from uibk_embedding.encoder.tagged import TaggedFormat
-from uibk_embedding.testing import make_list
 from weaviate.collections.batch.grpc_batch import _BatchGRPC
 from weaviate.collections.classes import config as wc
 from weaviate.collections.classes.batch import _BatchObject
@@ -30,7 +26,11 @@ from weaviate.collections.grpc.shared import _BaseGRPC, _Unpack
 from weaviate.proto.v1 import base_pb2
 from weaviate.util import _ServerVersion
 
+from uibk_embedding.adapters import weaviate as wa
+from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.testing import make_list
 
 URL = os.environ.get("WEAVIATE_URL")
 live = pytest.mark.skipif(not URL, reason="WEAVIATE_URL is not set: no Weaviate server for live checks")

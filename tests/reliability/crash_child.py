@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import load_backend_specs, make_list
 

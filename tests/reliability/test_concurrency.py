@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

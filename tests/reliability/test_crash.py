@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from uibk_embedding.encoder.tagged import TaggedFormat
-from uibk_embedding.testing import make_list
 
+from uibk_embedding.encoder.tagged import TaggedFormat
 from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.testing import make_list
 
 FMT = TaggedFormat()
 
