@@ -4,7 +4,7 @@ Same layout and search modes as :class:`~uibk_embedding.adapters.qdrant.QdrantSt
 point per document with the tagged list as a DOT / MaxSim multivector (``"tagged"``) and the
 381-d :func:`~uibk_embedding.encoder.tagged.dense_vector` (``"dense"``) for prefetch. Searches
 are exact by default (``SearchParams(exact=True)``, and no HNSW on the multivector): HNSW on
-multivectors builds slowly and reached low recall on hard data (see DESIGN.md 2.1), so it
+multivectors builds slowly and reached low recall on hard data (see docs/engines.md#pitfalls), so it
 is opt-in (``multivector_hnsw=True`` plus ``mode="hnsw"`` after :meth:`QdrantEdgeStore.optimize`).
 
 Engine difference handled here: qdrant-edge-py 0.9 turns a boolean ``MatchValue(True)`` into
@@ -333,7 +333,7 @@ class QdrantEdgeStore(_QdrantBase):
     def _get(self, ids: list[str]) -> list[Record]:
         found: dict[str, Record] = {}
         for chunk in batched(list(dict.fromkeys(ids)), 256):
-            # with_payload must be given although the stub marks it optional (DESIGN.md 2.1)
+            # with_payload must be given although the stub marks it optional (docs/engines.md#pitfalls)
             recs = self.shard.retrieve([point_id(x) for x in chunk], with_payload=True,
                                        with_vector=[self.vector_name])
             for r in recs:

@@ -4,9 +4,9 @@
 actors (``workers``, one per GPU when ``num_gpus=1``), each holding ONE encoder (a model loaded in
 the actor, or clients of ``uibk-embed serve`` servers given by ``encoder_urls``) and ONE store
 connection. Each actor validates its batch, encodes it (the encoder sorts the batch by length
-into padded sub-batches, DESIGN 1.1) and upserts the vectors itself: vectors never travel back
-to the driver, only one small row of counters per batch, from which the driver draws its
-progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
+into padded sub-batches, docs/model.md "The encoding pipeline") and upserts the vectors itself:
+vectors never travel back to the driver, only one small row of counters per batch, from which the
+driver draws its progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
 
 Exactly once, under retries
     Upserts overwrite by id (Qdrant points, Milvus write versions), so a batch that Ray runs

@@ -25,7 +25,7 @@ lists). Variants:
   (limit-small: 46) adds its queries to the sample.
 
 Besides nDCG@10 and recall, ``aligned@10``: the share of (query, top-10 document) pairs whose
-score decomposes exactly (every query slot selected its own document slot, DESIGN 1.2).
+score decomposes exactly (every query slot selected its own document slot, docs/format.md#identity).
 
 Usage::
 
@@ -201,7 +201,7 @@ def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]
 
 
 def aligned_at_10(store, enc, dense_weight: float) -> float:
-    """Share of (query, top-10 document) pairs whose score decomposes exactly (DESIGN 1.2:
+    """Share of (query, top-10 document) pairs whose score decomposes exactly (docs/format.md#identity:
     separated, and every query slot selected its own document slot)."""
     from uibk_embedding.apps.evaluation import fused_run, with_dense_weight
     from uibk_embedding.encoder.tagged import decompose

@@ -18,7 +18,7 @@ a background thread tokenises batch ``i + 1`` while batch ``i`` runs (a bounded 
 the tagged lists of a whole padded batch are built on the model's device in a few tensor
 operations (the fixed projections ``R``: dense -> 3 x 127 and ``P``: tokens -> 127, the
 normalisation, the tag column, the query slots scaled by the dense weight, the caps of
-DESIGN 1.1); then ONE device-to-host copy per batch (pinned memory, non-blocking, on CUDA) and
+docs/format.md#constants); then ONE device-to-host copy per batch (pinned memory, non-blocking, on CUDA) and
 one split into documents. The lists of one batch are views of one float32 array.
 """
 
@@ -162,7 +162,7 @@ class TaggedEncoder:
     projection: what ``projections`` are, recorded in :meth:`config`: ``"random"`` (drawn from
         ``seed``, the default) or ``"pca"`` (fitted, :meth:`fit_projection`); a non-random
         projection is saved and reloaded from ``projections.npz``, never redrawn.
-    dense_weight: default query-time dense weight ``w`` (DESIGN 1.4).
+    dense_weight: default query-time dense weight ``w`` (docs/format.md#composing).
     query_token_cap: query tokens that take part in token matching (64).
     query_max_length: tokens the dense head reads of a query (256).
     doc_max_length: tokens read of a document (2048, or the model's maximum if lower).

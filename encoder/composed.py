@@ -1,7 +1,7 @@
 """Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model, one list.
 
 :class:`ComposedEncoder` (``load_encoder(dense=..., tokens=...)``) fuses two models you already
-own into the tagged format of DESIGN 1.4, so a "dense index + ColBERT index + fusion" setup
+own into the tagged format of docs/format.md#composing, so a "dense index + ColBERT index + fusion" setup
 becomes one index and one search:
 
 * the **dense head** is the sentence-transformers model run through its own modules (its

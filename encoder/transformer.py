@@ -1,4 +1,4 @@
-"""One Hugging Face encoder, one forward pass, both heads (DESIGN 1.4).
+"""One Hugging Face encoder, one forward pass, both heads (docs/format.md#composing).
 
 :class:`TransformerEncoder` runs a BERT-like model once per text and takes from that one pass
 both the dense sentence vector (the pooling the folder declares in its sentence-transformers

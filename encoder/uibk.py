@@ -1,4 +1,4 @@
-"""UIBK-Embedding-v1: the ModernBERT architecture with a token top and a dense top (DESIGN 1.3).
+"""UIBK-Embedding-v1: the ModernBERT architecture with a token top and a dense top (docs/model.md).
 
 One trunk, two tops, one forward pass:
 
@@ -18,7 +18,7 @@ reads up to 256 tokens, the first 64 text tokens take part in token matching; do
 
 A saved encoder is a folder in this library's own layout (:meth:`UIBKEncoder.save_pretrained`,
 :meth:`UIBKEncoder.from_pretrained`); it is not the released checkpoint's format: the release is a
-PyLate model folder (DESIGN 1.3b), loaded by ``load_encoder(folder, trust_remote_code=True)``
+PyLate model folder (docs/model.md), loaded by ``load_encoder(folder, trust_remote_code=True)``
 (:mod:`uibk_embedding.encoder.pylate_model`), and :meth:`UIBKEncoder.save_pylate` writes a model
 of this architecture in that format::
 

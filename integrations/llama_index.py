@@ -2,7 +2,7 @@
 
 LlamaIndex's ``VectorStoreQuery`` holds one query vector, and a tagged query is a list of
 vectors: :class:`UIBKVectorStore` therefore sets ``is_embedding_query=False`` and encodes
-``query_str`` itself, with our encoder (DESIGN 2.1). It stores text (``stores_text=True``):
+``query_str`` itself, with our encoder (docs/engines.md#pitfalls). It stores text (``stores_text=True``):
 each node's text is kept in the store's metadata, next to LlamaIndex's node record, so nodes
 come back whole, and ``delete(ref_doc_id)`` removes every node of a source document.
 

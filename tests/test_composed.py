@@ -196,7 +196,7 @@ def test_truncation_is_reported(composed):
     assert msgs == ["1 of 6 documents were longer than 40 tokens and were truncated"]
 
 
-# -- the format: DESIGN 1.2 on the composed lists -----------------------------------------------
+# -- the format: docs/format.md#identity on the composed lists -----------------------------------------------
 def test_identity_of_design_1_2(composed):
     fmt = composed.format
     w = 1.7

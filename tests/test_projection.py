@@ -1,5 +1,5 @@
 """Fitted (PCA) projections R and P: orthonormal, deterministic, saved and reloaded, the
-identity of DESIGN 1.2 with them; and the cached-heads path of benchmarks/projection_eval.py
+identity of docs/format.md#identity with them; and the cached-heads path of benchmarks/projection_eval.py
 equals the encoder's own output."""
 
 from __future__ import annotations
