@@ -50,99 +50,48 @@ Example
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import math
-import os
-import resource
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from uibk_embedding.adapters.registry import BACKENDS, backend_factory, open_store
+from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.apps.compare_metrics import K, exact_runs, rank_agreement, summarise
+from uibk_embedding.apps.compare_options import DEFAULT_OPTIONS, _Skip, default_options
+from uibk_embedding.apps.compare_report import _fmt, markdown_table, plot, plot_scale
+from uibk_embedding.apps.compare_worker import (
+    _run_backend,
+    _save_arrays,
+    _worker_main,
+    run_worker,
+)
 from uibk_embedding.apps.data import DataError, load_beir
 from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.tagged import N_SLOTS, infer_format
-from uibk_embedding.maxsim import maxsim_scores, pack, top_k
-from uibk_embedding.metrics import ndcg_at_k, overlap_at_k, recall_at_k
-from uibk_embedding.testing.milvus_server import LocalMilvusServer
-from uibk_embedding.testing.pg_server import LocalPostgresServer
 
-K = 10
-
-
-# -- benchmark defaults per backend -------------------------------------------------------------
-def _url_or(env: str, key: str, local: dict[str, Any]) -> Callable[[Path], dict[str, Any]]:
-    def make(d: Path) -> dict[str, Any]:
-        return {key: os.environ[env]} if os.environ.get(env) else dict(local, path=str(d))
-
-    return make
-
-
-def _milvus(d: Path) -> dict[str, Any]:
-    if os.environ.get("MILVUS_URI"):
-        return {"uri": os.environ["MILVUS_URI"], "token": os.environ.get("MILVUS_TOKEN", ""),
-                "collection": f"uibk_compare_{os.getpid()}"}
-    return {"_local_server": True, "collection": f"uibk_compare_{os.getpid()}"}
-
-
-def _pgvector(d: Path) -> dict[str, Any]:
-    table = f"uibk_compare_{os.getpid()}"
-    if os.environ.get("PG_DSN"):  # the table is dropped again at the end
-        return {"dsn": os.environ["PG_DSN"], "table": table, "_drop_table": True}
-    return {"_local_pg": True, "table": table}
-
-
-def _weaviate(d: Path) -> dict[str, Any]:
-    if not os.environ.get("WEAVIATE_URL"):
-        raise _Skip("WEAVIATE_URL is not set (Weaviate needs a server)")
-    return {"url": os.environ["WEAVIATE_URL"], "collection": f"UibkCompare{os.getpid()}"}
-
-
-DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    # name -> options from the backend's own folder inside the work folder
-    "exact": lambda d: {"path": str(d)},
-    "plaid": lambda d: {"path": str(d)},
-    "warp": lambda d: {"path": str(d)},  # its index is built by the warm-up query (a lazy flush)
-    "qdrant": _url_or("QDRANT_URL", "url", {"collection": "uibk"}),  # else local mode on disk
-    "qdrant-edge": lambda d: {"path": str(d)},
-    "milvus-lite": lambda d: {"path": str(d / "milvus.db")},
-    "milvus": _milvus,
-    "pgvector": _pgvector,
-    "weaviate": _weaviate,
-}
-"""Options a backend gets in a benchmark unless ``--option`` overrides them. A backend not listed
-gets ``path=<its folder>`` when its constructor takes a ``path``, else nothing."""
-
-
-class _Skip(Exception):
-    """A backend that cannot run here (the message says why)."""
-
-
-def default_options(name: str, folder: Path) -> dict[str, Any]:
-    """The benchmark options of backend ``name`` with its store in ``folder``.
-
-    >>> default_options("exact", Path("/tmp/x"))
-    {'path': '/tmp/x'}
-    """
-    if name in DEFAULT_OPTIONS:
-        return DEFAULT_OPTIONS[name](folder)
-
-    try:
-        params = inspect.signature(backend_factory(name)).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"path": str(folder)} if "path" in params else {}
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "K",
+    "build_parser",
+    "compare",
+    "default_options",
+    "exact_runs",
+    "main",
+    "markdown_table",
+    "plot",
+    "plot_scale",
+    "rank_agreement",
+    "run_worker",
+    "summarise",
+    "synthetic_corpus",
+]
 
 
 # -- synthetic collections ------------------------------------------------------------------------
@@ -177,187 +126,6 @@ def synthetic_corpus(docs: Sequence[np.ndarray], n: int, *, seed: int = 0, noise
     return out
 
 
-# -- rank metrics -----------------------------------------------------------------------------------
-def rank_agreement(run: Sequence[str], reference: Sequence[str]) -> float:
-    """Fraction of the pairs of shared documents that ``run`` orders as ``reference`` does (1.0
-    when fewer than two are shared and those agree, 0.0 when none is shared).
-
-    >>> rank_agreement(["a", "b"], ["b", "a"])
-    0.0
-    """
-    pos = {d: i for i, d in enumerate(reference)}
-    shared = [pos[d] for d in run if d in pos]
-    if not shared:
-        return 0.0
-    pairs = [(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]]
-    return 1.0 if not pairs else sum(a < b for a, b in pairs) / len(pairs)
-
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q)) if xs else math.nan
-
-
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-# -- the worker (one backend, one fresh process) ----------------------------------------------------
-def _save_arrays(folder: Path, doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
-                 queries: Sequence[np.ndarray]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, lists in (("doc", docs), ("query", queries)):
-        mat, off = pack(list(lists))
-        np.save(folder / f"{prefix}_mat.npy", mat.astype(np.float32))
-        np.save(folder / f"{prefix}_off.npy", off)
-    (folder / "ids.json").write_text(json.dumps({"doc": doc_ids, "query": query_ids}))
-
-
-def _load_arrays(folder: Path) -> tuple[list[str], list[np.ndarray], list[str], list[np.ndarray]]:
-    ids = json.loads((folder / "ids.json").read_text())
-    out = []
-    for prefix in ("doc", "query"):
-        mat, off = np.load(folder / f"{prefix}_mat.npy"), np.load(folder / f"{prefix}_off.npy")
-        out.append([mat[off[i]:off[i + 1]] for i in range(len(off) - 1)])
-    return ids["doc"], out[0], ids["query"], out[1]
-
-
-def _status_mb(field: str, pid: int | str = "self") -> float | None:
-    """``VmRSS`` / ``VmHWM`` (peak) of a process in MiB, from ``/proc`` (per process image:
-    unlike ``getrusage``, not inherited from the parent across fork + exec)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _rss_mb() -> float:
-    return _status_mb("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Index and query one backend as described by ``spec`` (run in a fresh process)."""
-    started = time.perf_counter()
-    doc_ids, docs, query_ids, queries = _load_arrays(Path(spec["arrays"]))
-    base_rss = _rss_mb()
-    folder = Path(spec["folder"])
-    options = dict(spec["options"])
-    server = None
-    res: dict[str, Any] = {"base_rss_mb": round(base_rss, 1)}
-    try:
-        if options.pop("_local_server", False):
-            server = LocalMilvusServer()
-            options["uri"] = server.start()
-        local_pg = options.pop("_local_pg", False)
-        if local_pg:  # its memory is many processes': no single peak to report
-
-            server = LocalPostgresServer()
-            options["dsn"] = server.start()
-        drop_table = options.pop("_drop_table", False)
-        t0 = time.perf_counter()
-        store = open_store(spec["backend"], **options)
-        res["open_s"] = time.perf_counter() - t0
-        try:
-            batch = int(spec.get("batch_size", 512))
-            t0 = time.perf_counter()
-            for i in range(0, len(docs), batch):
-                store.upsert(doc_ids[i:i + batch], docs[i:i + batch])
-            res["upsert_s"] = time.perf_counter() - t0
-            store.search(queries[0], k=K)  # warm-up; triggers lazy builds
-            res["build_s"] = time.perf_counter() - t0
-            res["count"] = store.count()
-            lat: list[float] = []
-            runs: dict[str, list[str]] = {}
-            deadline = started + float(spec.get("query_budget_s", math.inf))
-            for _ in range(max(1, int(spec.get("repeat", 1)))):
-                for qid, q in zip(query_ids, queries, strict=True):
-                    if time.perf_counter() > deadline:
-                        break
-                    t1 = time.perf_counter()
-                    hits = store.search(q, k=K)
-                    lat.append(time.perf_counter() - t1)
-                    runs.setdefault(qid, [h.id for h in hits])
-            if len(runs) < len(query_ids):  # out of time: the figures cover the queries run
-                res["queries_run"] = len(runs)
-            else:
-                t1 = time.perf_counter()
-                store.search_batch(queries, k=K)
-                res["batch_s"] = time.perf_counter() - t1
-            res["latencies_s"] = lat
-            res["runs"] = runs
-            if server is not None and server.pid is not None and not local_pg:
-                res["server_peak_rss_mb"] = _status_mb("VmHWM", server.pid)
-            if hasattr(store, "size_bytes"):  # a database's own size of the store's relations
-                res["index_bytes"] = store.size_bytes()
-            elif server is not None and getattr(server, "_base", ""):
-                res["index_bytes"] = _dir_bytes(Path(server._base))
-            elif folder.exists() and any(folder.iterdir()):
-                res["index_bytes"] = _dir_bytes(folder)
-            else:
-                res["index_bytes"] = None  # in memory or on a remote server
-        finally:
-            if drop_table:
-                store.drop()
-            store.close()
-    finally:
-        if server is not None:
-            server.stop()
-    res["peak_rss_mb"] = _status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return res
-
-
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
-
-
-def _run_backend(label: str, backend: str, options: dict[str, Any], arrays: Path, folder: Path,
-                 repeat: int, timeout: float, threads: int | None = None) -> dict[str, Any]:
-    spec = {"backend": backend, "options": options, "arrays": str(arrays), "folder": str(folder),
-            "repeat": repeat, "query_budget_s": 0.8 * timeout}
-    spec_path = folder.parent / f"{label}.spec.json"
-    out_path = folder.parent / f"{label}.result.json"
-    spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "uibk_embedding.apps.compare", "--worker", str(spec_path), str(out_path)]
-    try:
-        env = dict(os.environ)
-        if threads:
-            env.update({v: str(threads) for v in THREAD_VARS})
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"skipped": f"timed out after {timeout:.0f} s"}
-    if out_path.exists():
-        return json.loads(out_path.read_text())
-    tail = (proc.stderr or proc.stdout or "").strip().splitlines()
-    return {"skipped": f"worker exited with status {proc.returncode}: {tail[-1] if tail else ''}"}
-
-
-def _worker_main(spec_path: str, out_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    if os.environ.get("OMP_NUM_THREADS"):
-        import torch
-
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    try:
-        res = run_worker(spec)
-    except (ImportError, NotImplementedError, _Skip) as e:
-        res = {"skipped": f"{type(e).__name__}: {e}"}
-    except Exception as e:  # a backend failure is reported, not raised
-        res = {"skipped": f"failed: {type(e).__name__}: {e}"}
-    tmp = Path(out_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(res))
-    os.replace(tmp, out_path)
-    return 0
-
-
 # -- the comparison ------------------------------------------------------------------------------------
 def _parse_backends(text: str) -> list[tuple[str, str]]:
     out = []
@@ -389,52 +157,6 @@ def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dic
         except json.JSONDecodeError:
             out.setdefault(label, {})[k] = v
     return out
-
-
-def exact_runs(docs: Sequence[np.ndarray], doc_ids: Sequence[str], queries: Sequence[np.ndarray],
-               query_ids: Sequence[str], k: int = K) -> dict[str, list[str]]:
-    """Top-``k`` ids of exact MaxSim for every query (the reference of every backend)."""
-    mat, off = pack(list(docs))
-    out = {}
-    for i in range(0, len(queries), 16):
-        scores = maxsim_scores(list(queries[i:i + 16]), mat, off)
-        for qid, row in zip(query_ids[i:i + 16], scores, strict=True):
-            out[qid] = [doc_ids[j] for j in top_k(row, k)]
-    return out
-
-
-def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
-              reference: dict[str, list[str]] | None) -> dict[str, Any]:
-    """The reported figures of one backend from its worker result."""
-    if "skipped" in res:
-        return {"skipped": res["skipped"]}
-    runs, lat = res["runs"], res["latencies_s"]
-    judged = {q: r for q, r in qrels.items() if q in runs}
-    if reference is not None:
-        reference = {q: r for q, r in reference.items() if q in runs}
-    out: dict[str, Any] = {
-        "ndcg@10": ndcg_at_k(runs, judged, K) if judged else None,
-        "recall@10": recall_at_k(runs, judged, K) if judged else None,
-        "recall@10_vs_exact": overlap_at_k(runs, reference, K) if reference else None,
-        "rank_agreement@10": (statistics.mean(rank_agreement(runs.get(q, []), r)
-                                              for q, r in reference.items()) if reference else None),
-        "identical_top10": (statistics.mean(float(runs.get(q, [])[:K] == r[:K])
-                                            for q, r in reference.items()) if reference else None),
-        "latency_ms_p50": _percentile(lat, 50) * 1e3,
-        "latency_ms_p95": _percentile(lat, 95) * 1e3,
-        "qps": len(lat) / sum(lat) if sum(lat) > 0 else None,
-        "batch_qps": len(runs) / res["batch_s"] if res.get("batch_s") else None,
-        "index_bytes": res.get("index_bytes"),
-        "build_s": res["build_s"],
-        "upsert_s": res["upsert_s"],
-        "peak_rss_mb": res["peak_rss_mb"],
-        "base_rss_mb": res["base_rss_mb"],
-        "count": res["count"],
-        "queries_run": res.get("queries_run", len(runs)),
-    }
-    if "server_peak_rss_mb" in res:
-        out["server_peak_rss_mb"] = res["server_peak_rss_mb"]
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
 def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
@@ -472,102 +194,6 @@ def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str]
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-
-
-# -- reports ------------------------------------------------------------------------------------------
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-
-def markdown_table(backends: dict[str, dict[str, Any]]) -> str:
-    """The comparison as a markdown table (skipped backends listed under it with the reason).
-
-    >>> print(markdown_table({"x": {"skipped": "no server"}}).splitlines()[-1])
-    - x: skipped (no server)
-    """
-    head = ("| backend | nDCG@10 | recall@10 | recall@10 vs exact | rank agreement | build (s) "
-            "| index (MiB) | peak RSS (MiB) | p50 (ms) | p95 (ms) | QPS | queries |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    skipped = []
-    for name, r in backends.items():
-        if "skipped" in r:
-            skipped.append(f"- {name}: skipped ({r['skipped']})")
-            continue
-        size = r["index_bytes"] / 2**20 if r.get("index_bytes") is not None else None
-        lines.append(
-            f"| {name} | {_fmt(r['ndcg@10'])} | {_fmt(r['recall@10'])} | {_fmt(r['recall@10_vs_exact'])} "
-            f"| {_fmt(r['rank_agreement@10'])} | {_fmt(r['build_s'], 1)} | {_fmt(size, 1)} "
-            f"| {_fmt(r['peak_rss_mb'], 0)} | {_fmt(r['latency_ms_p50'], 2)} "
-            f"| {_fmt(r['latency_ms_p95'], 2)} | {_fmt(r['qps'], 1)} | {r.get('queries_run', '-')} |")
-    return "\n".join(lines + (["", *skipped] if skipped else []))
-
-
-def plot(backends: dict[str, dict[str, Any]], out: Path, title: str) -> list[Path]:
-    """``recall_vs_latency.png`` and ``index_size.png`` in ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = {k: v for k, v in backends.items() if "skipped" not in v}
-    paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, r in ok.items():
-        y = r["recall@10_vs_exact"]
-        ax.scatter([r["latency_ms_p50"]], [y if y is not None else math.nan])
-        ax.annotate(name, (r["latency_ms_p50"], y if y is not None else 0), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("query latency p50 (ms, log)")
-    ax.set_ylabel("recall@10 vs exact MaxSim")
-    ax.set_title(f"{title}: recall vs latency")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "recall_vs_latency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    sized = {k: v["index_bytes"] / 2**20 for k, v in ok.items() if v.get("index_bytes") is not None}
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(list(sized), list(sized.values()))
-    ax.set_ylabel("index size on disk (MiB)")
-    ax.set_title(f"{title}: index size")
-    ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    paths.append(out / "index_size.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
-
-
-def plot_scale(scale: dict[str, dict[str, dict[str, Any]]], out: Path, title: str) -> Path:
-    """``latency_vs_size.png``: p50 latency of each backend against the number of documents."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    names = sorted({b for per in scale.values() for b in per})
-    for name in names:
-        pts = [(int(n), per[name]["latency_ms_p50"]) for n, per in scale.items()
-               if name in per and "skipped" not in per[name]]
-        if pts:
-            xs, ys = zip(*sorted(pts), strict=True)
-            ax.plot(xs, ys, marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("documents")
-    ax.set_ylabel("query latency p50 (ms)")
-    ax.set_title(f"{title}: latency vs collection size")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "latency_vs_size.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
