@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from uibk_embedding import adapters
+from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.registry import BACKENDS
 from uibk_embedding.apps.data import load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
@@ -178,15 +178,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         enc.save_projections(saved_to)  # after the store exists: a store folder holds it
     t0 = time.perf_counter()
 
-    with tqdm(total=len(docs), desc=f"indexing into {args.backend}", unit="doc",
-              disable=None if not args.quiet else True) as bar:
-        for i in range(0, len(docs), args.batch_size):
-            batch = docs[i:i + args.batch_size]
-            vecs = enc.encode_documents([d.full_text for d in batch], show_progress=False)
-            md = [{**d.metadata, "title": d.title, "text": d.text} if args.store_text
-                  else dict(d.metadata) for d in batch]
-            store.upsert([d.id for d in batch], vecs, md)
-            bar.update(len(batch))
+    upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
+                   texts=[d.full_text for d in docs],
+                   encode=lambda texts: enc.encode_documents(texts, show_progress=False),
+                   batch_size=args.batch_size, progress=False if args.quiet else None,
+                   desc=f"indexing into {args.backend}")
     n = store.count()
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import validate_ids, validate_metadata
+from uibk_embedding.adapters.indexing import stored_metadata
 from uibk_embedding.errors import DataError
 
 
@@ -35,6 +36,17 @@ class Document:
     text: str
     title: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def stored_metadata(self, store_text: bool = True) -> dict[str, Any]:
+        """The metadata this document is stored with: its own, plus ``title`` and ``text``
+        unless ``store_text`` is False (:func:`~uibk_embedding.adapters.indexing.stored_metadata`).
+
+        >>> Document("d1", "body", "T", {"year": 1962}).stored_metadata()
+        {'year': 1962, 'title': 'T', 'text': 'body'}
+        """
+        if not store_text:
+            return dict(self.metadata)
+        return stored_metadata(self.metadata, title=self.title, text=self.text)
 
     @property
     def full_text(self) -> str:
@@ -90,38 +102,140 @@ def _str_field(obj: dict, names: tuple[str, ...], where: str, required: bool = T
     return ""
 
 
-def read_corpus(path: str | os.PathLike) -> list[Document]:
-    """Documents from a BEIR folder (``corpus.jsonl``) or a JSONL file. Duplicate ids are
-    refused; documents whose title and text are both empty are kept out with a warning."""
+@dataclass
+class BadDocument:
+    """A corpus row that is not a document: its id, its position in the input and why.
+
+    ``no_text``: the row is well formed but has no text (title and text empty), which
+    :func:`read_corpus` skips with a warning and the distributed run reports like any bad row.
+
+    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
+    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
+    """
+
+    id: Any
+    position: Any
+    reason: str
+    no_text: bool = False
+
+    def __str__(self) -> str:
+        return f"id {self.id!r} at position {self.position}: {self.reason}"
+
+
+def check_document(doc_id: Any, text: Any, title: Any = None, metadata: Any = None,
+                   position: Any = None) -> Document | BadDocument:
+    """One corpus row's fields checked by the rules every reader uses (a JSONL line here, a
+    list item or a Ray batch row in :mod:`uibk_embedding.apps.distributed`): the
+    :class:`Document`, or a :class:`BadDocument` that says what is wrong (the first problem,
+    in the order id, text, title, metadata).
+
+    The rules: the id is a non-empty string (a JSON integer is read as its digits; a JSON
+    number with a fraction is refused, it does not keep its spelling); text and title are
+    strings or absent, not both empty; metadata is a JSON object; and id and metadata pass
+    what every store checks on upsert (length, reserved prefixes, JSON-serialisable values),
+    so a bad row is found before anything is written.
+
+    >>> check_document("d1", "a wing", "T", {"year": 1962})
+    Document(id='d1', text='a wing', title='T', metadata={'year': 1962})
+    >>> print(check_document(None, "a wing", position="c.jsonl:3"))
+    id None at position c.jsonl:3: id must be a non-empty string: missing field '_id' or 'id'
+    >>> check_document("d2", 42).reason
+    'text must be a string, got int'
+    >>> check_document("d3", "  ").no_text
+    True
+    """
+    def bad(reason: str, no_text: bool = False) -> BadDocument:
+        return BadDocument(doc_id, position, reason, no_text)
+
+    if isinstance(doc_id, float):  # 1.10 reads as 1.1: the id would no longer match its qrels
+        return bad(f"id {doc_id!r} is a JSON number with a fraction, which does not keep its "
+                   "spelling (1.10 reads as 1.1): write ids as strings")
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)  # BEIR files write numeric ids too
+    if doc_id is None:
+        return bad("id must be a non-empty string: missing field '_id' or 'id'")
+    if not isinstance(doc_id, str):
+        return bad(f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}")
+    if not doc_id.strip():
+        return bad("id must be a non-empty string, got an empty document id")
+    if text is not None and not isinstance(text, str):
+        return bad(f"text must be a string, got {type(text).__name__}")
+    if title is not None and not isinstance(title, str):
+        return bad(f"title must be a string, got {type(title).__name__}")
+    doc = Document(doc_id, text or "", title or "")
+    if not doc.full_text.strip():
+        return bad("no text" if text is None else "text is empty or whitespace only", no_text=True)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        return bad("metadata must be a JSON object")
+    try:  # what every store refuses, refused here: before anything is written
+        validate_ids([doc_id])
+        doc.metadata = validate_metadata([metadata], 1)[0]
+    except (TypeError, ValueError) as e:
+        return bad(str(e).replace("ids[0] ", "the id ").replace("metadata[0]", "metadata"))
+    return doc
+
+
+def corpus_file(path: str | os.PathLike) -> Path:
+    """The JSONL file of a corpus: ``corpus.jsonl`` in a BEIR folder, else ``path`` itself.
+
+    >>> corpus_file("/data/npl").as_posix(), corpus_file("/data/docs.jsonl").as_posix()
+    ('/data/npl', '/data/docs.jsonl')
+    """
     p = Path(path)
-    if p.is_dir():
-        p = p / "corpus.jsonl"
-    docs: list[Document] = []
+    return p / "corpus.jsonl" if p.is_dir() else p
+
+
+def scan_corpus(path: str | os.PathLike) -> Iterator[tuple[int, Document | BadDocument]]:
+    """``(line number, Document or BadDocument)`` for every row of a BEIR folder
+    (``corpus.jsonl``) or a JSONL file, in file order, each row checked by
+    :func:`check_document` (position ``FILE:LINE``).
+
+    What makes the file unusable raises :class:`DataError` at once: it cannot be read, a
+    line is not UTF-8 or not a JSON object, an id appears twice, there are no rows.
+
+    >>> import json, tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
+    >>> _ = p.write_text(json.dumps({"_id": "a", "text": "wing"}) + chr(10) + json.dumps({"_id": "b"}))
+    >>> [(n, type(x).__name__) for n, x in scan_corpus(p)]
+    [(1, 'Document'), (2, 'BadDocument')]
+    >>> print(list(scan_corpus(p))[1][1])
+    id 'b' at position docs.jsonl:2: no text
+    """
+    p = corpus_file(path)
     seen: set[str] = set()
-    empty = 0
+    rows = 0
     for n, obj in _iter_jsonl(p):
-        where = f"{p}:{n}"
-        doc_id = _str_field(obj, ("_id", "id"), where)
-        if not doc_id.strip():
-            raise DataError(f"{where}: empty document id")
-        if doc_id in seen:
-            raise DataError(f"{where}: duplicate document id {doc_id!r}")
-        seen.add(doc_id)
-        md = obj.get("metadata") or {}
-        if not isinstance(md, dict):
-            raise DataError(f"{where}: 'metadata' must be an object")
-        try:  # what every store refuses, refused here: before anything is written
-            validate_ids([doc_id])
-            validate_metadata([md], 1)
-        except (TypeError, ValueError) as e:
-            why = str(e).replace("ids[0] ", "the id ").replace("metadata[0]", "metadata")
-            raise DataError(f"{where}: {why}") from None
-        doc = Document(doc_id, _str_field(obj, ("text",), where, required=False),
-                       _str_field(obj, ("title",), where, required=False), md)
-        if not doc.full_text.strip():
+        rows += 1
+        item = check_document(obj.get("_id", obj.get("id")), obj.get("text"), obj.get("title"),
+                              obj.get("metadata"), f"{p.name}:{n}")
+        doc_id = item.id
+        if isinstance(doc_id, str):
+            if doc_id in seen:
+                raise DataError(f"{p}:{n}: duplicate document id {doc_id!r}")
+            seen.add(doc_id)
+        yield n, item
+    if not rows:
+        raise DataError(f"{p}: no documents")
+
+
+def read_corpus(path: str | os.PathLike) -> list[Document]:
+    """Documents from a BEIR folder (``corpus.jsonl``) or a JSONL file (:func:`scan_corpus`).
+
+    A bad row (:func:`check_document`) is refused with its file and line; rows whose title
+    and text are both empty are kept out with a warning.
+    """
+    p = corpus_file(path)
+    docs: list[Document] = []
+    empty = 0
+    for n, item in scan_corpus(p):
+        if isinstance(item, Document):
+            docs.append(item)
+        elif item.no_text:
             empty += 1
-            continue
-        docs.append(doc)
+        else:
+            raise DataError(f"{p}:{n}: {item.reason}")
     if empty:
         warnings.warn(f"{p}: skipped {empty} documents with no text", stacklevel=2)
     if not docs:

@@ -58,7 +58,8 @@ from tqdm.auto import tqdm
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
-from uibk_embedding.apps.data import Document, _iter_jsonl
+from uibk_embedding.adapters.indexing import upsert_batches
+from uibk_embedding.apps.data import BadDocument, Document, check_document, corpus_file, scan_corpus
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.encoder.tagged import TaggedFormat
@@ -70,22 +71,6 @@ _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
 
 def _ray() -> Any:
     return require("ray", "ray", "distributed indexing (uibk_embedding.apps.distributed)")
-
-
-@dataclass
-class BadDocument:
-    """A row that was not indexed: its id, its position in the input and why.
-
-    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
-    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
-    """
-
-    id: Any
-    position: Any
-    reason: str
-
-    def __str__(self) -> str:
-        return f"id {self.id!r} at position {self.position}: {self.reason}"
 
 
 class BadDocuments(DataError):
@@ -159,42 +144,33 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
 # -- input ------------------------------------------------------------------------------------
 def _row(doc_id: Any, text: Any, title: Any, meta: Any, pos: Any) -> dict[str, Any]:
     """One normalised input row; ``_error`` says what is wrong with it ("": nothing)."""
-    err = None
-    if not isinstance(doc_id, str) or not doc_id.strip():
-        err = f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}"
-    title = title if isinstance(title, str) else ""
-    if text is None and not title:
-        err = err or "no text"
-    elif text is not None and not isinstance(text, str):
-        err = err or f"text must be a string, got {type(text).__name__}"
-    body = text if isinstance(text, str) else ""
-
-    full = Document("x", body, title).full_text
-    if err is None and not full.strip():
-        err = "text is empty or whitespace only"
-    if meta is None:
-        meta = {}
-    if isinstance(meta, str):
+    if isinstance(meta, str):  # a JSON text column (Parquet, a Ray Dataset)
         try:
             meta = json.loads(meta)
         except ValueError:
-            meta = None
-    if err is None and not isinstance(meta, dict):
-        err = "metadata must be a JSON object"
-    try:
-        meta_text = json.dumps(meta if isinstance(meta, dict) else {}, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        meta_text, err = "{}", err or f"metadata is not JSON-serialisable: {e}"
-    return {"_id": "" if doc_id is None else str(doc_id), "_text": full, "_title": title, "_body": body,
-            "_meta": meta_text, "_pos": str(pos), "_error": err or ""}
+            pass  # not JSON: check_document refuses it as not an object
+    return _as_row(check_document(doc_id, text, title, meta, pos), pos)
+
+
+def _as_row(item: Document | BadDocument, pos: Any) -> dict[str, Any]:
+    """A checked row in the columns the actors read."""
+    if isinstance(item, BadDocument):
+        doc_id = item.id
+        return {"_id": "" if doc_id is None else str(doc_id), "_text": "", "_title": "", "_body": "",
+                "_meta": "{}", "_pos": str(pos), "_error": item.reason}
+    return {"_id": item.id, "_text": item.full_text, "_title": item.title, "_body": item.text,
+            "_meta": json.dumps(item.metadata, ensure_ascii=False, allow_nan=False), "_pos": str(pos),
+            "_error": ""}
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad texts kept and marked.
+    """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad rows kept and marked.
 
-    Unlike :func:`uibk_embedding.apps.data.read_corpus` this keeps rows with an empty or non-string
-    text (marked, so the run can report them with their line number) instead of skipping or
-    refusing the file. Malformed JSON and duplicate ids still raise :class:`DataError`.
+    The one corpus reader (:func:`uibk_embedding.apps.data.scan_corpus`, the rules of
+    :func:`~uibk_embedding.apps.data.check_document`); where :func:`~uibk_embedding.apps.data.read_corpus`
+    refuses the file at a bad row, this keeps the row (marked, so the run can report it with
+    its line number) and indexes the others. Malformed JSON and duplicate ids still raise
+    :class:`DataError`.
 
     >>> import json, pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
@@ -203,22 +179,8 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     >>> [(r["_id"], r["_pos"], r["_error"]) for r in read_rows(p)]
     [('a', 'docs.jsonl:1', ''), ('b', 'docs.jsonl:2', 'text must be a string, got int')]
     """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "corpus.jsonl"
-    rows, seen = [], set()
-    for n, obj in _iter_jsonl(p):
-        doc_id = obj.get("_id", obj.get("id"))
-        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-            doc_id = str(doc_id)  # BEIR files write numeric ids too
-        if isinstance(doc_id, str):
-            if doc_id in seen:
-                raise DataError(f"{p}:{n}: duplicate document id {doc_id!r}")
-            seen.add(doc_id)
-        rows.append(_row(doc_id, obj.get("text"), obj.get("title"), obj.get("metadata"), f"{p.name}:{n}"))
-    if not rows:
-        raise DataError(f"{p}: no documents")
-    return rows
+    p = corpus_file(path)
+    return [_as_row(item, f"{p.name}:{n}") for n, item in scan_corpus(p)]
 
 
 def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -361,15 +323,9 @@ class IndexWorker:
             self._next += 1
             vecs = enc.encode_documents([str(batch["_text"][i]) for i in todo], show_progress=False)
         t1 = time.perf_counter()
-        for a in range(0, len(todo), self.upsert_batch):
-            part = todo[a:a + self.upsert_batch]
-            md = []
-            for i in part:
-                m = json.loads(batch["_meta"][i])
-                if self.store_text:
-                    m = {**m, "title": str(batch["_title"][i]), "text": str(batch["_body"][i])}
-                md.append(m)
-            self.store.upsert([ids[i] for i in part], vecs[a:a + len(part)], md)
+        md = [Document(ids[i], str(batch["_body"][i]), str(batch["_title"][i]),
+                       json.loads(batch["_meta"][i])).stored_metadata(self.store_text) for i in todo]
+        upsert_batches(self.store, [ids[i] for i in todo], md, vectors=vecs, batch_size=self.upsert_batch)
         t2 = time.perf_counter()
         return {"indexed": [len(todo)], "encoded": [len(todo)], "skipped": [skipped],
                 "rows": [len(ids)], "bad": [json.dumps(bad)], "pid": [os.getpid()],

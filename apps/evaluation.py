@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.apps.data import Collection
 from uibk_embedding.encoder.tagged import N_SLOTS, dense_vector
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
@@ -118,15 +118,12 @@ def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True)
 
 def index_into(store: MultiVectorStore, enc: Encoded, coll: Collection | None = None,
                batch_size: int = 512, show_progress: bool | None = None) -> None:
-    """Upsert every encoded document into ``store`` in batches, with a progress bar."""
-    md = {d.id: {"title": d.title, **d.metadata} for d in coll.corpus} if coll else {}
-    n = len(enc.doc_ids)
-    disable = {True: False, False: True}.get(show_progress, None)  # type: ignore[arg-type]
-    with tqdm(total=n, desc=f"indexing into {store.backend}", unit="doc", disable=disable) as bar:
-        for i in range(0, n, batch_size):
-            ids = enc.doc_ids[i:i + batch_size]
-            store.upsert(ids, enc.docs[i:i + batch_size], [md.get(x, {}) for x in ids])
-            bar.update(len(ids))
+    """Upsert every encoded document into ``store`` in batches, with a progress bar
+    (:func:`~uibk_embedding.adapters.indexing.upsert_batches`), stored with the metadata
+    ``uibk-embed index`` writes (its own, title and text) when ``coll`` is given."""
+    md = {d.id: d.stored_metadata() for d in coll.corpus} if coll else {}
+    upsert_batches(store, enc.doc_ids, [md.get(x, {}) for x in enc.doc_ids], vectors=enc.docs,
+                   batch_size=batch_size, progress=show_progress)
 
 
 def _rank(scores: np.ndarray, ids: Sequence[str], k: int) -> list[str]:

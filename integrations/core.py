@@ -45,6 +45,7 @@ from uibk_embedding.adapters.base import (
     validate_metadata,
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
+from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.encoder.tagged import Decomposition, decompose, dense_vector
 from uibk_embedding.rank import rerank
@@ -209,10 +210,8 @@ class RetrievalCore:
                     "this store; rename that metadata key or choose another text_key"
                 )
             m[self.text_key] = texts[i]
-        for start in range(0, n, ADD_BATCH):
-            sl = slice(start, start + ADD_BATCH)
-            vectors = self.encoder.encode_documents(texts[sl])
-            self.store.upsert(out_ids[sl], vectors, mds[sl])
+        upsert_batches(self.store, out_ids, mds, texts=texts, encode=self.encoder.encode_documents,
+                       batch_size=ADD_BATCH)
         return out_ids
 
     def delete(self, ids: Sequence[str]) -> None:
