@@ -305,7 +305,7 @@ def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.apps.cli", "serve",
+        proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.encoder.server",
                                  "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + startup_timeout  # importing torch on a busy machine is slow
