@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from uibk_embedding.adapters.filters import BASIC, Condition, Filter, operators, parse_filter
 
+from uibk_embedding.adapters.filters import BASIC, Condition, Filter, operators, parse_filter
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 

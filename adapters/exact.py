@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
-from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 
 from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, TaggedFormat

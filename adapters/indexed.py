@@ -89,15 +89,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from uibk_embedding.adapters.base import (
-    Hit,
-    MultiVectorStore,
-    Record,
-    finite_score,
-    settle_format,
-)
-from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
-from uibk_embedding.adapters.rerank import Reranking
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._sqlite_state import (
@@ -111,6 +102,15 @@ from uibk_embedding._sqlite_state import (
     state_set,
     transaction,
 )
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    finite_score,
+    settle_format,
+)
+from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
+from uibk_embedding.adapters.rerank import Reranking
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations

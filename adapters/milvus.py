@@ -74,6 +74,7 @@ import threading
 import time
 from typing import Any
 
+from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.adapters.milvus_base import (
     DEFAULT_CANDIDATES,
     LAYOUTS,
@@ -89,8 +90,6 @@ from uibk_embedding.adapters.milvus_embedding_list import (
     MilvusEmbeddingListStore,
 )
 from uibk_embedding.adapters.milvus_token_rows import PART_ROWS, MilvusTokenRowsStore
-
-from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.errors import BackendUnavailable
 from uibk_embedding.tagged import DIM
 

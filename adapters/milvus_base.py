@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
 from uibk_embedding.tagged import TaggedFormat, decompose
 

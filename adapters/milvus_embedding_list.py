@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
 from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import Condition
@@ -28,7 +29,6 @@ from uibk_embedding.adapters.milvus_base import (
     filter_expression,
     filter_fields,
 )
-
 from uibk_embedding.errors import ServerTooOld
 from uibk_embedding.tagged import DIM
 

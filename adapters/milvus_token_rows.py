@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
 from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import Condition
@@ -46,7 +47,6 @@ from uibk_embedding.adapters.milvus_base import (
     filter_expression,
     filter_fields,
 )
-
 from uibk_embedding.tagged import DIM
 
 PART_ROWS = 64  # vectors per document part: 32 KiB of float32, 43,692 base64 characters

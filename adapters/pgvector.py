@@ -40,7 +40,7 @@ The table's configuration (schema version, the tagged format) is the table's com
 existing table is validated (columns, types, dimensions, index metric, format) and never
 altered; a server without the ``vector`` extension, or one too old, raises :class:`ServerTooOld`.
 
-Example (needs a server; ``uibk_embedding.pg_server.LocalPostgresServer`` starts one)
+Example (needs a server; ``uibk_embedding.testing.pg_server.LocalPostgresServer`` starts one)
 -------
 >>> import numpy as np
 >>> from uibk_embedding.testing import make_list
@@ -63,12 +63,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or
 from uibk_embedding.adapters.rerank import rerank_candidates
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import (
     RESERVED_PREFIX,
     Hit,
@@ -67,8 +69,6 @@ from uibk_embedding.adapters.qdrant_filters import (
     to_qdrant_filter,
 )
 from uibk_embedding.adapters.redo import RedoLog
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 

@@ -4,7 +4,7 @@ Same layout and search modes as :class:`~uibk_embedding.adapters.qdrant.QdrantSt
 point per document with the tagged list as a DOT / MaxSim multivector (``"tagged"``) and the
 381-d :func:`~uibk_embedding.tagged.dense_vector` (``"dense"``) for prefetch. Searches
 are exact by default (``SearchParams(exact=True)``, and no HNSW on the multivector): HNSW on
-multivectors builds slowly and reached low recall on hard data (see DESIGN.md 2.1), so it
+multivectors builds slowly and reached low recall on hard data (see docs/engines.md#pitfalls), so it
 is opt-in (``multivector_hnsw=True`` plus ``mode="hnsw"`` after :meth:`QdrantEdgeStore.optimize`).
 
 Engine difference handled here: qdrant-edge-py 0.9 turns a boolean ``MatchValue(True)`` into
@@ -39,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._durable import atomic_write_text, fsync_tree
+from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.adapters.base import Hit, Record, settle_format
 from uibk_embedding.adapters.filters import Condition
 from uibk_embedding.adapters.qdrant import (
@@ -52,10 +56,6 @@ from uibk_embedding.adapters.qdrant import (
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, EDGE, bool_token
 from uibk_embedding.adapters.redo import RedoLog
-
-from uibk_embedding._durable import atomic_write_text, fsync_tree
-from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.errors import StoreInUse
 from uibk_embedding.tagged import DIM, TaggedFormat
 
@@ -300,7 +300,7 @@ class QdrantEdgeStore(_QdrantBase):
     def _get(self, ids: list[str]) -> list[Record]:
         found: dict[str, Record] = {}
         for chunk in batched(list(dict.fromkeys(ids)), 256):
-            # with_payload must be given although the stub marks it optional (DESIGN.md 2.1)
+            # with_payload must be given although the stub marks it optional (docs/engines.md#pitfalls)
             recs = self.shard.retrieve([point_id(x) for x in chunk], with_payload=True,
                                        with_vector=[self.vector_name])
             for r in recs:

@@ -15,7 +15,6 @@ import importlib
 from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
-
 from uibk_embedding.errors import UnknownBackend
 
 # name -> ("module:callable", extra that provides its dependencies)

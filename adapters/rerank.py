@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit, finite_score, renamed_option
 
+from uibk_embedding.adapters.base import Hit, finite_score, renamed_option
 from uibk_embedding.rank import rerank
 
 #: what a backend's fetch returns: id -> (stored tagged list, metadata), for the ids found

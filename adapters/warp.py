@@ -67,10 +67,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import renamed_option
-from uibk_embedding.adapters.indexed import IndexedStore, check_positive
 
 from uibk_embedding._optional import require
+from uibk_embedding.adapters.base import renamed_option
+from uibk_embedding.adapters.indexed import IndexedStore, check_positive
 from uibk_embedding.errors import EngineError, call_engine
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import file_name

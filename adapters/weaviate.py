@@ -57,12 +57,12 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Condition, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.tagged import DIM, TaggedFormat
 

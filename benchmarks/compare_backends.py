@@ -1,6 +1,6 @@
 """Every backend against PLAID and exact MaxSim on one collection: ``uibk-embed compare``.
 
-A thin wrapper over :func:`uibk_embedding.compare.main` (same arguments), so the benchmark and
+A thin wrapper over :func:`uibk_embedding.apps.compare.main` (same arguments), so the benchmark and
 the CLI cannot drift apart. Examples::
 
     python benchmarks/compare_backends.py ../shared/datasets/npl \\
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from uibk_embedding.compare import main
+from uibk_embedding.apps.compare import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -80,7 +80,7 @@ def median_times(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, f
 
 
 def load_texts(datasets: list[str], n: int) -> list[str]:
-    from uibk_embedding.data import load_beir
+    from uibk_embedding.apps.data import load_beir
     from uibk_embedding.testing import datasets_dir
 
     texts: list[str] = []
@@ -99,6 +99,7 @@ def synchronize(device: str) -> None:
 
 def bench_hybrid(enc, texts: list[str], runs: int, device: str) -> dict:
     from sentence_transformers import SentenceTransformer
+
     from uibk_embedding.encoder.transformer import embedded_model_path
 
     st = SentenceTransformer(str(embedded_model_path()), device=device)
@@ -135,6 +136,7 @@ def forward_batches(enc, texts: list[str]) -> Callable[[], object]:
     """The encoder's model alone on the batches the encoder makes of ``texts`` (documents),
     tokenised and padded here beforehand; returns a function that runs all the passes."""
     import torch
+
     from uibk_embedding.encoder.uibk import UIBKEncoder
 
     order = enc._length_order(texts)
@@ -206,6 +208,7 @@ def bench_overhead(enc, texts: list[str], n_docs: int, runs: int, device: str) -
 
 def bench_uibk(corpus: list[str], n_docs: int, runs: int, device: str) -> dict:
     import torch
+
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, param_counts, train_tokenizer
 
     docs = synthetic_docs(corpus, n_docs)
@@ -322,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
 
     if args.threads:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from uibk_embedding.adapters.base import MultiVectorStore
 
+from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
@@ -41,8 +41,7 @@ def _open(name: str, folder: Path):
         return open_milvus_lite(path=folder / "lite.db", exact=True, index_type="FLAT")
     if name == "milvus-standalone":
         from uibk_embedding.adapters.milvus import MilvusStore
-
-        from uibk_embedding.milvus_server import LocalMilvusServer
+        from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
         return MilvusStore(uri=LocalMilvusServer.shared().uri, collection="explain_bench", exact=True,
                            index_type="FLAT")

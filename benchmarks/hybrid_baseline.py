@@ -90,10 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
+    from uibk_embedding.apps.data import load_beir
+    from uibk_embedding.apps.evaluation import encode_collection
     from uibk_embedding.encoder import load_encoder
-
-    from uibk_embedding.data import load_beir
-    from uibk_embedding.evaluation import encode_collection
     from uibk_embedding.maxsim import maxsim_scores, pack
     from uibk_embedding.metrics import ndcg_at_k
     from uibk_embedding.tagged import N_SLOTS, dense_vector, infer_format
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 f(i)
                 times[name].append(time.perf_counter() - t0)
     qrels = {q: r for q, r in coll.qrels.items() if q in coll.queries}
-    from uibk_embedding.evaluation import head_runs
+    from uibk_embedding.apps.evaluation import head_runs
 
     hr = head_runs(enc, k=10)
     result: dict = {

@@ -22,18 +22,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.milvus import (
     DEFAULT_CANDIDATES,
     MilvusStore,
     open_milvus_lite,
 )
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import encode_collection
-from uibk_embedding.milvus_server import LocalMilvusServer
 from uibk_embedding.testing import datasets_dir
+from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
 
 def timed_search(store, queries, k, repeats):

@@ -10,7 +10,7 @@ Both rescore their candidates with exact MaxSim; they differ in how candidates a
 
 Reports build time (the store; the token table and its index separately), size on the server,
 p50/p95 latency and recall@10 against exact MaxSim, on a real local PostgreSQL 18 + pgvector 0.8
-(:class:`~uibk_embedding.pg_server.LocalPostgresServer`) or ``--dsn``.
+(:class:`~uibk_embedding.testing.pg_server.LocalPostgresServer`) or ``--dsn``.
 
     python benchmarks/pgvector_candidates.py --docs 3000
     python benchmarks/pgvector_candidates.py --json out.json
@@ -26,15 +26,15 @@ import sys
 import time
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.pgvector import PgVectorStore
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import encode_collection
-from uibk_embedding.pg_server import LocalPostgresServer
 from uibk_embedding.rank import rerank
 from uibk_embedding.testing import datasets_dir
+from uibk_embedding.testing.pg_server import LocalPostgresServer
 
 K = 10
 

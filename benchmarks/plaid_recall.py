@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.exact import ExactStore
-from uibk_embedding.plaid_backend.store import PlaidStore
 
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import Encoded, encode_collection, with_dense_weight
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import Encoded, encode_collection, with_dense_weight
+from uibk_embedding.plaid_backend.store import PlaidStore
 from uibk_embedding.testing import datasets_dir
 
 

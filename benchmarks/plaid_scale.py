@@ -13,7 +13,7 @@ Steps, each a separate command so that none runs longer than a few minutes on a 
 ``encode`` runs the embedded default encoder over NPL in chunks and stops after ``--budget-s``
 seconds (rerun it to continue); the finished cache is one ``.npz`` (documents and queries,
 float32, packed). ``--docs N`` above the 11,426 real documents adds synthetic ones
-(:func:`uibk_embedding.compare.synthetic_corpus`: noisy copies of NPL documents, no
+(:func:`uibk_embedding.apps.compare.synthetic_corpus`: noisy copies of NPL documents, no
 re-encoding), the same documents for every backend and every run (seed 0).
 
 ``search`` times one query at a time (median of ``--runs`` per query; p50/p95 over queries) on
@@ -55,9 +55,8 @@ def _uptime() -> str:
 
 # -- encoding (resumable) --------------------------------------------------------------------
 def encode(args: argparse.Namespace) -> None:
+    from uibk_embedding.apps.data import load_beir
     from uibk_embedding.encoder import load_encoder
-
-    from uibk_embedding.data import load_beir
     from uibk_embedding.testing import datasets_dir
 
     out = Path(args.vectors)
@@ -106,7 +105,7 @@ def _unpack(mat: np.ndarray, off: np.ndarray) -> list[np.ndarray]:
 def load_vectors(path: str | os.PathLike, n_docs: int | None = None
                  ) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
     """NPL documents (scaled to ``n_docs`` with synthetic copies) and queries from the cache."""
-    from uibk_embedding.compare import synthetic_corpus
+    from uibk_embedding.apps.compare import synthetic_corpus
 
     with np.load(path) as z:
         ids = json.loads(str(z["doc_ids"]))
@@ -376,9 +375,8 @@ def rerank(args: argparse.Namespace) -> None:
     import sqlite3
     import tempfile
 
-    from uibk_embedding.plaid_backend.store import PlaidStore
-
     from uibk_embedding.maxsim import maxsim_scores
+    from uibk_embedding.plaid_backend.store import PlaidStore
 
     queries = _queries(args)
     plaid = PlaidStore(_dir(args) / (args.label or "plaid"), num_threads=args.threads)

@@ -7,7 +7,7 @@ survive an interrupted run (``--budget-s``: stop after the chunk that passes it;
 go on). ``eval`` then applies every projection to the cached heads
 (:func:`tagged_from_heads`, the encoder's own arithmetic: ``tests/test_projection.py`` checks it
 against ``encode_documents`` / ``encode_queries``), indexes the lists into the exact store and
-scores them as ``uibk-embed eval`` does (:func:`uibk_embedding.evaluation.run_eval`: fused =
+scores them as ``uibk-embed eval`` does (:func:`uibk_embedding.apps.evaluation.run_eval`: fused =
 the store's exact MaxSim at the dense weight, dense-only and token-only exactly from the same
 lists). Variants:
 
@@ -25,7 +25,7 @@ lists). Variants:
   (limit-small: 46) adds its queries to the sample.
 
 Besides nDCG@10 and recall, ``aligned@10``: the share of (query, top-10 document) pairs whose
-score decomposes exactly (every query slot selected its own document slot, DESIGN 1.2).
+score decomposes exactly (every query slot selected its own document slot, docs/format.md#identity).
 
 Usage::
 
@@ -51,6 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
+from uibk_embedding.tagged import TaggedFormat
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = Path(os.environ.get("UIBK_PROJECTION_CACHE", "/tmp/uibk-projection-cache"))
 SEEDS = (0, 1, 2)
@@ -73,7 +75,7 @@ def _encoder():
 
 
 def _ident(enc, coll) -> str:
-    from uibk_embedding.evaluation import collection_fingerprint
+    from uibk_embedding.apps.evaluation import collection_fingerprint
 
     cfg = {k: v for k, v in enc.config().items() if k in (
         "model", "query_token_cap", "query_max_length", "doc_max_length")}
@@ -95,9 +97,8 @@ def _load_chunk(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from uibk_embedding.apps.data import load_beir
     from uibk_embedding.encoder.projection import encode_heads
-
-    from uibk_embedding.data import load_beir
 
     t0 = time.perf_counter()
     enc = _encoder()
@@ -179,7 +180,6 @@ def _shipped() -> dict[str, np.ndarray] | None:
 def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]]:
     """Every projection the benchmark compares (see the module docstring)."""
     from uibk_embedding.encoder.projection import pca_from_heads
-
     from uibk_embedding.tagged import BODY, N_SLOTS, orthonormal_rows
 
     D, d = heads["doc_dense"].shape[1], heads["doc_mat"].shape[1]
@@ -203,9 +203,9 @@ def variants(heads: dict, others: list[dict]) -> dict[str, dict[str, np.ndarray]
 
 
 def aligned_at_10(store, enc, dense_weight: float) -> float:
-    """Share of (query, top-10 document) pairs whose score decomposes exactly (DESIGN 1.2:
+    """Share of (query, top-10 document) pairs whose score decomposes exactly (docs/format.md#identity:
     separated, and every query slot selected its own document slot)."""
-    from uibk_embedding.evaluation import fused_run, with_dense_weight
+    from uibk_embedding.apps.evaluation import fused_run, with_dense_weight
     from uibk_embedding.tagged import decompose
 
     run = fused_run(store, enc, dense_weight, k=10)
@@ -222,10 +222,8 @@ def aligned_at_10(store, enc, dense_weight: float) -> float:
 
 def eval_variant(coll, heads: dict, proj: dict, dense_weight: float) -> dict:
     from uibk_embedding.adapters import open_store
+    from uibk_embedding.apps.evaluation import Encoded, index_into, run_eval
     from uibk_embedding.encoder.projection import tagged_from_heads
-
-    from uibk_embedding.evaluation import Encoded, index_into, run_eval
-    from uibk_embedding.tagged import TaggedFormat
 
     fmt = TaggedFormat()
     docs = tagged_from_heads(heads["doc_dense"], _split(heads["doc_mat"], heads["doc_off"]),
@@ -242,10 +240,9 @@ def eval_variant(coll, heads: dict, proj: dict, dense_weight: float) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from uibk_embedding.apps.data import load_beir
     from uibk_embedding.encoder.projection import projection_id
     from uibk_embedding.encoder.transformer import DEFAULT_DENSE_WEIGHT
-
-    from uibk_embedding.data import load_beir
 
     w = args.dense_weight or DEFAULT_DENSE_WEIGHT
     colls = {n: load_beir(_dataset(n)) for n in args.data}
@@ -318,7 +315,6 @@ def cmd_ship(args: argparse.Namespace) -> int:
     the token states of the documents of the cached collections (in the order given), ``R`` the
     seed-0 matrix of the seeded default; save both."""
     from uibk_embedding.encoder.projection import pca_from_heads, projection_id
-
     from uibk_embedding.tagged import BODY, N_SLOTS, orthonormal_rows
 
     heads = [load_heads(args.cache_dir / name) for name in args.data]

@@ -47,6 +47,7 @@ def rate(fn, n: int) -> float:
 
 def speed(native, folder: Path, texts: list[str]) -> dict[str, float]:
     from pylate.models import ColBERT
+
     from uibk_embedding.encoder import load_encoder
 
     with warnings.catch_warnings():
@@ -73,6 +74,7 @@ def recall(found: list[list[str]], exact: list[list[str]], k: int = 10) -> float
 
 def interop(enc, docs: list[dict], queries: list[dict], work: Path) -> dict[str, object]:
     from pylate import indexes, retrieve
+
     from uibk_embedding.adapters import open_store
 
     ids = [d["_id"] for d in docs]
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from uibk_embedding.encoder import load_encoder
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
 

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.qdrant import DENSE_DIM, QdrantStore, point_id
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import Encoded, encode_collection
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import Encoded, encode_collection
 from uibk_embedding.tagged import DIM, dense_vector
 from uibk_embedding.testing import datasets_dir
 

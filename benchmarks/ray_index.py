@@ -7,7 +7,7 @@ fresh Milvus collection (``token_rows``, FLAT rows) on :class:`LocalMilvusServer
   default threads), reported with and without the model load;
 * ``setup s``: reading the input and creating the collection (both paths), before any encoding;
   for Ray, everything before the actor pool starts;
-* ``ray AxT``: :func:`uibk_embedding.distributed.index_distributed` with ``A`` actors of ``T``
+* ``ray AxT``: :func:`uibk_embedding.apps.distributed.index_distributed` with ``A`` actors of ``T``
   CPUs (torch threads) each, on a local Ray cluster of ``--cpus`` CPUs. The pipeline time
   includes starting the actors and loading one model in each; Ray's own startup
   (``ray.init``) is measured separately, per run. ``encode s`` / ``upsert s`` are summed over
@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 
 from uibk_embedding.adapters.milvus import MilvusStore
+from uibk_embedding.apps.data import read_corpus
+from uibk_embedding.apps.distributed import index_distributed
 from uibk_embedding.encoder import load_encoder
-
-from uibk_embedding.data import read_corpus
-from uibk_embedding.distributed import index_distributed
-from uibk_embedding.milvus_server import LocalMilvusServer
 from uibk_embedding.testing import datasets_dir
+from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
 
 class Noop:

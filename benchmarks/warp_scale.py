@@ -1,7 +1,7 @@
 """WARP (xtr-warp-rs) vs the exact store on NPL and on a 100k-document scale-up, in stages.
 
 The 100k collection is the one ``uibk-embed compare --scale 100000`` uses: NPL's 11,426 encoded
-documents, then :func:`~uibk_embedding.compare.synthetic_corpus` copies (``seed=n``). The WARP
+documents, then :func:`~uibk_embedding.apps.compare.synthetic_corpus` copies (``seed=n``). The WARP
 store is built through its own API with its default configuration, in stages that each fit in
 a few minutes (``build --upto``: upsert in batches of 512, then ``flush()``), so a long build is
 split into separate commands; the first stage trains the index (create), later stages add to it
@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.warp import WarpStore
+from uibk_embedding.apps.compare import synthetic_corpus
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import encode_collection
 from uibk_embedding.encoder import load_encoder
-
-from uibk_embedding.compare import synthetic_corpus
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import encode_collection
 from uibk_embedding.maxsim import maxsim_scores, pack
 from uibk_embedding.testing import datasets_dir
 

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.composed import ComposedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
 from uibk_embedding.encoder.inputs import validate_texts
+from uibk_embedding.encoder.projection import read_saved_projections
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
-
+from uibk_embedding.encoder.pylate_model import PyLateEncoder, is_pylate_folder
+from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
+from uibk_embedding.encoder.uibk import UIBKEncoder
 from uibk_embedding.tagged import (
     Decomposition,
     TaggedFormat,
@@ -62,14 +66,11 @@ def load_encoder(
     ...
     ValueError: composing two models needs both dense= (a sentence-transformers model folder) ...
     """
-    from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
-
     composing = dense is not None or tokens is not None
     if composing and path is None:
         if dense is None or tokens is None:
             raise ValueError("composing two models needs both dense= (a sentence-transformers "
                              "model folder) and tokens= (a PyLate ColBERT model folder)")
-        from uibk_embedding.encoder.composed import ComposedEncoder
 
         return ComposedEncoder(dense, tokens, **options)
     if path is None or str(path) == EMBEDDED_NAME:
@@ -80,7 +81,6 @@ def load_encoder(
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no encoder at {p}")
-    from uibk_embedding.encoder.pylate_model import PyLateEncoder, is_pylate_folder
 
     if is_pylate_folder(p) and not (p / CONFIG_NAME).exists():
         if composing:
@@ -95,16 +95,10 @@ def load_encoder(
                          "compose two models; with a path they relocate a saved composed encoder")
     if cfg is not None:
         if kind == "composed":
-            from uibk_embedding.encoder.composed import ComposedEncoder
-
             return ComposedEncoder.from_pretrained(p, dense=dense, tokens=tokens, **options)
         if kind == "uibk":
-            from uibk_embedding.encoder.uibk import UIBKEncoder
-
             return UIBKEncoder.from_pretrained(p, **options)
         if kind == "transformer":
-            from uibk_embedding.encoder.projection import read_saved_projections
-
             opts = {k: cfg[k] for k in ("seed", "dense_weight", "query_token_cap", "projection",
                                        "query_max_length", "doc_max_length") if k in cfg}
             opts.setdefault("projection", "random")  # saved without one: seeded (not the default)

@@ -15,11 +15,12 @@ query slots, which carry the query-time dense weight ``w``)::
 
 The pipeline is the same for every encoder, on CPU and GPU (:meth:`TaggedEncoder._tagged_batches`,
 its parts in :mod:`uibk_embedding.encoder.pipeline`): a background thread tokenises batch
-``i + 1`` while batch ``i`` runs; the tagged lists of a whole padded batch are built on the
-model's device in a few tensor operations (the fixed projections ``R``: dense -> 3 x 127 and
-``P``: tokens -> 127, :mod:`uibk_embedding.encoder.fixed_projections`; the normalisation, the tag
-column, the query slots scaled by the dense weight, the caps of DESIGN 1.1); then ONE
-device-to-host copy per batch and one split into documents.
+``i + 1`` while batch ``i`` runs (a bounded prefetch queue); the tagged lists of a whole padded
+batch are built on the model's device in a few tensor operations (the fixed projections ``R``:
+dense -> 3 x 127 and ``P``: tokens -> 127, :mod:`uibk_embedding.encoder.fixed_projections`; the
+normalisation, the tag column, the query slots scaled by the dense weight, the caps of
+docs/format.md#constants); then ONE device-to-host copy per batch (pinned memory,
+non-blocking, on CUDA) and one split into documents.
 
 The protocols (:class:`~uibk_embedding.encoder.protocol.Encoder`, which every encoder satisfies,
 and :class:`~uibk_embedding.encoder.protocol.LocalEncoder`, which a ``TaggedEncoder`` does), the input checks
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME, FixedProjections
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype, validate_texts, warn_truncated
 from uibk_embedding.encoder.padding import TokenBatch, length_order, pad_ids, padded_batches
@@ -50,7 +52,6 @@ from uibk_embedding.encoder.pipeline import (
     to_host,
 )
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder, protocol_gaps
-
 from uibk_embedding.tagged import TaggedFormat, check_dense_weight
 
 
@@ -66,7 +67,7 @@ class TaggedEncoder(FixedProjections):
     projection: what ``projections`` are, recorded in :meth:`config`: ``"random"`` (drawn from
         ``seed``, the default) or ``"pca"`` (fitted, :meth:`fit_projection`); a non-random
         projection is saved and reloaded from ``projections.npz``, never redrawn.
-    dense_weight: default query-time dense weight ``w`` (DESIGN 1.4).
+    dense_weight: default query-time dense weight ``w`` (docs/format.md#composing).
     query_token_cap: query tokens that take part in token matching (64).
     query_max_length: tokens the dense head reads of a query (256).
     doc_max_length: tokens read of a document (2048, or the model's maximum if lower).

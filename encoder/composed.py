@@ -1,7 +1,7 @@
 """Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model, one list.
 
 :class:`ComposedEncoder` (``load_encoder(dense=..., tokens=...)``) fuses two models you already
-own into the tagged format of DESIGN 1.4, so a "dense index + ColBERT index + fusion" setup
+own into the tagged format of docs/format.md#composing, so a "dense index + ColBERT index + fusion" setup
 becomes one index and one search:
 
 * the **dense head** is the sentence-transformers model run through its own modules (its
@@ -52,14 +52,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._optional import require
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
 from uibk_embedding.encoder.transformer import quiet_transformers
-
-from uibk_embedding._optional import require
 from uibk_embedding.errors import ModelChanged
 from uibk_embedding.tagged import TaggedFormat
 

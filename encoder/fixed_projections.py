@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-from uibk_embedding.encoder.projection import fit_pca_projections, projection_id
 
+from uibk_embedding.encoder.projection import fit_pca_projections, projection_id
 from uibk_embedding.tagged import BODY, N_SLOTS, TaggedFormat, orthonormal_rows
 
 CONFIG_NAME = "uibk_encoder.json"

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-from uibk_embedding.encoder.padding import TokenBatch
 
+from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """The fixed projections ``R`` and ``P``: random (from a seed) or fitted by PCA.
 
-A tagged encoder reduces two things to the 127-d bodies of the tagged format (DESIGN 1.1):
+A tagged encoder reduces two things to the 127-d bodies of the tagged format (docs/format.md#constants):
 
 * ``R`` (381 x D): the sentence vector ``g`` into three 127-d slices, one per slot;
 * ``P`` (127 x d): each contextual token state into a 127-d token direction.
@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.inputs import validate_texts
 
+from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.tagged import (
     BODY,
     DIM,
@@ -265,7 +265,7 @@ def fit_pca_projections(encoder: Any, texts: Sequence[str], *, fit_dense: bool =
 
     ``R`` is left random by default: fitted, it does not move the dense head's nDCG@10 (the
     sentence vector keeps 381 of its 384 directions either way) and the slot alignment of
-    DESIGN 1.2 (query slot s selects document slot s) fails far more often, because the first
+    docs/format.md#identity (query slot s selects document slot s) fails far more often, because the first
     principal directions carry the mean of the sentence vectors, which every slot then shares
     (docs/model.md, "Fitted projections"). Needs enough token states for ``P`` (and at least
     ``min(381, D)`` texts for ``R``); a few thousand passages of the kind you index is a good

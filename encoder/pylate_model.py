@@ -1,6 +1,6 @@
 """PyLate model folders: load one as an encoder of ours, save ours as one.
 
-The released UIBK-Embedding-v1 (DESIGN 1.3b) is a PyLate ColBERT model with custom modules, whose
+The released UIBK-Embedding-v1 (docs/model.md) is a PyLate ColBERT model with custom modules, whose
 ``ColBERT.encode(texts, is_query=...)`` returns the tagged lists themselves. This module makes
 such a folder an :class:`~uibk_embedding.encoder.protocol.Encoder` like every other
 (:class:`PyLateEncoder`, what ``load_encoder(folder, trust_remote_code=True)`` returns for a
@@ -12,7 +12,7 @@ skiplist and modules), batched by our pipeline (a background tokeniser, batches 
 budget, one copy to the host per batch). Before the encoder is returned, its output on a probe
 is checked (:func:`probe_format`): 128 dims, unit rows, coordinate 0 one negative value on the
 first 3 rows (the slots) and one positive value on the others (the tokens); ``beta`` and
-``lambda`` are read from the two tag values and the DESIGN 1.2 identity is verified. The
+``lambda`` are read from the two tag values and the docs/format.md#identity identity is verified. The
 format's ``projection`` is ``"pylate-<hash>"``, a content hash of the files the model's modules
 load, so a store filled by this model refuses another one.
 
@@ -45,12 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding._optional import require
+from uibk_embedding.encoder import pylate_modules
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pipeline import Pending, to_host
-
-from uibk_embedding._optional import require
+from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
+from uibk_embedding.encoder.uibk import UIBKEncoder
 from uibk_embedding.errors import UntrustedCode
 from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
@@ -191,9 +194,10 @@ def _snap(x: float, tol: float) -> float:
 
 def _untagged(what: str) -> ValueError:
     return ValueError(
-        f"{what}: its lists are not tagged lists of the UIBK format (DESIGN 1.1): a plain ColBERT "
-        "model? Compose it with a dense model instead: load_encoder(dense=SENTENCE_TRANSFORMERS_FOLDER, "
-        "tokens=THIS_FOLDER) (CLI: --dense ... --tokens ...)")
+        f"{what}: its lists are not tagged lists of the UIBK format (docs/format.md#constants): "
+        "a plain ColBERT model? Compose it with a dense model instead: "
+        "load_encoder(dense=SENTENCE_TRANSFORMERS_FOLDER, tokens=THIS_FOLDER) "
+        "(CLI: --dense ... --tokens ...)")
 
 
 def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
@@ -204,7 +208,7 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
     3 rows (slots) and positive on the others (tokens), one value each across all lists. Then
     ``beta = 1 - token_tag^2``, ``delta = 1 - slot_tag^2``, ``lambda = 3 delta / beta``, and on
     every query/document pair plain MaxSim must equal ``C(q) + beta (s_tok + lambda dense)``
-    where the slots align and tokens select tokens (DESIGN 1.2), and be at least that elsewhere.
+    where the slots align and tokens select tokens (docs/format.md#identity), and be at least that elsewhere.
 
     >>> fmt = TaggedFormat(); rng = np.random.default_rng(0)
     >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
@@ -214,14 +218,14 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
     >>> probe_format([np.ones((4, 96)) / np.sqrt(96)], [np.ones((4, 96)) / np.sqrt(96)])
     Traceback (most recent call last):
     ...
-    ValueError: the model: its vectors have 96 dimensions; the tagged format has 128 (DESIGN 1.1)...
+    ValueError: the model: its vectors have 96 dimensions; the tagged format has 128 (docs/format.md...
     """
     lists = [np.asarray(x, dtype=np.float64) for x in [*queries, *documents]]
     for x in lists:
         if x.ndim != 2 or x.shape[1] != DIM:
             dims = x.shape[-1] if x.ndim else 0
             raise ValueError(f"{what}: its vectors have {dims} dimensions; the tagged format has "
-                             f"{DIM} (DESIGN 1.1): not a UIBK-Embedding model")
+                             f"{DIM} (docs/format.md#constants): not a UIBK-Embedding model")
     norms = np.concatenate([np.linalg.norm(x, axis=1) for x in lists])
     if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1)) > 1e-3:
         raise ValueError(f"{what}: its vectors are not unit vectors (norms {norms.min():.4f} to "
@@ -260,7 +264,7 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
             maxsim = float(sims.max(axis=1).sum())
             if (best[:N_SLOTS] < N_SLOTS).sum() < N_SLOTS:
                 raise ValueError(f"{what}: a query slot selected a document token: property (i) of "
-                                 "DESIGN 1.2 fails on the probe")
+                                 "docs/format.md#identity fails on the probe")
             qu, du = q[N_SLOTS:, 1:] / math.sqrt(fmt.beta), d[N_SLOTS:, 1:] / math.sqrt(fmt.beta)
             qg, dg = q[:N_SLOTS, 1:] / math.sqrt(fmt.delta), d[:N_SLOTS, 1:] / math.sqrt(fmt.delta)
             s_tok = float((qu @ du.T).max(axis=1).sum()) if len(du) else 0.0
@@ -269,7 +273,8 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
             tol = 1e-3 * (1 + abs(maxsim))
             if maxsim < closed - tol:
                 raise ValueError(f"{what}: MaxSim {maxsim:.5f} is below C(q) + beta (s_tok + lambda "
-                                 f"dense) = {closed:.5f}: the DESIGN 1.2 identity fails on the probe")
+                                 f"dense) = {closed:.5f}: the identity fails (docs/format.md#identity) "
+                                 "on the probe")
             separated = (bool(np.all(best[N_SLOTS:] >= N_SLOTS))
                          and bool(np.all(best[:N_SLOTS] == np.arange(N_SLOTS))))
             if separated and len(du):
@@ -277,7 +282,8 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
                 err = abs(maxsim - closed)
                 if err > tol:
                     raise ValueError(f"{what}: MaxSim {maxsim:.5f} != C(q) + beta (s_tok + lambda dense) "
-                                     f"= {closed:.5f} on an aligned pair: the DESIGN 1.2 identity fails")
+                                     f"= {closed:.5f} on an aligned pair: the identity fails "
+                                     "(docs/format.md#identity)")
                 worst = max(worst, err)
             pairs += 1
     return fmt, ProbeReport(len(lists), t_tag, s_tag, beta_m, lambda_m, pairs, aligned, worst)
@@ -341,7 +347,6 @@ class PyLateEncoder(TaggedEncoder):
                 "it, then load the model with trust_remote_code=True (CLI: --trust-remote-code)")
         pylate_models = require("pylate.models", "colbert", "loading a PyLate model")
         import torch
-        from uibk_embedding.encoder.transformer import quiet_transformers
 
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -529,10 +534,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
     True
     """
-    from uibk_embedding.encoder import pylate_modules
-    from uibk_embedding.encoder.transformer import TransformerEncoder
-    from uibk_embedding.encoder.uibk import UIBKEncoder
-
     require("pylate.models", "colbert", "saving a PyLate model")
     import torch
 
@@ -571,7 +572,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
         token_dim = cfg.token_dim
     else:
         layout = "transformer"
-        from uibk_embedding.encoder.transformer import quiet_transformers
 
         with quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")

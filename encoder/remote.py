@@ -30,8 +30,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
 
+from uibk_embedding._optional import require
+from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
 from uibk_embedding.errors import BackendUnavailable, UIBKError
 from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
@@ -121,8 +122,6 @@ class RemoteEncoder:
     def __init__(self, url: str | None = None, *, timeout: float = 300.0, connect_timeout: float = 10.0,
                  show_progress: bool | None = None, request_texts: int | None = None,
                  in_flight: int = 2, api_key: str | None = None, retries_429: int = 8) -> None:
-        from uibk_embedding._optional import require
-
         if request_texts is not None and int(request_texts) < 1:
             raise ValueError(f"request_texts must be at least 1, got {request_texts}")
         if int(in_flight) < 1:

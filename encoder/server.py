@@ -62,11 +62,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
-
-from uibk_embedding._optional import require
 from uibk_embedding.tagged import DIM, check_dense_weight
 
 DEFAULT_PORT = 8765
@@ -305,8 +304,8 @@ def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.cli", "serve", "--port", str(port),
-                                 *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.encoder.server",
+                                 "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + startup_timeout  # importing torch on a busy machine is slow
             while True:

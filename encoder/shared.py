@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
-
 from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
@@ -138,8 +139,6 @@ class SharedEncoder:
         **load_options: Any,
     ) -> None:
         if encoder is None or isinstance(encoder, str | os.PathLike):
-            from uibk_embedding.encoder import load_encoder
-
             encoder = load_encoder(encoder, device=resolve_device(device), **load_options)
         if not isinstance(encoder, TaggedEncoder):
             raise TypeError(

@@ -1,4 +1,4 @@
-"""One Hugging Face encoder, one forward pass, both heads (DESIGN 1.4).
+"""One Hugging Face encoder, one forward pass, both heads (docs/format.md#composing).
 
 :class:`TransformerEncoder` runs a BERT-like model once per text and takes from that one pass
 both the dense sentence vector (the pooling the folder declares in its sentence-transformers
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
-
 from uibk_embedding.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"

@@ -1,4 +1,4 @@
-"""UIBK-Embedding-v1: the ModernBERT architecture with a token top and a dense top (DESIGN 1.3).
+"""UIBK-Embedding-v1: the ModernBERT architecture with a token top and a dense top (docs/model.md).
 
 One trunk, two tops, one forward pass:
 
@@ -18,7 +18,7 @@ reads up to 256 tokens, the first 64 text tokens take part in token matching; do
 
 A saved encoder is a folder in this library's own layout (:meth:`UIBKEncoder.save_pretrained`,
 :meth:`UIBKEncoder.from_pretrained`); it is not the released checkpoint's format: the release is a
-PyLate model folder (DESIGN 1.3b), loaded by ``load_encoder(folder, trust_remote_code=True)``
+PyLate model folder (docs/model.md), loaded by ``load_encoder(folder, trust_remote_code=True)``
 (:mod:`uibk_embedding.encoder.pylate_model`), and :meth:`UIBKEncoder.save_pylate` writes a model
 of this architecture in that format::
 
@@ -55,10 +55,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
+from uibk_embedding.encoder.projection import projection_id
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
@@ -373,7 +375,6 @@ class UIBKEncoder(TaggedEncoder):
             if "R" not in npz or "P" not in npz:
                 raise ValueError(f"{p / PROJECTIONS_NAME} must hold arrays R and P")
             projections = {"R": npz["R"], "P": npz["P"]}
-        from uibk_embedding.encoder.projection import projection_id
 
         want = meta.get("projection_id")
         if want is not None and projection_id(projections["R"], projections["P"]) != want:

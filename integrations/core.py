@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from uibk_embedding.adapters.base import (
     MultiVectorStore,
     settle_format,
@@ -44,8 +45,8 @@ from uibk_embedding.adapters.base import (
     validate_metadata,
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
+from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.encoder.base import Encoder, validate_texts
-
 from uibk_embedding.rank import rerank
 from uibk_embedding.tagged import Decomposition, check_dense_weight, decompose, dense_vector
 
@@ -209,10 +210,8 @@ class RetrievalCore:
                     "this store; rename that metadata key or choose another text_key"
                 )
             m[self.text_key] = texts[i]
-        for start in range(0, n, ADD_BATCH):
-            sl = slice(start, start + ADD_BATCH)
-            vectors = self.encoder.encode_documents(texts[sl])
-            self.store.upsert(out_ids[sl], vectors, mds[sl])
+        upsert_batches(self.store, out_ids, mds, texts=texts, encode=self.encoder.encode_documents,
+                       batch_size=ADD_BATCH)
         return out_ids
 
     def delete(self, ids: Sequence[str]) -> None:

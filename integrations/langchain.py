@@ -39,7 +39,10 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from uibk_embedding._optional import require
+from uibk_embedding.adapters import open_store
 from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
     DEFAULT_TEXT_KEY,
     RetrievalCore,
@@ -47,8 +50,6 @@ from uibk_embedding.integrations.core import (
     StoredText,
     translate_langchain_filter,
 )
-
-from uibk_embedding._optional import require
 from uibk_embedding.tagged import dense_vector
 
 require("langchain_core", "langchain", "the LangChain integration")
@@ -75,8 +76,6 @@ def _document(t: StoredText, extra: dict[str, Any] | None = None) -> Document:
 
 
 def _default_encoder() -> Any:
-    from uibk_embedding.encoder import load_encoder
-
     return load_encoder()
 
 
@@ -170,8 +169,6 @@ class UIBKVectorStore(VectorStore):
                 raise TypeError("give the encoder once: as embedding or as encoder=, not both")
             encoder = embedding
         if store is None:
-            from uibk_embedding.adapters import open_store
-
             store = open_store("exact")
         vs = cls(encoder=encoder, store=store, **kwargs)
         vs.add_texts(texts, metadatas, ids=ids)

@@ -2,7 +2,7 @@
 
 LlamaIndex's ``VectorStoreQuery`` holds one query vector, and a tagged query is a list of
 vectors: :class:`UIBKVectorStore` therefore sets ``is_embedding_query=False`` and encodes
-``query_str`` itself, with our encoder (DESIGN 2.1). It stores text (``stores_text=True``):
+``query_str`` itself, with our encoder (docs/engines.md#pitfalls). It stores text (``stores_text=True``):
 each node's text is kept in the store's metadata, next to LlamaIndex's node record, so nodes
 come back whole, and ``delete(ref_doc_id)`` removes every node of a source document.
 
@@ -43,8 +43,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
     DEFAULT_FETCH_K,
     DEFAULT_TEXT_KEY,
@@ -52,8 +54,6 @@ from uibk_embedding.integrations.core import (
     RetrievalCore,
     ScoredText,
 )
-
-from uibk_embedding._optional import require
 
 require("llama_index.core", "llamaindex", "the LlamaIndex integration")
 
@@ -82,8 +82,6 @@ DEFAULT_TOP_K = 2  # LlamaIndex's DEFAULT_SIMILARITY_TOP_K
 
 
 def _default_encoder() -> Any:
-    from uibk_embedding.encoder import load_encoder
-
     return load_encoder()
 
 

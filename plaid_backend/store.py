@@ -56,10 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from uibk_embedding.adapters.base import Hit
-from uibk_embedding.adapters.indexed import DB_NAME, IndexedStore, check_positive
 
 from uibk_embedding._optional import require
+from uibk_embedding.adapters.base import Hit
+from uibk_embedding.adapters.indexed import DB_NAME, IndexedStore, check_positive
 from uibk_embedding.errors import CollectionMismatch, EngineError, call_engine
 from uibk_embedding.rank import rerank as exact_rerank
 from uibk_embedding.tagged import DIM, TaggedFormat

@@ -105,8 +105,8 @@ class RealData:
 @pytest.fixture(scope="session")
 def real_data(encoder) -> RealData:
     """200 Cranfield documents and 25 queries encoded by the embedded default (cached)."""
-    from uibk_embedding.data import Collection, load_beir
-    from uibk_embedding.evaluation import encode_collection
+    from uibk_embedding.apps.data import Collection, load_beir
+    from uibk_embedding.apps.evaluation import encode_collection
 
     root = datasets_dir() / "cranfield"
     if not root.exists():

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uibk_embedding import compare
+from uibk_embedding.apps import compare
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -97,7 +97,6 @@ def test_compare_argument_errors(tiny_beir):
 
 def test_synthetic_documents_are_valid_tagged_lists(rng):
     from uibk_embedding.adapters.base import validate_document
-
     from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
 

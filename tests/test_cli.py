@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from uibk_embedding.cli import main
+from uibk_embedding.apps.cli import main
 
 
 def test_quickstart(capsys):
@@ -74,9 +74,9 @@ def test_argument_errors(argv, capsys):
 # -- fuzzing the argument parsers (hypothesis) --------------------------------------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from uibk_embedding.adapters.filters import parse_filter  # noqa: E402
 
-from uibk_embedding.cli import _parse_options, build_parser  # noqa: E402
+from uibk_embedding.adapters.filters import parse_filter  # noqa: E402
+from uibk_embedding.apps.cli import _parse_options, build_parser  # noqa: E402
 
 _tokens = st.one_of(st.sampled_from(["-k", "--dense-weight", "--backend", "--option", "--path", "--json",
                                      "--filter", "--split", "exact", "qdrant", "0", "-1", "nan", "1e309",
@@ -138,7 +138,7 @@ def test_index_refuses_what_a_store_would_refuse_before_writing(tmp_path, row, m
 
 
 def test_qrels_with_an_infinite_score_is_a_data_error(tmp_path):
-    from uibk_embedding.data import read_qrels
+    from uibk_embedding.apps.data import read_qrels
     from uibk_embedding.errors import DataError
 
     (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\tinf\nq1\td2\t1.5\n")

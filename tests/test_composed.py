@@ -20,10 +20,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import check_separation, decompose, load_encoder
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
-
 from uibk_embedding.errors import ModelChanged
 
 st = pytest.importorskip("sentence_transformers")
@@ -196,7 +196,7 @@ def test_truncation_is_reported(composed):
     assert msgs == ["1 of 6 documents were longer than 40 tokens and were truncated"]
 
 
-# -- the format: DESIGN 1.2 on the composed lists -----------------------------------------------
+# -- the format: docs/format.md#identity on the composed lists -----------------------------------------------
 def test_identity_of_design_1_2(composed):
     fmt = composed.format
     w = 1.7
@@ -321,9 +321,8 @@ def test_embedded_default_is_mean_pooled_and_normalised():
 def test_shared_encoder_and_one_index(composed, models):
     """The composed encoder runs behind SharedEncoder (so `uibk-embed serve`) unchanged, and its
     lists go into one store and come back with one search, explained."""
-    from uibk_embedding.encoder.shared import SharedEncoder
-
     import uibk_embedding as ue
+    from uibk_embedding.encoder.shared import SharedEncoder
 
     with SharedEncoder(dense=models["dense"], tokens=models["colbert"], device="cpu") as shared:
         for w in (1.0, 3.0):
@@ -365,7 +364,7 @@ def test_readme_example_composes_two_local_folders(models, tmp_path, monkeypatch
 def test_cli_composes_two_folders(models, tmp_path, capsys):
     """``--dense/--tokens`` on the CLI: index and search with the composed encoder; the store
     records its projection, so searching it with the embedded default is refused."""
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"

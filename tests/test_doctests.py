@@ -10,7 +10,7 @@ import pytest
 
 import uibk_embedding
 
-SUBPACKAGES = ["encoder", "adapters", "plaid_backend", "integrations"]
+SUBPACKAGES = ["encoder", "adapters", "plaid_backend", "integrations", "testing", "apps"]
 
 
 def _modules() -> list[str]:

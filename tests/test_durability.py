@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from uibk_embedding.adapters.exact import ExactStore
 
+from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

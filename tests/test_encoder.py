@@ -6,9 +6,9 @@ import warnings
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import Encoder
-
 from uibk_embedding.testing import batching_noise
 
 

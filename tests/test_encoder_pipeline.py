@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.shared import SharedEncoder
 from uibk_embedding.encoder.uibk import N_PREFIX, UIBKConfig, UIBKEncoder, train_tokenizer
@@ -98,7 +99,7 @@ def encode(enc, texts, is_query, w=1.0):
 # -- texts ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(datasets) -> list[str]:
-    from uibk_embedding.data import load_beir
+    from uibk_embedding.apps.data import load_beir
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

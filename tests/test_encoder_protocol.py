@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+
 from uibk_embedding.encoder import Encoder, LocalEncoder, TaggedEncoder, load_encoder
 from uibk_embedding.encoder.base import Encoder as EncoderFromBase
 from uibk_embedding.encoder.protocol import protocol_gaps

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from uibk_embedding.adapters.indexed import ScanEngine
 
 from uibk_embedding._sqlite_state import connect, state_set, stored_state, transaction
+from uibk_embedding.adapters.indexed import ScanEngine
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

@@ -22,12 +22,12 @@ pytest.importorskip("langchain_core")
 pytest.importorskip("llama_index.core")
 
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
+
 from uibk_embedding.adapters import open_store
+from uibk_embedding.apps import cli
+from uibk_embedding.apps.data import load_beir
 from uibk_embedding.integrations import langchain as lc
 from uibk_embedding.integrations import llama_index as li
-
-from uibk_embedding import cli
-from uibk_embedding.data import load_beir
 from uibk_embedding.testing import BackendSpec, datasets_dir, open_spec
 
 HERE = Path(__file__).resolve().parent

@@ -21,6 +21,7 @@ from langchain_tests.integration_tests import (
     RetrieversIntegrationTests,
     VectorStoreIntegrationTests,
 )
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.integrations.langchain import UIBKRetriever, UIBKVectorStore
 

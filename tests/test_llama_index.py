@@ -22,6 +22,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQuery,
     VectorStoreQueryMode,
 )
+
 from uibk_embedding.integrations.llama_index import (
     NoEmbedding,
     UIBKRetriever,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uibk_embedding.data import DataError, load_beir, read_corpus, read_qrels, read_queries
+from uibk_embedding.apps.data import DataError, load_beir, read_corpus, read_qrels, read_queries
 from uibk_embedding.metrics import evaluate, ndcg_at_k, overlap_at_k, recall_at_k
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from uibk_embedding.data import load_beir
+from uibk_embedding.apps.data import load_beir
 from uibk_embedding.metrics import evaluate, ndcg_at_k, recall_at_k
 from uibk_embedding.testing import datasets_dir
 

@@ -24,10 +24,9 @@ from uibk_embedding.adapters.milvus import (
     MilvusStore,
     open_milvus_lite,
 )
-
-from uibk_embedding.milvus_server import user_namespaces_available
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
+from uibk_embedding.testing.milvus_server import user_namespaces_available
 
 
 @pytest.fixture
@@ -42,7 +41,7 @@ def standalone():
     pytest.importorskip("milvus")
     if not user_namespaces_available():
         pytest.skip("cannot confine the Milvus standalone server to 127.0.0.1 (no user namespaces)")
-    from uibk_embedding.milvus_server import LocalMilvusServer
+    from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
     return LocalMilvusServer.shared()
 

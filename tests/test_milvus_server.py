@@ -1,4 +1,4 @@
-"""The local Milvus standalone harness (uibk_embedding.milvus_server): confined to loopback,
+"""The local Milvus standalone harness (uibk_embedding.testing.milvus_server): confined to loopback,
 answers through the relay, and stop() leaves no process and no data behind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("milvus")
 pytest.importorskip("pymilvus")
 
-from uibk_embedding.milvus_server import LocalMilvusServer, user_namespaces_available
+from uibk_embedding.testing.milvus_server import LocalMilvusServer, user_namespaces_available
 
 
 @pytest.mark.skipif(not user_namespaces_available(), reason="unprivileged user namespaces unavailable")

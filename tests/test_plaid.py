@@ -22,9 +22,8 @@ from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 pytest.importorskip("fast_plaid")
 
-from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, engine_call
-
 from uibk_embedding.maxsim import maxsim
+from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, engine_call
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

@@ -1,5 +1,5 @@
 """Fitted (PCA) projections R and P: orthonormal, deterministic, saved and reloaded, the
-identity of DESIGN 1.2 with them; and the cached-heads path of benchmarks/projection_eval.py
+identity of docs/format.md#identity with them; and the cached-heads path of benchmarks/projection_eval.py
 equals the encoder's own output."""
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ import math
 
 import numpy as np
 import pytest
+
+from uibk_embedding.apps.data import load_beir
+from uibk_embedding.apps.evaluation import _fingerprint
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import (
     encode_heads,
@@ -17,9 +20,6 @@ from uibk_embedding.encoder.projection import (
     projection_id,
     tagged_from_heads,
 )
-
-from uibk_embedding.data import load_beir
-from uibk_embedding.evaluation import _fingerprint
 from uibk_embedding.tagged import BODY, N_SLOTS, decompose
 
 
@@ -190,7 +190,7 @@ def test_pca_from_heads_matches_fit(fitted, sample):
 
 
 def test_cli_fit_projection(tmp_path, datasets, capsys):
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
     docs = load_beir(datasets / "cranfield").corpus[:400]
@@ -233,7 +233,7 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
 
 
 def test_cli_projection_option():
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     args = cli.build_parser().parse_args(["eval", "somewhere", "--projection", "pca"])
     assert cli._load_encoder(args).config()["projection"] == "pca"

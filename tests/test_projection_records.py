@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from uibk_embedding.adapters import open_store
 
+from uibk_embedding.adapters import open_store
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.tagged import UNRECORDED, TaggedFormat
 from uibk_embedding.testing import make_list
@@ -87,7 +87,7 @@ def test_cli_records_and_refuses(tmp_path, capsys):
     """Index with the 0.2.0 default (--projection pca); searching with the default of 0.3.0 (the
     seeded random projection) is refused with the reason and the fix, searching with the same
     projection works."""
-    from uibk_embedding import cli
+    from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(
@@ -132,9 +132,8 @@ def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, cap
     """`uibk-embed index --fit-projection`: P fitted on the indexed documents, the encoder saved in
     the store folder and recorded by the store; `search --path` finds and uses it; the default
     encoder is refused on that store; a server backend without --save-encoder is refused."""
+    from uibk_embedding.apps import cli
     from uibk_embedding.encoder import load_encoder
-
-    from uibk_embedding import cli
     from uibk_embedding.testing import datasets_dir
 
     corpus = datasets_dir() / "cranfield" / "corpus.jsonl"

@@ -31,7 +31,6 @@ from uibk_embedding.encoder.pylate_model import (  # noqa: E402
 )
 from uibk_embedding.encoder.shared import SharedEncoder  # noqa: E402
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
-
 from uibk_embedding.errors import UntrustedCode  # noqa: E402
 
 SAME_BATCH = 1e-5
@@ -233,9 +232,8 @@ def test_shared_encoder_loads_a_pylate_folder(folders, loaded):
 
 
 def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
+    from uibk_embedding.apps.cli import main
     from uibk_embedding.encoder.server import build_parser
-
-    from uibk_embedding.cli import main
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS)) + "\n")
@@ -256,7 +254,7 @@ def test_cli_index_and_search_with_trust_remote_code(folders, tmp_path, capsys):
 
 
 def test_cli_export_pylate(natives, loaded, tmp_path, capsys):
-    from uibk_embedding.cli import main
+    from uibk_embedding.apps.cli import main
 
     native_folder = natives["uibk"].save_pretrained(tmp_path / "native")
     out = tmp_path / "exported"
@@ -348,10 +346,9 @@ def test_uibk_embed_serve_and_the_ray_path_pass_trust_remote_code(folders, loade
     """`uibk-embed serve --encoder FOLDER --trust-remote-code` (a real server process) and the Ray
     path's format lookup (``encoder_options``) load the PyLate folder."""
     pytest.importorskip("uvicorn")
+    from uibk_embedding.apps.distributed import encoder_format
     from uibk_embedding.encoder.remote import RemoteEncoder
     from uibk_embedding.encoder.server import serve_subprocess
-
-    from uibk_embedding.distributed import encoder_format
 
     local = loaded["uibk"]
     assert encoder_format(str(folders["uibk"]), {"trust_remote_code": True}) == local.format

@@ -16,6 +16,7 @@ pytest.importorskip("qdrant_client")
 qdrant_edge = pytest.importorskip("qdrant_edge")
 
 from qdrant_client import QdrantClient, models  # noqa: E402
+
 from uibk_embedding.adapters.qdrant import (  # noqa: E402
     ID_KEY,
     POINT_ID_NAMESPACE,
@@ -26,7 +27,6 @@ from uibk_embedding.adapters.qdrant import (  # noqa: E402
     point_id,
 )
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore  # noqa: E402
-
 from uibk_embedding.maxsim import maxsim  # noqa: E402
 from uibk_embedding.tagged import TaggedFormat  # noqa: E402
 from uibk_embedding.testing import make_list  # noqa: E402

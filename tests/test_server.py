@@ -34,7 +34,6 @@ from uibk_embedding.encoder.remote import (  # noqa: E402
 )
 from uibk_embedding.encoder.server import serve_subprocess  # noqa: E402
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
-
 from uibk_embedding.testing import batching_noise  # noqa: E402
 
 TEXTS = [
@@ -260,7 +259,7 @@ def test_payload_round_trip_and_corruption():
 
 
 def test_cli_delegates_serve_help():
-    out = subprocess.run([sys.executable, "-m", "uibk_embedding.cli", "serve", "--help"],
+    out = subprocess.run([sys.executable, "-m", "uibk_embedding.apps.cli", "serve", "--help"],
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert out.returncode == 0 and "--max-text-chars" in out.stdout
 

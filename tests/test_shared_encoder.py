@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 import pytest
+
 from uibk_embedding.encoder.shared import SharedEncoder
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
-
 from uibk_embedding.testing import batching_noise
 
 TEXTS = [

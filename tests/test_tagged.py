@@ -1,4 +1,5 @@
-"""The tagged format of DESIGN 1.1 and the identity of DESIGN 1.2, on random and real vectors."""
+"""The tagged format (docs/format.md#constants) and its identity (docs/format.md#identity), on random
+and real vectors."""
 
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def test_dense_vector_dot_is_the_dense_part(fmt, rng):
 
 # -- on real MiniLM outputs -----------------------------------------------------------------
 def test_identity_on_real_minilm_outputs(real_data, encoder):
-    """DESIGN 1.2 on real vectors: total == C + beta (token + lambda w dense), separation held."""
+    """The identity (docs/format.md#identity) on real vectors: total == C + beta (token + lambda w dense),
+    separation held."""
     fmt = encoder.format
     worst = 0.0
     n_aligned = n_pairs = 0

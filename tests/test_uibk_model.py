@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.uibk import (
     REQUIRED_FILES,
@@ -18,7 +19,6 @@ from uibk_embedding.encoder.uibk import (
     param_counts,
     train_tokenizer,
 )
-
 from uibk_embedding.tagged import TaggedFormat, decompose
 
 CORPUS = [

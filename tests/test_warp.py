@@ -20,7 +20,6 @@ from uibk_embedding._sqlite_state import stored_state
 pytest.importorskip("xtr_warp")
 
 from uibk_embedding.adapters.warp import WarpStore
-
 from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list

@@ -18,8 +18,6 @@ import pytest
 
 pytest.importorskip("weaviate")
 
-from uibk_embedding.adapters import weaviate as wa
-from uibk_embedding.adapters.filters import matches, parse_filter
 from weaviate.collections.batch.grpc_batch import _BatchGRPC
 from weaviate.collections.classes import config as wc
 from weaviate.collections.classes.batch import _BatchObject
@@ -28,6 +26,8 @@ from weaviate.collections.grpc.shared import _BaseGRPC, _Unpack
 from weaviate.proto.v1 import base_pb2
 from weaviate.util import _ServerVersion
 
+from uibk_embedding.adapters import weaviate as wa
+from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list

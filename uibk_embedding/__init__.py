@@ -12,8 +12,22 @@ Quick start (embedded default encoder, exact store)::
     ('a', True)
 """
 
-from uibk_embedding.adapters import Hit, MultiVectorStore, open_store
-from uibk_embedding.encoder import TaggedFormat, decompose, load_encoder
+import os as _os
+
+try:
+    from uibk_embedding.adapters import Hit, MultiVectorStore, open_store
+    from uibk_embedding.encoder import TaggedFormat, decompose, load_encoder
+except ModuleNotFoundError as e:  # a plain checkout: the subpackages are not mapped in yet
+    if not (e.name or "").startswith("uibk_embedding."):
+        raise
+    _repo = _os.path.dirname(__path__[0])
+    raise ImportError(
+        f"uibk_embedding is imported from a plain checkout ({__path__[0]}) without its "
+        f"subpackages ({e.name} is missing): they live in the top-level folders adapters/, "
+        "encoder/, plaid_backend/, integrations/, testing/ and apps/, which pyproject.toml maps "
+        "into the package when it is installed. Install it first: `make setup` (a .venv with "
+        f"everything) or `pip install -e .` in {_repo}, then use that environment's python."
+    ) from None
 
 __version__ = "0.2.0"
 __all__ = [

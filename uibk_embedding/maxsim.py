@@ -3,7 +3,7 @@
 ``MaxSim(q, d) = sum_i max_j q_i . d_j``. Documents of different lengths are packed into one
 ``(total_rows, dim)`` matrix with row offsets; the maximum over each document's rows is a
 segment reduction (``np.maximum.reduceat``) over exactly its own rows, so no padding row can
-ever win (the same as masking with ``-inf``; never zero padding, DESIGN 2.1). Work is chunked
+ever win (the same as masking with ``-inf``; never zero padding, docs/engines.md#pitfalls). Work is chunked
 over documents so memory stays bounded (``max_chunk_bytes``) whatever the collection size: each
 block is one float32 BLAS product ``(query vectors x document rows)`` of about the size of a
 core's L2 cache, a segment max along its contiguous rows (read back while still in cache) and a

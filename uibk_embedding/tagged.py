@@ -1,4 +1,4 @@
-"""The tagged multi-vector format of UIBK-Embedding (DESIGN 1.1 and 1.2).
+"""The tagged multi-vector format of UIBK-Embedding (docs/format.md).
 
 Every text becomes ONE list of 128-d unit vectors: ``n_slots`` (3) *slot* vectors that carry
 a dense sentence embedding, then ColBERT-style *token* vectors. Coordinate 0 is the tag:
@@ -154,7 +154,7 @@ class Bounds:
 
 
 def compute_bounds(beta: float, lambda_: float) -> Bounds:
-    """Bounds of DESIGN 1.2 for any ``beta`` in (0, 1) and ``lambda_ > 0`` (no validation).
+    """Bounds of docs/format.md#identity for any ``beta`` in (0, 1) and ``lambda_ > 0`` (no validation).
 
     >>> compute_bounds(0.9, 1.5).property_i
     False
@@ -176,7 +176,7 @@ def compute_bounds(beta: float, lambda_: float) -> Bounds:
 
 @dataclass(frozen=True)
 class TaggedFormat:
-    """Constants of the tagged format, validated against the bounds of DESIGN 1.2.
+    """Constants of the tagged format, validated against the bounds of docs/format.md#identity.
 
     Parameters
     ----------
@@ -195,7 +195,7 @@ class TaggedFormat:
     >>> TaggedFormat(lambda_=1.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: lambda_=1.5 breaks property (i) of DESIGN 1.2: ...
+    ValueError: lambda_=1.5 breaks property (i) of docs/format.md#identity: ...
     """
 
     beta: float = 0.9
@@ -215,8 +215,8 @@ class TaggedFormat:
         b = self.bounds()
         if not b.property_i:
             raise ValueError(
-                f"lambda_={self.lambda_} breaks property (i) of DESIGN 1.2: slot-slot similarity "
-                f"can drop to {b.slot_slot_min:.3f} while slot-token similarity can reach "
+                f"lambda_={self.lambda_} breaks property (i) of docs/format.md#identity: slot-slot "
+                f"similarity can drop to {b.slot_slot_min:.3f} while slot-token similarity can reach "
                 f"{b.slot_token_max:.3f}, so a query slot could select a document token; "
                 "use lambda_ <= 1"
             )
@@ -377,7 +377,7 @@ class Decomposition:
     """One MaxSim score split into its parts, from the pairs MaxSim actually selected.
 
     ``total == constant + beta * (token + lambda_ * dense_weight * dense)`` always holds (it
-    is computed that way, up to float error); the closed form of DESIGN 1.2 is what it means
+    is computed that way, up to float error); the closed form of docs/format.md#identity is what it means
     only when ``separated`` (every query token selected a document token and every query slot
     a document slot) and ``slots_aligned`` (query slot ``s`` selected document slot ``s``).
 

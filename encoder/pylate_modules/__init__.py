@@ -6,12 +6,12 @@ model folder, where ``modules.json`` names them, so that
 loads PyLate models) runs them without this library:
 
 * ``uibk_architecture.py``: the UIBK-v1 architecture (ModernBERT trunk, a token top and a
-  dense top with latent-attention pooling, DESIGN 1.3); :mod:`uibk_embedding.encoder.uibk`
+  dense top with latent-attention pooling, docs/model.md); :mod:`uibk_embedding.encoder.uibk`
   builds its models from it too, so the exported and the native model are one code;
 * ``branched_transformer.py``: the first module (a sentence-transformers ``Transformer``):
   tokenises, runs the model once and gives the token states and the sentence vector;
 * ``hybrid_tokens.py``: the second module (a PyLate ``Dense``): the fixed projections ``R`` and
-  ``R'`` and the tagged construction (DESIGN 1.1), so that ``ColBERT.encode`` returns the tagged
+  ``R'`` and the tagged construction (docs/format.md#constants), so that ``ColBERT.encode`` returns the tagged
   lists themselves.
 
 They import only torch, transformers, safetensors, sentence-transformers and pylate.

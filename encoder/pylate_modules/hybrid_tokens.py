@@ -1,4 +1,4 @@
-"""Second module of a UIBK-Embedding PyLate model: the tagged construction (DESIGN 1.1).
+"""Second module of a UIBK-Embedding PyLate model: the tagged construction (docs/format.md#constants).
 
 A PyLate ``Dense`` (PyLate replaces any other module after the first by a plain ``Dense``). Its
 ``linear`` layer is the fixed token projection ``R'`` (127 x d) with a zero first row: the

@@ -1,4 +1,4 @@
-"""The UIBK-Embedding-v1 architecture (DESIGN 1.3): one ModernBERT trunk, a token top and a dense top.
+"""The UIBK-Embedding-v1 architecture (docs/model.md): one ModernBERT trunk, a token top and a dense top.
 
 The first ``N - top_layers`` trunk layers run once (shared); the token top is the trunk's last
 layers + its final norm + ``Linear(hidden -> token_dim)``, normalised; the dense top is a second

@@ -1,7 +1,6 @@
 """The exact store, in memory and persisted to a directory."""
 
 from uibk_embedding.adapters.exact import ExactStore
-
 from uibk_embedding.testing import BackendSpec
 
 SPECS = [

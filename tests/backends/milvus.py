@@ -37,8 +37,7 @@ def _lite(d: Path, **kw):
 
 def _standalone(d: Path, fresh: bool, **kw):
     from uibk_embedding.adapters.milvus import MilvusStore
-
-    from uibk_embedding.milvus_server import LocalMilvusServer
+    from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
     server = LocalMilvusServer.shared()
     name = _name(d, "conf")
@@ -66,7 +65,7 @@ def _live(d: Path, layout: str):
 def _skip_standalone() -> str | None:
     if not HAVE_SERVER_PKG:
         return "the 'milvus' package (test extra) is not installed"
-    from uibk_embedding.milvus_server import user_namespaces_available
+    from uibk_embedding.testing.milvus_server import user_namespaces_available
 
     if not user_namespaces_available():
         return ("cannot confine the Milvus standalone server to 127.0.0.1 here (unprivileged user "

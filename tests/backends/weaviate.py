@@ -43,6 +43,7 @@ def _name(d: Path, variant: str) -> str:
 
 def _client():
     import weaviate
+
     from uibk_embedding.adapters.weaviate import connection_kwargs
 
     opts = _options()
@@ -73,6 +74,7 @@ def _make(variant: str, **kw):
 
         if variant == "muvera":
             import pytest
+
             from uibk_embedding.adapters.weaviate import MUVERA_MIN_VERSION, parse_version
 
             with _client() as client:

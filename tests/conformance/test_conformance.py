@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.filters import matches, parse_filter
-
 from uibk_embedding.errors import CollectionMismatch, MissingDependency, UIBKError, UnknownBackend
 from uibk_embedding.maxsim import maxsim, maxsim_scores, pack, top_k
 from uibk_embedding.tagged import TaggedFormat

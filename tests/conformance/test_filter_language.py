@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from uibk_embedding.adapters.filters import OPERATORS, matches, operators, parse_filter
 
+from uibk_embedding.adapters.filters import OPERATORS, matches, operators, parse_filter
 from uibk_embedding.testing import BackendSpec, make_list
 
 N_DOCS = 40

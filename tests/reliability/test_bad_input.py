@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from uibk_embedding.adapters.base import MAX_ID_LENGTH
 
+from uibk_embedding.adapters.base import MAX_ID_LENGTH
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 

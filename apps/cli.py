@@ -19,6 +19,8 @@ parses, else as a string), e.g. ``--option collection_name=docs --option url=htt
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import sys
 import tempfile
@@ -27,6 +29,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from uibk_embedding import adapters
+from uibk_embedding.adapters.indexing import upsert_batches
+from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.apps.data import load_beir, read_corpus
+from uibk_embedding.apps.distributed import index_distributed
+from uibk_embedding.apps.evaluation import encode_collection, index_into, run_eval
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.projection import projection_id
+from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, UIBKError
 
 QUICKSTART_CORPUS = [
@@ -103,8 +116,6 @@ def _positive_int(text: str) -> int:
 
 
 def _load_encoder(args: argparse.Namespace, **kw: Any):
-    from uibk_embedding.encoder import load_encoder
-
     dense, tokens = getattr(args, "dense", None), getattr(args, "tokens", None)
     if getattr(args, "projection", None):
         if dense or tokens:
@@ -138,9 +149,6 @@ def _print_hits(hits: list, out=None) -> None:
 
 # -- subcommands ---------------------------------------------------------------------------
 def cmd_index(args: argparse.Namespace) -> int:
-    from uibk_embedding.adapters import open_store
-    from uibk_embedding.data import read_corpus
-
     if args.encoder_url and (args.dense or args.tokens):
         raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
                          "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
@@ -160,27 +168,21 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.fit_projection:
             raise SystemExit("uibk-embed: --fit-projection fits an in-process encoder; a server "
                              "encodes with its own (fit-projection, then serve that folder)")
-        from uibk_embedding.encoder.remote import RemoteEncoder
 
         enc = RemoteEncoder(args.encoder_url[0])
     else:
         enc = _load_encoder(args)
     saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
-    store = open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
+    store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
     if saved_to is not None:
         enc.save_projections(saved_to)  # after the store exists: a store folder holds it
     t0 = time.perf_counter()
-    from tqdm.auto import tqdm
 
-    with tqdm(total=len(docs), desc=f"indexing into {args.backend}", unit="doc",
-              disable=None if not args.quiet else True) as bar:
-        for i in range(0, len(docs), args.batch_size):
-            batch = docs[i:i + args.batch_size]
-            vecs = enc.encode_documents([d.full_text for d in batch], show_progress=False)
-            md = [{**d.metadata, "title": d.title, "text": d.text} if args.store_text
-                  else dict(d.metadata) for d in batch]
-            store.upsert([d.id for d in batch], vecs, md)
-            bar.update(len(batch))
+    upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
+                   texts=[d.full_text for d in docs],
+                   encode=lambda texts: enc.encode_documents(texts, show_progress=False),
+                   batch_size=args.batch_size, progress=False if args.quiet else None,
+                   desc=f"indexing into {args.backend}")
     n = store.count()
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
@@ -206,8 +208,6 @@ def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dic
     """``index --fit-projection``: PCA ``P`` fitted on (a sample of) the documents being indexed,
     the encoder's folder returned (saved by the caller once the store exists), so the store records
     the fitted projection and every later query can use it."""
-    import numpy as np
-
     if not hasattr(enc, "fit_projection") or not hasattr(enc, "save_projections"):
         raise SystemExit(f"uibk-embed: --fit-projection needs an encoder with its own projections; "
                          f"{type(enc).__name__} has none")
@@ -231,15 +231,12 @@ def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dic
 
 
 def _index_ray(args: argparse.Namespace) -> int:
-    """``index --ray``: an actor pool on a Ray cluster encodes and upserts (uibk_embedding.distributed)."""
-    from uibk_embedding.distributed import index_distributed
+    """``index --ray``: an actor pool on a Ray cluster encodes and upserts
+    (:mod:`uibk_embedding.apps.distributed`)."""
 
     opts = _store_options(args)
     encoder: Any = args.encoder
     if args.dense or args.tokens:  # each actor composes the two folders itself
-        import functools
-
-        from uibk_embedding.encoder import load_encoder
 
         encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens)
     options = {"trust_remote_code": True} if args.trust_remote_code else None
@@ -263,13 +260,11 @@ def _index_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from uibk_embedding.adapters import open_store
-
     fitted = _beside_store(args.backend, _store_options(args))
     if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
         args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
     enc = _load_encoder(args)
-    store = open_store(args.backend, format=enc.format, **_store_options(args))
+    store = adapters.open_store(args.backend, format=enc.format, **_store_options(args))
     flt = json.loads(args.filter) if args.filter else None
     q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
     hits = store.search(q, k=args.k, filter=flt, explain=True)
@@ -283,10 +278,6 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from uibk_embedding.adapters import open_store
-    from uibk_embedding.data import load_beir
-    from uibk_embedding.evaluation import encode_collection, index_into, run_eval
-
     coll = load_beir(args.data, split=args.split)
     enc = _load_encoder(args)
     w = args.dense_weight if args.dense_weight is not None else enc.dense_weight
@@ -295,7 +286,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.backend != "exact" and "path" not in opts and args.backend == "plaid":
             opts["path"] = str(Path(tmp) / "index")
-        store = open_store(args.backend, format=enc.format, **opts)
+        store = adapters.open_store(args.backend, format=enc.format, **opts)
         index_into(store, encoded, coll)
         result = run_eval(coll, encoded, store, w)
         store.close()
@@ -321,9 +312,6 @@ def cmd_export_pylate(args: argparse.Namespace) -> int:
 
 
 def cmd_fit_projection(args: argparse.Namespace) -> int:
-    from uibk_embedding.data import read_corpus
-    from uibk_embedding.encoder.projection import projection_id
-
     if args.dense or args.tokens:
         raise SystemExit("uibk-embed: fit-projection fits one model folder's P (--encoder); the "
                          "token head of --dense/--tokens keeps its fixed R'")
@@ -347,8 +335,6 @@ def cmd_fit_projection(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    from uibk_embedding.adapters import open_store
-
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n"
@@ -361,10 +347,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         ids = [i for i, _ in QUICKSTART_CORPUS]
         texts = [t for _, t in QUICKSTART_CORPUS]
         path = Path(tmp) / "store"
-        with open_store("exact", path=path, format=enc.format) as store:
+        with adapters.open_store("exact", path=path, format=enc.format) as store:
             store.upsert(ids, enc.encode_documents(texts), [{"text": t} for t in texts])
         print(f"indexed into an exact store at {path}; reopening it")
-        store = open_store("exact", path=path, format=enc.format)
+        store = adapters.open_store("exact", path=path, format=enc.format)
         query = args.query or QUICKSTART_QUERY
         print(f"\nquery: {query}\n")
         q = enc.encode_queries([query])[0]
@@ -374,16 +360,12 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 def _delegate(module: str, func: str = "main"):
     def run(args: argparse.Namespace) -> int:
-        import importlib
-
         return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
 
     return run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from uibk_embedding.adapters.registry import BACKENDS
-
     p = argparse.ArgumentParser(prog="uibk-embed", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -486,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, module, help_ in [
         ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),
-        ("compare", "uibk_embedding.compare", "compare backends on a collection"),
+        ("compare", "uibk_embedding.apps.compare", "compare backends on a collection"),
     ]:
         sp = sub.add_parser(name, help=help_, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -503,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     SystemExit: uibk-embed: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.compare"}
+    delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.apps.compare"}
     if argv and argv[0] in delegated:  # argparse.REMAINDER refuses leading options ("serve --port 1")
         return _delegate(delegated[argv[0]])(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)

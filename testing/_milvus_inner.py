@@ -1,8 +1,9 @@
-"""Runs inside the private network namespace of :class:`~uibk_embedding.milvus_server.LocalMilvusServer`:
+"""Runs inside the private network namespace of
+:class:`~uibk_embedding.testing.milvus_server.LocalMilvusServer`:
 brings the namespace's loopback up, starts ``milvus run standalone`` (the ``milvus`` package),
 relays a Unix socket to it, writes ``ready`` and kills the server when its parent dies.
 
-Usage (by LocalMilvusServer only): ``python -m uibk_embedding._milvus_inner BASE SOCK ISOLATED``
+Usage (by LocalMilvusServer only): ``python -m uibk_embedding.testing._milvus_inner BASE SOCK ISOLATED``
 """
 # ruff: noqa: E401, E702, I001
 
@@ -17,7 +18,7 @@ if __name__ == "__main__":
     server = MilvusServer(MilvusServerConfig(data_dir=os.path.join(base, "data")))
     server.start()
     port, pid = server.listen_port, server.server_proc.pid
-    from uibk_embedding.milvus_server import pump
+    from uibk_embedding.testing.milvus_server import pump
     def serve():
         ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         ls.bind(sock_path); ls.listen(64)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.encoder import load_encoder
 from uibk_embedding.tagged import TaggedFormat
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,8 +139,6 @@ class InstrumentedEncoderFactory:
         self.path, self.options = path, options
 
     def __call__(self) -> _InstrumentedEncoder:
-        from uibk_embedding.encoder import load_encoder
-
         return _InstrumentedEncoder(load_encoder(self.path, **self.options), self)
 
 

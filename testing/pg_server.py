@@ -10,7 +10,7 @@ user is created, no permissions of other folders are touched, unlike the package
 layers). The storage adapter, :mod:`uibk_embedding.adapters.pgvector`, knows nothing of it: it
 takes a DSN.
 
-The server is supervised by a small process of its own (``python -m uibk_embedding.pg_server
+The server is supervised by a small process of its own (``python -m uibk_embedding.testing.pg_server
 serve``) that stops it (fast shutdown, then SIGKILL) and removes its data when asked to, or when
 the *owner* process exits, even by SIGKILL: a killed test run leaves no server behind.
 
@@ -171,7 +171,7 @@ class LocalPostgresServer:
         binaries()  # fail here, with the extra's name, when the package is missing
         self.base = tempfile.mkdtemp(prefix="uibk-pg-")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "uibk_embedding.pg_server", "serve", self.base, str(self.owner),
+            [sys.executable, "-m", "uibk_embedding.testing.pg_server", "serve", self.base, str(self.owner),
              *self.leftovers],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the test's process group: Ctrl-C reaches us first
@@ -252,4 +252,5 @@ if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "serve":
         _serve(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
     else:
-        sys.exit("usage: python -m uibk_embedding.pg_server serve BASE OWNER_PID [FILE-TO-REMOVE ...]")
+        sys.exit("usage: python -m uibk_embedding.testing.pg_server serve BASE OWNER_PID "
+                 "[FILE-TO-REMOVE ...]")

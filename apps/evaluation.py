@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.data import Collection
+from uibk_embedding.adapters.indexing import upsert_batches
+from uibk_embedding.apps.data import Collection
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
 from uibk_embedding.tagged import N_SLOTS, apply_dense_weight, dense_vector
@@ -58,7 +59,7 @@ def collection_fingerprint(config: dict[str, Any], coll: Collection, length: int
     """A hex digest of an encoder configuration and a collection's texts (ids, documents,
     queries): the key of cached encodings.
 
-    >>> from uibk_embedding.data import Document
+    >>> from uibk_embedding.apps.data import Document
     >>> c = Collection("c", [Document("d1", "a wing")], {"q1": "wing"}, {})
     >>> collection_fingerprint({"model": "m"}, c) == collection_fingerprint({"model": "m"}, c)
     True
@@ -117,17 +118,12 @@ def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True)
 
 def index_into(store: MultiVectorStore, enc: Encoded, coll: Collection | None = None,
                batch_size: int = 512, show_progress: bool | None = None) -> None:
-    """Upsert every encoded document into ``store`` in batches, with a progress bar."""
-    from tqdm.auto import tqdm
-
-    md = {d.id: {"title": d.title, **d.metadata} for d in coll.corpus} if coll else {}
-    n = len(enc.doc_ids)
-    disable = {True: False, False: True}.get(show_progress, None)  # type: ignore[arg-type]
-    with tqdm(total=n, desc=f"indexing into {store.backend}", unit="doc", disable=disable) as bar:
-        for i in range(0, n, batch_size):
-            ids = enc.doc_ids[i:i + batch_size]
-            store.upsert(ids, enc.docs[i:i + batch_size], [md.get(x, {}) for x in ids])
-            bar.update(len(ids))
+    """Upsert every encoded document into ``store`` in batches, with a progress bar
+    (:func:`~uibk_embedding.adapters.indexing.upsert_batches`), stored with the metadata
+    ``uibk-embed index`` writes (its own, title and text) when ``coll`` is given."""
+    md = {d.id: d.stored_metadata() for d in coll.corpus} if coll else {}
+    upsert_batches(store, enc.doc_ids, [md.get(x, {}) for x in enc.doc_ids], vectors=enc.docs,
+                   batch_size=batch_size, progress=show_progress)
 
 
 def _rank(scores: np.ndarray, ids: Sequence[str], k: int) -> list[str]:

@@ -4,9 +4,9 @@
 actors (``workers``, one per GPU when ``num_gpus=1``), each holding ONE encoder (a model loaded in
 the actor, or clients of ``uibk-embed serve`` servers given by ``encoder_urls``) and ONE store
 connection. Each actor validates its batch, encodes it (the encoder sorts the batch by length
-into padded sub-batches, DESIGN 1.1) and upserts the vectors itself: vectors never travel back
-to the driver, only one small row of counters per batch, from which the driver draws its
-progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
+into padded sub-batches, docs/model.md "The encoding pipeline") and upserts the vectors itself:
+vectors never travel back to the driver, only one small row of counters per batch, from which the
+driver draws its progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
 
 Exactly once, under retries
     Upserts overwrite by id (Qdrant points, Milvus write versions), so a batch that Ray runs
@@ -30,7 +30,7 @@ refused with the reason.
 
 Example (needs a Milvus server; ``ray.init()`` starts a local cluster when none is running)::
 
-    from uibk_embedding.distributed import index_distributed
+    from uibk_embedding.apps.distributed import index_distributed
     result = index_distributed("../shared/datasets/cranfield", "milvus",
                                {"uri": "http://127.0.0.1:19530", "collection": "cranfield"},
                                workers=2)
@@ -46,41 +46,31 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from tqdm.auto import tqdm
 
 from uibk_embedding._optional import require
+from uibk_embedding.adapters import open_store
+from uibk_embedding.adapters.indexing import upsert_batches
+from uibk_embedding.apps.data import BadDocument, Document, check_document, corpus_file, scan_corpus
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError
-
-if TYPE_CHECKING:
-    from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.tagged import TaggedFormat
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
 
 
 def _ray() -> Any:
-    return require("ray", "ray", "distributed indexing (uibk_embedding.distributed)")
-
-
-@dataclass
-class BadDocument:
-    """A row that was not indexed: its id, its position in the input and why.
-
-    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
-    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
-    """
-
-    id: Any
-    position: Any
-    reason: str
-
-    def __str__(self) -> str:
-        return f"id {self.id!r} at position {self.position}: {self.reason}"
+    return require("ray", "ray", "distributed indexing (uibk_embedding.apps.distributed)")
 
 
 class BadDocuments(DataError):
@@ -154,43 +144,33 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
 # -- input ------------------------------------------------------------------------------------
 def _row(doc_id: Any, text: Any, title: Any, meta: Any, pos: Any) -> dict[str, Any]:
     """One normalised input row; ``_error`` says what is wrong with it ("": nothing)."""
-    err = None
-    if not isinstance(doc_id, str) or not doc_id.strip():
-        err = f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}"
-    title = title if isinstance(title, str) else ""
-    if text is None and not title:
-        err = err or "no text"
-    elif text is not None and not isinstance(text, str):
-        err = err or f"text must be a string, got {type(text).__name__}"
-    body = text if isinstance(text, str) else ""
-    from uibk_embedding.data import Document
-
-    full = Document("x", body, title).full_text
-    if err is None and not full.strip():
-        err = "text is empty or whitespace only"
-    if meta is None:
-        meta = {}
-    if isinstance(meta, str):
+    if isinstance(meta, str):  # a JSON text column (Parquet, a Ray Dataset)
         try:
             meta = json.loads(meta)
         except ValueError:
-            meta = None
-    if err is None and not isinstance(meta, dict):
-        err = "metadata must be a JSON object"
-    try:
-        meta_text = json.dumps(meta if isinstance(meta, dict) else {}, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        meta_text, err = "{}", err or f"metadata is not JSON-serialisable: {e}"
-    return {"_id": "" if doc_id is None else str(doc_id), "_text": full, "_title": title, "_body": body,
-            "_meta": meta_text, "_pos": str(pos), "_error": err or ""}
+            pass  # not JSON: check_document refuses it as not an object
+    return _as_row(check_document(doc_id, text, title, meta, pos), pos)
+
+
+def _as_row(item: Document | BadDocument, pos: Any) -> dict[str, Any]:
+    """A checked row in the columns the actors read."""
+    if isinstance(item, BadDocument):
+        doc_id = item.id
+        return {"_id": "" if doc_id is None else str(doc_id), "_text": "", "_title": "", "_body": "",
+                "_meta": "{}", "_pos": str(pos), "_error": item.reason}
+    return {"_id": item.id, "_text": item.full_text, "_title": item.title, "_body": item.text,
+            "_meta": json.dumps(item.metadata, ensure_ascii=False, allow_nan=False), "_pos": str(pos),
+            "_error": ""}
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad texts kept and marked.
+    """Rows of a BEIR folder (``corpus.jsonl``) or a JSONL file, bad rows kept and marked.
 
-    Unlike :func:`uibk_embedding.data.read_corpus` this keeps rows with an empty or non-string
-    text (marked, so the run can report them with their line number) instead of skipping or
-    refusing the file. Malformed JSON and duplicate ids still raise :class:`DataError`.
+    The one corpus reader (:func:`uibk_embedding.apps.data.scan_corpus`, the rules of
+    :func:`~uibk_embedding.apps.data.check_document`); where :func:`~uibk_embedding.apps.data.read_corpus`
+    refuses the file at a bad row, this keeps the row (marked, so the run can report it with
+    its line number) and indexes the others. Malformed JSON and duplicate ids still raise
+    :class:`DataError`.
 
     >>> import json, pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
@@ -199,29 +179,11 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     >>> [(r["_id"], r["_pos"], r["_error"]) for r in read_rows(p)]
     [('a', 'docs.jsonl:1', ''), ('b', 'docs.jsonl:2', 'text must be a string, got int')]
     """
-    from uibk_embedding.data import _iter_jsonl
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "corpus.jsonl"
-    rows, seen = [], set()
-    for n, obj in _iter_jsonl(p):
-        doc_id = obj.get("_id", obj.get("id"))
-        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-            doc_id = str(doc_id)  # BEIR files write numeric ids too
-        if isinstance(doc_id, str):
-            if doc_id in seen:
-                raise DataError(f"{p}:{n}: duplicate document id {doc_id!r}")
-            seen.add(doc_id)
-        rows.append(_row(doc_id, obj.get("text"), obj.get("title"), obj.get("metadata"), f"{p.name}:{n}"))
-    if not rows:
-        raise DataError(f"{p}: no documents")
-    return rows
+    p = corpus_file(path)
+    return [_as_row(item, f"{p.name}:{n}") for n, item in scan_corpus(p)]
 
 
 def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
-    from uibk_embedding.data import Document
-
     out = []
     for i, it in enumerate(items):
         if isinstance(it, Document):
@@ -262,7 +224,7 @@ def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_colum
     """A Ray Dataset of normalised rows and its size (None when unknown without running it).
 
     ``data``: a Ray Dataset; a BEIR folder or JSONL file; a Parquet file, a folder of Parquet
-    files or a list of them; or a list of :class:`~uibk_embedding.data.Document` / dicts.
+    files or a list of them; or a list of :class:`~uibk_embedding.apps.data.Document` / dicts.
     """
     _ray()
     import ray.data
@@ -312,18 +274,12 @@ class IndexWorker:
                  encoder_options: Mapping[str, Any] | None = None,
                  encoder_urls: Sequence[str] | None = None, skip: Sequence[Any] | None = None,
                  store_text: bool = True, upsert_batch: int = 64, threads: int | None = None) -> None:
-        import random
-
-        from uibk_embedding.adapters import open_store
-
         self.gpu = False
         if threads:
             import torch
 
             torch.set_num_threads(int(threads))
         if encoder_urls:
-            from uibk_embedding.encoder.remote import RemoteEncoder
-
             self.encoders = [RemoteEncoder(u) for u in encoder_urls]
             self._next = random.randrange(len(self.encoders))  # spread actors over the servers
         else:
@@ -339,8 +295,6 @@ class IndexWorker:
             if callable(encoder):
                 self.encoders = [encoder()]
             else:
-                from uibk_embedding.encoder import load_encoder
-
                 self.encoders = [load_encoder(encoder, **options)]
             self._next = 0
         fmts = {e.format for e in self.encoders}
@@ -369,15 +323,9 @@ class IndexWorker:
             self._next += 1
             vecs = enc.encode_documents([str(batch["_text"][i]) for i in todo], show_progress=False)
         t1 = time.perf_counter()
-        for a in range(0, len(todo), self.upsert_batch):
-            part = todo[a:a + self.upsert_batch]
-            md = []
-            for i in part:
-                m = json.loads(batch["_meta"][i])
-                if self.store_text:
-                    m = {**m, "title": str(batch["_title"][i]), "text": str(batch["_body"][i])}
-                md.append(m)
-            self.store.upsert([ids[i] for i in part], vecs[a:a + len(part)], md)
+        md = [Document(ids[i], str(batch["_body"][i]), str(batch["_title"][i]),
+                       json.loads(batch["_meta"][i])).stored_metadata(self.store_text) for i in todo]
+        upsert_batches(self.store, [ids[i] for i in todo], md, vectors=vecs, batch_size=self.upsert_batch)
         t2 = time.perf_counter()
         return {"indexed": [len(todo)], "encoded": [len(todo)], "skipped": [skipped],
                 "rows": [len(ids)], "bad": [json.dumps(bad)], "pid": [os.getpid()],
@@ -431,12 +379,9 @@ def encoder_format(encoder: EncoderSpec = None, encoder_options: Mapping[str, An
     True
     """
     if encoder_urls:
-        from uibk_embedding.encoder.remote import RemoteEncoder
-
         return RemoteEncoder(encoder_urls[0]).format
     if callable(encoder):
         return encoder().format
-    from uibk_embedding.encoder import load_encoder
 
     return load_encoder(encoder, **{**dict(encoder_options or {}), "device": "cpu"}).format
 
@@ -504,7 +449,6 @@ def index_distributed(
     ValueError: backend 'milvus-lite' lives inside one process; ...
     """
     ray = _ray()
-    from uibk_embedding.adapters import open_store
 
     check_backend(backend, store_options)
     if workers is not None and workers < 1:
@@ -562,8 +506,6 @@ def index_distributed(
 
 def _drive(out: Any, total: int, progress: bool | None) -> DistributedResult:
     """Run the pipeline, reading the actors' counters as they come: progress and the result."""
-    from tqdm.auto import tqdm
-
     result = DistributedResult(total=total)
     pids: dict[int, None] = {}
     disable = {True: False, False: True}.get(progress, None)  # type: ignore[arg-type]

@@ -1,0 +1,303 @@
+"""``uibk-embed compare``: every backend on one collection, side by side, against exact MaxSim.
+
+The collection is encoded once (cached on disk by :func:`~uibk_embedding.apps.evaluation.encode_collection`)
+and written as plain arrays to a work folder. Each backend then runs in a FRESH Python process
+(so its peak memory is its own and a crash or a missing dependency only skips that backend):
+open the store, upsert every document, run one warm-up query (which also triggers lazy index
+builds, e.g. WARP's), time every query one by one (``--repeat`` passes; a backend that reaches
+80% of ``--timeout`` stops there and its figures cover the queries it ran, ``queries_run``) and
+once as a batch,
+measure the store's folder on disk, close. The parent scores the top-10 of each backend against
+the qrels (nDCG@10, recall@10) and against exact MaxSim (recall@10 = overlap of the top-10s,
+rank agreement), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
+
+Backends are taken by registry name (``--backends exact,plaid,qdrant-edge``); a backend added to
+the registry later works here unchanged. ``LABEL=NAME`` runs a backend under another label, and
+``--option LABEL:KEY=VALUE`` passes it options (JSON values), e.g. two PLAID runs::
+
+    uibk-embed compare npl --backends exact,plaid,plaid-raw=plaid --option plaid-raw:rerank=false
+
+Benchmark defaults per backend (:data:`DEFAULT_OPTIONS`): a store folder inside the work folder,
+so its size on disk can be measured; servers from ``QDRANT_URL`` / ``MILVUS_URI`` /
+``WEAVIATE_URL`` when set. ``milvus`` without ``MILVUS_URI`` starts the local standalone server
+(:class:`~uibk_embedding.testing.milvus_server.LocalMilvusServer`) in the worker; ``weaviate`` without
+``WEAVIATE_URL`` is skipped. A backend that fails to import, open or index is reported as
+skipped with the reason.
+
+Peak memory: ``peak_rss_mb`` is the worker's peak resident set (``getrusage``), which includes
+the document vectors the worker loads to index (``base_rss_mb``, measured before the store is
+opened); the difference is what the backend itself used. A server child (local Milvus) is
+counted separately (``server_peak_rss_mb``); a remote server's memory is not visible.
+
+``--scale 10000,100000`` repeats the comparison on collections of those sizes: the real
+documents first, then synthetic ones made from them (:func:`synthetic_corpus`: each copy of a
+real document with noisy slot and token directions and a random tenth of its tokens dropped;
+no re-encoding), and plots latency against collection size.
+
+Example
+-------
+>>> import numpy as np
+>>> from uibk_embedding.testing import make_list
+>>> from uibk_embedding.tagged import TaggedFormat
+>>> docs = [make_list(TaggedFormat(), np.random.default_rng(i), 4) for i in range(3)]
+>>> more = synthetic_corpus(docs, 5, seed=0)
+>>> len(more), more[3].shape[1], bool(np.allclose(np.linalg.norm(more[4], axis=1), 1, atol=1e-5))
+(5, 128, True)
+>>> rank_agreement(["a", "b", "c"], ["a", "c", "b"])
+0.6666666666666666
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.apps.compare_metrics import K, exact_runs, rank_agreement, summarise
+from uibk_embedding.apps.compare_options import DEFAULT_OPTIONS, _Skip, default_options
+from uibk_embedding.apps.compare_report import _fmt, markdown_table, plot, plot_scale
+from uibk_embedding.apps.compare_worker import (
+    _run_backend,
+    _save_arrays,
+    _worker_main,
+    run_worker,
+)
+from uibk_embedding.apps.data import DataError, load_beir
+from uibk_embedding.apps.evaluation import encode_collection
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.tagged import N_SLOTS, infer_format
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "K",
+    "build_parser",
+    "compare",
+    "default_options",
+    "exact_runs",
+    "main",
+    "markdown_table",
+    "plot",
+    "plot_scale",
+    "rank_agreement",
+    "run_worker",
+    "summarise",
+    "synthetic_corpus",
+]
+
+
+# -- synthetic collections ------------------------------------------------------------------------
+def synthetic_corpus(docs: Sequence[np.ndarray], n: int, *, seed: int = 0, noise: float = 0.3,
+                     drop: float = 0.1) -> list[np.ndarray]:
+    """``n`` tagged documents made from ``docs`` with realistic token statistics, no encoder.
+
+    Copy ``i`` is a random real document whose slot and token directions get Gaussian noise
+    (``noise`` times a random unit direction, then renormalised, tags kept) and which loses a
+    random ``drop`` fraction of its tokens (at least one kept): the lengths, tag layout and
+    similarity structure stay those of real encoded text.
+    """
+    fmt = infer_format(docs[0])
+    rng = np.random.default_rng(seed)
+    out = []
+    for base in rng.integers(0, len(docs), n):
+        d = np.asarray(docs[base], dtype=np.float32)
+        toks = d[N_SLOTS:, 1:]
+        keep = rng.random(len(toks)) >= drop
+        if len(toks) and not keep.any():
+            keep[rng.integers(len(toks))] = True
+        toks = toks[keep]
+
+        def jitter(x: np.ndarray) -> np.ndarray:
+            x = x / np.linalg.norm(x, axis=1, keepdims=True)
+            e = rng.standard_normal(x.shape).astype(np.float32)
+            return x + noise * e / np.linalg.norm(e, axis=1, keepdims=True)
+
+        slots = fmt.slot_vectors(jitter(d[:N_SLOTS, 1:]))
+        tv = fmt.token_vectors(jitter(toks)) if len(toks) else np.zeros((0, d.shape[1]))
+        out.append(np.concatenate([slots, tv]).astype(np.float32))
+    return out
+
+
+# -- the comparison ------------------------------------------------------------------------------------
+def _parse_backends(text: str) -> list[tuple[str, str]]:
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        label, _, name = item.partition("=") if "=" in item else (item, "", item)
+        if name not in BACKENDS:
+            raise SystemExit(f"uibk-embed compare: unknown backend {name!r}; known: "
+                             f"{', '.join(sorted(BACKENDS))}")
+        if label in (x[0] for x in out):
+            raise SystemExit(f"uibk-embed compare: backend label {label!r} given twice")
+        out.append((label, name))
+    if not out:
+        raise SystemExit("uibk-embed compare: --backends is empty")
+    return out
+
+
+def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for p in pairs:
+        label, sep, kv = p.partition(":")
+        if not sep or "=" not in kv or label not in labels:
+            raise SystemExit(f"uibk-embed compare: --option expects LABEL:KEY=VALUE with LABEL one of "
+                             f"{', '.join(labels)}; got {p!r}")
+        k, v = kv.split("=", 1)
+        try:
+            out.setdefault(label, {})[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out.setdefault(label, {})[k] = v
+    return out
+
+
+def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
+            queries: Sequence[np.ndarray], qrels: dict[str, dict[str, int]],
+            backends: Sequence[tuple[str, str]], options: dict[str, dict[str, Any]], *,
+            repeat: int = 1, timeout: float = 3600.0, threads: int | None = None,
+            progress: Any = None, workdir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Run every ``(label, backend)`` in its own process on these vectors; figures per label."""
+    own = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="uibk-compare-")) if own else Path(workdir)  # type: ignore[arg-type]
+    try:
+        arrays = work / "arrays"
+        _save_arrays(arrays, doc_ids, docs, query_ids, queries)
+        raw: dict[str, dict[str, Any]] = {}
+        for label, name in backends:
+            if progress is not None:
+                progress.set_postfix_str(f"{label}, {len(doc_ids):,} docs")
+            folder = work / "stores" / label
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                opts = {**default_options(name, folder), **options.get(label, {})}
+            except _Skip as e:
+                raw[label] = {"skipped": str(e)}
+            else:
+                raw[label] = _run_backend(label, name, opts, arrays, folder, repeat, timeout, threads)
+                shutil.rmtree(folder, ignore_errors=True)
+            if progress is not None:
+                progress.update(1)
+        ref_label = next((lab for lab, n in backends if n == "exact" and "runs" in raw[lab]), None)
+        if ref_label is not None and not options.get(ref_label):
+            reference = raw[ref_label]["runs"]  # the exact store runs the reference kernel
+        else:
+            reference = exact_runs(docs, doc_ids, queries, query_ids)
+        return {label: summarise(raw[label], qrels, reference) for label, _ in backends}
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="uibk-embed compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("data", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help="comma-separated registry names or LABEL=NAME (default: all registered)")
+    p.add_argument("--option", action="append", default=[], metavar="LABEL:KEY=VALUE",
+                   help="backend option (JSON value), repeatable")
+    p.add_argument("--out", default="compare-out", help="folder for compare.json, compare.md, PNGs")
+    p.add_argument("--encoder", default=None, help="encoder folder (default: the embedded model)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--repeat", type=int, default=1, help="timed passes over the queries")
+    p.add_argument("--max-docs", type=int, default=None, help="use the first N documents only")
+    p.add_argument("--max-queries", type=int, default=None, help="use the first N queries only")
+    p.add_argument("--scale", default=None,
+                   help="comma-separated collection sizes (synthetic documents beyond the real ones)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per backend")
+    p.add_argument("--threads", type=int, default=None,
+                   help="cap the worker's BLAS/OpenMP/Rayon threads (default: the libraries' own)")
+    p.add_argument("--no-cache", action="store_true", help="do not cache the encoded vectors")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``uibk-embed compare``; returns the exit status.
+
+    >>> main(["/nonexistent", "--backends", "exact"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: uibk-embed compare: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return _worker_main(argv[1], argv[2])
+    args = build_parser().parse_args(argv)
+    backends = _parse_backends(args.backends)
+    options = _parse_options(args.option, [lab for lab, _ in backends])
+    sizes = sorted({int(x) for x in args.scale.split(",") if x.strip()}) if args.scale else []
+    if any(n <= 0 for n in sizes):
+        raise SystemExit("uibk-embed compare: --scale sizes must be positive")
+
+    try:
+        coll = load_beir(args.data, split=args.split)
+    except (DataError, FileNotFoundError) as e:
+        raise SystemExit(f"uibk-embed compare: {e}") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rounds = sizes or [None]
+    bar = tqdm(total=1 + len(rounds) * len(backends) + 1, desc="compare", unit="stage",
+               disable=args.quiet)
+    try:
+        bar.set_postfix_str("encoding (cached)")
+
+        # the whole collection is encoded (and cached) once; subsets are taken from the vectors
+        enc = encode_collection(load_encoder(args.encoder), coll, use_cache=not args.no_cache)
+        if args.max_docs:
+            enc.doc_ids, enc.docs = enc.doc_ids[: args.max_docs], enc.docs[: args.max_docs]
+        if args.max_queries:
+            enc.query_ids, enc.queries = enc.query_ids[: args.max_queries], enc.queries[: args.max_queries]
+        coll.qrels = {q: r for q, r in coll.qrels.items() if q in set(enc.query_ids)}
+        bar.update(1)
+        per_size: dict[str, dict[str, dict[str, Any]]] = {}
+        for n in rounds:
+            docs, ids = list(enc.docs), list(enc.doc_ids)
+            if n is not None:
+                if n <= len(docs):
+                    docs, ids = docs[:n], ids[:n]
+                else:
+                    docs += synthetic_corpus(enc.docs, n - len(docs), seed=n)
+                    ids += [f"synthetic-{i}" for i in range(n - len(ids))]
+            per_size[str(len(ids))] = compare(ids, docs, enc.query_ids, enc.queries, coll.qrels,
+                                              backends, options, repeat=args.repeat,
+                                              timeout=args.timeout, threads=args.threads,
+                                              progress=bar)
+        bar.set_postfix_str("report")
+        key = str(len(enc.doc_ids)) if not sizes else str(max(int(k) for k in per_size))
+        report = {"dataset": coll.name, "n_docs": int(key), "n_queries": len(enc.query_ids),
+                  "k": K, "backends": per_size[key]}
+        if sizes:
+            report["scale"] = per_size
+        (out / "compare.json").write_text(json.dumps(report, indent=2))
+        md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries\n",
+              markdown_table(per_size[key])]
+        if sizes:
+            md.append("\n### Latency p50 (ms) by collection size\n")
+            names = [lab for lab, _ in backends]
+            md.append("| documents | " + " | ".join(names) + " |")
+            md.append("|---:|" + "---:|" * len(names))
+            for n, per in per_size.items():
+                md.append(f"| {int(n):,} | " + " | ".join(
+                    _fmt(per[b].get("latency_ms_p50"), 2) if "skipped" not in per[b] else "skipped"
+                    for b in names) + " |")
+            plot_scale(per_size, out, coll.name)
+        (out / "compare.md").write_text("\n".join(md) + "\n")
+        plot(per_size[key], out, coll.name)
+        bar.update(1)
+    finally:
+        bar.close()
+    print("\n".join(md))
+    print(f"\nwrote {out / 'compare.json'}, {out / 'compare.md'} and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

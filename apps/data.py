@@ -1,0 +1,299 @@
+"""Readers for the collections the CLI indexes and evaluates: BEIR folders and JSONL files.
+
+A BEIR folder holds ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl``
+(``_id``, ``text``) and ``qrels/<split>.tsv`` (``query-id``, ``corpus-id``, ``score`` with a
+header line). A plain JSONL file holds one document per line with ``_id`` (or ``id``) and
+``text`` (and optional ``title`` and ``metadata``).
+
+Example
+-------
+>>> import json, tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> _ = (d / "docs.jsonl").write_text(json.dumps({"id": "1", "text": "hello"}) + "\\n")
+>>> [doc.id for doc in read_corpus(d / "docs.jsonl")]
+['1']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uibk_embedding.adapters.base import validate_ids, validate_metadata
+from uibk_embedding.adapters.indexing import stored_metadata
+from uibk_embedding.errors import DataError
+
+
+@dataclass
+class Document:
+    id: str
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def stored_metadata(self, store_text: bool = True) -> dict[str, Any]:
+        """The metadata this document is stored with: its own, plus ``title`` and ``text``
+        unless ``store_text`` is False (:func:`~uibk_embedding.adapters.indexing.stored_metadata`).
+
+        >>> Document("d1", "body", "T", {"year": 1962}).stored_metadata()
+        {'year': 1962, 'title': 'T', 'text': 'body'}
+        """
+        if not store_text:
+            return dict(self.metadata)
+        return stored_metadata(self.metadata, title=self.title, text=self.text)
+
+    @property
+    def full_text(self) -> str:
+        """Title and text as the encoder reads them (title first when it adds anything)."""
+        if self.title and not self.text.startswith(self.title):
+            return f"{self.title}. {self.text}" if self.text else self.title
+        return self.text or self.title
+
+
+@dataclass
+class Collection:
+    name: str
+    corpus: list[Document]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+    with f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+            yield n, obj
+
+
+def _str_field(obj: dict, names: tuple[str, ...], where: str, required: bool = True) -> str:
+    for name in names:
+        if name in obj and obj[name] is not None:
+            v = obj[name]
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                raise DataError(f"{where}: field {name!r} must be a string, got {type(v).__name__}")
+            if isinstance(v, float) and names[0] in ("_id", "id"):
+                # 1.10 reads as 1.1: the id would no longer match the qrels that name it
+                raise DataError(f"{where}: id {v!r} is a JSON number with a fraction, which does not keep "
+                                "its spelling (1.10 reads as 1.1): write ids as strings")
+            return str(v)
+    if required:
+        raise DataError(f"{where}: missing field {' or '.join(repr(n) for n in names)}")
+    return ""
+
+
+@dataclass
+class BadDocument:
+    """A corpus row that is not a document: its id, its position in the input and why.
+
+    ``no_text``: the row is well formed but has no text (title and text empty), which
+    :func:`read_corpus` skips with a warning and the distributed run reports like any bad row.
+
+    >>> print(BadDocument("d7", "corpus.jsonl:7", "text is empty or whitespace only"))
+    id 'd7' at position corpus.jsonl:7: text is empty or whitespace only
+    """
+
+    id: Any
+    position: Any
+    reason: str
+    no_text: bool = False
+
+    def __str__(self) -> str:
+        return f"id {self.id!r} at position {self.position}: {self.reason}"
+
+
+def check_document(doc_id: Any, text: Any, title: Any = None, metadata: Any = None,
+                   position: Any = None) -> Document | BadDocument:
+    """One corpus row's fields checked by the rules every reader uses (a JSONL line here, a
+    list item or a Ray batch row in :mod:`uibk_embedding.apps.distributed`): the
+    :class:`Document`, or a :class:`BadDocument` that says what is wrong (the first problem,
+    in the order id, text, title, metadata).
+
+    The rules: the id is a non-empty string (a JSON integer is read as its digits; a JSON
+    number with a fraction is refused, it does not keep its spelling); text and title are
+    strings or absent, not both empty; metadata is a JSON object; and id and metadata pass
+    what every store checks on upsert (length, reserved prefixes, JSON-serialisable values),
+    so a bad row is found before anything is written.
+
+    >>> check_document("d1", "a wing", "T", {"year": 1962})
+    Document(id='d1', text='a wing', title='T', metadata={'year': 1962})
+    >>> print(check_document(None, "a wing", position="c.jsonl:3"))
+    id None at position c.jsonl:3: id must be a non-empty string: missing field '_id' or 'id'
+    >>> check_document("d2", 42).reason
+    'text must be a string, got int'
+    >>> check_document("d3", "  ").no_text
+    True
+    """
+    def bad(reason: str, no_text: bool = False) -> BadDocument:
+        return BadDocument(doc_id, position, reason, no_text)
+
+    if isinstance(doc_id, float):  # 1.10 reads as 1.1: the id would no longer match its qrels
+        return bad(f"id {doc_id!r} is a JSON number with a fraction, which does not keep its "
+                   "spelling (1.10 reads as 1.1): write ids as strings")
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)  # BEIR files write numeric ids too
+    if doc_id is None:
+        return bad("id must be a non-empty string: missing field '_id' or 'id'")
+    if not isinstance(doc_id, str):
+        return bad(f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}")
+    if not doc_id.strip():
+        return bad("id must be a non-empty string, got an empty document id")
+    if text is not None and not isinstance(text, str):
+        return bad(f"text must be a string, got {type(text).__name__}")
+    if title is not None and not isinstance(title, str):
+        return bad(f"title must be a string, got {type(title).__name__}")
+    doc = Document(doc_id, text or "", title or "")
+    if not doc.full_text.strip():
+        return bad("no text" if text is None else "text is empty or whitespace only", no_text=True)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        return bad("metadata must be a JSON object")
+    try:  # what every store refuses, refused here: before anything is written
+        validate_ids([doc_id])
+        doc.metadata = validate_metadata([metadata], 1)[0]
+    except (TypeError, ValueError) as e:
+        return bad(str(e).replace("ids[0] ", "the id ").replace("metadata[0]", "metadata"))
+    return doc
+
+
+def corpus_file(path: str | os.PathLike) -> Path:
+    """The JSONL file of a corpus: ``corpus.jsonl`` in a BEIR folder, else ``path`` itself.
+
+    >>> corpus_file("/data/npl").as_posix(), corpus_file("/data/docs.jsonl").as_posix()
+    ('/data/npl', '/data/docs.jsonl')
+    """
+    p = Path(path)
+    return p / "corpus.jsonl" if p.is_dir() else p
+
+
+def scan_corpus(path: str | os.PathLike) -> Iterator[tuple[int, Document | BadDocument]]:
+    """``(line number, Document or BadDocument)`` for every row of a BEIR folder
+    (``corpus.jsonl``) or a JSONL file, in file order, each row checked by
+    :func:`check_document` (position ``FILE:LINE``).
+
+    What makes the file unusable raises :class:`DataError` at once: it cannot be read, a
+    line is not UTF-8 or not a JSON object, an id appears twice, there are no rows.
+
+    >>> import json, tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "docs.jsonl"
+    >>> _ = p.write_text(json.dumps({"_id": "a", "text": "wing"}) + chr(10) + json.dumps({"_id": "b"}))
+    >>> [(n, type(x).__name__) for n, x in scan_corpus(p)]
+    [(1, 'Document'), (2, 'BadDocument')]
+    >>> print(list(scan_corpus(p))[1][1])
+    id 'b' at position docs.jsonl:2: no text
+    """
+    p = corpus_file(path)
+    seen: set[str] = set()
+    rows = 0
+    for n, obj in _iter_jsonl(p):
+        rows += 1
+        item = check_document(obj.get("_id", obj.get("id")), obj.get("text"), obj.get("title"),
+                              obj.get("metadata"), f"{p.name}:{n}")
+        doc_id = item.id
+        if isinstance(doc_id, str):
+            if doc_id in seen:
+                raise DataError(f"{p}:{n}: duplicate document id {doc_id!r}")
+            seen.add(doc_id)
+        yield n, item
+    if not rows:
+        raise DataError(f"{p}: no documents")
+
+
+def read_corpus(path: str | os.PathLike) -> list[Document]:
+    """Documents from a BEIR folder (``corpus.jsonl``) or a JSONL file (:func:`scan_corpus`).
+
+    A bad row (:func:`check_document`) is refused with its file and line; rows whose title
+    and text are both empty are kept out with a warning.
+    """
+    p = corpus_file(path)
+    docs: list[Document] = []
+    empty = 0
+    for n, item in scan_corpus(p):
+        if isinstance(item, Document):
+            docs.append(item)
+        elif item.no_text:
+            empty += 1
+        else:
+            raise DataError(f"{p}:{n}: {item.reason}")
+    if empty:
+        warnings.warn(f"{p}: skipped {empty} documents with no text", stacklevel=2)
+    if not docs:
+        raise DataError(f"{p}: no documents")
+    return docs
+
+
+def read_queries(path: str | os.PathLike) -> dict[str, str]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "queries.jsonl"
+    out: dict[str, str] = {}
+    for n, obj in _iter_jsonl(p):
+        where = f"{p}:{n}"
+        qid = _str_field(obj, ("_id", "id"), where)
+        if qid in out:
+            raise DataError(f"{where}: duplicate query id {qid!r}")
+        out[qid] = _str_field(obj, ("text",), where)
+    return out
+
+
+def read_qrels(path: str | os.PathLike, split: str = "test") -> dict[str, dict[str, int]]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "qrels" / f"{split}.tsv"
+    qrels: dict[str, dict[str, int]] = {}
+    try:
+        lines = p.read_bytes().decode("utf-8").splitlines()
+    except OSError as e:
+        raise DataError(f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if n == 1 and parts[0].strip().lower() in ("query-id", "qid", "query_id"):
+            continue
+        if len(parts) != 3:
+            raise DataError(f"{p}:{n}: expected 3 tab-separated fields, got {len(parts)}")
+        try:
+            value = float(parts[2])
+        except ValueError:
+            raise DataError(f"{p}:{n}: score {parts[2]!r} is not a number") from None
+        if not math.isfinite(value) or value != int(value):
+            raise DataError(f"{p}:{n}: score {parts[2]!r} is not a finite whole number")
+        score = int(value)
+        qrels.setdefault(parts[0], {})[parts[1]] = score
+    return qrels
+
+
+def load_beir(path: str | os.PathLike, split: str = "test") -> Collection:
+    """A whole BEIR folder. Queries without judgments are dropped (as BEIR evaluation does)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"{p} is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    corpus = read_corpus(p)
+    queries = read_queries(p)
+    qrels = read_qrels(p, split)
+    judged = {q: t for q, t in queries.items() if any(v > 0 for v in qrels.get(q, {}).values())}
+    return Collection(p.name, corpus, judged, {q: qrels[q] for q in judged})
