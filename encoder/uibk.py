@@ -61,6 +61,7 @@ from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NA
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.projection import projection_id
+from uibk_embedding.tagged import TaggedFormat
 
 WEIGHTS_NAME = "model.safetensors"
 BACKBONE_CONFIG_NAME = "config.json"
@@ -335,8 +336,6 @@ class UIBKEncoder(TaggedEncoder):
         import torch
         from safetensors import safe_open
         from tokenizers import Tokenizer
-
-        from uibk_embedding.tagged import TaggedFormat
 
         p = _resolve_folder(path)
         missing = [f for f in REQUIRED_FILES if not (p / f).is_file()]

@@ -21,7 +21,7 @@ from uibk_embedding.adapters.filters import OPERATORS, matches, operators, parse
 from uibk_embedding.testing import BackendSpec, make_list
 
 N_DOCS = 40
-N_FILTERS = 120
+N_FILTERS = 60
 FIELDS = ("s", "n", "b", "m", "zz")  # zz: a field no document has
 STRINGS = ("a", "b", "ab", "A", "é", "1", "true", "")
 NUMBERS = (-3, -1, 0, 1, 2, 7, 0.5, -1.5, 1.0, 2.0, 1e12, 2**40 + 1)
