@@ -62,7 +62,6 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, Condition
 from uibk_embedding.adapters.qdrant_filters import (
-    CLIENT,
     LISTS_KEY,
     json_key,
     list_fields,
@@ -185,7 +184,7 @@ class _QdrantBase(MultiVectorStore):
         raise NotImplementedError
 
     # -- filters: one translation for both engines (adapters/qdrant_filters), in each one's dialect
-    dialect: ClassVar[Any] = None
+    dialect: ClassVar[str] = "client"  # or "edge": see qdrant_filters.DIALECTS
 
     def _filter(self, conditions: tuple[Condition, ...]) -> Any:
         return to_qdrant_filter(self.dialect, conditions)
@@ -303,7 +302,6 @@ class QdrantStore(_QdrantBase):
     """
 
     backend = "qdrant"
-    dialect = CLIENT
     exact = True
 
     def __init__(

@@ -54,7 +54,7 @@ from uibk_embedding.adapters.qdrant import (
     point_id,
     split_payload,
 )
-from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, EDGE, bool_token
+from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, bool_token
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.errors import StoreInUse
 from uibk_embedding.tagged import DIM, TaggedFormat
@@ -93,7 +93,7 @@ class QdrantEdgeStore(_QdrantBase):
     """
 
     backend = "qdrant-edge"
-    dialect = EDGE
+    dialect = "edge"
     exact = True
 
     def __init__(

@@ -17,13 +17,14 @@ places, and the translation closes each gap:
 Example
 -------
 >>> from uibk_embedding.adapters.filters import parse_filter
->>> f = to_qdrant_filter(CLIENT, parse_filter({"year": {"$gt": 1990}}))
+>>> f = to_qdrant_filter("client", parse_filter({"year": {"$gt": 1990}}))
 >>> f.must[0].must[0].range.gt, f.must[0].must_not[0].key, f.must[0].must_not[0].match.value
 (1990.0, '_uibk_lists', 'year')
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uibk_embedding.adapters.base import RESERVED_PREFIX
-from uibk_embedding.adapters.filters import And, Condition, Node, Not, Or
+from uibk_embedding.adapters.filters import And, Node, Not, Or
 
 LISTS_KEY = f"{RESERVED_PREFIX}_lists"
 BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
@@ -136,20 +137,9 @@ def _edge_dialect() -> Dialect:
     )
 
 
-class _Lazy:
-    """A dialect built on first use (so importing this module needs neither client)."""
-
-    def __init__(self, build: Callable[[], Dialect]) -> None:
-        self._build, self._d = build, None
-
-    def get(self) -> Dialect:
-        if self._d is None:
-            self._d = self._build()
-        return self._d
-
-
-CLIENT = _Lazy(_client_dialect)
-EDGE = _Lazy(_edge_dialect)
+#: the dialects by name, each built on first use (importing this module needs neither client)
+DIALECTS: dict[str, Callable[[], Dialect]] = {"client": functools.cache(_client_dialect),
+                                              "edge": functools.cache(_edge_dialect)}
 
 _RANGE = {"$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 
@@ -189,13 +179,14 @@ def _node(d: Dialect, n: Node) -> Any:
     return eq if n.op in ("$eq", "$in") else d.filter(must_not=[eq])
 
 
-def to_qdrant_filter(dialect: _Lazy, conditions: tuple[Node, ...]) -> Any:
-    """Parsed filter ``conditions`` as one Qdrant ``Filter`` (None for no conditions)."""
+def to_qdrant_filter(dialect: str, conditions: tuple[Node, ...]) -> Any:
+    """Parsed filter ``conditions`` as one Qdrant ``Filter`` in ``dialect`` ("client" or
+    "edge"; None for no conditions)."""
     if not conditions:
         return None
-    d = dialect.get()
+    d = DIALECTS[dialect]()
     return d.filter(must=[_node(d, c) for c in conditions])
 
 
-__all__ = ["BOOLS_KEY", "CLIENT", "EDGE", "LISTS_KEY", "Condition", "bool_token", "json_key",
-           "list_fields", "split_values", "to_qdrant_filter"]
+__all__ = ["BOOLS_KEY", "DIALECTS", "LISTS_KEY", "bool_token", "json_key", "list_fields", "split_values",
+           "to_qdrant_filter"]
