@@ -8,7 +8,8 @@ exact MaxSim (:func:`uibk_embedding.rank.rerank`, float64) and keeps a running t
 score upper ``bounds`` (candidates in descending bound order), it stops as soon as the k-th
 exact score reaches the next candidate's bound: no later candidate can enter the top ``k``.
 :class:`Reranking` is the same template as a mixin with the two options every such store
-declares (``rerank``, ``candidates``); the file-backed engines (:mod:`.indexed`) use it.
+declares (``rerank``, ``candidates``) and one :func:`uibk_embedding.rank.rerank` call over
+local vectors; the file-backed engines (:mod:`.indexed`) use it.
 
 Example
 -------
@@ -136,7 +137,5 @@ class Reranking:
         (ties: the earlier key)."""
         if not len(keys):
             return []
-        vectors = dict(zip(keys, self._candidate_vectors(keys), strict=True))
-        hits = rerank_candidates(q, keys, lambda piece: {x: (vectors[x], {}) for x in piece}, k,
-                                 first=len(keys), dtype=np.float32)  # local vectors: one piece
-        return [self._hit(h.id, h.score) for h in hits]
+        # the vectors are local (memory-mapped): one rerank call, no pieces to fetch
+        return [self._hit(keys[i], s) for i, s in rerank(q, self._candidate_vectors(keys), k)]
