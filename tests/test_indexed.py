@@ -182,38 +182,6 @@ def test_per_query_rerank_and_candidates(tmp_path):
         s.close()
 
 
-def test_warp_flush_is_durable_before_it_is_marked_clean(tmp_path, monkeypatch):
-    """The shared in-place update fsyncs the engine's files before ``dirty=0`` commits, for
-    WARP as for PLAID (tests/reliability/test_data_safety.py)."""
-    pytest.importorskip("xtr_warp")
-    import uibk_embedding.adapters.indexed as indexed
-    from uibk_embedding.adapters.warp import WarpStore
-
-    s = WarpStore(tmp_path / "w", nbits=2, kmeans_niters=1, min_index_vectors=64, buffer_size=10**6)
-    s.upsert([f"a{i}" for i in range(30)], docs_for(6, 30))
-    s.flush()
-    assert s.has_index
-    events: list[str] = []
-    real_sync, real_set = indexed.fsync_tree, WarpStore._state_set
-
-    def sync(path):
-        events.append(f"fsync {Path(path).name}")
-        real_sync(path)
-
-    def record(db, **values):
-        events.append("state " + ",".join(f"{k}={v}" for k, v in sorted(values.items())))
-        real_set(db, **values)
-
-    monkeypatch.setattr(indexed, "fsync_tree", sync)
-    monkeypatch.setattr(WarpStore, "_state_set", staticmethod(record))
-    s.upsert([f"b{i}" for i in range(5)], docs_for(7, 5))
-    s.flush()  # an engine add, no rebuild
-    s.close()
-    clean = events.index("state dirty=0")
-    dirty = events.index("state dirty=1")
-    assert any(e.startswith("fsync warp-") for e in events[dirty:clean]), events
-
-
 def test_warp_retrain_factor_is_the_deprecated_name_of_rebuild_growth(tmp_path):
     pytest.importorskip("xtr_warp")
     from uibk_embedding.adapters.warp import WarpStore

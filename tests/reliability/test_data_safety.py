@@ -167,19 +167,27 @@ def test_dirty_store_whose_rebuild_fails_opens_without_an_index(tmp_path, make, 
         healed.close()
 
 
-def test_plaid_in_place_update_is_durable_before_it_is_marked_clean(tmp_path, monkeypatch):
-    """The order of the in-place update's durability steps: the engine rewrote its index files
-    in place, so they must be fsync'd before ``dirty=0`` commits (the rebuild path and WARP did;
-    this path did not: after a power cut the stale index was trusted and 29 of 29 documents
-    searched with their own vectors returned another id)."""
-    import uibk_embedding.adapters.indexed as indexed
-    import uibk_embedding.plaid_backend.store as plaid
+def _warp(path, **kw):
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.adapters.warp import WarpStore
 
-    store = _plaid(tmp_path / "s", rebuild_growth=None)
+    return WarpStore(path, nbits=2, kmeans_niters=1, min_index_vectors=64, buffer_size=10**6, **kw)
+
+
+@pytest.mark.parametrize("engine", ["plaid", "warp"])
+def test_in_place_update_is_durable_before_it_is_marked_clean(engine, tmp_path, monkeypatch):
+    """The order of the in-place update's durability steps: the engine rewrote its index files
+    in place, so they must be fsync'd before ``dirty=0`` commits (PLAID's path did not: after a
+    power cut the stale index was trusted and 29 of 29 documents searched with their own vectors
+    returned another id; WARP's path lacked it too before the shared store)."""
+    import uibk_embedding.adapters.indexed as indexed
+
+    store = _plaid(tmp_path / "s", rebuild_growth=None) if engine == "plaid" else _warp(tmp_path / "s")
     store.upsert([f"a{i}" for i in range(30)], docs(4, 30))
+    store.flush()
     assert store.has_index
     events: list[str] = []
-    real_sync, real_set = indexed.fsync_tree, plaid.PlaidStore._state_set
+    real_sync, real_set = indexed.fsync_tree, type(store)._state_set
 
     def sync(path):
         events.append(f"fsync {Path(path).name}")
@@ -190,12 +198,13 @@ def test_plaid_in_place_update_is_durable_before_it_is_marked_clean(tmp_path, mo
         real_set(db, **values)
 
     monkeypatch.setattr(indexed, "fsync_tree", sync)  # the engine store's fsync
-    monkeypatch.setattr(plaid.PlaidStore, "_state_set", staticmethod(record))
-    store.upsert([f"b{i}" for i in range(5)], docs(5, 5))  # an engine update, no rebuild
+    monkeypatch.setattr(type(store), "_state_set", staticmethod(record))
+    store.upsert([f"b{i}" for i in range(5)], docs(5, 5))
+    store.flush()  # an engine update, no rebuild
     store.close()
     clean = events.index("state dirty=0")
     dirty = next(i for i, e in enumerate(events) if e.startswith("state dirty=1"))  # in place, marked
-    assert any(e.startswith("fsync plaid-") for e in events[dirty:clean]), events
+    assert any(e.startswith(f"fsync {engine}-") for e in events[dirty:clean]), events
 
 
 # -- Qdrant local mode: one redo log per collection -------------------------------------------------
