@@ -29,7 +29,7 @@ except ModuleNotFoundError as e:  # a plain checkout: the subpackages are not ma
         f"everything) or `pip install -e .` in {_repo}, then use that environment's python."
     ) from None
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # as pyproject.toml
 __all__ = [
     "Hit",
     "MultiVectorStore",
