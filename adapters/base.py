@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from uibk_embedding.adapters.filters import BASIC, Condition, Filter, operators, parse_filter
+from uibk_embedding.adapters.filters import BASIC, Filter, Node, operators, parse_filter
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
@@ -314,7 +314,7 @@ class MultiVectorStore(ABC):
         conds = self._parse_filter(filter)
         return self._search_batch(qs, k, conds, **opts) if qs else []
 
-    def _parse_filter(self, filter: Filter | None) -> tuple[Condition, ...]:
+    def _parse_filter(self, filter: Filter | None) -> tuple[Node, ...]:
         """``parse_filter``, refusing operators this backend does not translate."""
         conds = parse_filter(filter)
         missing = operators(conds) - self.filter_operators
@@ -370,11 +370,11 @@ class MultiVectorStore(ABC):
     def _delete(self, ids: list[str]) -> None: ...
 
     @abstractmethod
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 **options: Any) -> list[Hit]: ...
 
     def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...], **options: Any
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...], **options: Any
     ) -> list[list[Hit]]:
         return [self._search(q, k, conditions, **options) for q in queries]
 
@@ -382,10 +382,10 @@ class MultiVectorStore(ABC):
     def _get(self, ids: list[str]) -> list[Record]: ...
 
     @abstractmethod
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Pages (of at most about ``batch_size``) of ``(id, metadata)`` matching ``conditions``."""
 
-    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         """Delete every match; returns how many. Default: list the matches with ``_scan``, then
         one ``_delete``. Engines with a native filtered delete override this."""
         ids = list(dict.fromkeys(x for page in self._scan(conditions, 1000) for x, _ in page))
@@ -393,7 +393,7 @@ class MultiVectorStore(ABC):
             self._delete(ids)
         return len(ids)
 
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           **options: Any) -> list[Hit]:
         """``_search`` with each hit's decomposition. Default: a second ``get`` for the hits'
         vectors; backends whose engine returns them with the search override this."""

@@ -41,7 +41,7 @@ import numpy as np
 from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
-from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, TaggedFormat
@@ -306,7 +306,7 @@ class ExactStore(MultiVectorStore):
             self._apply_delete(ids)
             self._maybe_compact()
 
-    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         with self._lock:  # one logged operation: the whole filtered delete or none of it
             st = self._state
             ids = [st.ids[i] for i in sorted(st.index.values()) if matches(st.metadata[i], conditions)]
@@ -316,7 +316,7 @@ class ExactStore(MultiVectorStore):
                 self._maybe_compact()
             return len(ids)
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int):
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int):
         st = self._state  # one consistent snapshot for the whole scan
         page: list[tuple[str, dict]] = []
         for i in sorted(st.index.values()):
@@ -341,18 +341,18 @@ class ExactStore(MultiVectorStore):
                                   json.loads(json.dumps(st.metadata[i]))))
         return out
 
-    def _candidates(self, st: _State, conditions: tuple[Condition, ...]) -> np.ndarray:
+    def _candidates(self, st: _State, conditions: tuple[Node, ...]) -> np.ndarray:
         ok = st.alive.copy()
         if conditions:
             for i in np.flatnonzero(ok):
                 ok[i] = matches(st.metadata[i], conditions)
         return ok
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...]) -> list[Hit]:
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...]) -> list[Hit]:
         return self._search_batch([query], k, conditions)[0]
 
     def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...]
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...]
     ) -> list[list[Hit]]:
         st = self._state  # one consistent snapshot for the whole call
         if st.n_docs == 0:

@@ -109,7 +109,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
     settle_format,
 )
-from uibk_embedding.adapters.filters import OPERATORS, Condition, matches
+from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.tagged import TaggedFormat
@@ -661,7 +661,7 @@ class IndexedStore(Reranking, MultiVectorStore):
     def count(self) -> int:
         return len(self._id_of)
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """From the id map in memory (the committed SQLite rows), in insertion order."""
         with self._lock:
             self._check_open()
@@ -698,11 +698,11 @@ class IndexedStore(Reranking, MultiVectorStore):
         every allowed document is scored exactly."""
         return self._exact([q], seqs, k)[0]
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 **options: Any) -> list[Hit]:
         return self._search_batch([query], k, conditions, **options)[0]
 
-    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       **options: Any) -> list[list[Hit]]:
         rerank, pool = self._pool(k, **options)
         with self._lock:

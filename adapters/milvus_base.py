@@ -32,7 +32,7 @@ import numpy as np
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or, matches
+from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
 from uibk_embedding.tagged import TaggedFormat, decompose
@@ -509,7 +509,7 @@ class MilvusStore(MultiVectorStore):
                                 timeout=self.timeout)
         return int(res[0]["count(*)"]) if res else 0
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Milvus's query iterator over the document collection (a lock per page, not per scan)."""
         expr = self._doc_filter(filter_expression(conditions))
         with self._guard:
@@ -561,18 +561,18 @@ class MilvusStore(MultiVectorStore):
                 for x in ids if x in found]
 
     @serialized
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 candidates: int | None = None) -> list[Hit]:
         return self._search_batch([query], k, conditions, candidates=candidates)[0]
 
     @serialized
-    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       candidates: int | None = None) -> list[list[Hit]]:
         n = self.candidates if candidates is None else self._check_candidates(candidates)
         return [self._search_one(q, k, conditions, {}, n) for q in queries]
 
     @serialized
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           candidates: int | None = None) -> list[Hit]:
         """The rescoring already fetched every hit's list: decompose from those, no second read."""
         cache: dict[str, _Stored | None] = {}
@@ -587,13 +587,13 @@ class MilvusStore(MultiVectorStore):
                 h.decomposition = decompose(q, stored[0], self.format)
         return hits
 
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                     cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
         """One query with a candidate pool of ``candidates``; ``cache`` collects the lists
         fetched for the rescoring."""
         raise NotImplementedError
 
-    def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Condition, ...],
+    def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Node, ...],
                  cache: dict[str, _Stored | None] | None = None,
                  upper: dict[str, float] | None = None,
                  seen: dict[str, int] | None = None) -> tuple[list[Hit], float]:

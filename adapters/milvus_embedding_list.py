@@ -17,7 +17,7 @@ import numpy as np
 
 from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
     ID_BYTES,
     MAX_META_BYTES,
@@ -102,7 +102,7 @@ class MilvusEmbeddingListStore(MilvusStore):
                 out[r["doc_id"]] = (vec, json.loads(r["meta"]), 0)
         return out
 
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                     cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
         """Milvus' own MaxSim search names ``max(k, candidates)`` documents; rescored exactly."""
         emb = _pymilvus().EmbeddingList(q, dim=DIM)

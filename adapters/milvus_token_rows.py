@@ -34,7 +34,7 @@ import numpy as np
 
 from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
     ID_BYTES,
     MAX_LIMIT,
@@ -212,7 +212,7 @@ class MilvusTokenRowsStore(MilvusStore):
         return out
 
     # -- search ----------------------------------------------------------------------------
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                     cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
         expr = filter_expression(conditions)
         depth = min(max(candidates, 1), MAX_LIMIT)

@@ -67,7 +67,7 @@ import numpy as np
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import OPERATORS, And, Condition, Node, Not, Or
+from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
@@ -486,7 +486,7 @@ class PgVectorStore(MultiVectorStore):
         ordered = sorted(ids, key=str.encode)
         self._write(lambda: self.conn.execute(self._q("DELETE FROM {t} WHERE id = ANY(%s)"), (ordered,)))
 
-    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         where, params = filter_sql(conditions)
         sql = self._q(f"DELETE FROM {{t}} WHERE {where}")
         return self._write(lambda: self.conn.execute(sql, params).rowcount, idempotent=False)
@@ -495,7 +495,7 @@ class PgVectorStore(MultiVectorStore):
     def count(self) -> int:
         return self._call(lambda: int(self.conn.execute(self._q("SELECT count(*) FROM {t}")).fetchone()[0]))
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Keyset pages in id order, each page its own statement (no transaction held open)."""
         where, params = filter_sql(conditions)
         sql = self._q(f"SELECT id, metadata::text FROM {{t}} WHERE id > %s AND {where} ORDER BY id LIMIT %s")
@@ -521,11 +521,11 @@ class PgVectorStore(MultiVectorStore):
         return [Record(found[x].id, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
         return self._search_batch([query], k, conditions, exact=exact, candidates=candidates)[0]
 
-    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       exact: bool | None = None, candidates: int | None = None) -> list[list[Hit]]:
         exact = self.exact if exact is None else bool(exact)
         if candidates is None:
@@ -535,7 +535,7 @@ class PgVectorStore(MultiVectorStore):
             ef = min(self._ef_search_given if self._ef_search_given is not None else max(pool, 40), 1000)
         return self._call(lambda: self._search_all(queries, k, conditions, exact, pool, ef))
 
-    def _search_all(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _search_all(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                     exact: bool, candidates: int, ef_search: int) -> list[list[Hit]]:
         out: dict[int, list[Hit]] = {}
         for i, q in enumerate(queries):
@@ -549,7 +549,7 @@ class PgVectorStore(MultiVectorStore):
         return [out[i] for i in range(len(queries))]
 
     def _search_exact(self, queries: list[np.ndarray], k: int,
-                      conditions: tuple[Condition, ...]) -> list[list[Hit]]:
+                      conditions: tuple[Node, ...]) -> list[list[Hit]]:
         """Every document passing the filter, in write order, scored in pieces (float32, as the
         exact store scores); a running top-k per query (earlier documents first, so ties keep
         write order as the exact store does). One snapshot (REPEATABLE READ) for the scan and
@@ -578,7 +578,7 @@ class PgVectorStore(MultiVectorStore):
         return [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
                 for b in best]
 
-    def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                            candidates: int, ef_search: int) -> list[Hit]:
         """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly."""
         where, params = filter_sql(conditions)

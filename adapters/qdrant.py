@@ -60,7 +60,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
 )
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import OPERATORS, Condition
+from uibk_embedding.adapters.filters import OPERATORS, Node
 from uibk_embedding.adapters.qdrant_filters import (
     LISTS_KEY,
     json_key,
@@ -148,16 +148,16 @@ class _QdrantBase(MultiVectorStore):
         n = self.prefetch if prefetch is None else self._check_prefetch(prefetch)
         return m, n
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
         return self._run([query], k, conditions, *self._resolve(mode, prefetch))[0]
 
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
         return self._run([q], k, conditions, *self._resolve(mode, prefetch), explain=True)[0]
 
     def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+        self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
         mode: str | None = None, prefetch: int | None = None,
     ) -> list[list[Hit]]:
         return self._run(queries, k, conditions, *self._resolve(mode, prefetch))
@@ -179,14 +179,14 @@ class _QdrantBase(MultiVectorStore):
             hit.decomposition = decompose(query, np.asarray(vec, dtype=np.float32), self.format)
         return hit
 
-    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         raise NotImplementedError
 
     # -- filters: one translation for both engines (adapters/qdrant_filters), in each one's dialect
     dialect: ClassVar[str] = "client"  # or "edge": see qdrant_filters.DIALECTS
 
-    def _filter(self, conditions: tuple[Condition, ...]) -> Any:
+    def _filter(self, conditions: tuple[Node, ...]) -> Any:
         return to_qdrant_filter(self.dialect, conditions)
 
     # -- writes: one point layout and one batch loop for both engines ----------------------------
@@ -603,7 +603,7 @@ class QdrantStore(_QdrantBase):
                                limit=limit, offset=offset, with_payload=True, with_vectors=False)
         return [split_payload(r.payload, r.id) for r in recs], nxt
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         flt, offset = self._filter(conditions), None
         while True:  # Qdrant's scroll: pages in point-id order, each with the next page's offset
             page, offset = self._scroll_page(flt, offset, batch_size)
@@ -612,13 +612,13 @@ class QdrantStore(_QdrantBase):
             if offset is None:
                 return
 
-    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         if self._redo is not None:  # local files: list the ids so the redo log can hold them
             return super()._delete_where(conditions)
         return self._delete_by_filter(conditions)
 
     @serialized
-    def _delete_by_filter(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_by_filter(self, conditions: tuple[Node, ...]) -> int:
         m = self._models
         flt = self._filter(conditions) or m.Filter(must=[])
         n = int(self._call("count", self.client.count, self.collection, count_filter=flt, exact=True).count)
@@ -659,7 +659,7 @@ class QdrantStore(_QdrantBase):
         return out
 
     @serialized
-    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         flt = self._filter(conditions)
         results: list[list[Hit]] = []

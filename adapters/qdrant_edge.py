@@ -44,7 +44,7 @@ from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.adapters.base import Hit, Record, settle_format
-from uibk_embedding.adapters.filters import Condition
+from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
     CollectionMismatch,
@@ -279,7 +279,7 @@ class QdrantEdgeStore(_QdrantBase):
     def count(self) -> int:
         return int(self.shard.count(self._e.CountRequest(exact=True)))
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         e, flt, offset = self._e, self._filter(conditions), None
         while True:
             recs, offset = self.shard.scroll(e.ScrollRequest(offset=offset, limit=batch_size, filter=flt,
@@ -289,7 +289,7 @@ class QdrantEdgeStore(_QdrantBase):
             if offset is None:
                 return
 
-    def _delete_where(self, conditions: tuple[Condition, ...]) -> int:
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         e = self._e
         flt = self._filter(conditions) or e.Filter(must=[])
         n = int(self.shard.count(e.CountRequest(exact=True, filter=flt)))
@@ -322,7 +322,7 @@ class QdrantEdgeStore(_QdrantBase):
         return e.QueryRequest(limit=k, query=query, filter=flt, params=params, with_payload=True,
                               with_vector=vec)
 
-    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Condition, ...],
+    def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
         flt = self._filter(conditions)
         reqs = [self._request(q, k, flt, mode, n, explain) for q in queries]

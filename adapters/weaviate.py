@@ -61,7 +61,7 @@ import numpy as np
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import And, Condition, Node, Not, Or, matches
+from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.tagged import DIM, TaggedFormat
@@ -684,7 +684,7 @@ class WeaviateStore(MultiVectorStore):
                 out.append(Record(r.id, r.vectors.copy(), json.loads(json.dumps(r.metadata))))
         return out
 
-    def _scan(self, conditions: tuple[Condition, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Weaviate's cursor iterator over every object (it takes no filter: the conditions are
         checked on the stored metadata, with the library's exact type semantics)."""
         page: list[tuple[str, dict]] = []
@@ -703,7 +703,7 @@ class WeaviateStore(MultiVectorStore):
         """Number of objects in the collection."""
         return int(self._collection.aggregate.over_all(total_count=True).total_count or 0)
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Condition, ...],
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 rerank: bool | None = None, candidates: int | None = None) -> list[Hit]:
         MetadataQuery = _wv().classes.query.MetadataQuery
         rerank = self.rerank if rerank is None else bool(rerank)
