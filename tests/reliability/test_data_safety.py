@@ -65,7 +65,7 @@ def test_exact_store_write_stays_acknowledged_when_compaction_fails(tmp_path, mo
 
     monkeypatch.setattr(exact, "atomic_savez", full_disk)
     vecs = docs(1, 6)
-    store = exact.ExactStore(path=tmp_path / "s", compact_every=2)
+    store = exact.ExactStore(path=tmp_path / "s", compact_every=2, vector_dtype="float32")
     with pytest.warns(UserWarning, match="compaction failed"):
         for i, v in enumerate(vecs):
             store.upsert([f"d{i}"], [v])

@@ -1,0 +1,125 @@
+"""What is specific to the persisted exact store: its rows in a memory-mapped vector file, the
+generations that drop dead rows, and stores written by 0.3.0 (vectors inside the ``.npz``)."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+
+import uibk_embedding.adapters.exact as exact
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.maxsim import maxsim
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+
+FMT = TaggedFormat()
+
+
+def _docs(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [make_list(FMT, rng, int(rng.integers(3, 12))) for _ in range(n)]
+
+
+def _write_030_store(path, ids, docs, metadata) -> None:
+    """The files 0.3.0 wrote: store.json without a vector dtype, a snapshot holding the vectors,
+    an operation holding more vectors, and a delete."""
+    path.mkdir()
+    (path / "ops").mkdir()
+    config = {"backend": "exact", "version": 1, "format": FMT.to_stored()}
+    (path / "store.json").write_text(json.dumps(config))
+
+    def arrays(ids, docs, md):
+        return {"ids": np.array(json.dumps(ids)), "metadata": np.array(json.dumps(md)),
+                "lengths": np.array([len(d) for d in docs], np.int64),
+                "vectors": np.concatenate(docs).astype(np.float32)}
+
+    np.savez(path / "snapshot-000000000002.npz", **arrays(ids[:3], docs[:3], metadata[:3]))
+    np.savez(path / "ops" / "000000000003.npz", op=np.array("upsert"),
+             **arrays(ids[3:], docs[3:], metadata[3:]))
+    np.savez(path / "ops" / "000000000004.npz", op=np.array("delete"), ids=np.array(json.dumps([ids[1]])))
+
+
+def test_a_store_of_030_opens_converted_and_keeps_float32(tmp_path):
+    docs, ids = _docs(5), [f"d{i}" for i in range(5)]
+    md = [{"i": i} for i in range(5)]
+    _write_030_store(tmp_path / "s", ids, docs, md)
+    s = ExactStore(path=tmp_path / "s")
+    assert s.vector_dtype == "float32" and s.ids() == ["d0", "d2", "d3", "d4"]
+    for r in s.get(s.ids()):
+        np.testing.assert_array_equal(r.vectors, docs[int(r.id[1:])])
+        assert r.metadata == md[int(r.id[1:])]
+    names = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert "vectors-000001.f32" in names and not any((tmp_path / "s" / "ops").iterdir())
+    s.upsert(["d9"], [docs[1]])
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.ids() == ["d0", "d2", "d3", "d4", "d9"]
+    np.testing.assert_array_equal(again.get(["d9"])[0].vectors, docs[1])
+
+
+def test_rows_are_memory_mapped_and_scored_from_the_file(tmp_path):
+    docs = _docs(40)
+    s = ExactStore(path=tmp_path / "s")
+    s.upsert([str(i) for i in range(40)], docs)
+    s.close()
+    s = ExactStore(path=tmp_path / "s")
+    assert isinstance(s._state.buf, np.memmap) and s._state.buf.dtype == np.float16
+    q = make_list(FMT, np.random.default_rng(7), 6)
+    hits = s.search(q, k=40)
+    want = {str(i): maxsim(q, d.astype(np.float16).astype(np.float32)) for i, d in enumerate(docs)}
+    for h in hits:  # exact MaxSim over the float16-rounded rows (float32 accumulation)
+        assert h.score == pytest.approx(want[h.id], rel=1e-5, abs=1e-5)
+
+
+def test_dead_rows_are_dropped_into_the_next_generation(tmp_path):
+    docs = _docs(200, seed=1)
+    ids = [str(i) for i in range(200)]
+    s = ExactStore(path=tmp_path / "s", compact_every=10**6)
+    s.upsert(ids, docs)
+    before = s.disk_usage()["vectors"]
+    s.delete(ids[:150])  # > 64 dead documents holding > 30% of the rows: repacked at once
+    assert s._vgen == 2 and s.disk_usage()["vectors"] < 0.4 * before
+    assert sorted(p.name for p in (tmp_path / "s").glob("vectors-*")) == ["vectors-000002.f16"]
+    kept = {r.id: r.vectors for r in s.get(ids)}
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.ids() == ids[150:]
+    for r in again.get(ids):
+        np.testing.assert_array_equal(r.vectors, kept[r.id])
+
+
+def test_the_vector_dtype_is_the_stores_own(tmp_path):
+    ExactStore(path=tmp_path / "s", vector_dtype="float32").close()
+    with pytest.raises(CollectionMismatch, match="keeps float32 rows"):
+        ExactStore(path=tmp_path / "s", vector_dtype="float16")
+    assert ExactStore(path=tmp_path / "s").vector_dtype == "float32"
+    with pytest.raises(ValueError, match="needs a path"):
+        ExactStore(vector_dtype="float16")
+    with pytest.raises(ValueError, match="vector_dtype must be"):
+        ExactStore(path=tmp_path / "t", vector_dtype="int8")
+
+
+def test_rows_of_a_write_whose_log_failed_stay_unreferenced(tmp_path, monkeypatch):
+    """The rows are appended, then the operation file fails (a full disk): the write raises,
+    nothing references those rows, and later writes and a reopen are whole."""
+    docs = _docs(3, seed=2)
+    s = ExactStore(path=tmp_path / "s", vector_dtype="float32")
+    s.upsert(["a"], [docs[0]])
+    real = exact.atomic_savez
+    monkeypatch.setattr(exact, "atomic_savez", lambda p, **a: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OSError, match="No space"):
+        s.upsert(["b"], [docs[1]])
+    monkeypatch.setattr(exact, "atomic_savez", real)
+    s.upsert(["c"], [docs[2]])
+    assert s.ids() == ["a", "c"]
+    np.testing.assert_array_equal(s.get(["c"])[0].vectors, docs[2])
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.ids() == ["a", "c"]
+    np.testing.assert_array_equal(again.get(["c"])[0].vectors, docs[2])
+    assert [h.id for h in again.search(docs[2], k=1)] == ["c"]
