@@ -420,6 +420,21 @@ class IndexedStore(Reranking, MultiVectorStore):
         lengths = np.fromiter((self._rows[s] for s in seqs), dtype=np.int64, count=len(seqs))
         return self._vf.gather(starts, lengths, dtype=dtype)
 
+    def _views(self, seqs: Sequence[int], dtype: type) -> list:
+        """The stored vectors of ``seqs`` as one torch tensor each, in ``dtype``. When the vector
+        file holds ``dtype`` these are views into its copy-on-write memory map
+        (:meth:`VectorFile.private_map`): an index build reads the rows from the page cache
+        instead of holding a second copy of every vector on the heap. Otherwise one converted
+        copy (:meth:`_gather`)."""
+        import torch
+
+        assert self._vf is not None
+        if self._vf.dtype == np.dtype(dtype):
+            rows = torch.from_numpy(self._vf.private_map())
+            return [rows[self._start[s]:self._start[s] + self._rows[s]] for s in seqs]
+        mat, off = self._gather(seqs, dtype)
+        return list(torch.from_numpy(mat).split(np.diff(off).tolist()))
+
     # -- the index -------------------------------------------------------------------------
     def _close_index(self) -> None:
         if self._index is not None:

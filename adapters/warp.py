@@ -332,10 +332,9 @@ class WarpStore(IndexedStore):
         return self._worker.call(engine_call, what, fn, *args, **kwargs)
 
     def _tensors(self, seqs: Sequence[int]) -> list:
-        """float32 torch views of the stored vectors of ``seqs`` (one gathered matrix)."""
-        mat, off = self._gather(seqs)
-        t = self._torch.from_numpy(mat)
-        return [t[off[i]:off[i + 1]] for i in range(len(seqs))]
+        """The stored vectors of ``seqs`` as torch tensors, in the vector file's own dtype
+        (:meth:`IndexedStore._views`; the engine converts each chunk it compresses)."""
+        return self._views(seqs, self._vf.dtype.type)
 
     @staticmethod
     def _tombstones(folder: Path) -> int:

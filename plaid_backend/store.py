@@ -352,10 +352,8 @@ class PlaidStore(IndexedStore):
                 "seed": b["seed"], "start_from_scratch": self.start_from_scratch}
 
     def _tensors(self, seqs: Sequence[int]) -> list:
-        """The stored vectors of ``seqs`` as float16 tensors: views into one matrix read from
-        the vector file (no per-document copies)."""
-        mat, off = self._gather(seqs, np.float16)
-        return list(self._torch.from_numpy(mat).split(np.diff(off).tolist()))
+        """The stored vectors of ``seqs`` as float16 tensors (:meth:`IndexedStore._views`)."""
+        return self._views(seqs, np.float16)
 
     def _positions(self) -> np.ndarray:
         """The seqs of the documents in the index, by position (their seq order)."""

@@ -123,6 +123,14 @@ class VectorFile:
                          if self.n_rows else np.zeros((0, DIM), self.dtype))
         return self._map
 
+    def private_map(self) -> np.ndarray:
+        """The committed rows as a copy-on-write memory map: pages are read from the file when
+        touched (and can be dropped again by the kernel); a write into the array changes
+        private pages, never the file. For engines that take their input as arrays."""
+        if not self.n_rows:
+            return np.zeros((0, DIM), self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="c", shape=(self.n_rows, DIM))
+
     def read(self, start: int, n_rows: int) -> np.ndarray:
         """One document's rows as float32 (a copy)."""
         return np.array(self._mapped()[start:start + n_rows], dtype=np.float32)

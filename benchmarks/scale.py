@@ -1,0 +1,285 @@
+"""Scale on one machine: build, disk, peak memory, latency and recall of the local engines.
+
+NPL is encoded once (``benchmarks/plaid_scale.py encode`` writes ``/tmp/npl-vectors.npz``) and
+grown with noisy copies (:func:`uibk_embedding.apps.compare.synthetic_corpus`, generated in
+chunks of ``--chunk`` documents, chunk ``c`` from seed ``c``, so every engine gets the same
+documents and no process holds the whole collection). Every step runs in a FRESH process, so
+its peak RSS (``VmHWM``, which counts the pages of memory-mapped files it touched as well as
+its heap) is that step's alone:
+
+* ``load``: stream the documents into a store (PLAID and WARP build no index while loading);
+* ``build``: open the loaded store and build its index (PLAID, WARP; for the exact store the
+  load is the build): time, peak RSS, bytes on disk;
+* ``search``: the NPL queries at k = 10, one at a time, in ``--rounds`` rounds; each round runs
+  every engine in its own process, the engine order rotated from round to round; a query's
+  latency is its median over the rounds, p50/p95 are over queries, and recall@10 is against
+  the exact store's top 10 of the same documents.
+
+``run`` does all of it for the sizes and engines given and writes one JSON and one Markdown
+table (``--out``)::
+
+    python benchmarks/plaid_scale.py encode                 # once, resumable
+    python benchmarks/scale.py run --docs 30000 100000 --engines exact,plaid,warp \\
+        --out benchmarks/results/scale
+
+Each result row records the load average before it. Run it alone on the machine: a test run
+or another benchmark on the same cores changes build times and latencies (not peak RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ENGINES = ("exact", "plaid", "warp")
+
+
+def _status() -> dict[str, int]:
+    """This process's VmHWM, VmRSS and RssAnon, in bytes."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _base(vectors: str) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+    with np.load(vectors) as z:
+        ids = json.loads(str(z["doc_ids"]))
+        dm, do = z["doc_mat"], z["doc_off"]
+        qm, qo = z["query_mat"], z["query_off"]
+    docs = [dm[do[i]:do[i + 1]] for i in range(len(do) - 1)]
+    queries = [qm[qo[i]:qo[i + 1]] for i in range(len(qo) - 1)]
+    return ids, docs, queries
+
+
+def corpus(vectors: str, n_docs: int, chunk: int) -> Iterator[tuple[list[str], list[np.ndarray]]]:
+    """The first ``n_docs`` documents, ``chunk`` at a time: NPL's own, then noisy copies."""
+    from uibk_embedding.apps.compare import synthetic_corpus
+
+    ids, docs, _ = _base(vectors)
+    real = min(n_docs, len(docs))
+    for lo in range(0, real, chunk):
+        hi = min(lo + chunk, real)
+        yield ids[lo:hi], docs[lo:hi]
+    made, c = real, 0
+    while made < n_docs:
+        n = min(chunk, n_docs - made)
+        yield [f"syn-{made + i}" for i in range(n)], synthetic_corpus(docs, n, seed=c)
+        made, c = made + n, c + 1
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--option [ENGINE:]KEY=VALUE``: store options of this engine (no prefix: every engine)."""
+    out: dict[str, Any] = {}
+    for item in args.option or []:
+        key, _, value = item.partition("=")
+        engine, _, key = key.rpartition(":")
+        if engine and engine != args.engine:
+            continue
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _open(engine: str, path: Path, loading: bool = False, **options: Any) -> Any:
+    if engine == "exact":
+        from uibk_embedding.adapters.exact import ExactStore
+
+        return ExactStore(path=path, **({"compact_every": 10**9} if loading else {}), **options)
+    huge = {"min_index_vectors": 2**62} if loading else {}
+    if engine == "plaid":
+        from uibk_embedding.plaid_backend.store import PlaidStore
+
+        return PlaidStore(path, **{"num_threads": 2, **huge, **options})
+    from uibk_embedding.adapters.warp import WarpStore
+
+    return WarpStore(path, **{**huge, **options})
+
+
+def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
+    path = Path(args.work) / f"{args.engine}-{args.docs}"
+    shutil.rmtree(path, ignore_errors=True)
+    harness = _status()
+    t0 = time.perf_counter()
+    store = _open(args.engine, path, loading=True, **_options(args))
+    n_vectors = 0
+    for ids, docs in corpus(args.vectors, args.docs, args.chunk):
+        store.upsert(ids, docs)
+        n_vectors += sum(len(d) for d in docs)
+    if args.engine == "exact":
+        store.compact()
+    store.close()
+    return {"load_s": round(time.perf_counter() - t0, 1), "vectors": n_vectors,
+            "load_peak_rss": _status()["VmHWM"], "harness_rss": harness["VmRSS"]}
+
+
+def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
+    path = Path(args.work) / f"{args.engine}-{args.docs}"
+    before = _status()
+    t0 = time.perf_counter()
+    store = _open(args.engine, path, **_options(args))
+    if args.engine != "exact":
+        store.flush()
+        assert store.has_index, "no index was built"
+    build_s = time.perf_counter() - t0
+    st = _status()
+    store.close()
+    return {"build_s": round(build_s, 1), "build_peak_rss": st["VmHWM"], "start_rss": before["VmRSS"],
+            "disk_bytes": _dir_bytes(path)}
+
+
+def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
+    path = Path(args.work) / f"{args.engine}-{args.docs}"
+    _, _, queries = _base(args.vectors)
+    queries = queries[:args.queries]
+    store = _open(args.engine, path, **_options(args))
+    t0 = time.perf_counter()
+    store.search(queries[0], k=10)
+    first_s = time.perf_counter() - t0
+    lat, top = [], []
+    for q in queries:
+        time.sleep(0.02)  # let the previous call's BLAS / OpenMP threads settle
+        t = time.perf_counter()
+        hits = store.search(q, k=10)
+        lat.append((time.perf_counter() - t) * 1000)
+        top.append([h.id for h in hits])
+    st = _status()
+    store.close()
+    return {"latency_ms": lat, "top": top, "first_search_s": round(first_s, 2),
+            "search_peak_rss": st["VmHWM"], "search_rss_anon": st["RssAnon"]}
+
+
+def _step(cmd: str, engine: str, docs: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One step in a fresh process; its JSON result."""
+    argv = [sys.executable, str(Path(__file__).resolve()), cmd, "--engine", engine, "--docs", str(docs),
+            "--work", args.work, "--vectors", args.vectors, "--chunk", str(args.chunk),
+            "--queries", str(args.queries)]
+    for item in args.option or []:
+        argv += ["--option", item]
+    load = _load_average()
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    res[f"{cmd}_load_average"] = load
+    print(f"  {cmd:6s} {engine:5s} {docs:>8,}: "
+          + ", ".join(f"{k}={v}" for k, v in res.items() if k not in ("latency_ms", "top")), flush=True)
+    return res
+
+
+def _summary(rows: dict[str, Any]) -> dict[str, Any]:
+    exact = rows.get("exact")
+    for engine, r in rows.items():
+        lat = np.median(np.array(r.pop("latency_runs")), axis=0)
+        r["p50_ms"] = round(float(np.percentile(lat, 50)), 2)
+        r["p95_ms"] = round(float(np.percentile(lat, 95)), 2)
+        if exact is not None and engine != "exact":
+            rec = [len(set(a) & set(b)) / max(1, len(b)) for a, b in zip(r["top"], exact["top"], strict=True)]
+            r["recall@10_vs_exact"] = round(float(np.mean(rec)), 4)
+            r["recall@10_min"] = round(float(np.min(rec)), 2)
+    for r in rows.values():
+        if exact is not None:
+            r["p50_vs_exact"] = round(r["p50_ms"] / exact["p50_ms"], 3)
+        r["peak_rss"] = max(r.get(k, 0) for k in ("load_peak_rss", "build_peak_rss", "search_peak_rss"))
+        r["aim_rss"] = int(1.5 * r["disk_bytes"] + 2**30)
+        r.pop("top")
+    return rows
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    saved = out.with_suffix(".json")
+    result: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() \
+        else {"machine": {"cpus": os.cpu_count()}, "sizes": {}}
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    for docs in args.docs:
+        print(f"{docs:,} documents", flush=True)
+        rows: dict[str, Any] = {}
+        for engine in engines:
+            rows[engine] = {**_step("load", engine, docs, args), **_step("build", engine, docs, args)}
+            rows[engine]["latency_runs"] = []
+        for r in range(args.rounds):
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
+            for engine in order:
+                res = _step("search", engine, docs, args)
+                rows[engine]["latency_runs"].append(res.pop("latency_ms"))
+                rows[engine]["top"] = res.pop("top")
+                rows[engine].update(res)
+        result["sizes"][str(docs)] = _summary(rows)
+        result["options"] = args.option or []
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        out.with_suffix(".md").write_text(markdown(result))
+        print(markdown(result), flush=True)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    mib = 2**20
+    lines = ["| documents | engine | vectors | load (s) | build (s) | disk (MiB) | peak RSS load / build "
+             "/ search (MiB) | aim 1.5 x disk + 1 GiB (MiB) | p50 / p95 (ms) | p50 vs exact "
+             "| recall@10 vs exact (min) | load avg |",
+             "|---:|---|---:|---:|---:|---:|---|---:|---|---:|---|---|"]
+    for docs, rows in result["sizes"].items():
+        for engine, r in rows.items():
+            rec = f"{r['recall@10_vs_exact']} ({r['recall@10_min']})" if "recall@10_vs_exact" in r else "-"
+            loads = "/".join(str(r.get(k, "?")) for k in ("load_load_average", "build_load_average",
+                                                          "search_load_average"))
+            peaks = " / ".join(f"{r[k] / mib:,.0f}" for k in ("load_peak_rss", "build_peak_rss",
+                                                              "search_peak_rss"))
+            lines.append(
+                f"| {int(docs):,} | {engine} | {r['vectors']:,} | {r['load_s']} | {r['build_s']} | "
+                f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {r['aim_rss'] / mib:,.0f} | "
+                f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("load", "build", "search", "run"):
+        c = sub.add_parser(name)
+        c.add_argument("--vectors", default="/tmp/npl-vectors.npz")
+        c.add_argument("--work", default="/tmp/uibk-scale", help="stores")
+        c.add_argument("--chunk", type=int, default=2000, help="documents per upsert")
+        c.add_argument("--queries", type=int, default=93)
+        c.add_argument("--option", action="append", help="[ENGINE:]KEY=VALUE store option (JSON value)")
+        if name == "run":
+            c.add_argument("--docs", type=int, nargs="+", required=True)
+            c.add_argument("--engines", default=",".join(ENGINES))
+            c.add_argument("--rounds", type=int, default=3)
+            c.add_argument("--out", default=str(HERE / "results" / "scale"))
+        else:
+            c.add_argument("--engine", choices=ENGINES, required=True)
+            c.add_argument("--docs", type=int, required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        cmd_run(args)
+        return 0
+    res = {"load": cmd_load, "build": cmd_build, "search": cmd_search}[args.cmd](args)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
