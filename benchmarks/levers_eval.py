@@ -63,7 +63,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = Path(os.environ.get("UIBK_LEVERS_CACHE", "/tmp/uibk-levers-cache"))
 EXPAND_TO = 32  # PyLate's default query_length
 QUERY_CAPS = (8, 16, 32, 64, 128, 256)
-FIT_SIZES = (50, 100, 300, 1000, 3000)
+FIT_SIZES = (10, 30, 100, 300, 1000, 3000)
+FIT_STATE_CAPS = (300, 1000, 3000, 10000, 50000)  # token states of the whole corpus, even strides
 FIT_SEEDS = (0, 1, 2)
 DEFAULTS = {"skiplist": "none", "positions": "cls+sep", "query_tokens": "cap64",
             "normalisation": "none"}
@@ -342,30 +343,33 @@ def fit_rows(coll, heads: dict, R: np.ndarray, P0: np.ndarray, w: float) -> list
     """``pca-own`` on seeded random samples of the collection's own documents."""
     from uibk_embedding.encoder.projection import pca_from_heads
 
-    d = heads["docs"]
     n_docs = len(heads["doc_ids"])
     built = build(heads, [])
     dtoks = built[1]
     sizes = [s for s in FIT_SIZES if s < n_docs] + [n_docs]
+    total = int(sum(len(t) for t in dtoks))
+    jobs = [(size, seed, None) for size in sizes for seed in (FIT_SEEDS if size < n_docs else (0,))]
+    jobs += [(n_docs, 0, cap) for cap in FIT_STATE_CAPS if cap < total]
     out = []
-    for size in sizes:
-        for seed in (FIT_SEEDS if size < n_docs else (0,)):
-            pick = np.sort(np.random.default_rng(seed).choice(n_docs, size, replace=False))
-            sample = [dtoks[i] for i in pick]
-            n_states = int(sum(len(t) for t in sample))
-            row = {"n_docs": int(size), "seed": int(seed), "token_states": n_states}
-            try:
-                P = pca_from_heads(None, sample)["P"]
-            except ValueError as e:
-                row["refused"] = str(e)
-                out.append(row)
-                continue
-            row["metrics"] = score(coll, heads, built, R, P, w)
+    for size, seed, cap in jobs:
+        pick = np.sort(np.random.default_rng(seed).choice(n_docs, size, replace=False))
+        sample = [dtoks[i] for i in pick]
+        n_states = int(sum(len(t) for t in sample))
+        if cap is not None:
+            n_states = min(n_states, cap)
+        row = {"n_docs": int(size), "seed": int(seed), "token_states": n_states, "state_cap": cap}
+        try:
+            P = pca_from_heads(None, sample, **({} if cap is None else {"max_token_rows": cap}))["P"]
+        except ValueError as e:
+            row["refused"] = str(e)
             out.append(row)
-            print(f"{coll.name:<12} fit {size:>6} docs seed {seed} ({n_states} states): "
-                  f"tokens {row['metrics']['tokens']['ndcg@10']:.4f} "
-                  f"fused {row['metrics']['fused']['ndcg@10']:.4f}", flush=True)
-    del d
+            print(f"{coll.name:<12} fit {size:>6} docs seed {seed}: refused ({e})", flush=True)
+            continue
+        row["metrics"] = score(coll, heads, built, R, P, w)
+        out.append(row)
+        print(f"{coll.name:<12} fit {size:>6} docs seed {seed} ({n_states} states): "
+              f"tokens {row['metrics']['tokens']['ndcg@10']:.4f} "
+              f"fused {row['metrics']['fused']['ndcg@10']:.4f}", flush=True)
     return out
 
 
@@ -409,6 +413,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                           - select_rows(d, skip_ids=punct).sum())}
         for lever, settings in levers.items():
             for s, kw in settings.items():
+                if kw.get("norm") == "center-other" and not others:
+                    continue  # needs another collection's documents
                 t0 = time.perf_counter()
                 if not kw or s == DEFAULTS.get(lever):
                     if "m" not in default_cache.get(n, {}):
@@ -481,18 +487,19 @@ def markdown(result: dict) -> str:
             base = f["random_default"]
             lines.append(f"| {name} | random default | - | - | {base['tokens']['ndcg@10']:.4f} | "
                          f"{base['fused']['ndcg@10']:.4f} | - | - |")
-            for size in dict.fromkeys(r["n_docs"] for r in f["rows"]):
-                rs = [r for r in f["rows"] if r["n_docs"] == size]
+            for size, cap in dict.fromkeys((r["n_docs"], r.get("state_cap")) for r in f["rows"]):
+                rs = [r for r in f["rows"] if r["n_docs"] == size and r.get("state_cap") == cap]
+                label = f"{size}" if cap is None else f"{size}, {cap} states kept"
                 ok = [r for r in rs if "metrics" in r]
                 st = int(np.mean([r["token_states"] for r in rs]))
                 if not ok:
-                    lines.append(f"| {name} | {size} | {len(rs)} | {st} | refused | refused | - | - |")
+                    lines.append(f"| {name} | {label} | {len(rs)} | {st} | refused | refused | - | - |")
                     continue
                 tk = [r["metrics"]["tokens"]["ndcg@10"] for r in ok]
                 fu = [r["metrics"]["fused"]["ndcg@10"] for r in ok]
                 dt = [x - base["tokens"]["ndcg@10"] for x in tk]
                 df = [x - base["fused"]["ndcg@10"] for x in fu]
-                lines.append(f"| {name} | {size} | {len(ok)} | {st} | {_mm(tk)} | {_mm(fu)} | "
+                lines.append(f"| {name} | {label} | {len(ok)} | {st} | {_mm(tk)} | {_mm(fu)} | "
                              f"{np.mean(dt):+.4f} ({min(dt):+.4f}..{max(dt):+.4f}) | "
                              f"{np.mean(df):+.4f} ({min(df):+.4f}..{max(df):+.4f}) |")
         lines.append("")
