@@ -332,7 +332,9 @@ def loco(table: dict[str, dict[str, float]], default: str) -> list[dict]:
         mean = {s: float(np.mean([table[c][s] for c in others])) for s in settings}
         best = max(mean.values())
         picked = default if mean[default] >= best - 1e-12 else next(s for s in settings if mean[s] == best)
+        own_best = max(settings, key=lambda x: table[held][x])
         rows.append({"held_out": held, "picked_on": others, "picked": picked,
+                     "held_out_best": own_best, "fused_at_held_out_best": table[held][own_best],
                      "mean_fused_on_picking": round(mean[picked], 6),
                      "fused_at_picked": table[held][picked], "fused_at_default": table[held][default],
                      "helps": picked != default and table[held][picked] > table[held][default]})
@@ -444,8 +446,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mm(a: list[float]) -> str:
-    return f"{np.mean(a):.4f}" if len(a) == 1 else f"{np.mean(a):.4f} ({min(a):.4f}-{max(a):.4f})"
+def _mm(a: list[float], sign: str = "") -> str:
+    if len(a) == 1:
+        return f"{a[0]:{sign}.4f}"
+    return f"{np.mean(a):{sign}.4f} ({min(a):{sign}.4f}..{max(a):{sign}.4f})"
 
 
 def markdown(result: dict) -> str:
@@ -470,12 +474,13 @@ def markdown(result: dict) -> str:
                 for c in per) + " |")
         lo = result.get("loco", {}).get(lever)
         if lo:
-            lines += ["", "| held out | picked (on) | fused at picked | fused at default | helps |",
-                      "|---|---|---|---|---|"]
+            lines += ["", "| held out | picked (on) | fused at picked | fused at default | helps | "
+                      "held-out best (no one may pick it) |", "|---|---|---|---|---|---|"]
             for r in lo["rows"]:
                 lines.append(f"| {r['held_out']} | {r['picked']} ({', '.join(r['picked_on'])}) | "
                              f"{r['fused_at_picked']:.4f} | {r['fused_at_default']:.4f} | "
-                             f"{'yes' if r['helps'] else 'no'} |")
+                             f"{'yes' if r['helps'] else 'no'} | "
+                             f"{r['held_out_best']} ({r['fused_at_held_out_best']:.4f}) |")
             verdict = "KEPT (helps on every held-out collection)" if lo["kept"] else "not kept"
             lines += ["", f"Decision: {verdict}"]
         lines.append("")
@@ -500,8 +505,7 @@ def markdown(result: dict) -> str:
                 dt = [x - base["tokens"]["ndcg@10"] for x in tk]
                 df = [x - base["fused"]["ndcg@10"] for x in fu]
                 lines.append(f"| {name} | {label} | {len(ok)} | {st} | {_mm(tk)} | {_mm(fu)} | "
-                             f"{np.mean(dt):+.4f} ({min(dt):+.4f}..{max(dt):+.4f}) | "
-                             f"{np.mean(df):+.4f} ({min(df):+.4f}..{max(df):+.4f}) |")
+                             f"{_mm(dt, '+')} | {_mm(df, '+')} |")
         lines.append("")
     return "\n".join(lines)
 
