@@ -434,14 +434,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                      else score(c, heads[n], build(heads[n], others), R, P, w),
                                      "rows": fit_rows(c, heads[n], R, P, w)}
             save()
+    add_loco(result)
+    save()
+    print(f"wrote {args.out}" + (f" and {args.md}" if args.md else ""))
+    return 0
+
+
+def add_loco(result: dict) -> None:
+    """The LOCO rows and the decision of every lever measured on three collections."""
     result["loco"] = {}
     for lever in result["levers"]:
         table = {c: {s: m["fused"]["ndcg@10"] for s, m in v.items()}
                  for c, v in result["levers"][lever].items()}
-        if len(table) == 3:
+        if len(table) == 3 and len({tuple(v) for v in table.values()}) == 1:
             rows = loco(table, DEFAULTS[lever])
             result["loco"][lever] = {"rows": rows, "kept": all(r["helps"] for r in rows)}
-    save()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """LOCO and markdown again from a results file (and the collections of others merged in)."""
+    result = json.loads(args.out.read_text())
+    for extra in args.merge or []:
+        other = json.loads(Path(extra).read_text())
+        result["collections"].update(other["collections"])
+        result["fit"].update(other["fit"])
+        for lever, per in other["levers"].items():
+            result["levers"].setdefault(lever, {}).update(per)
+        result["machine"].setdefault("merged", []).append({"file": str(extra), **other["machine"]})
+    add_loco(result)
+    args.out.write_text(json.dumps(result, indent=1))
+    if args.md:
+        args.md.write_text(markdown(result))
     print(f"wrote {args.out}" + (f" and {args.md}" if args.md else ""))
     return 0
 
@@ -523,10 +546,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--no-fit", action="store_true", help="skip the own-corpus P fits")
     e.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "levers_eval.json")
     e.add_argument("--md", type=Path, default=None)
+    r = sub.add_parser("report", help="LOCO and markdown again from a results file")
+    r.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "levers_eval.json")
+    r.add_argument("--merge", nargs="*", help="results files of other collections to merge in")
+    r.add_argument("--md", type=Path, default=None)
     for sp in (c, e):
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
-    return {"cache": cmd_cache, "eval": cmd_eval}[args.cmd](args)
+    return {"cache": cmd_cache, "eval": cmd_eval, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":
