@@ -393,6 +393,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
                     "load_average_start": list(os.getloadavg())},
         "collections": {}, "levers": {}, "fit": {}}
+    if args.resume and args.out.exists():  # keep what an interrupted run measured
+        old = json.loads(args.out.read_text())
+        for k in ("collections", "levers", "fit"):
+            result[k] = old[k]
+        result["machine"]["load_average_start"] = old["machine"]["load_average_start"]
+        result["machine"]["resumed_at_load_average"] = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
@@ -418,6 +424,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 if kw.get("norm") == "center-other" and not others:
                     continue  # needs another collection's documents
                 t0 = time.perf_counter()
+                done = result["levers"].get(lever, {}).get(c.name, {}).get(s)
+                if done is not None:
+                    if not kw or s == DEFAULTS.get(lever):
+                        default_cache[n] = {"m": done}
+                    continue
                 if not kw or s == DEFAULTS.get(lever):
                     if "m" not in default_cache.get(n, {}):
                         default_cache[n] = {"m": score(c, heads[n], build(heads[n], others), R, P, w)}
@@ -429,7 +440,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     f"{h} {m[h]['ndcg@10']:.4f}" for h in ("dense", "tokens", "fused"))
                     + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
                 save()
-        if not args.no_fit:
+        if not args.no_fit and c.name not in result["fit"]:
             result["fit"][c.name] = {"random_default": default_cache[n]["m"] if n in default_cache
                                      else score(c, heads[n], build(heads[n], others), R, P, w),
                                      "rows": fit_rows(c, heads[n], R, P, w)}
@@ -494,7 +505,7 @@ def markdown(result: dict) -> str:
         for s in next(iter(per.values())):
             lines.append(f"| {s} | " + " | ".join(
                 " / ".join(f"{per[c][s][h]['ndcg@10']:.4f}" for h in ("dense", "tokens", "fused"))
-                for c in per) + " |")
+                if s in per[c] else "-" for c in per) + " |")
         lo = result.get("loco", {}).get(lever)
         if lo:
             lines += ["", "| held out | picked (on) | fused at picked | fused at default | helps | "
@@ -544,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("data", nargs="+")
     e.add_argument("--levers", type=lambda t: t.split(","), default=None)
     e.add_argument("--no-fit", action="store_true", help="skip the own-corpus P fits")
+    e.add_argument("--resume", action="store_true", help="keep the figures --out already holds")
     e.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "levers_eval.json")
     e.add_argument("--md", type=Path, default=None)
     r = sub.add_parser("report", help="LOCO and markdown again from a results file")
