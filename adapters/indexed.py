@@ -130,6 +130,23 @@ def _in(column: str, values: list[int]) -> Iterator[tuple[str, list[int]]]:
         yield f"{column} IN ({','.join('?' * len(chunk))})", chunk
 
 
+def default_memory_budget(vector_bytes: int = 0) -> int:
+    """The default ``memory_budget`` of a store whose vector file holds ``vector_bytes``: half of
+    that, at least 256 MiB, and at most a quarter of the memory available now
+    (``MemAvailable``) or 4 GiB. So a build's buffers grow with the collection, as its files do
+    (docs/memory.md: peak RSS within 1.5 x the bytes on disk + 1 GiB).
+
+    >>> default_memory_budget(0) == 2**28, 2**28 <= default_memory_budget(2**40) <= 2**32
+    (True, True)
+    """
+    available = 2**34
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    return int(max(2**28, min(vector_bytes // 2, available // 4, 2**32)))
+
+
 def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
     """``ValueError`` naming ``name`` unless ``value`` is a positive int (or 0 / None if allowed)."""
     if value is None and allow_none:
@@ -165,6 +182,11 @@ class IndexedStore(Reranking, MultiVectorStore):
         the vectors its index was built from (``None``: never).
     device:
         The engine's device, ``"cpu"`` or ``"cuda:N"``.
+    memory_budget:
+        Bytes the engine's working buffers may take during a build (k-means tiles and samples,
+        compression batches), beside the memory-mapped vector file; ``None``:
+        :func:`default_memory_budget` (half the vector file, 256 MiB to 4 GiB). Not saved:
+        each process chooses its own (docs/memory.md).
     """
 
     exact = False
@@ -188,6 +210,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         rerank: bool = True, candidates: int | None = None, n_rerank: int | None = None,
         default_candidates: int = 100, min_index_vectors: int = 64, vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = None, growth_name: str = "rebuild_growth", device: str = "cpu",
+        memory_budget: int | None = None,
     ) -> None:
         MultiVectorStore.__init__(self, format)
         self._init_reranking(rerank, candidates, n_rerank, default_candidates)
@@ -204,6 +227,8 @@ class IndexedStore(Reranking, MultiVectorStore):
         self.vector_compact_fraction = float(vcf)
         self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
         self.device = device
+        check_positive("memory_budget", memory_budget, allow_none=True)
+        self._memory_budget = None if memory_budget is None else int(memory_budget)
 
         self._lock = threading.RLock()
         self._closed = False
@@ -247,6 +272,14 @@ class IndexedStore(Reranking, MultiVectorStore):
         """Refuse bad build parameters (``None``: the saved value). Engines extend this."""
         if given.get("vector_dtype") not in (None, "float16", "float32"):
             raise ValueError(f"vector_dtype must be 'float16' or 'float32', got {given['vector_dtype']!r}")
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes the engine's build buffers may take: the ``memory_budget`` given, else
+        :func:`default_memory_budget` of the stored vectors."""
+        if self._memory_budget is not None:
+            return self._memory_budget
+        return default_memory_budget(self._vf.n_rows * self._vf.dtype.itemsize * 128 if self._vf else 0)
 
     @property
     def build_params(self) -> dict[str, Any]:

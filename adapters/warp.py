@@ -72,7 +72,7 @@ from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import renamed_option
 from uibk_embedding.adapters.indexed import IndexedStore, check_positive
 from uibk_embedding.errors import EngineError, call_engine
-from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import file_name
 
 SCHEMA_VERSION = 1
@@ -153,6 +153,25 @@ def _close_open_stores() -> None:
             store.close()
 
 
+def warp_memory_options(budget: int) -> dict[str, int]:
+    """xtr-warp-rs ``create`` options that keep its build buffers within ``budget`` bytes: a
+    quarter for the float32 k-means sample (engine default 2 GiB), a quarter for one k-means
+    distance tile (``data x 8192`` centroids float32; default 32,768 points: 1 GiB), an eighth
+    each for one compression batch (token vectors and their centroid scores) and the codec
+    sample (default 1M vectors: 512 MiB). Engine defaults are the upper limits.
+
+    >>> [warp_memory_options(b)["kmeans_data_chunk_size"] for b in (2**30, 2**34)]
+    [8192, 32768]
+    """
+    def clamp(value: int, low: int, high: int) -> int:
+        return int(max(low, min(high, value)))
+
+    return {"kmeans_sample_max_bytes": clamp(budget // 4, 2**26, 2**31),
+            "kmeans_data_chunk_size": clamp(budget // 4 // (4 * 8192), 1024, 32768),
+            "compression_batch_size": clamp(budget // 8 // (4 * (DIM + 8192)), 1024, 32768),
+            "codec_sample_max_tokens": clamp(budget // 8 // (4 * DIM), 65536, 1_000_000)}
+
+
 class WarpEngineError(EngineError):
     """xtr-warp-rs failed or panicked (its Rust panics are BaseException; they become this)."""
 
@@ -222,6 +241,10 @@ class WarpStore(IndexedStore):
         The engine's search threads (engine default 1). Index builds use torch's threads.
     device:
         Engine device, ``"cpu"`` or ``"cuda[:N]"`` (CUDA paths are not measured here).
+    memory_budget:
+        Bytes for the engine's build buffers (:func:`warp_memory_options`: its k-means sample
+        and distance tiles, compression batches, codec sample); ``None``: a quarter of the
+        available memory, at most 4 GiB (docs/memory.md).
     """
 
     backend = "warp"
@@ -266,6 +289,7 @@ class WarpStore(IndexedStore):
         vector_compact_fraction: float = 0.5,
         num_threads: int = 1,
         device: str = "cpu",
+        memory_budget: int | None = None,
     ) -> None:
         for name, value in [("search_batch_size", search_batch_size), ("num_threads", num_threads)]:
             check_positive(name, value)
@@ -303,7 +327,8 @@ class WarpStore(IndexedStore):
             super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
                              default_candidates=200, min_index_vectors=min_index_vectors,
                              vector_compact_fraction=vector_compact_fraction,
-                             rebuild_growth=rebuild_growth, growth_name=growth_name, device=device)
+                             rebuild_growth=rebuild_growth, growth_name=growth_name, device=device,
+                             memory_budget=memory_budget)
         except BaseException:
             self._worker.stop()
             raise
@@ -365,7 +390,7 @@ class WarpStore(IndexedStore):
             self._call("create", engine.create, tensors, device=self.device, nbits=b["nbits"],
                        kmeans_niters=b["kmeans_niters"], max_points_per_centroid=b["max_points_per_centroid"],
                        n_samples_kmeans=b["n_samples_kmeans"], num_partitions=b["num_partitions"],
-                       seed=b["seed"], show_progress=False)
+                       seed=b["seed"], show_progress=False, **warp_memory_options(self.memory_budget))
         del tensors
         self._call("load", engine.load, device=self.device)
         return engine, list(range(len(seqs)))
@@ -423,4 +448,5 @@ class WarpStore(IndexedStore):
                 self.close()
 
 
-__all__ = ["BUILD_DEFAULTS", "WarpEngineError", "WarpStore", "engine_call", "file_name"]
+__all__ = ["BUILD_DEFAULTS", "WarpEngineError", "WarpStore", "engine_call", "file_name",
+           "warp_memory_options"]

@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,19 +137,59 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
             "load_peak_rss": _status()["VmHWM"], "harness_rss": harness["VmRSS"]}
 
 
+class _Phases:
+    """RSS sampled every 50 ms in a thread, with the peak of each phase: ``kmeans`` while
+    fast-plaid's ``compute_kmeans`` runs (PLAID), ``other`` the rest of the build."""
+
+    def __init__(self) -> None:
+        self.phase, self.peaks, self._stop = "other", {"other": 0}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            rss = _status()["VmRSS"]
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+
+    def __enter__(self) -> _Phases:
+        self._thread.start()
+        try:
+            import fast_plaid.search.fast_plaid as fpm
+        except ImportError:
+            return self
+        self._fpm, self._kmeans = fpm, fpm.compute_kmeans
+
+        def marked(*a: Any, **kw: Any) -> Any:
+            self.phase = "kmeans"
+            try:
+                return self._kmeans(*a, **kw)
+            finally:
+                self.phase = "other"
+        fpm.compute_kmeans = marked
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        if hasattr(self, "_fpm"):
+            self._fpm.compute_kmeans = self._kmeans
+
+
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.work) / f"{args.engine}-{args.docs}"
     before = _status()
     t0 = time.perf_counter()
-    store = _open(args.engine, path, **_options(args))
-    if args.engine != "exact":
-        store.flush()
-        assert store.has_index, "no index was built"
+    with _Phases() as phases:
+        store = _open(args.engine, path, **_options(args))
+        if args.engine != "exact":
+            if store.has_index and args.rebuild:  # built on open already by an earlier run
+                store.rebuild()
+            store.flush()
+            assert store.has_index, "no index was built"
     build_s = time.perf_counter() - t0
     st = _status()
     store.close()
     return {"build_s": round(build_s, 1), "build_peak_rss": st["VmHWM"], "start_rss": before["VmRSS"],
-            "disk_bytes": _dir_bytes(path)}
+            "phase_peak_rss": phases.peaks, "disk_bytes": _dir_bytes(path)}
 
 
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             c.add_argument("--engine", choices=ENGINES, required=True)
             c.add_argument("--docs", type=int, required=True)
+            c.add_argument("--rebuild", action="store_true", help="build: rebuild an existing index")
     args = p.parse_args(argv)
     if args.cmd == "run":
         cmd_run(args)

@@ -184,6 +184,10 @@ class PlaidStore(IndexedStore):
         threads can stall each other (one query took 2.2 s instead of 35 ms); 1 avoids that.
     device:
         fast-plaid device, ``"cpu"`` or ``"cuda:N"``.
+    memory_budget:
+        Bytes for fast-plaid's k-means distance tiles during a build (its default tile is
+        51,200 points x up to 10,240 centroids of float32, 2 GiB; a quarter of the budget here);
+        ``None``: a quarter of the available memory, at most 4 GiB (docs/memory.md).
     """
 
     backend = "plaid"
@@ -222,6 +226,7 @@ class PlaidStore(IndexedStore):
         device: str = "cpu",
         vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = 2.0,
+        memory_budget: int | None = None,
     ) -> None:
         for name, value in [("n_ivf_probe", n_ivf_probe), ("n_full_scores", n_full_scores),
                             ("index_batch_size", index_batch_size),
@@ -250,7 +255,7 @@ class PlaidStore(IndexedStore):
         super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
                          default_candidates=100, min_index_vectors=min_index_vectors,
                          vector_compact_fraction=vector_compact_fraction, rebuild_growth=rebuild_growth,
-                         device=device)
+                         device=device, memory_budget=memory_budget)
 
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
@@ -326,24 +331,26 @@ class PlaidStore(IndexedStore):
 
     @contextlib.contextmanager
     def _centroid_count(self) -> Iterator[None]:
-        """fast-plaid's ``create`` takes no number of centroids, but the k-means function it
-        calls (``compute_kmeans``, looked up in its module at call time) does: during our
-        ``create`` call that function gets ``num_partitions``. (Process-wide for the duration
-        of the call: another FastPlaid created at that moment in this process, outside this
-        store, would get the same bound.)"""
+        """fast-plaid's ``create`` takes neither a number of centroids nor the size of k-means'
+        distance tiles, but the k-means function it calls (``compute_kmeans``, and the
+        ``FastKMeans`` class, looked up in its module at call time) do: during our ``create``
+        call they get ``num_partitions`` (``n_centroids``) and ``chunk_size_data`` (from the
+        memory budget). (Process-wide for the duration of the call: another FastPlaid created
+        at that moment in this process, outside this store, would get the same bounds.)"""
         bound = self._build["n_centroids"]
-        if bound is None:
-            yield
-            return
-        k = min(int(bound), centroid_heuristic(self._n_vectors))
+        k = centroid_heuristic(self._n_vectors) if bound is None else min(int(bound),
+                                                                          centroid_heuristic(self._n_vectors))
+        tile_rows = int(max(1024, min(51_200, self.memory_budget // 4 // (4 * min(k, 10_240)))))
         mod = importlib.import_module(self._fp_mod.FastPlaid.__module__)
         with _PATCH_LOCK:
-            original = mod.compute_kmeans
-            mod.compute_kmeans = functools.partial(original, num_partitions=k)
+            kmeans, tiles = mod.compute_kmeans, mod.FastKMeans
+            if bound is not None:
+                mod.compute_kmeans = functools.partial(kmeans, num_partitions=k)
+            mod.FastKMeans = functools.partial(tiles, chunk_size_data=tile_rows)
             try:
                 yield
             finally:
-                mod.compute_kmeans = original
+                mod.compute_kmeans, mod.FastKMeans = kmeans, tiles
 
     def _engine_kwargs(self) -> dict[str, Any]:
         b = self._build

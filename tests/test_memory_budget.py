@@ -1,0 +1,76 @@
+"""The memory budget of the local engines' builds reaches the engines' own knobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uibk_embedding.adapters.indexed import default_memory_budget
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+
+FMT = TaggedFormat()
+
+
+def _docs(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [make_list(FMT, rng, int(rng.integers(4, 20))) for _ in range(n)]
+
+
+def test_default_budget_is_half_the_vectors_within_bounds():
+    assert default_memory_budget() == 2**28 and 2**28 <= default_memory_budget(2**40) <= 2**32
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "1G", True])
+def test_a_bad_budget_is_refused(tmp_path, bad):
+    pytest.importorskip("fast_plaid")
+    from uibk_embedding.plaid_backend.store import PlaidStore
+
+    with pytest.raises((ValueError, TypeError), match="memory_budget"):
+        PlaidStore(tmp_path / "p", memory_budget=bad)
+
+
+def test_plaid_kmeans_tiles_follow_the_budget(tmp_path, monkeypatch):
+    pytest.importorskip("fast_plaid")
+    import fast_plaid.search.fast_plaid as fpm
+
+    from uibk_embedding.plaid_backend.store import PlaidStore
+
+    seen = []
+    real = fpm.FastKMeans
+
+    def recording(*a, **kw):
+        seen.append(kw.get("chunk_size_data"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fpm, "FastKMeans", recording)
+    for budget, want in [(2**22, 1024), (2**40, 51_200)]:
+        s = PlaidStore(tmp_path / str(budget), num_threads=1, memory_budget=budget)
+        s.upsert([str(i) for i in range(60)], _docs(60))
+        assert s.has_index
+        s.close()
+        assert seen[-1] == want
+    assert fpm.FastKMeans is recording  # our patch is undone after each build
+
+
+def test_warp_build_options_follow_the_budget(tmp_path, monkeypatch):
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.adapters.warp import WarpStore, warp_memory_options
+
+    small, large = warp_memory_options(2**28), warp_memory_options(2**40)
+    assert small["kmeans_sample_max_bytes"] == 2**26 and large["kmeans_sample_max_bytes"] == 2**31
+    assert small["kmeans_data_chunk_size"] == 2048 and large["kmeans_data_chunk_size"] == 32768
+    seen = {}
+    s = WarpStore(tmp_path / "w", memory_budget=2**28, min_index_vectors=32)
+    real = s._call
+
+    def recording(what, fn, *a, **kw):
+        if what == "create":
+            seen.update(kw)
+        return real(what, fn, *a, **kw)
+
+    monkeypatch.setattr(s, "_call", recording)
+    s.upsert([str(i) for i in range(60)], _docs(60))
+    s.flush()
+    assert s.has_index and {k: seen[k] for k in small} == small
+    s.close()
