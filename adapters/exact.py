@@ -376,14 +376,20 @@ class ExactStore(MultiVectorStore):
         assert self.path is not None
         self._check_open()
         st, new_vf, gen = self._state, None, self._vgen
-        if repack or self._vf is None:
-            gen = self._vgen + 1 if self._vf is not None else 1  # None: converting a 0.3.0 store
-            st, new_vf = self._rewritten(st, gen)
-        atomic_savez(self.path / f"snapshot-{self._seq:012d}.npz",
-                     ids=_json([x if st.alive[i] else None for i, x in enumerate(st.ids)]),
-                     metadata=_json([m if st.alive[i] else None for i, m in enumerate(st.metadata)]),
-                     lengths=np.diff(st.offsets), alive=st.alive, vector_gen=np.array(gen),
-                     vector_rows=np.array(st.n_rows))
+        try:
+            if repack or self._vf is None:
+                gen = self._vgen + 1 if self._vf is not None else 1  # None: converting a 0.3.0 store
+                st, new_vf = self._rewritten(st, gen)
+            atomic_savez(self.path / f"snapshot-{self._seq:012d}.npz",
+                         ids=_json([x if st.alive[i] else None for i, x in enumerate(st.ids)]),
+                         metadata=_json([m if st.alive[i] else None for i, m in enumerate(st.metadata)]),
+                         lengths=np.diff(st.offsets), alive=st.alive, vector_gen=np.array(gen),
+                         vector_rows=np.array(st.n_rows))
+        except BaseException:
+            if new_vf is not None:  # the old generation stays in use; the new file goes
+                new_vf.close()
+                new_vf.path.unlink(missing_ok=True)
+            raise
         old_snap = self._snap_seq
         self._snap_seq = self._seq
         self._compact_at = self.compact_every
@@ -409,13 +415,18 @@ class ExactStore(MultiVectorStore):
         live = np.flatnonzero(st.alive)
         lengths = np.diff(st.offsets)[live]
         lo = 0
-        while lo < len(live):
-            hi, rows = lo, 0
-            while hi < len(live) and (hi == lo or rows + lengths[hi] <= chunk_rows):
-                rows += int(lengths[hi])
-                hi += 1
-            new.append([st.buf[st.offsets[i]:st.offsets[i + 1]] for i in live[lo:hi]])
-            lo = hi
+        try:
+            while lo < len(live):
+                hi, rows = lo, 0
+                while hi < len(live) and (hi == lo or rows + lengths[hi] <= chunk_rows):
+                    rows += int(lengths[hi])
+                    hi += 1
+                new.append([st.buf[st.offsets[i]:st.offsets[i + 1]] for i in live[lo:hi]])
+                lo = hi
+        except BaseException:
+            new.close()
+            new.path.unlink(missing_ok=True)
+            raise
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         ids = tuple(st.ids[i] for i in live)
         md = tuple(st.metadata[i] for i in live)

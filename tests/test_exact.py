@@ -123,3 +123,28 @@ def test_rows_of_a_write_whose_log_failed_stay_unreferenced(tmp_path, monkeypatc
     assert again.ids() == ["a", "c"]
     np.testing.assert_array_equal(again.get(["c"])[0].vectors, docs[2])
     assert [h.id for h in again.search(docs[2], k=1)] == ["c"]
+
+
+def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypatch):
+    from uibk_embedding.vectorfile import VectorFile
+
+    docs = _docs(10, seed=3)
+    s = ExactStore(path=tmp_path / "s", vector_dtype="float32")
+    s.upsert([str(i) for i in range(10)], docs)
+    real = VectorFile.append
+
+    def full_disk(self, vectors):
+        if self.path.name.startswith("vectors-000002"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, vectors)
+
+    monkeypatch.setattr(VectorFile, "append", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        s.compact()
+    assert not (tmp_path / "s" / "vectors-000002.f32").exists()
+    s.upsert(["new"], [docs[0]])
+    assert s.count() == 11
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.count() == 11
+    np.testing.assert_array_equal(again.get(["new"])[0].vectors, docs[0])
