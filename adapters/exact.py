@@ -2,11 +2,11 @@
 
 In memory (no ``path``), documents live in one packed float32 matrix (see
 :mod:`uibk_embedding.maxsim`). Persisted (``path=``), the rows live in one append-only vector
-file (:mod:`uibk_embedding.vectorfile`; float16 by default, ``vector_dtype="float32"`` on
-request), read through a memory map and scored block by block: the store's RAM is its ids and
-metadata plus one scoring block, whatever the number of documents, and opening it reads no
-vectors. Readers work on an immutable view, so searches never block on, or see half of, a
-concurrent write.
+file (:mod:`uibk_embedding.vectorfile`; float32 by default, ``vector_dtype="float16"`` for
+half the bytes at a slower search), read through a memory map and scored block by block: the
+store's RAM is its ids and metadata plus one scoring block, whatever the number of documents,
+and opening it reads no vectors. Readers work on an immutable view, so searches never block
+on, or see half of, a concurrent write.
 
 Persistence: every acknowledged ``upsert`` first appends its rows to the vector file (``fsync``),
 then writes one operation file in ``path/ops/`` (ids, metadata, where the rows start; a temporary
@@ -33,7 +33,7 @@ Example
 ...     s.delete(["x"])
 >>> again = ExactStore(path=d)
 >>> again.count(), again.vector_dtype, again.get(["y"])[0].vectors.dtype
-(1, 'float16', dtype('float32'))
+(1, 'float32', dtype('float32'))
 >>> again.close()
 """
 
@@ -63,8 +63,10 @@ _OP = re.compile(r"^(\d{12})\.npz$")
 LOCK_NAME = "store.lock"
 CONFIG_NAME = "store.json"
 _SNAP = re.compile(r"^snapshot-(\d{12})\.npz$")
-DEFAULT_VECTOR_DTYPE = "float16"
-"""What a new persisted store keeps its rows as (``vector_dtype=``; in memory: float32)."""
+DEFAULT_VECTOR_DTYPE = "float32"
+"""What a new persisted store keeps its rows as (``vector_dtype=``; in memory: float32). Not
+float16: converting float16 rows for the float32 product made a search 2-4x slower
+(docs/memory.md, measured at 30,000 documents)."""
 REPACK_FRACTION = 0.3
 """Dead rows above this share of all rows (and more than 64 dead documents) are dropped: packed
 in memory, or copied out of the vector file into its next generation at the next write."""
@@ -160,10 +162,10 @@ class ExactStore(MultiVectorStore):
     ----------
     path: directory to persist to (created when missing; reopened when it holds a store).
     format: the tagged format (saved with the store; used for decompositions).
-    vector_dtype: how a persisted store keeps its rows: ``"float16"`` (the default for a new
-        store: half the disk and page cache, scores within float16 rounding of float32) or
-        ``"float32"`` (scores equal to the in-memory store's). ``None``: the saved value. Stores
-        written before 0.3.1 keep float32. In memory the rows are always float32.
+    vector_dtype: how a persisted store keeps its rows: ``"float32"`` (the default for a new
+        store: scores equal to the in-memory store's) or ``"float16"`` (half the disk and page
+        cache, scores within float16 rounding, each search slower by the conversion of every
+        row). ``None``: the saved value. In memory the rows are always float32.
     max_chunk_bytes: memory bound of one scoring chunk.
     compact_every: fold the operation log into a snapshot after this many operations.
 

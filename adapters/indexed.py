@@ -204,6 +204,7 @@ class IndexedStore(Reranking, MultiVectorStore):
     ref_column: ClassVar[str | None] = None
     vector_compact_min_rows: ClassVar[int] = 0
     engine_version: str = "0"
+    _torch: Any = None  # the torch module, for engines that hand it tensors (PLAID, WARP)
 
     def __init__(
         self, path: str | os.PathLike | None, format: TaggedFormat | None, given: dict[str, Any], *,
@@ -458,9 +459,8 @@ class IndexedStore(Reranking, MultiVectorStore):
         file holds ``dtype`` these are views into its copy-on-write memory map
         (:meth:`VectorFile.private_map`): an index build reads the rows from the page cache
         instead of holding a second copy of every vector on the heap. Otherwise one converted
-        copy (:meth:`_gather`)."""
-        import torch
-
+        copy (:meth:`_gather`). For engines that load torch (``self._torch``)."""
+        torch = self._torch
         assert self._vf is not None
         if self._vf.dtype == np.dtype(dtype):
             rows = torch.from_numpy(self._vf.private_map())

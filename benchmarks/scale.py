@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("exact", "plaid", "warp")
+ENGINES = ("exact", "exact16", "plaid", "warp")
 
 
 def _status() -> dict[str, int]:
@@ -106,9 +106,11 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _open(engine: str, path: Path, loading: bool = False, **options: Any) -> Any:
-    if engine == "exact":
+    if engine in ("exact", "exact16"):  # exact16: float16 rows (half the bytes, slower scoring)
         from uibk_embedding.adapters.exact import ExactStore
 
+        if engine == "exact16" and not path.exists():
+            options = {"vector_dtype": "float16", **options}
         return ExactStore(path=path, **({"compact_every": 10**9} if loading else {}), **options)
     huge = {"min_index_vectors": 2**62} if loading else {}
     if engine == "plaid":
@@ -130,7 +132,7 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
     for ids, docs in corpus(args.vectors, args.docs, args.chunk):
         store.upsert(ids, docs)
         n_vectors += sum(len(d) for d in docs)
-    if args.engine == "exact":
+    if args.engine.startswith("exact"):
         store.compact()
     store.close()
     return {"load_s": round(time.perf_counter() - t0, 1), "vectors": n_vectors,
@@ -181,7 +183,7 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     with _Phases(args.engine == "plaid") as phases:
         store = _open(args.engine, path, **_options(args))
-        if args.engine != "exact":
+        if not args.engine.startswith("exact"):
             if store.has_index and args.rebuild:  # built on open already by an earlier run
                 store.rebuild()
             store.flush()
@@ -195,8 +197,9 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.work) / f"{args.engine}-{args.docs}"
-    _, _, queries = _base(args.vectors)
-    queries = queries[:args.queries]
+    with np.load(args.vectors) as z:  # the queries only: the harness holds no documents here
+        qm, qo = z["query_mat"], z["query_off"]
+    queries = [qm[qo[i]:qo[i + 1]] for i in range(min(args.queries, len(qo) - 1))]
     store = _open(args.engine, path, **_options(args))
     t0 = time.perf_counter()
     store.search(queries[0], k=10)
@@ -231,7 +234,7 @@ def _step(cmd: str, engine: str, docs: int, args: argparse.Namespace) -> dict[st
 
 
 def _summary(rows: dict[str, Any]) -> dict[str, Any]:
-    exact = rows.get("exact")
+    exact = rows.get("exact")  # the reference: float32 rows, exact MaxSim
     for engine, r in rows.items():
         lat = np.median(np.array(r.pop("latency_runs")), axis=0)
         r["p50_ms"] = round(float(np.percentile(lat, 50)), 2)
@@ -258,8 +261,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     for docs in args.docs:
         print(f"{docs:,} documents", flush=True)
         rows: dict[str, Any] = {}
+        old, reuse = result["sizes"].get(str(docs), {}), args.reuse.split(",")
+        kept = ("load", "build", "harness", "vectors", "disk", "start", "phase")
         for engine in engines:
-            rows[engine] = {**_step("load", engine, docs, args), **_step("build", engine, docs, args)}
+            if engine in reuse and engine in old:  # loaded and built by an earlier run
+                rows[engine] = {k: v for k, v in old[engine].items() if k.startswith(kept)}
+            else:
+                rows[engine] = {**_step("load", engine, docs, args), **_step("build", engine, docs, args)}
             rows[engine]["latency_runs"] = []
         for r in range(args.rounds):
             order = engines[r % len(engines):] + engines[:r % len(engines)]
@@ -310,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--docs", type=int, nargs="+", required=True)
             c.add_argument("--engines", default=",".join(ENGINES))
             c.add_argument("--rounds", type=int, default=3)
+            c.add_argument("--reuse", default="", help="engines whose load and build rows (and stores) "
+                           "an earlier run left: only searched again")
             c.add_argument("--out", default=str(HERE / "results" / "scale"))
         else:
             c.add_argument("--engine", choices=ENGINES, required=True)

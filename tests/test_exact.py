@@ -63,7 +63,7 @@ def test_a_store_of_030_opens_converted_and_keeps_float32(tmp_path):
 
 def test_rows_are_memory_mapped_and_scored_from_the_file(tmp_path):
     docs = _docs(40)
-    s = ExactStore(path=tmp_path / "s")
+    s = ExactStore(path=tmp_path / "s", vector_dtype="float16")
     s.upsert([str(i) for i in range(40)], docs)
     s.close()
     s = ExactStore(path=tmp_path / "s")
@@ -83,7 +83,7 @@ def test_dead_rows_are_dropped_into_the_next_generation(tmp_path):
     before = s.disk_usage()["vectors"]
     s.delete(ids[:150])  # > 64 dead documents holding > 30% of the rows: repacked at once
     assert s._vgen == 2 and s.disk_usage()["vectors"] < 0.4 * before
-    assert sorted(p.name for p in (tmp_path / "s").glob("vectors-*")) == ["vectors-000002.f16"]
+    assert sorted(p.name for p in (tmp_path / "s").glob("vectors-*")) == ["vectors-000002.f32"]
     kept = {r.id: r.vectors for r in s.get(ids)}
     s.close()
     again = ExactStore(path=tmp_path / "s")
@@ -93,10 +93,11 @@ def test_dead_rows_are_dropped_into_the_next_generation(tmp_path):
 
 
 def test_the_vector_dtype_is_the_stores_own(tmp_path):
-    ExactStore(path=tmp_path / "s", vector_dtype="float32").close()
-    with pytest.raises(CollectionMismatch, match="keeps float32 rows"):
-        ExactStore(path=tmp_path / "s", vector_dtype="float16")
-    assert ExactStore(path=tmp_path / "s").vector_dtype == "float32"
+    ExactStore(path=tmp_path / "s", vector_dtype="float16").close()
+    with pytest.raises(CollectionMismatch, match="keeps float16 rows"):
+        ExactStore(path=tmp_path / "s", vector_dtype="float32")
+    assert ExactStore(path=tmp_path / "s").vector_dtype == "float16"
+    assert ExactStore(path=tmp_path / "t").vector_dtype == "float32"  # the default
     with pytest.raises(ValueError, match="needs a path"):
         ExactStore(vector_dtype="float16")
     with pytest.raises(ValueError, match="vector_dtype must be"):
