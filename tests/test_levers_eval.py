@@ -3,29 +3,17 @@ cached heads (all positions kept), and each lever changes only the rows it names
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from uibk_embedding.apps.data import load_beir
 from uibk_embedding.encoder.projection import tagged_from_heads
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from uibk_embedding.testing import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def le():
-    spec = importlib.util.spec_from_file_location("bench_levers_eval", BENCH / "levers_eval.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
+    return load_benchmark("levers_eval")
 
 
 def _part(dense, states, ids, lens):
@@ -63,3 +51,36 @@ def test_default_setting_is_the_encoder(le, datasets):
     assert np.allclose(ex[2][:3], qd[:3], atol=1e-6)
     assert all(len(e) == max(30, len(t)) for e, t in zip(ex[3][:3], qt[:3], strict=True))
     assert np.allclose(ex[3][0][:len(qt[0])], qt[0], atol=1e-5)
+
+
+def test_the_collection_cache_resumes_and_refuses_another_encoding(tmp_path):
+    """``projection_eval.cache_collection``, which both scripts' ``cache`` use: chunks written
+    once, a run that passes its deadline stops after the chunk and the next run goes on, and a
+    cache of another encoding is refused."""
+    pe = load_benchmark("projection_eval")
+    class Doc:
+        def __init__(self, i):
+            self.id, self.full_text = f"d{i}", f"text {i}"
+
+    class Coll:
+        name, corpus, queries = "tiny", [Doc(i) for i in range(5)], {"q1": "a query"}
+
+    written = []
+
+    def docs(path, texts):
+        written.append(texts)
+        np.savez(path, n=np.array(len(texts)))
+
+    folder = tmp_path / "tiny"
+    assert not pe.cache_collection(Coll, folder, "enc-1", 2, deadline=-1.0,
+                                   write_queries=lambda f: None, write_docs=docs)  # deadline passed
+    assert written == [] and (folder / "meta.json").exists()
+    assert pe.cache_collection(Coll, folder, "enc-1", 2, deadline=float("inf"),
+                               write_queries=lambda f: None, write_docs=docs)
+    assert written == [["text 0", "text 1"], ["text 2", "text 3"], ["text 4"]]
+    assert pe.cache_collection(Coll, folder, "enc-1", 2, deadline=float("inf"),
+                               write_queries=lambda f: None, write_docs=docs)
+    assert len(written) == 3  # nothing encoded twice
+    with pytest.raises(SystemExit, match="another encoding"):
+        pe.cache_collection(Coll, folder, "enc-2", 2, deadline=float("inf"),
+                            write_queries=lambda f: None, write_docs=docs)
