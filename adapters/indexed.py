@@ -280,7 +280,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         :func:`default_memory_budget` of the stored vectors."""
         if self._memory_budget is not None:
             return self._memory_budget
-        return default_memory_budget(self._vf.n_rows * self._vf.dtype.itemsize * 128 if self._vf else 0)
+        return default_memory_budget(self._vf.n_rows * self._vf.row_bytes if self._vf else 0)
 
     @property
     def build_params(self) -> dict[str, Any]:

@@ -243,8 +243,9 @@ class WarpStore(IndexedStore):
         Engine device, ``"cpu"`` or ``"cuda[:N]"`` (CUDA paths are not measured here).
     memory_budget:
         Bytes for the engine's build buffers (:func:`warp_memory_options`: its k-means sample
-        and distance tiles, compression batches, codec sample); ``None``: a quarter of the
-        available memory, at most 4 GiB (docs/memory.md).
+        and distance tiles, compression batches, codec sample); ``None``:
+        :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the vector file,
+        256 MiB to 4 GiB; docs/memory.md).
     """
 
     backend = "warp"

@@ -187,7 +187,8 @@ class PlaidStore(IndexedStore):
     memory_budget:
         Bytes for fast-plaid's k-means distance tiles during a build (its default tile is
         51,200 points x up to 10,240 centroids of float32, 2 GiB; a quarter of the budget here);
-        ``None``: a quarter of the available memory, at most 4 GiB (docs/memory.md).
+        ``None``: :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the
+        vector file, 256 MiB to 4 GiB; docs/memory.md).
     """
 
     backend = "plaid"
@@ -338,8 +339,9 @@ class PlaidStore(IndexedStore):
         memory budget). (Process-wide for the duration of the call: another FastPlaid created
         at that moment in this process, outside this store, would get the same bounds.)"""
         bound = self._build["n_centroids"]
-        k = centroid_heuristic(self._n_vectors) if bound is None else min(int(bound),
-                                                                          centroid_heuristic(self._n_vectors))
+        k = centroid_heuristic(self._n_vectors)
+        if bound is not None:
+            k = min(int(bound), k)
         tile_rows = int(max(1024, min(51_200, self.memory_budget // 4 // (4 * min(k, 10_240)))))
         mod = importlib.import_module(self._fp_mod.FastPlaid.__module__)
         with _PATCH_LOCK:

@@ -123,6 +123,11 @@ class VectorFile:
                          if self.n_rows else np.zeros((0, DIM), self.dtype))
         return self._map
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row in the file."""
+        return DIM * self.dtype.itemsize
+
     def private_map(self) -> np.ndarray:
         """The committed rows as a copy-on-write memory map: pages are read from the file when
         touched (and can be dropped again by the kernel); a write into the array changes
