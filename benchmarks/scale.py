@@ -264,11 +264,16 @@ def cmd_run(args: argparse.Namespace) -> None:
         old, reuse = result["sizes"].get(str(docs), {}), args.reuse.split(",")
         kept = ("load", "build", "harness", "vectors", "disk", "start", "phase")
         for engine in engines:
+            options = _options(argparse.Namespace(option=args.option, engine=engine))
             if engine in reuse and engine in old:  # loaded and built by an earlier run
+                if old[engine].get("options", {}) != options:
+                    raise SystemExit(f"--reuse {engine}: its {docs:,}-document store was built with "
+                                     f"{old[engine].get('options', {})}, not {options}")
                 rows[engine] = {k: v for k, v in old[engine].items() if k.startswith(kept)}
             else:
                 rows[engine] = {**_step("load", engine, docs, args), **_step("build", engine, docs, args)}
             rows[engine]["latency_runs"] = []
+            rows[engine]["options"] = options
         for r in range(args.rounds):
             order = engines[r % len(engines):] + engines[:r % len(engines)]
             for engine in order:
@@ -277,7 +282,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 rows[engine]["top"] = res.pop("top")
                 rows[engine].update(res)
         result["sizes"][str(docs)] = _summary(rows)
-        result["options"] = args.option or []
+        result.pop("options", None)  # before: one list for every size; now per row
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
         out.with_suffix(".md").write_text(markdown(result))
@@ -288,8 +293,8 @@ def markdown(result: dict[str, Any]) -> str:
     mib = 2**20
     lines = ["| documents | engine | vectors | load (s) | build (s) | disk (MiB) | peak RSS load / build "
              "/ search (MiB) | aim 1.5 x disk + 1 GiB (MiB) | p50 / p95 (ms) | p50 vs exact "
-             "| recall@10 vs exact (min) | load avg |",
-             "|---:|---|---:|---:|---:|---:|---|---:|---|---:|---|---|"]
+             "| recall@10 vs exact (min) | load avg | options |",
+             "|---:|---|---:|---:|---:|---:|---|---:|---|---:|---|---|---|"]
     for docs, rows in result["sizes"].items():
         for engine, r in rows.items():
             rec = f"{r['recall@10_vs_exact']} ({r['recall@10_min']})" if "recall@10_vs_exact" in r else "-"
@@ -300,7 +305,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {int(docs):,} | {engine} | {r['vectors']:,} | {r['load_s']} | {r['build_s']} | "
                 f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {r['aim_rss'] / mib:,.0f} | "
-                f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} |")
+                f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} | "
+                f"{', '.join(f'{k}={v}' for k, v in r.get('options', {}).items()) or 'defaults'} |")
     return "\n".join(lines) + "\n"
 
 

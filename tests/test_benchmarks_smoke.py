@@ -157,3 +157,36 @@ def test_encode_throughput_overhead_section(datasets, tmp_path):
     res = json.loads(out.read_text())["overhead"]
     tiny = res["tiny UIBK, 300-token documents"]
     assert tiny["docs"] == 8 and tiny["docs_per_s"] > 0 and tiny["forward_only_docs_per_s"] > 0
+
+
+def test_scale_smoke(tmp_path, rng):
+    """benchmarks/scale.py on 40 random tagged documents grown to 60: every step runs in its
+    own process, the exact engines agree, the per-engine options are recorded, and a reused
+    store built with other options is refused."""
+    pytest.importorskip("xtr_warp")
+    from uibk_embedding.maxsim import pack
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]
+    queries = [make_list(TaggedFormat(), rng, 4) for _ in range(3)]
+    dm, do = pack(docs)
+    qm, qo = pack(queries)
+    vec = tmp_path / "v.npz"
+    np.savez(vec, doc_mat=dm.astype(np.float16), doc_off=do,
+             doc_ids=np.array(json.dumps([f"d{i}" for i in range(40)])), query_mat=qm, query_off=qo,
+             query_ids=np.array(json.dumps(["q0", "q1", "q2"])))
+    mod = _bench("scale")
+    out = tmp_path / "res" / "scale"
+    common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--queries", "3", "--chunk", "25",
+              "--docs", "60", "--rounds", "2", "--out", str(out)]
+    warp = ["--option", "warp:num_partitions=16", "--option", "warp:kmeans_niters=1"]
+    assert mod.main(["run", *common, "--engines", "exact,exact16,warp", *warp]) == 0
+    row = json.loads(out.with_suffix(".json").read_text())["sizes"]["60"]
+    assert row["exact"]["vectors"] == row["warp"]["vectors"] > 0
+    assert row["exact16"]["recall@10_vs_exact"] == 1.0 and row["exact"]["p50_vs_exact"] == 1.0
+    assert row["warp"]["options"] == {"num_partitions": 16, "kmeans_niters": 1}
+    assert row["exact"]["options"] == {}
+    assert "num_partitions=16, kmeans_niters=1" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit, match="built with"):
+        mod.main(["run", *common, "--engines", "exact,warp", "--reuse", "warp"])
