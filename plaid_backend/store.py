@@ -48,6 +48,7 @@ import gc
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import threading
 import warnings
@@ -92,6 +93,36 @@ def centroid_heuristic(n_vectors: int) -> int:
     (8192, 16384)
     """
     return 2 ** int(np.floor(np.log2(16 * np.sqrt(max(1, n_vectors)))))
+
+
+SAMPLE_BYTES_PER_VECTOR = 2 * 2 * DIM + 8 + 2
+"""RAM per vector of fast-plaid's k-means sample: the float16 copy, its float16 square (for the
+norms), an int64 label and the norm."""
+MIN_POINTS_PER_CENTROID = 64
+"""The memory budget never shrinks the k-means sample below this many vectors per centroid."""
+
+
+def kmeans_sample_docs(n_docs: int, n_vectors: int, n_centroids: int, memory_budget: int) -> int:
+    """Documents in fast-plaid's k-means sample: the engine's own ``min(n, 1 + 16 sqrt(120 n))``,
+    cut so that the sample takes at most half of ``memory_budget``, but never below
+    :data:`MIN_POINTS_PER_CENTROID` vectors per centroid (the quality floor wins over the budget).
+
+    The engine's rule gives 76-152 vectors per centroid at its own centroid count, so with that
+    count the floor decides (on NPL it keeps 90% of the sample, at 30k documents 73%); with
+    fewer centroids (``n_centroids``) the budget does:
+
+    >>> kmeans_sample_docs(11_426, 582_526, 8_192, 2**28)        # NPL: the rule takes all 11,426
+    10284
+    >>> kmeans_sample_docs(30_000, 1_440_000, 16_384, 2**28)     # the floor: 64 x 16,384 vectors
+    21846
+    >>> kmeans_sample_docs(100_000, 4_800_000, 4_096, 614 * 2**20)  # the budget: 55,000 by the rule
+    12847
+    """
+    engine = min(n_docs, 1 + int(16 * math.sqrt(120 * n_docs)))
+    per_doc = max(1.0, n_vectors / max(1, n_docs))
+    fit = int(memory_budget // 2 / (SAMPLE_BYTES_PER_VECTOR * per_doc))
+    floor = math.ceil(MIN_POINTS_PER_CENTROID * n_centroids / per_doc)
+    return max(1, min(engine, max(fit, floor)))
 
 
 class PlaidEngineError(EngineError):
@@ -185,8 +216,10 @@ class PlaidStore(IndexedStore):
     device:
         fast-plaid device, ``"cpu"`` or ``"cuda:N"``.
     memory_budget:
-        Bytes for fast-plaid's k-means distance tiles during a build (its default tile is
-        51,200 points x up to 10,240 centroids of float32, 2 GiB; a quarter of the budget here);
+        Bytes for fast-plaid's k-means during a build: its distance tiles (its default tile is
+        51,200 points x up to 10,240 centroids of float32, 2 GiB; a quarter of the budget here)
+        and its sample (:func:`kmeans_sample_docs`: at most half the budget, unless that leaves
+        fewer than 64 vectors per centroid; ``n_samples_kmeans`` overrides it);
         ``None``: :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the
         vector file, 256 MiB to 4 GiB; docs/memory.md).
     """
@@ -330,6 +363,12 @@ class PlaidStore(IndexedStore):
             self._torch.manual_seed(int(self._build["seed"]))
             yield
 
+    def _centroids(self) -> int:
+        """The number of centroids of a build now: the heuristic, at most ``n_centroids``."""
+        k = centroid_heuristic(self._n_vectors)
+        bound = self._build["n_centroids"]
+        return k if bound is None else min(int(bound), k)
+
     @contextlib.contextmanager
     def _centroid_count(self) -> Iterator[None]:
         """fast-plaid's ``create`` takes neither a number of centroids nor the size of k-means'
@@ -338,10 +377,7 @@ class PlaidStore(IndexedStore):
         call they get ``num_partitions`` (``n_centroids``) and ``chunk_size_data`` (from the
         memory budget). (Process-wide for the duration of the call: another FastPlaid created
         at that moment in this process, outside this store, would get the same bounds.)"""
-        bound = self._build["n_centroids"]
-        k = centroid_heuristic(self._n_vectors)
-        if bound is not None:
-            k = min(int(bound), k)
+        bound, k = self._build["n_centroids"], self._centroids()
         tile_rows = int(max(1024, min(51_200, self.memory_budget // 4 // (4 * min(k, 10_240)))))
         mod = importlib.import_module(self._fp_mod.FastPlaid.__module__)
         with _PATCH_LOCK:
@@ -354,10 +390,15 @@ class PlaidStore(IndexedStore):
             finally:
                 mod.compute_kmeans, mod.FastKMeans = kmeans, tiles
 
-    def _engine_kwargs(self) -> dict[str, Any]:
+    def _engine_kwargs(self, n_docs: int | None = None) -> dict[str, Any]:
+        """fast-plaid's build arguments; for a ``create`` of ``n_docs`` documents the k-means
+        sample is bounded by the memory budget (an ``update`` keeps the engine's rule)."""
         b = self._build
+        samples = b["n_samples_kmeans"]
+        if samples is None and n_docs is not None:  # the engine's rule, within the memory budget
+            samples = kmeans_sample_docs(n_docs, self._n_vectors, self._centroids(), self.memory_budget)
         return {"kmeans_niters": b["kmeans_niters"], "max_points_per_centroid": b["max_points_per_centroid"],
-                "n_samples_kmeans": b["n_samples_kmeans"], "batch_size": self.index_batch_size,
+                "n_samples_kmeans": samples, "batch_size": self.index_batch_size,
                 "seed": b["seed"], "start_from_scratch": self.start_from_scratch}
 
     def _tensors(self, seqs: Sequence[int]) -> list:
@@ -380,7 +421,8 @@ class PlaidStore(IndexedStore):
         vectors = self._tensors(seqs)
         fp = engine_call("open", self._fp_mod.FastPlaid, index=str(folder), device=self.device)
         with self._seeded(), self._centroid_count():
-            engine_call("create", fp.create, vectors, nbits=self._build["nbits"], **self._engine_kwargs())
+            engine_call("create", fp.create, vectors, nbits=self._build["nbits"],
+                        **self._engine_kwargs(len(seqs)))
         return fp, seqs
 
     def _engine_open(self, folder: Path) -> Any:

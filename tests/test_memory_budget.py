@@ -74,3 +74,31 @@ def test_warp_build_options_follow_the_budget(tmp_path, monkeypatch):
     s.flush()
     assert s.has_index and {k: seen[k] for k in small} == small
     s.close()
+
+
+def test_plaid_kmeans_sample_follows_the_budget(tmp_path, monkeypatch):
+    pytest.importorskip("fast_plaid")
+    from uibk_embedding.plaid_backend.store import PlaidStore, kmeans_sample_docs
+
+    # the engine's rule below the budget; the budget's share above it; the floor of 64 vectors
+    # per centroid over both
+    assert kmeans_sample_docs(100, 5_000, 64, 2**30) == 100
+    assert kmeans_sample_docs(10**6, 5 * 10**7, 2**15, 2**32) == 2**31 // (522 * 50)
+    assert kmeans_sample_docs(10**6, 5 * 10**7, 2**16, 2**20) == -(-64 * 2**16 // 50)  # ceil
+    seen = []
+    s = PlaidStore(tmp_path / "p", num_threads=1, memory_budget=2**28, min_index_vectors=10**9)
+    real = s._fp_mod.FastPlaid.create
+
+    def recording(self, *a, **kw):
+        seen.append(kw["n_samples_kmeans"])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(s._fp_mod.FastPlaid, "create", recording)
+    docs = _docs(60)
+    s.upsert([str(i) for i in range(60)], docs)
+    s.min_index_vectors = 1
+    s.flush()
+    assert s.has_index
+    k = s._centroids()
+    assert seen == [kmeans_sample_docs(60, sum(map(len, docs)), k, 2**28)] == [60]
+    s.close()
