@@ -16,6 +16,8 @@ SPECS = [
     BackendSpec("exact-disk", make=lambda d: ExactStore(path=d / "exact", vector_dtype="float32"),
                 reopen=lambda d, **kw: ExactStore(path=d / "exact", **kw)),
     BackendSpec("exact-disk-f16", make=lambda d: ExactStore(path=d / "exact", vector_dtype="float16"),
-                reopen=lambda d, **kw: ExactStore(path=d / "exact", **kw), contract="approximate",
+                # reopen names the dtype too: the crash test and others create the store with it
+                reopen=lambda d, **kw: ExactStore(path=d / "exact", **{"vector_dtype": "float16", **kw}),
+                contract="approximate",
                 recall_floor=1.0, get_atol=1e-3),
 ]
