@@ -102,3 +102,53 @@ def test_plaid_kmeans_sample_follows_the_budget(tmp_path, monkeypatch):
     k = s._centroids()
     assert seen == [kmeans_sample_docs(60, sum(map(len, docs)), k, 2**28)] == [60]
     s.close()
+
+
+_PROBE = r"""
+import ctypes, sys, tempfile
+import numpy as np
+from uibk_embedding.plaid_backend.store import PlaidStore
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+
+if sys.argv[1] == "build":
+    rng = np.random.default_rng(0)
+    s = PlaidStore(tempfile.mkdtemp() + "/p", num_threads=1, min_index_vectors=32)
+    s.upsert([str(i) for i in range(40)], [make_list(TaggedFormat(), rng, 8) for _ in range(40)])
+    assert s.has_index
+    s.close()
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype, libc.malloc.restype = Info, ctypes.c_void_p
+libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+for _ in range(2):  # a freed mmap block raises glibc's adaptive threshold above its size
+    p = libc.malloc(4 << 20)
+    libc.free(p)
+before = libc.mallinfo2().hblks
+p = libc.malloc(4 << 20)
+print(libc.mallinfo2().hblks - before)  # 1: this block is its own mmap, 0: it came from the heap
+libc.free(p)
+"""
+
+
+@pytest.mark.parametrize("mode, env, mapped", [("build", {}, 1), ("import", {}, 0),
+                                               ("build", {"UIBK_MALLOC_TUNING": "0"}, 0)])
+def test_plaid_build_fixes_the_mmap_threshold(mode, env, mapped):
+    """After a PLAID build, a 4 MiB allocation is its own mmap (given back on free) even after
+    glibc would have raised its threshold; without a build, or opted out, it comes from the heap."""
+    pytest.importorskip("fast_plaid")
+    import ctypes
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    if platform.system() != "Linux" or not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc >= 2.33 only (mallinfo2)")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "UIBK_MALLOC"))}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], env={**base, **env}, check=True,
+                         capture_output=True, text=True).stdout
+    assert int(out.split()[-1]) == mapped
