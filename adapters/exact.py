@@ -368,8 +368,9 @@ class ExactStore(MultiVectorStore):
         with self._lock:
             if self.path is None:
                 self._state = _packed(self._state)
-            else:
-                self._compact_locked(repack=True)
+            else:  # no dead rows: the rows stay where they are (no copy of the whole file)
+                assert self._vf is not None
+                self._compact_locked(repack=self._state.dead_rows > 0 or self._vf.n_rows > self._state.n_rows)
 
     def _compact_locked(self, repack: bool = False) -> None:
         """Snapshot ``self._state`` as of ``self._seq``; every operation up to ``self._seq`` must

@@ -132,6 +132,7 @@ def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypa
     docs = _docs(10, seed=3)
     s = ExactStore(path=tmp_path / "s", vector_dtype="float32")
     s.upsert([str(i) for i in range(10)], docs)
+    s.delete(["9"])  # a dead row, so compact() copies the live rows into the next generation
     real = VectorFile.append
 
     def full_disk(self, vectors):
@@ -144,8 +145,25 @@ def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypa
         s.compact()
     assert not (tmp_path / "s" / "vectors-000002.f32").exists()
     s.upsert(["new"], [docs[0]])
-    assert s.count() == 11
+    assert s.count() == 10
     s.close()
     again = ExactStore(path=tmp_path / "s")
-    assert again.count() == 11
+    assert again.count() == 10 and "9" not in again.ids()
     np.testing.assert_array_equal(again.get(["new"])[0].vectors, docs[0])
+
+
+def test_compact_copies_the_rows_only_when_some_are_dead(tmp_path):
+    docs, ids = _docs(20, seed=3), [str(i) for i in range(20)]
+    s = ExactStore(path=tmp_path / "s", compact_every=10**6)
+    s.upsert(ids, docs)
+    s.compact()  # nothing dead: a snapshot, the same vector file
+    assert s._vgen == 1 and not list((tmp_path / "s" / "ops").glob("*.npz"))
+    s.delete(ids[:2])
+    s.compact()  # dead rows: copied out into the next generation
+    assert s._vgen == 2
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.ids() == ids[2:]
+    for r, d in zip(again.get(ids[2:]), docs[2:], strict=True):
+        np.testing.assert_array_equal(r.vectors, d)
+    again.close()
