@@ -119,21 +119,26 @@ def test_maxsim_kernel_smoke(tmp_path):
     assert [r["n_docs"] for r in res["scaling"]] == [50, 100, 200]
 
 
-def test_plaid_scale_smoke(tmp_path, rng):
-    """benchmarks/plaid_scale.py on 40 random tagged documents (+ 20 synthetic copies): build,
-    interleaved search, sweep, rerank and profile produce consistent results."""
-    pytest.importorskip("fast_plaid")
+def _tiny_vectors(tmp_path: Path, rng, doc_dtype) -> Path:
+    """40 random tagged documents and 3 queries in the layout of ``plaid_scale.py encode``."""
     from uibk_embedding.maxsim import pack
     from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
 
-    docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]
-    queries = [make_list(TaggedFormat(), rng, 4) for _ in range(3)]
-    dm, do = pack(docs)
-    qm, qo = pack(queries)
+    dm, do = pack([make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)])
+    qm, qo = pack([make_list(TaggedFormat(), rng, 4) for _ in range(3)])
     vec = tmp_path / "v.npz"
-    np.savez(vec, doc_mat=dm, doc_off=do, doc_ids=np.array(json.dumps([f"d{i}" for i in range(40)])),
-             query_mat=qm, query_off=qo, query_ids=np.array(json.dumps(["q0", "q1", "q2"])))
+    np.savez(vec, doc_mat=dm.astype(doc_dtype), doc_off=do,
+             doc_ids=np.array(json.dumps([f"d{i}" for i in range(40)])), query_mat=qm, query_off=qo,
+             query_ids=np.array(json.dumps(["q0", "q1", "q2"])))
+    return vec
+
+
+def test_plaid_scale_smoke(tmp_path, rng):
+    """benchmarks/plaid_scale.py on 40 random tagged documents (+ 20 synthetic copies): build,
+    interleaved search, sweep, rerank and profile produce consistent results."""
+    pytest.importorskip("fast_plaid")
+    vec = _tiny_vectors(tmp_path, rng, np.float32)
     mod = _bench("plaid_scale")
     common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3",
               "--runs", "1", "--threads", "1"]
@@ -164,18 +169,7 @@ def test_scale_smoke(tmp_path, rng):
     own process, the exact engines agree, the per-engine options are recorded, and a reused
     store built with other options is refused."""
     pytest.importorskip("xtr_warp")
-    from uibk_embedding.maxsim import pack
-    from uibk_embedding.tagged import TaggedFormat
-    from uibk_embedding.testing import make_list
-
-    docs = [make_list(TaggedFormat(), rng, int(rng.integers(5, 20))) for _ in range(40)]
-    queries = [make_list(TaggedFormat(), rng, 4) for _ in range(3)]
-    dm, do = pack(docs)
-    qm, qo = pack(queries)
-    vec = tmp_path / "v.npz"
-    np.savez(vec, doc_mat=dm.astype(np.float16), doc_off=do,
-             doc_ids=np.array(json.dumps([f"d{i}" for i in range(40)])), query_mat=qm, query_off=qo,
-             query_ids=np.array(json.dumps(["q0", "q1", "q2"])))
+    vec = _tiny_vectors(tmp_path, rng, np.float16)
     mod = _bench("scale")
     out = tmp_path / "res" / "scale"
     common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--queries", "3", "--chunk", "25",
