@@ -145,8 +145,8 @@ def kmeans_sample_docs(n_docs: int, n_vectors: int, n_centroids: int, memory_bud
 
     For documents of 48 vectors (NPL's length) the engine's rule gives 76-152 vectors per
     centroid at its own centroid count (the ratio grows with the square root of the document
-    length), so with that count the floor decides (on NPL it keeps 90% of the sample, at 30k documents 73%); with
-    fewer centroids (``n_centroids``) the budget does:
+    length), so with that count the floor decides (on NPL it keeps 90% of the sample, at 30k
+    documents 73%); with fewer centroids (``n_centroids``) the budget does:
 
     >>> kmeans_sample_docs(11_426, 582_526, 8_192, 2**28)        # NPL: the rule takes all 11,426
     10284
