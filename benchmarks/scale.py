@@ -195,6 +195,47 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
             "phase_peak_rss": phases.peaks, "disk_bytes": _dir_bytes(path)}
 
 
+def cmd_update(args: argparse.Namespace) -> dict[str, Any]:
+    """Add ``--add`` new documents, ``--chunk`` per upsert, to the built store copied to
+    ``{engine}-{docs}-update`` (each upsert brings the index up to date: the engines' update
+    path, or a rebuild where the store decides one). The new documents (noisy copies from other
+    seeds) are made first and the base collection freed; the peak is reset after that, so
+    ``update_peak_rss`` is the store's plus the documents being added (``update_docs_bytes``)."""
+    from uibk_embedding.apps.compare import synthetic_corpus
+
+    built = Path(args.work) / f"{args.engine}-{args.docs}"
+    path = built.with_name(built.name + "-update")
+    if not built.exists():
+        raise SystemExit(f"update: no built store at {built} (run load and build first)")
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(built, path)  # copy_file_range / sendfile: no pages of this process
+    _, base, _ = _base(args.vectors)
+    chunks = []
+    for c, lo in enumerate(range(0, args.add, args.chunk)):
+        n = min(args.chunk, args.add - lo)
+        chunks.append(([f"add-{lo + i}" for i in range(n)], synthetic_corpus(base, n, seed=10**6 + c)))
+    del base
+    docs_bytes = sum(d.nbytes for _, docs in chunks for d in docs)
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+    before = _status()
+    t0 = time.perf_counter()
+    store = _open(args.engine, path, **_options(args))
+    generation = getattr(store, "_generation", None)
+    open_s, chunk_s = time.perf_counter() - t0, []
+    for ids, docs in chunks:
+        t = time.perf_counter()
+        store.upsert(ids, docs)
+        chunk_s.append(round(time.perf_counter() - t, 2))
+    update_s = time.perf_counter() - t0
+    rebuilt = generation is not None and store._generation != generation
+    st = _status()
+    store.close()
+    return {"update_docs": args.add, "update_chunk": args.chunk, "update_s": round(update_s, 1),
+            "update_open_s": round(open_s, 1), "update_chunk_s": chunk_s, "update_rebuilt": rebuilt,
+            "update_start_rss": before["VmRSS"], "update_docs_bytes": docs_bytes,
+            "update_peak_rss": st["VmHWM"], "update_disk_bytes": _dir_bytes(path)}
+
+
 def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.work) / f"{args.engine}-{args.docs}"
     with np.load(args.vectors) as z:  # the queries only: the harness holds no documents here
@@ -221,7 +262,7 @@ def _step(cmd: str, engine: str, docs: int, args: argparse.Namespace) -> dict[st
     """One step in a fresh process; its JSON result."""
     argv = [sys.executable, str(Path(__file__).resolve()), cmd, "--engine", engine, "--docs", str(docs),
             "--work", args.work, "--vectors", args.vectors, "--chunk", str(args.chunk),
-            "--queries", str(args.queries)]
+            "--queries", str(args.queries), "--add", str(args.add)]
     for item in args.option or []:
         argv += ["--option", item]
     load = _load_average()
@@ -248,6 +289,8 @@ def _summary(rows: dict[str, Any]) -> dict[str, Any]:
             r["p50_vs_exact"] = round(r["p50_ms"] / exact["p50_ms"], 3)
         r["peak_rss"] = max(r.get(k, 0) for k in ("load_peak_rss", "build_peak_rss", "search_peak_rss"))
         r["aim_rss"] = int(1.5 * r["disk_bytes"] + 2**30)
+        if "update_disk_bytes" in r:
+            r["update_aim_rss"] = int(1.5 * r["update_disk_bytes"] + 2**30)
         r.pop("top")
     return rows
 
@@ -262,7 +305,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"{docs:,} documents", flush=True)
         rows: dict[str, Any] = {}
         old, reuse = result["sizes"].get(str(docs), {}), args.reuse.split(",")
-        kept = ("load", "build", "harness", "vectors", "disk", "start", "phase")
+        kept = ("load", "build", "update", "harness", "vectors", "disk", "start", "phase")
         for engine in engines:
             options = _options(argparse.Namespace(option=args.option, engine=engine))
             if engine in reuse and engine in old:  # loaded and built by an earlier run
@@ -274,6 +317,11 @@ def cmd_run(args: argparse.Namespace) -> None:
                 rows[engine] = {**_step("load", engine, docs, args), **_step("build", engine, docs, args)}
             rows[engine]["latency_runs"] = []
             rows[engine]["options"] = options
+            if args.add:  # the update path, on a copy of the built store (removed after)
+                try:
+                    rows[engine].update(_step("update", engine, docs, args))
+                finally:
+                    shutil.rmtree(Path(args.work) / f"{engine}-{docs}-update", ignore_errors=True)
         for r in range(args.rounds):
             order = engines[r % len(engines):] + engines[:r % len(engines)]
             for engine in order:
@@ -307,19 +355,36 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {r['aim_rss'] / mib:,.0f} | "
                 f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} | "
                 f"{', '.join(f'{k}={v}' for k, v in r.get('options', {}).items()) or 'defaults'} |")
+    updates = [(docs, engine, r) for docs, rows in result["sizes"].items() for engine, r in rows.items()
+               if "update_peak_rss" in r]
+    if updates:
+        lines += ["", "| documents | engine | added | per upsert | update (s) | median upsert (s) | rebuilt "
+                  "| disk after (MiB) | peak RSS (MiB) | of which the added documents (MiB) "
+                  "| aim 1.5 x disk + 1 GiB (MiB) | load avg |",
+                  "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+        for docs, engine, r in updates:
+            per = r.get("update_chunk", "?")
+            lines.append(
+                f"| {int(docs):,} | {engine} | {r['update_docs']:,} | {per} | {r['update_s']} | "
+                f"{np.median(r['update_chunk_s']):.2f} | {'yes' if r['update_rebuilt'] else 'no'} | "
+                f"{r['update_disk_bytes'] / mib:,.0f} | {r['update_peak_rss'] / mib:,.0f} | "
+                f"{r['update_docs_bytes'] / mib:,.0f} | {r['update_aim_rss'] / mib:,.0f} | "
+                f"{r.get('update_load_average', '?')} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("load", "build", "search", "run"):
+    for name in ("load", "build", "update", "search", "run"):
         c = sub.add_parser(name)
         c.add_argument("--vectors", default="/tmp/npl-vectors.npz")
         c.add_argument("--work", default="/tmp/uibk-scale", help="stores")
         c.add_argument("--chunk", type=int, default=2000, help="documents per upsert")
         c.add_argument("--queries", type=int, default=93)
         c.add_argument("--option", action="append", help="[ENGINE:]KEY=VALUE store option (JSON value)")
+        c.add_argument("--add", type=int, default=0, help="update: documents added to a copy of the "
+                       "built store, --chunk per upsert (run: 0 = no update step)")
         if name == "run":
             c.add_argument("--docs", type=int, nargs="+", required=True)
             c.add_argument("--engines", default=",".join(ENGINES))
@@ -335,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         cmd_run(args)
         return 0
-    res = {"load": cmd_load, "build": cmd_build, "search": cmd_search}[args.cmd](args)
+    res = {"load": cmd_load, "build": cmd_build, "update": cmd_update, "search": cmd_search}[args.cmd](args)
     print(json.dumps(res))
     return 0
 

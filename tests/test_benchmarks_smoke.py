@@ -166,8 +166,9 @@ def test_encode_throughput_overhead_section(datasets, tmp_path):
 
 def test_scale_smoke(tmp_path, rng):
     """benchmarks/scale.py on 40 random tagged documents grown to 60: every step runs in its
-    own process, the exact engines agree, the per-engine options are recorded, and a reused
-    store built with other options is refused."""
+    own process, the exact engines agree, the per-engine options are recorded, the update step
+    adds its documents to a copy it removes after, and a reused store built with other options
+    is refused."""
     pytest.importorskip("xtr_warp")
     vec = _tiny_vectors(tmp_path, rng, np.float16)
     mod = _bench("scale")
@@ -175,8 +176,15 @@ def test_scale_smoke(tmp_path, rng):
     common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--queries", "3", "--chunk", "25",
               "--docs", "60", "--rounds", "2", "--out", str(out)]
     warp = ["--option", "warp:num_partitions=16", "--option", "warp:kmeans_niters=1"]
-    assert mod.main(["run", *common, "--engines", "exact,exact16,warp", *warp]) == 0
+    assert mod.main(["run", *common, "--engines", "exact,exact16,warp", "--add", "30", *warp]) == 0
     row = json.loads(out.with_suffix(".json").read_text())["sizes"]["60"]
+    for engine in ("exact", "warp"):
+        assert row[engine]["update_docs"] == 30 and row[engine]["update_chunk_s"] != []
+        assert len(row[engine]["update_chunk_s"]) == 2  # 25 + 5 documents
+        assert row[engine]["update_disk_bytes"] > row[engine]["disk_bytes"]
+        assert not (tmp_path / "w" / f"{engine}-60-update").exists()
+    assert row["warp"]["update_rebuilt"] is False  # 30 new documents: the engine's update
+    assert "| 60 | warp | 30 | 25 |" in out.with_suffix(".md").read_text()
     assert row["exact"]["vectors"] == row["warp"]["vectors"] > 0
     assert row["exact16"]["recall@10_vs_exact"] == 1.0 and row["exact"]["p50_vs_exact"] == 1.0
     assert row["warp"]["options"] == {"num_partitions": 16, "kmeans_niters": 1}
