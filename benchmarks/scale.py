@@ -197,10 +197,11 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_update(args: argparse.Namespace) -> dict[str, Any]:
     """Add ``--add`` new documents, ``--chunk`` per upsert, to the built store copied to
-    ``{engine}-{docs}-update`` (each upsert brings the index up to date: the engines' update
-    path, or a rebuild where the store decides one). The new documents (noisy copies from other
-    seeds) are made first and the base collection freed; the peak is reset after that, so
-    ``update_peak_rss`` is the store's plus the documents being added (``update_docs_bytes``)."""
+    ``{engine}-{docs}-update``, each upsert followed by a flush that brings the index up to
+    date (the engine's update path, or a rebuild where the store decides one). The new
+    documents (noisy copies from other seeds) are made first and the base collection freed; the
+    peak is reset after that, so ``update_peak_rss`` is the store's plus the documents being
+    added (``update_docs_bytes``)."""
     from uibk_embedding.apps.compare import synthetic_corpus
 
     built = Path(args.work) / f"{args.engine}-{args.docs}"
@@ -225,6 +226,8 @@ def cmd_update(args: argparse.Namespace) -> dict[str, Any]:
     for ids, docs in chunks:
         t = time.perf_counter()
         store.upsert(ids, docs)
+        if hasattr(store, "flush"):  # WARP indexes at a flush (or a search), not at each upsert
+            store.flush()
         chunk_s.append(round(time.perf_counter() - t, 2))
     update_s = time.perf_counter() - t0
     rebuilt = generation is not None and store._generation != generation
