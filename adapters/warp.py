@@ -59,6 +59,7 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -246,6 +247,10 @@ class WarpStore(IndexedStore):
         and distance tiles, compression batches, codec sample); ``None``:
         :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the vector file,
         256 MiB to 4 GiB; docs/memory.md).
+    show_progress:
+        The engine's progress report while it builds, adds or compacts (its plan, then one line
+        per encoded chunk; bars on a terminal), on standard error. ``None`` (default): when
+        standard error is a terminal.
     """
 
     backend = "warp"
@@ -291,7 +296,10 @@ class WarpStore(IndexedStore):
         num_threads: int = 1,
         device: str = "cpu",
         memory_budget: int | None = None,
+        show_progress: bool | None = None,
     ) -> None:
+        if show_progress is not None and not isinstance(show_progress, bool):
+            raise TypeError(f"show_progress must be True, False or None, got {show_progress!r}")
         for name, value in [("search_batch_size", search_batch_size), ("num_threads", num_threads)]:
             check_positive(name, value)
         check_positive("buffer_size", buffer_size, allow_zero=True)
@@ -320,6 +328,7 @@ class WarpStore(IndexedStore):
         self.max_growth_rate = float(max_growth_rate)
         self.compact_threshold = float(compact_threshold)
         self.num_threads = num_threads
+        self.show_progress = show_progress
         given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
                  "max_points_per_centroid": max_points_per_centroid, "n_samples_kmeans": n_samples_kmeans,
                  "num_partitions": num_partitions, "seed": seed, "vector_dtype": vector_dtype}
@@ -357,6 +366,16 @@ class WarpStore(IndexedStore):
         created it, so every engine call of a store runs on one worker thread."""
         return self._worker.call(engine_call, what, fn, *args, **kwargs)
 
+    @property
+    def _progress(self) -> bool:
+        """Whether the engine reports its build progress (:attr:`show_progress`)."""
+        if self.show_progress is not None:
+            return self.show_progress
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):  # replaced or closed stderr
+            return False
+
     def _tensors(self, seqs: Sequence[int]) -> list:
         """The stored vectors of ``seqs`` as torch tensors, in the vector file's own dtype
         (:meth:`IndexedStore._views`; the engine converts each chunk it compresses)."""
@@ -391,7 +410,8 @@ class WarpStore(IndexedStore):
             self._call("create", engine.create, tensors, device=self.device, nbits=b["nbits"],
                        kmeans_niters=b["kmeans_niters"], max_points_per_centroid=b["max_points_per_centroid"],
                        n_samples_kmeans=b["n_samples_kmeans"], num_partitions=b["num_partitions"],
-                       seed=b["seed"], show_progress=False, **warp_memory_options(self.memory_budget))
+                       seed=b["seed"], show_progress=self._progress,
+                       **warp_memory_options(self.memory_budget))
         del tensors
         self._call("load", engine.load, device=self.device)
         return engine, list(range(len(seqs)))
@@ -416,10 +436,11 @@ class WarpStore(IndexedStore):
                 new = [int(p) for p in self._call(
                     "add", engine.add, self._tensors(seqs), reload=False, min_outliers=self.min_outliers,
                     max_growth_rate=self.max_growth_rate,
-                    max_points_per_centroid=self._build["max_points_per_centroid"], show_progress=False)]
+                    max_points_per_centroid=self._build["max_points_per_centroid"],
+                    show_progress=self._progress)]
         n_engine, n_tomb = self._engine_passages(folder), self._tombstones(folder)
         if n_tomb and n_tomb / max(1, n_engine) >= self.compact_threshold:
-            self._call("compact", engine.compact, reload=False, show_progress=False)
+            self._call("compact", engine.compact, reload=False, show_progress=self._progress)
         self._index = self._engine_open(folder)
         return new
 

@@ -192,3 +192,25 @@ def test_missing_engine_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "xtr_warp", None)
     with pytest.raises(ImportError, match=r"uibk-embedding\[warp\]"):
         WarpStore()
+
+
+def test_build_progress_on_request_and_quiet_off_a_terminal(tmp_path, capfd):
+    """``show_progress=True``: the engine reports its build and its adds on standard error;
+    the default (None) stays quiet when standard error is not a terminal, as under pytest."""
+    vecs = docs_for(3, 100)
+    quiet = WarpStore(tmp_path / "q", **CHEAP)
+    quiet.upsert([f"d{i}" for i in range(100)], vecs)
+    quiet.flush()
+    assert quiet.has_index
+    quiet.close()
+    assert "Encoded chunk" not in capfd.readouterr().err
+    loud = WarpStore(tmp_path / "l", show_progress=True, **CHEAP)
+    loud.upsert([f"d{i}" for i in range(100)], vecs)
+    loud.flush()
+    assert "Index build complete" in capfd.readouterr().err
+    loud.upsert(["new"], docs_for(4, 1))
+    loud.flush()
+    assert loud.n_pending == 0 and "Encoded chunk 1/1" in capfd.readouterr().err  # the add too
+    loud.close()
+    with pytest.raises(TypeError, match="show_progress must be True, False or None"):
+        WarpStore(tmp_path / "x", show_progress="yes")
