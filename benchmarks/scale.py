@@ -307,7 +307,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     for docs in args.docs:
         print(f"{docs:,} documents", flush=True)
         rows: dict[str, Any] = {}
-        old, reuse = result["sizes"].get(str(docs), {}), args.reuse.split(",")
+        earlier = json.loads(Path(args.rows_from).read_text()) if args.rows_from else result
+        old, reuse = earlier["sizes"].get(str(docs), {}), args.reuse.split(",")
         kept = ("load", "build", "update", "harness", "vectors", "disk", "start", "phase")
         for engine in engines:
             options = _options(argparse.Namespace(option=args.option, engine=engine))
@@ -394,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--rounds", type=int, default=3)
             c.add_argument("--reuse", default="", help="engines whose load and build rows (and stores) "
                            "an earlier run left: only searched again")
+            c.add_argument("--rows-from", default="", help="the JSON of the earlier run whose rows "
+                           "--reuse takes (default: the --out JSON)")
             c.add_argument("--out", default=str(HERE / "results" / "scale"))
         else:
             c.add_argument("--engine", choices=ENGINES, required=True)

@@ -192,3 +192,8 @@ def test_scale_smoke(tmp_path, rng):
     assert "num_partitions=16, kmeans_niters=1" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit, match="built with"):
         mod.main(["run", *common, "--engines", "exact,warp", "--reuse", "warp"])
+    other = tmp_path / "res" / "again"  # rows reused from another run's JSON: searched only
+    assert mod.main(["run", *common, "--out", str(other), "--rows-from", str(out.with_suffix(".json")),
+                     "--engines", "exact,warp", "--reuse", "exact,warp", *warp]) == 0
+    again = json.loads(other.with_suffix(".json").read_text())["sizes"]["60"]
+    assert again["warp"]["build_s"] == row["warp"]["build_s"] and "update_s" in again["warp"]
