@@ -239,15 +239,15 @@ def cmd_update(args: argparse.Namespace) -> dict[str, Any]:
             "update_peak_rss": st["VmHWM"], "update_disk_bytes": _dir_bytes(path)}
 
 
-def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
-    path = Path(args.work) / f"{args.engine}-{args.docs}"
-    with np.load(args.vectors) as z:  # the queries only: the harness holds no documents here
+def queries_of(vectors: str, n: int) -> list[np.ndarray]:
+    """The first ``n`` queries of the vectors file (the harness loads no documents)."""
+    with np.load(vectors) as z:
         qm, qo = z["query_mat"], z["query_off"]
-    queries = [qm[qo[i]:qo[i + 1]] for i in range(min(args.queries, len(qo) - 1))]
-    store = _open(args.engine, path, **_options(args))
-    t0 = time.perf_counter()
-    store.search(queries[0], k=10)
-    first_s = time.perf_counter() - t0
+    return [qm[qo[i]:qo[i + 1]] for i in range(min(n, len(qo) - 1))]
+
+
+def timed_search(store: Any, queries: list[np.ndarray]) -> tuple[list[float], list[list[str]]]:
+    """Each query's latency (ms) at k = 10, one at a time, and its top-10 ids."""
     lat, top = [], []
     for q in queries:
         time.sleep(0.02)  # let the previous call's BLAS / OpenMP threads settle
@@ -255,6 +255,22 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
         hits = store.search(q, k=10)
         lat.append((time.perf_counter() - t) * 1000)
         top.append([h.id for h in hits])
+    return lat, top
+
+
+def recall(top: list[list[str]], exact: list[list[str]]) -> list[float]:
+    """Per query: the share of the exact top 10 found."""
+    return [len(set(a) & set(b)) / max(1, len(b)) for a, b in zip(top, exact, strict=True)]
+
+
+def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
+    path = Path(args.work) / f"{args.engine}-{args.docs}"
+    queries = queries_of(args.vectors, args.queries)
+    store = _open(args.engine, path, **_options(args))
+    t0 = time.perf_counter()
+    store.search(queries[0], k=10)
+    first_s = time.perf_counter() - t0
+    lat, top = timed_search(store, queries)
     st = _status()
     store.close()
     return {"latency_ms": lat, "top": top, "first_search_s": round(first_s, 2),
@@ -284,7 +300,7 @@ def _summary(rows: dict[str, Any]) -> dict[str, Any]:
         r["p50_ms"] = round(float(np.percentile(lat, 50)), 2)
         r["p95_ms"] = round(float(np.percentile(lat, 95)), 2)
         if exact is not None and engine != "exact":
-            rec = [len(set(a) & set(b)) / max(1, len(b)) for a, b in zip(r["top"], exact["top"], strict=True)]
+            rec = recall(r["top"], exact["top"])
             r["recall@10_vs_exact"] = round(float(np.mean(rec)), 4)
             r["recall@10_min"] = round(float(np.min(rec)), 2)
     for r in rows.values():

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import _open
+from scale import _open, queries_of, recall, timed_search
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="JSON lines file the results are appended to")
     args = p.parse_args(argv)
     work = Path(args.work)
-    with np.load(args.vectors) as z:
-        qm, qo = z["query_mat"], z["query_off"]
-    queries = [qm[qo[i]:qo[i + 1]] for i in range(min(args.queries, len(qo) - 1))]
+    queries = queries_of(args.vectors, args.queries)
     cache = work / f"exact-{args.docs}.top10.json"
     top = json.loads(cache.read_text()) if cache.exists() else None
     if top is None or len(top) != len(queries):
@@ -49,14 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         setting: dict[str, Any] = json.loads(text)
         store = _open(args.engine, work / f"{args.engine}-{args.docs}", **setting)
         store.search(queries[0], k=10)
-        got, lat = [], []
-        for q in queries:
-            time.sleep(0.02)
-            t = time.perf_counter()
-            got.append([h.id for h in store.search(q, k=10)])
-            lat.append((time.perf_counter() - t) * 1000)
+        lat, got = timed_search(store, queries)
         store.close()
-        rec = [len(set(a) & set(b)) / max(1, len(b)) for a, b in zip(got, top, strict=True)]
+        rec = recall(got, top)
         row = {"docs": args.docs, "engine": args.engine, "setting": setting,
                "recall@10_vs_exact": round(float(np.mean(rec)), 4), "recall@10_min": round(min(rec), 2),
                "p50_ms_one_round": round(float(np.median(lat)), 1),
