@@ -77,6 +77,7 @@ Example
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -145,6 +146,46 @@ def default_memory_budget(vector_bytes: int = 0) -> int:
             if line.startswith("MemAvailable:"):
                 available = int(line.split()[1]) * 1024
     return int(max(2**28, min(vector_bytes // 2, available // 4, 2**32)))
+
+
+MMAP_THRESHOLD = 1 << 20
+"""Allocations of this many bytes or more are served by ``mmap`` during and after an index build
+or update (glibc only, :func:`fix_mmap_threshold`)."""
+_mmap_threshold_fixed = False
+
+
+def fix_mmap_threshold() -> bool:
+    """Make glibc serve every allocation of :data:`MMAP_THRESHOLD` bytes or more by ``mmap``, so
+    freeing it gives the memory back to the system. Called before every engine build or update
+    of an :class:`IndexedStore` (PLAID and WARP).
+
+    glibc's default threshold adapts: each freed ``mmap`` block raises it (up to 32 MiB), after
+    which such blocks come from the heap and stay held once freed. The engines' compression
+    allocates and frees many of them: fast-plaid at NPL size left about 600 MiB freed but held
+    (peak RSS of the build 1,706 MiB, 1,103 MiB with the fixed threshold), and xtr-warp-rs's
+    heap grew by ~260 bytes per vector it encoded (a 300,000-document build peaked at 16,151 MiB;
+    docs/memory.md).
+
+    Process-wide and lasting (glibc has no way back to the adaptive threshold); the cost is a
+    system call and fresh pages for each such allocation. Not done when the environment sets
+    ``MALLOC_MMAP_THRESHOLD_`` (glibc's own setting wins) or ``UIBK_MALLOC_TUNING=0``, nor where
+    the C library has no ``mallopt`` (macOS). Returns whether the threshold is now fixed by us.
+
+    >>> isinstance(fix_mmap_threshold(), bool)
+    True
+    """
+    global _mmap_threshold_fixed
+    if _mmap_threshold_fixed:
+        return True
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or os.environ.get("UIBK_MALLOC_TUNING") == "0":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _mmap_threshold_fixed = mallopt(-3, MMAP_THRESHOLD) == 1  # -3: M_MMAP_THRESHOLD (malloc.h)
+    return _mmap_threshold_fixed
 
 
 def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
@@ -485,6 +526,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         if name:
             target = self.path / name
             shutil.rmtree(target, ignore_errors=True)
+            fix_mmap_threshold()
             handle, refs = self._engine_build(target, live)
             fsync_tree(target)  # durable before the state row points at it
         old_dir, built = self._index_dir, self._n_vectors if name else 0
@@ -567,6 +609,8 @@ class IndexedStore(Reranking, MultiVectorStore):
                 self._state_set(db, dirty="1")
             self._dirty = True
         dead, added = sorted(self._dead), list(self._pending)
+        if added:
+            fix_mmap_threshold()
         refs = self._engine_update(dead, added)
         if len(refs) != len(added) or len(set(refs)) != len(refs) \
                 or (self.ref_column and set(refs) & set(self._seq_of_ref)):
@@ -894,4 +938,5 @@ class ScanEngine(IndexedStore):
         self._index = None
 
 
-__all__ = ["DB_NAME", "LOCK_NAME", "RENAMED_KEYS", "IndexedStore", "ScanEngine", "check_positive"]
+__all__ = ["DB_NAME", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS", "IndexedStore", "ScanEngine",
+           "check_positive", "default_memory_budget", "fix_mmap_threshold"]

@@ -43,7 +43,6 @@ Example
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import gc
 import importlib
@@ -61,7 +60,13 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit
-from uibk_embedding.adapters.indexed import DB_NAME, IndexedStore, check_positive
+from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold: its old home)
+    DB_NAME,
+    MMAP_THRESHOLD,
+    IndexedStore,
+    check_positive,
+    fix_mmap_threshold,
+)
 from uibk_embedding.errors import CollectionMismatch, EngineError, call_engine
 from uibk_embedding.rank import rerank as exact_rerank
 from uibk_embedding.tagged import DIM, TaggedFormat
@@ -84,41 +89,6 @@ BUILD_DEFAULTS: dict[str, Any] = {
 #: Build parameters a store saved before they existed get these values (the behaviour it had).
 _BUILD_LEGACY: dict[str, Any] = {"n_centroids": None}
 _PATCH_LOCK = threading.Lock()
-MMAP_THRESHOLD = 1 << 20
-"""Allocations of this many bytes or more are served by ``mmap`` during and after a PLAID build
-(glibc only, :func:`fix_mmap_threshold`)."""
-_mmap_threshold_fixed = False
-
-
-def fix_mmap_threshold() -> bool:
-    """Make glibc serve every allocation of :data:`MMAP_THRESHOLD` bytes or more by ``mmap``, so
-    freeing it gives the memory back to the system. Called before each fast-plaid build or update.
-
-    glibc's default threshold adapts: each freed ``mmap`` block raises it (up to 32 MiB), after
-    which such blocks come from the heap and stay held once freed. fast-plaid's compression
-    allocates and frees many of them; at NPL size this left about 600 MiB freed but held (peak
-    RSS of the build 1,706 MiB, 1,103 MiB with the fixed threshold; docs/memory.md).
-
-    Process-wide and lasting (glibc has no way back to the adaptive threshold); the cost is a
-    system call and fresh pages for each such allocation. Not done when the environment sets
-    ``MALLOC_MMAP_THRESHOLD_`` (glibc's own setting wins) or ``UIBK_MALLOC_TUNING=0``, nor where
-    the C library has no ``mallopt`` (macOS). Returns whether the threshold is now fixed by us.
-
-    >>> isinstance(fix_mmap_threshold(), bool)
-    True
-    """
-    global _mmap_threshold_fixed
-    if _mmap_threshold_fixed:
-        return True
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or os.environ.get("UIBK_MALLOC_TUNING") == "0":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _mmap_threshold_fixed = mallopt(-3, MMAP_THRESHOLD) == 1  # -3: M_MMAP_THRESHOLD (malloc.h)
-    return _mmap_threshold_fixed
 
 
 def centroid_heuristic(n_vectors: int) -> int:
@@ -455,7 +425,6 @@ class PlaidStore(IndexedStore):
 
     # -- the engine interface --------------------------------------------------------------
     def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:
-        fix_mmap_threshold()
         vectors = self._tensors(seqs)
         fp = engine_call("open", self._fp_mod.FastPlaid, index=str(folder), device=self.device)
         with self._seeded(), self._centroid_count():
@@ -476,7 +445,6 @@ class PlaidStore(IndexedStore):
         if dead:
             engine_call("delete", self._fp.delete, np.searchsorted(self._positions(), dead).tolist())
         if seqs:
-            fix_mmap_threshold()
             with self._seeded():
                 engine_call("update", self._fp.update, self._tensors(seqs), buffer_size=self.buffer_size,
                             **self._engine_kwargs())

@@ -105,17 +105,27 @@ def test_plaid_kmeans_sample_follows_the_budget(tmp_path, monkeypatch):
 
 
 _PROBE = r"""
-import ctypes, sys, tempfile
+import ctypes, sys
 import numpy as np
-from uibk_embedding.plaid_backend.store import PlaidStore
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
-if sys.argv[1] == "build":
-    rng = np.random.default_rng(0)
-    s = PlaidStore(tempfile.mkdtemp() + "/p", num_threads=1, min_index_vectors=32)
-    s.upsert([str(i) for i in range(40)], [make_list(TaggedFormat(), rng, 8) for _ in range(40)])
-    assert s.has_index
+engine, mode, path = sys.argv[1:4]
+if mode != "import":
+    if engine == "plaid":
+        from uibk_embedding.plaid_backend.store import PlaidStore as Store
+        options = {"num_threads": 1}
+    else:
+        from uibk_embedding.adapters.warp import WarpStore as Store
+        options = {}
+    rng = np.random.default_rng(len(mode))
+    first = 0 if mode == "build" else 40
+    s = Store(path, min_index_vectors=32, **options)
+    had_index = s.has_index
+    docs = [make_list(TaggedFormat(), rng, 8) for _ in range(40)]
+    s.upsert([str(i) for i in range(first, first + 40)], docs)
+    s.flush()
+    assert s.has_index and had_index == (mode == "update")
     s.close()
 
 class Info(ctypes.Structure):
@@ -134,12 +144,14 @@ libc.free(p)
 """
 
 
-@pytest.mark.parametrize("mode, env, mapped", [("build", {}, 1), ("import", {}, 0),
+@pytest.mark.parametrize("engine", ["plaid", "warp"])
+@pytest.mark.parametrize("mode, env, mapped", [("build", {}, 1), ("update", {}, 1), ("import", {}, 0),
                                                ("build", {"UIBK_MALLOC_TUNING": "0"}, 0)])
-def test_plaid_build_fixes_the_mmap_threshold(mode, env, mapped):
-    """After a PLAID build, a 4 MiB allocation is its own mmap (given back on free) even after
-    glibc would have raised its threshold; without a build, or opted out, it comes from the heap."""
-    pytest.importorskip("fast_plaid")
+def test_index_builds_and_updates_fix_the_mmap_threshold(tmp_path, engine, mode, env, mapped):
+    """After an engine build or update (a store that already has an index, opened in a fresh
+    process, takes more documents), a 4 MiB allocation is its own mmap (given back on free) even
+    after glibc would have raised its threshold; without one, or opted out, it comes from the heap."""
+    pytest.importorskip({"plaid": "fast_plaid", "warp": "xtr_warp"}[engine])
     import ctypes
     import os
     import platform
@@ -149,6 +161,12 @@ def test_plaid_build_fixes_the_mmap_threshold(mode, env, mapped):
     if platform.system() != "Linux" or not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("glibc >= 2.33 only (mallinfo2)")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "UIBK_MALLOC"))}
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], env={**base, **env}, check=True,
-                         capture_output=True, text=True).stdout
-    assert int(out.split()[-1]) == mapped
+
+    def probe(mode: str, env: dict) -> int:
+        out = subprocess.run([sys.executable, "-c", _PROBE, engine, mode, str(tmp_path / "s")],
+                             env={**base, **env}, check=True, capture_output=True, text=True).stdout
+        return int(out.split()[-1])
+
+    if mode == "update":  # the index is built in another process: this one only updates it
+        probe("build", {})
+    assert probe(mode, env) == mapped
