@@ -113,12 +113,18 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
 
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
 SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
+SCORE_CHUNK_ROWS = 1 << 18
+"""Stored rows read at a time when documents are scored exactly (64 MiB of float16 rows)."""
+DEEPEN_SHARE = 0.5
+"""The rerank pool doubles while the best ``k`` reach past this share of the candidates scored
+(:meth:`IndexedStore._deepened`; chosen on ``benchmarks/rerank_depth.py``, docs/warp.md)."""
 #: State keys older stores wrote, and the one name they have now.
 RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
                 "trained_vectors": "built_vectors"}
@@ -188,6 +194,16 @@ def fix_mmap_threshold() -> bool:
     return _mmap_threshold_fixed
 
 
+def centroid_heuristic(n_vectors: int) -> int:
+    """fast-plaid's and xtr-warp-rs's number of centroids for ``n_vectors`` stored vectors: the
+    power of two at or below ``16 * sqrt(n_vectors)``.
+
+    >>> centroid_heuristic(582_526), centroid_heuristic(1_450_000)
+    (8192, 16384)
+    """
+    return 2 ** int(np.floor(np.log2(16 * np.sqrt(max(1, n_vectors)))))
+
+
 def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
     """``ValueError`` naming ``name`` unless ``value`` is a positive int (or 0 / None if allowed)."""
     if value is None and allow_none:
@@ -213,6 +229,11 @@ class IndexedStore(Reranking, MultiVectorStore):
         stored vectors (default on; also per query: ``search(..., rerank=, candidates=)``).
     n_rerank:
         Deprecated name of ``candidates``.
+    candidates_limit:
+        The pool may grow per query up to this many candidates: it doubles while the best ``k``
+        of the rerank reach past half of the candidates scored (:meth:`_deepened`). ``None``: the
+        engine's default (:attr:`default_candidates_limit`; no growth when that is None too).
+        Also per query: ``search(..., candidates_limit=)``.
     min_index_vectors:
         Below this many stored vectors no index is built and search is exact.
     vector_compact_fraction:
@@ -237,6 +258,9 @@ class IndexedStore(Reranking, MultiVectorStore):
     engine_error: ClassVar[type[EngineError]] = EngineError
     index_prefix: ClassVar[str] = "index-"
     schema_version: ClassVar[int] = 1
+    search_options: ClassVar[tuple[str, ...]] = (*Reranking.search_options, "candidates_limit")
+    default_candidates_limit: ClassVar[int | None] = None
+    """The engine's default ``candidates_limit`` (None: the pool never grows past ``candidates``)."""
     build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": "float16"}
     build_legacy: ClassVar[dict[str, Any]] = {}
     sync_on_write: ClassVar[bool] = True
@@ -250,12 +274,15 @@ class IndexedStore(Reranking, MultiVectorStore):
     def __init__(
         self, path: str | os.PathLike | None, format: TaggedFormat | None, given: dict[str, Any], *,
         rerank: bool = True, candidates: int | None = None, n_rerank: int | None = None,
-        default_candidates: int = 100, min_index_vectors: int = 64, vector_compact_fraction: float = 0.5,
+        default_candidates: int = 100, candidates_limit: int | None = None, min_index_vectors: int = 64,
+        vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = None, growth_name: str = "rebuild_growth", device: str = "cpu",
         memory_budget: int | None = None,
     ) -> None:
         MultiVectorStore.__init__(self, format)
         self._init_reranking(rerank, candidates, n_rerank, default_candidates)
+        check_positive("candidates_limit", candidates_limit, allow_none=True)
+        self.candidates_limit = candidates_limit or self.default_candidates_limit
         check_positive("min_index_vectors", min_index_vectors)
         vcf = vector_compact_fraction
         if isinstance(vcf, bool) or not isinstance(vcf, (int, float)) or not 0 < vcf <= 1:
@@ -777,9 +804,63 @@ class IndexedStore(Reranking, MultiVectorStore):
         mat, off = self._gather(keys)
         return [mat[off[i]:off[i + 1]] for i in range(len(keys))]
 
+    def _scores(self, queries: list[np.ndarray], seqs: Sequence[int]) -> np.ndarray:
+        """Exact MaxSim (float32) of every query against the stored vectors of ``seqs``:
+        ``(len(queries), len(seqs))``. The rows are read in the vector file's own dtype,
+        :data:`SCORE_CHUNK_ROWS` at a time, and converted block by block inside
+        :func:`~uibk_embedding.maxsim.maxsim_scores`: no float32 copy of the candidates, and
+        bounded memory when every document is scored (no index, a small store)."""
+        assert self._vf is not None
+        out = np.empty((len(queries), len(seqs)), dtype=np.float32)
+        lo = 0
+        while lo < len(seqs):
+            hi, rows = lo, 0
+            while hi < len(seqs) and (hi == lo or rows + self._rows[seqs[hi]] <= SCORE_CHUNK_ROWS):
+                rows += self._rows[seqs[hi]]
+                hi += 1
+            mat, off = self._gather(seqs[lo:hi], self._vf.dtype.type)
+            out[:, lo:hi] = maxsim_scores(queries, mat, off)
+            lo = hi
+        return out
+
+    def _limit(self, candidates_limit: int | None) -> int:
+        """The most candidates a query may rerank (its ``candidates_limit``, else the store's;
+        0 when neither is set: the pool stays at ``candidates``)."""
+        check_positive("candidates_limit", candidates_limit, allow_none=True)
+        limit = self.candidates_limit if candidates_limit is None else candidates_limit
+        return limit or 0
+
+    def _rescored(self, q: np.ndarray, keys: Sequence[int], k: int) -> list[Hit]:
+        """The best ``k`` of ``keys`` by exact MaxSim (ties: the earlier key)."""
+        scores = self._scores([q], keys)[0]
+        return [self._hit(keys[i], float(scores[i])) for i in top_k(scores, k)]
+
+    def _deepened(self, q: np.ndarray, cands: list[int], pending: list[int], k: int,
+                  pool: int) -> list[Hit]:
+        """Exact rerank of the engine's candidates ``cands`` (best first, at most the pool
+        limit) and of the ``pending`` documents: the first ``pool`` candidates, then twice as many
+        while the best ``k`` so far reach past :data:`DEEPEN_SHARE` of the candidates scored (a
+        document of the top ``k`` found that deep says the engine's order is loose there for this
+        query, so more of it may lie beyond). Ties: the lower seq."""
+        engine = set(cands)
+        head = [s for s in pending if s not in engine]
+        n = min(pool, len(cands))
+        seqs = head + cands[:n]
+        scores = self._scores([q], seqs)[0]
+        while n < len(cands):
+            deepest = max(int(i) for i in top_k(scores, k)) - len(head)  # an engine rank
+            if deepest < DEEPEN_SHARE * n:
+                break
+            more = cands[n:min(2 * n, len(cands))]
+            seqs, n = seqs + more, n + len(more)
+            scores = np.concatenate([scores, self._scores([q], more)[0]])
+        order = np.argsort(np.asarray(seqs), kind="stable")  # ties: the lower seq
+        return [self._hit(seqs[order[i]], float(scores[order[i]])) for i in top_k(scores[order], k)]
+
     def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
         """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
-        return [self._rescored(q, seqs, k) for q in queries]
+        scores = self._scores(queries, seqs)
+        return [[self._hit(seqs[i], float(row[i])) for i in top_k(row, k)] for row in scores]
 
     def _before_search(self, rerank: bool) -> None:
         """Called before every search: engines that defer writes flush here."""
@@ -795,8 +876,9 @@ class IndexedStore(Reranking, MultiVectorStore):
         return self._search_batch([query], k, conditions, **options)[0]
 
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-                      **options: Any) -> list[list[Hit]]:
+                      candidates_limit: int | None = None, **options: Any) -> list[list[Hit]]:
         rerank, pool = self._pool(k, **options)
+        limit = max(pool, self._limit(candidates_limit)) if rerank else pool
         with self._lock:
             self._check_open()
             self._before_search(rerank)
@@ -817,15 +899,15 @@ class IndexedStore(Reranking, MultiVectorStore):
             if not n_indexed or (rerank and n_indexed <= pool):
                 return self._exact(queries, everyone(), k)
             # the engine may still return removed documents: ask for that many more
-            top = pool + (len(self._dead) if subset is None else 0)
+            top = limit + (len(self._dead) if subset is None else 0)
             found = self._engine_candidates(queries, top, subset)
             out = []
             for q, cands in zip(queries, found, strict=True):
-                cands = [(s, sc) for s, sc in cands if s in self._id_of][:pool]
-                if rerank:
-                    short = len(cands) < min(k, n_indexed)  # the engine came up short: score them all
-                    keys = everyone() if short else sorted({s for s, _ in cands}.union(pending))
-                    out.append(self._rescored(q, keys, k))
+                cands = [(s, sc) for s, sc in cands if s in self._id_of][:limit]
+                if rerank and len(cands) < min(k, n_indexed):  # the engine came up short: score all
+                    out.append(self._exact([q], everyone(), k)[0])
+                elif rerank:
+                    out.append(self._deepened(q, [s for s, _ in cands], pending, k, pool))
                 elif len(cands) < min(k, n_indexed):
                     out.append(self._fill_short(q, cands, everyone(), k))
                 else:
@@ -939,4 +1021,4 @@ class ScanEngine(IndexedStore):
 
 
 __all__ = ["DB_NAME", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS", "IndexedStore", "ScanEngine",
-           "check_positive", "default_memory_budget", "fix_mmap_threshold"]
+           "centroid_heuristic", "check_positive", "default_memory_budget", "fix_mmap_threshold"]

@@ -214,10 +214,12 @@ class WarpStore(IndexedStore):
         index density, ``k`` and the query length (its ``hyperparams.optimize``).
     search_batch_size:
         The engine's ``batch_size`` for the query-centroid product (engine default 8192).
-    rerank, candidates:
+    rerank, candidates, candidates_limit:
         Rescore the engine's ``candidates`` best (default 200, at least ``k``) with exact
-        MaxSim on the stored vectors (default on). Both also per query:
-        ``search(q, k, rerank=False)``.
+        MaxSim on the stored vectors (default on), and twice as many while the best ``k`` reach
+        past half of those scored, up to ``candidates_limit`` (default 2000; the engine is asked
+        for that many at once, which costs it no more time than 200; docs/warp.md). All three
+        also per query: ``search(q, k, rerank=False)``.
     n_rerank:
         Deprecated name of ``candidates``.
     buffer_size:
@@ -257,6 +259,7 @@ class WarpStore(IndexedStore):
     label = "WARP"
     engine_name = "xtr-warp-rs"
     engine_error = WarpEngineError
+    default_candidates_limit = 2000
     index_prefix = "warp-"
     schema_version = SCHEMA_VERSION
     build_defaults = BUILD_DEFAULTS
@@ -284,6 +287,7 @@ class WarpStore(IndexedStore):
         search_batch_size: int = 8192,
         rerank: bool = True,
         candidates: int | None = None,
+        candidates_limit: int | None = None,
         n_rerank: int | None = None,
         buffer_size: int = 256,
         min_index_vectors: int = 256,
@@ -335,7 +339,8 @@ class WarpStore(IndexedStore):
         self._worker = _EngineThread()
         try:
             super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
-                             default_candidates=200, min_index_vectors=min_index_vectors,
+                             default_candidates=200, candidates_limit=candidates_limit,
+                             min_index_vectors=min_index_vectors,
                              vector_compact_fraction=vector_compact_fraction,
                              rebuild_growth=rebuild_growth, growth_name=growth_name, device=device,
                              memory_budget=memory_budget)

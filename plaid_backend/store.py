@@ -64,6 +64,7 @@ from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold:
     DB_NAME,
     MMAP_THRESHOLD,
     IndexedStore,
+    centroid_heuristic,
     check_positive,
     fix_mmap_threshold,
 )
@@ -89,16 +90,6 @@ BUILD_DEFAULTS: dict[str, Any] = {
 #: Build parameters a store saved before they existed get these values (the behaviour it had).
 _BUILD_LEGACY: dict[str, Any] = {"n_centroids": None}
 _PATCH_LOCK = threading.Lock()
-
-
-def centroid_heuristic(n_vectors: int) -> int:
-    """fast-plaid's number of centroids for ``n_vectors`` stored vectors: the power of two at
-    or below ``16 * sqrt(n_vectors)``.
-
-    >>> centroid_heuristic(582_526), centroid_heuristic(1_450_000)
-    (8192, 16384)
-    """
-    return 2 ** int(np.floor(np.log2(16 * np.sqrt(max(1, n_vectors)))))
 
 
 SAMPLE_BYTES_PER_VECTOR = 2 * 2 * DIM + 8 + 2
@@ -475,12 +466,12 @@ class PlaidStore(IndexedStore):
         self._fp.close()
 
     # -- scoring ---------------------------------------------------------------------------
-    def _rescored(self, q: np.ndarray, keys: Sequence[Any], k: int) -> list[Hit]:
+    def _scores(self, queries: list[np.ndarray], seqs: Sequence[int]) -> np.ndarray:
         # one BLAS thread: these products are small, and a second OpenBLAS thread keeps
         # spinning after the call, taking a core from fast-plaid's next search (measured:
         # 10 ms engine search became 38 ms after a two-thread rerank on 2 cores)
         with self._blas.limit(limits=1, user_api="blas"):
-            return super()._rescored(q, keys, k)
+            return super()._scores(queries, seqs)
 
     def _fill_short(self, q: np.ndarray, cands: list[tuple[int, float]], seqs: list[int],
                     k: int) -> list[Hit]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -196,3 +197,71 @@ def test_warp_retrain_factor_is_the_deprecated_name_of_rebuild_growth(tmp_path):
         WarpStore(tmp_path / "x", retrain_factor=1)
     with pytest.raises(ValueError, match="rebuild_growth must be a number > 1"):
         WarpStore(tmp_path / "y", rebuild_growth=0.5)
+
+
+class _OrderedEngine(ScanEngine):
+    """The scan engine with a candidate order set by the test (``order``: seqs, best first)."""
+
+    order: ClassVar[list[int]] = []
+
+    def _engine_candidates(self, queries, top, subset):
+        allowed = None if subset is None else set(subset)
+        cands = [(s, 0.0) for s in self.order if allowed is None or s in allowed][:top]
+        return [cands for _ in queries]
+
+
+def _ordered_store(tmp_path, n=64, **options):
+    """A store of ``n`` documents and a query whose exact ranking is known: ``ranking`` lists the
+    seqs, best first."""
+    from uibk_embedding.maxsim import maxsim
+
+    vecs = docs_for(7, n, rows=6)
+    q = docs_for(8, 1, rows=6)[0]
+    s = _OrderedEngine(tmp_path / "s", min_index_vectors=8, **options)
+    s.upsert([f"d{i}" for i in range(n)], vecs)
+    seqs = sorted(s._id_of)
+    ranking = sorted(seqs, key=lambda i: -maxsim(q, vecs[seqs.index(i)]))
+    scored: list[int] = []
+    real = s._scores
+
+    def counting(queries, keys):
+        scored.append(len(keys))
+        return real(queries, keys)
+
+    s._scores = counting
+    return s, q, ranking, scored
+
+
+def test_the_pool_doubles_while_the_top_k_reaches_deep(tmp_path):
+    """The engine puts the 1st and 2nd best documents first, the 3rd at rank 40 and the others
+    worst first, so every pool's best 3 include its deepest candidate: the pool doubles from 8
+    to 64 and finds the 3rd; held at 8 (``candidates_limit=8``) it cannot."""
+    s, q, ranking, scored = _ordered_store(tmp_path, candidates=8, candidates_limit=64)
+    try:
+        top3, rest = ranking[:3], ranking[3:][::-1]
+        s.order = [top3[0], top3[1], *rest[:38], top3[2], *rest[38:]]
+        want = [s._id_of[i] for i in top3]
+        assert [h.id for h in s.search(q, k=3)] == want
+        assert scored == [8, 8, 16, 32]  # 8 -> 16 -> 32 -> 64 candidates, each scored once
+        scored.clear()
+        held = [h.id for h in s.search(q, k=3, candidates_limit=8)]
+        assert held[:2] == want[:2] and want[2] not in held and scored == [8]
+    finally:
+        s.close()
+
+
+def test_the_pool_stays_when_the_engine_order_is_good(tmp_path):
+    """With the exact order from the engine the best 3 sit in the first half of the pool: one
+    pool of 8 is scored, whatever the limit."""
+    s, q, ranking, scored = _ordered_store(tmp_path, candidates=8, candidates_limit=64)
+    try:
+        s.order = ranking
+        assert [h.id for h in s.search(q, k=3)] == [s._id_of[i] for i in ranking[:3]]
+        assert scored == [8]
+        for bad in (0, -1, 1.5, "64"):
+            with pytest.raises(ValueError, match="candidates_limit"):
+                s.search(q, k=3, candidates_limit=bad)
+        with pytest.raises(ValueError, match="candidates_limit"):
+            _OrderedEngine(tmp_path / "t", candidates_limit=0)
+    finally:
+        s.close()
