@@ -71,7 +71,7 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import renamed_option
-from uibk_embedding.adapters.indexed import IndexedStore, check_positive
+from uibk_embedding.adapters.indexed import IndexedStore, centroid_heuristic, check_positive
 from uibk_embedding.errors import EngineError, call_engine
 from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import file_name
@@ -89,6 +89,24 @@ BUILD_DEFAULTS: dict[str, Any] = {
     "seed": 42,
     "vector_dtype": "float16",
 }
+
+
+CPU_MAX_PARTITIONS = 8192
+"""The most centroids a CPU build chooses by itself (``num_partitions=None``): the build's time
+grows with the centroid count (k-means and the assignment of every vector; docs/warp.md), and
+8,192 held recall with the deepening rerank at every size measured."""
+
+
+def default_partitions(n_vectors: int, device: str = "cpu") -> int:
+    """The number of centroids of a build with ``num_partitions=None``: the engine's heuristic,
+    the power of two at or below ``16 * sqrt(n_vectors)``, at most :data:`CPU_MAX_PARTITIONS` on
+    the CPU.
+
+    >>> default_partitions(582_526), default_partitions(1_438_453), default_partitions(1_438_453, "cuda")
+    (8192, 8192, 16384)
+    """
+    heuristic = centroid_heuristic(n_vectors)
+    return heuristic if device.startswith("cuda") else min(heuristic, CPU_MAX_PARTITIONS)
 
 
 @contextlib.contextmanager
@@ -202,10 +220,10 @@ class WarpStore(IndexedStore):
         The tagged format (saved with the store; used for decompositions).
     nbits, kmeans_niters, max_points_per_centroid, n_samples_kmeans, num_partitions, seed:
         xtr-warp-rs ``create`` parameters (bits per residual dimension; k-means iterations,
-        points per centroid and sample size; the number of centroids, ``None`` for the
-        engine's heuristic ``2**floor(log2(16 * sqrt(vectors)))``; the k-means seed). Saved
-        with the store; ``None`` means the saved value (or the engine default for a new store:
-        4, 4, 256, auto, auto, 42).
+        points per centroid and sample size; the number of centroids, ``None`` for
+        :func:`default_partitions`: the engine's heuristic ``2**floor(log2(16 * sqrt(vectors)))``,
+        at most 8,192 on the CPU; the k-means seed). Saved with the store; ``None`` means the
+        saved value (or the default for a new store: 4, 4, 256, auto, auto, 42).
     vector_dtype:
         ``"float16"`` (default) or ``"float32"``: how the original vectors are kept (for
         ``get``, rerank and rebuilds). float32 makes the reranked scores exact to float32.
@@ -414,7 +432,8 @@ class WarpStore(IndexedStore):
         with _quiet_kmeans():
             self._call("create", engine.create, tensors, device=self.device, nbits=b["nbits"],
                        kmeans_niters=b["kmeans_niters"], max_points_per_centroid=b["max_points_per_centroid"],
-                       n_samples_kmeans=b["n_samples_kmeans"], num_partitions=b["num_partitions"],
+                       n_samples_kmeans=b["n_samples_kmeans"],
+                       num_partitions=b["num_partitions"] or default_partitions(self._n_vectors, self.device),
                        seed=b["seed"], show_progress=self._progress,
                        **warp_memory_options(self.memory_budget))
         del tensors
@@ -475,5 +494,5 @@ class WarpStore(IndexedStore):
                 self.close()
 
 
-__all__ = ["BUILD_DEFAULTS", "WarpEngineError", "WarpStore", "engine_call", "file_name",
-           "warp_memory_options"]
+__all__ = ["BUILD_DEFAULTS", "CPU_MAX_PARTITIONS", "WarpEngineError", "WarpStore", "default_partitions",
+           "engine_call", "file_name", "warp_memory_options"]
