@@ -29,11 +29,13 @@ or another benchmark on the same cores changes build times and latencies (not pe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -46,10 +48,10 @@ HERE = Path(__file__).resolve().parent
 ENGINES = ("exact", "exact16", "plaid", "warp")
 
 
-def _status() -> dict[str, int]:
-    """This process's VmHWM, VmRSS and RssAnon, in bytes."""
+def _status(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM, VmRSS, RssAnon and RssFile of a process (default: this one), in bytes."""
     out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0]) * 1024
@@ -277,6 +279,20 @@ def cmd_search(args: argparse.Namespace) -> dict[str, Any]:
             "search_peak_rss": st["VmHWM"], "search_rss_anon": st["RssAnon"]}
 
 
+def _sample_rss(child: subprocess.Popen, every: float = 0.05) -> tuple[int, int]:
+    """Wait for ``child``; the peaks of its RssAnon (heap, anonymous maps) and RssFile (pages of
+    files it maps: the vector file, the engine's index) sampled from outside every ``every`` s,
+    so also while its Rust code holds the interpreter. Samples can miss a short peak; VmHWM, the
+    kernel's exact peak of their sum, is the figure of record."""
+    anon = file = 0
+    while child.poll() is None:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            st = _status(child.pid)
+            anon, file = max(anon, st["RssAnon"]), max(file, st["RssFile"])
+        time.sleep(every)
+    return anon, file
+
+
 def _step(cmd: str, engine: str, docs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One step in a fresh process; its JSON result."""
     argv = [sys.executable, str(Path(__file__).resolve()), cmd, "--engine", engine, "--docs", str(docs),
@@ -285,9 +301,15 @@ def _step(cmd: str, engine: str, docs: int, args: argparse.Namespace) -> dict[st
     for item in args.option or []:
         argv += ["--option", item]
     load = _load_average()
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    res = json.loads(out.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True)
+        peaks = _sample_rss(child)
+        stdout.seek(0), stderr.seek(0)
+        if child.returncode:
+            raise subprocess.CalledProcessError(child.returncode, argv, stdout.read(), stderr.read())
+        res = json.loads(stdout.read().strip().splitlines()[-1])
     res[f"{cmd}_load_average"] = load
+    res[f"{cmd}_peak_anon"], res[f"{cmd}_peak_file"] = peaks
     print(f"  {cmd:6s} {engine:5s} {docs:>8,}: "
           + ", ".join(f"{k}={v}" for k, v in res.items() if k not in ("latency_ms", "top")), flush=True)
     return res
@@ -360,9 +382,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 def markdown(result: dict[str, Any]) -> str:
     mib = 2**20
     lines = ["| documents | engine | vectors | load (s) | build (s) | disk (MiB) | peak RSS load / build "
-             "/ search (MiB) | aim 1.5 x disk + 1 GiB (MiB) | p50 / p95 (ms) | p50 vs exact "
-             "| recall@10 vs exact (min) | load avg | options |",
-             "|---:|---|---:|---:|---:|---:|---|---:|---|---:|---|---|---|"]
+             "/ search (MiB) | build: heap / file pages, sampled (MiB) | aim 1.5 x disk + 1 GiB (MiB) "
+             "| p50 / p95 (ms) | p50 vs exact | recall@10 vs exact (min) | load avg | options |",
+             "|---:|---|---:|---:|---:|---:|---|---|---:|---|---:|---|---|---|"]
     for docs, rows in result["sizes"].items():
         for engine, r in rows.items():
             rec = f"{r['recall@10_vs_exact']} ({r['recall@10_min']})" if "recall@10_vs_exact" in r else "-"
@@ -370,9 +392,11 @@ def markdown(result: dict[str, Any]) -> str:
                                                           "search_load_average"))
             peaks = " / ".join(f"{r[k] / mib:,.0f}" for k in ("load_peak_rss", "build_peak_rss",
                                                               "search_peak_rss"))
+            split = " / ".join(f"{r[k] / mib:,.0f}" if k in r else "-"
+                               for k in ("build_peak_anon", "build_peak_file"))
             lines.append(
                 f"| {int(docs):,} | {engine} | {r['vectors']:,} | {r['load_s']} | {r['build_s']} | "
-                f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {r['aim_rss'] / mib:,.0f} | "
+                f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {split} | {r['aim_rss'] / mib:,.0f} | "
                 f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} | "
                 f"{', '.join(f'{k}={v}' for k, v in r.get('options', {}).items()) or 'defaults'} |")
     updates = [(docs, engine, r) for docs, rows in result["sizes"].items() for engine, r in rows.items()
