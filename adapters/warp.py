@@ -23,8 +23,10 @@ vectors on the next open (the documents themselves were committed before).
 Scores: WARP (XTR) scoring is not MaxSim. For each query vector it looks only at the document
 vectors found in the probed centroids and *imputes* the similarity of the documents it did
 not see there (a per-query-vector lower estimate), on compressed residuals. With
-``rerank=True`` (the default) the engine only proposes ``candidates`` (200) documents, which are
-rescored with exact MaxSim on the stored originals (``docs/warp.md`` has the measurements);
+``rerank=True`` (the default) the engine only proposes documents: the first ``candidates`` (200)
+are rescored with exact MaxSim on the stored originals, and more of its list (up to
+``candidates_limit``, 2000) where the rescored top ``k`` reaches deep into it (``docs/warp.md``
+has the measurements);
 with ``rerank=False`` hits carry the engine's own scores and ranking (every pending write is
 flushed first, so the engine sees everything). Filters are evaluated on this side with the
 library's exact type semantics (``True`` is not ``1``) and handed to the engine as a subset of

@@ -197,3 +197,17 @@ def test_scale_smoke(tmp_path, rng):
                      "--engines", "exact,warp", "--reuse", "exact,warp", *warp]) == 0
     again = json.loads(other.with_suffix(".json").read_text())["sizes"]["60"]
     assert again["warp"]["build_s"] == row["warp"]["build_s"] and "update_s" in again["warp"]
+    assert row["warp"]["build_peak_anon"] > 0 and row["warp"]["build_peak_file"] > 0  # sampled from outside
+
+    # the search settings of the built stores, and where the exact top 10 sits in WARP's list
+    stores = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3"]
+    assert _bench("scale_sweep").main([*stores, "--engine", "warp", "--out", str(tmp_path / "sweep.jsonl"),
+                                       "--settings", "{}", '{"candidates_limit": 10}']) == 0
+    swept = [json.loads(x) for x in (tmp_path / "sweep.jsonl").read_text().splitlines()]
+    assert [r["setting"] for r in swept] == [{}, {"candidates_limit": 10}]
+    depth = _bench("rerank_depth")
+    assert depth.main(["probe", *stores, "--out", str(tmp_path / "d"), "--depth", "40", "--check", "10"]) == 0
+    probe = json.loads((tmp_path / "d" / "rerank-depth-60.json").read_text())
+    replayed = np.mean([depth.fixed(r, 10)[0] for r in probe["queries"]])
+    assert round(float(replayed), 4) == probe["store_recall"]["10"]  # the replay is the store's search
+    assert depth.main(["simulate", "--docs", "60", "--out", str(tmp_path / "d")]) == 0

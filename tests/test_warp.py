@@ -214,3 +214,28 @@ def test_build_progress_on_request_and_quiet_off_a_terminal(tmp_path, capfd):
     loud.close()
     with pytest.raises(TypeError, match="show_progress must be True, False or None"):
         WarpStore(tmp_path / "x", show_progress="yes")
+
+
+def test_cpu_builds_cap_the_engine_partition_heuristic(tmp_path, monkeypatch):
+    """``num_partitions=None`` builds the engine's heuristic, at most ``CPU_MAX_PARTITIONS``
+    centroids on the CPU (lowered here so a small store reaches it); a saved number is kept."""
+    import json
+
+    import uibk_embedding.adapters.warp as warp_module
+
+    def built_partitions(store: WarpStore) -> int:
+        meta = json.loads((store.path / store._index_dir / "metadata.json").read_text())
+        return int(meta["num_partitions"])
+
+    vecs = docs_for(5, 60)  # 60 x 23 = 1,380 vectors: the heuristic is 512
+    monkeypatch.setattr(warp_module, "CPU_MAX_PARTITIONS", 32)
+    s = WarpStore(tmp_path / "w", **CHEAP)
+    s.upsert([str(i) for i in range(60)], vecs)
+    s.flush()
+    assert built_partitions(s) == 32 and warp_module.default_partitions(1380, "cuda") == 512
+    s.close()
+    s = WarpStore(tmp_path / "n", num_partitions=64, **CHEAP)
+    s.upsert([str(i) for i in range(60)], vecs)
+    s.flush()
+    assert built_partitions(s) == 64
+    s.close()
