@@ -29,11 +29,13 @@ in-place update (dirty set first, the engine's files fsync'd before ``dirty=0`` 
 engine error rebuilds). A dirty store is rebuilt on open; when that fails it opens without an
 index (searches exact) and the next write tries again.
 
-Search is one template: the engine proposes candidates, the store reads their stored vectors
-and :meth:`~uibk_embedding.adapters.rerank.Reranking._rescored` scores them with one
-:func:`uibk_embedding.rank.rerank` call (``rerank``/``candidates``, per store and per query).
-Stores (or filtered subsets) no larger than the pool, and stores without an index, are
-scored exactly; pending documents are scored beside the engine's candidates.
+Search is one template: the engine proposes candidates, best first, and the store scores the
+first ``candidates`` of them with exact MaxSim on their stored vectors (:meth:`IndexedStore._scores`),
+then twice as many while the best ``k`` reach past half of those scored, up to
+``candidates_limit`` (:meth:`IndexedStore._deepened`; ``rerank``/``candidates``/``candidates_limit``,
+per store and per query). Stores (or filtered subsets) no larger than the pool, and stores
+without an index, are scored exactly; pending documents are scored beside the engine's
+candidates.
 
 The engine interface
 --------------------
