@@ -174,22 +174,38 @@ def _close_open_stores() -> None:
             store.close()
 
 
-def warp_memory_options(budget: int) -> dict[str, int]:
+CPU_COMPRESSION_BATCH = 256
+"""Token rows per compression product on the CPU. One chunk of 256 NPL documents (11,800 tokens)
+against 8,192 float16 centroids on an AVX2-only AMD EPYC, 2 threads, medians of 7: 3.3 s in
+batches of 256, 6.2 s of 1,024, 11.0 s of 16,384 (float32: 0.5 s); a 3,000-document build took
+84 s with 256, 101 s with 1,024 and 135 s with 16,384, writing identical codes
+(``benchmarks/results/fp16-gemm-amd-avx2.json``, docs/memory.md)."""
+
+
+def warp_memory_options(budget: int, device: str = "cpu") -> dict[str, int]:
     """xtr-warp-rs ``create`` options that keep its build buffers within ``budget`` bytes: a
     quarter for the float32 k-means sample (engine default 2 GiB), a quarter for one k-means
     distance tile (``data x 8192`` centroids float32; default 32,768 points: 1 GiB), an eighth
     each for one compression batch (token vectors and their centroid scores) and the codec
     sample (default 1M vectors: 512 MiB). Engine defaults are the upper limits.
 
+    On the CPU the compression batch is :data:`CPU_COMPRESSION_BATCH` token rows whatever the
+    budget: the engine's float16 product of each batch with the centroids is up to 3x faster in
+    small batches where the CPU has no float16 matrix unit (``benchmarks/fp16_gemm.py``), and the
+    index it writes is the same.
+
     >>> [warp_memory_options(b)["kmeans_data_chunk_size"] for b in (2**30, 2**34)]
     [8192, 32768]
+    >>> [warp_memory_options(2**34, d)["compression_batch_size"] for d in ("cpu", "cuda")]
+    [256, 32768]
     """
     def clamp(value: int, low: int, high: int) -> int:
         return int(max(low, min(high, value)))
 
+    batch = clamp(budget // 8 // (4 * (DIM + 8192)), 1024, 32768)
     return {"kmeans_sample_max_bytes": clamp(budget // 4, 2**26, 2**31),
             "kmeans_data_chunk_size": clamp(budget // 4 // (4 * 8192), 1024, 32768),
-            "compression_batch_size": clamp(budget // 8 // (4 * (DIM + 8192)), 1024, 32768),
+            "compression_batch_size": batch if device.startswith("cuda") else CPU_COMPRESSION_BATCH,
             "codec_sample_max_tokens": clamp(budget // 8 // (4 * DIM), 65536, 1_000_000)}
 
 
@@ -437,7 +453,7 @@ class WarpStore(IndexedStore):
                        n_samples_kmeans=b["n_samples_kmeans"],
                        num_partitions=b["num_partitions"] or default_partitions(self._n_vectors, self.device),
                        seed=b["seed"], show_progress=self._progress,
-                       **warp_memory_options(self.memory_budget))
+                       **warp_memory_options(self.memory_budget, self.device))
         del tensors
         self._call("load", engine.load, device=self.device)
         return engine, list(range(len(seqs)))

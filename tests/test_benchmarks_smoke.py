@@ -211,3 +211,14 @@ def test_scale_smoke(tmp_path, rng):
     replayed = np.mean([depth.fixed(r, 10)[0] for r in probe["queries"]])
     assert round(float(replayed), 4) == probe["store_recall"]["10"]  # the replay is the store's search
     assert depth.main(["simulate", "--docs", "60", "--out", str(tmp_path / "d")]) == 0
+
+
+def test_fp16_gemm_smoke(tmp_path):
+    out = tmp_path / "gemm.json"
+    args = ["--tokens", "32", "--partitions", "16", "--rounds", "2", "--batch", "8", "32", "--out", str(out)]
+    res = _bench("fp16_gemm").main(args)
+    assert json.loads(out.read_text()) == res
+    assert set(res["seconds"]) == {"8", "32"}
+    assert set(res["seconds"]["8"]) == {"float32", "float16", "bfloat16"}
+    assert res["vs_float32"]["32"]["float32"] == 1.0
+    assert isinstance(res["capability"], str) and res["capability"] and res["threads"] >= 1

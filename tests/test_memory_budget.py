@@ -60,6 +60,8 @@ def test_warp_build_options_follow_the_budget(tmp_path, monkeypatch):
     small, large = warp_memory_options(2**28), warp_memory_options(2**40)
     assert small["kmeans_sample_max_bytes"] == 2**26 and large["kmeans_sample_max_bytes"] == 2**31
     assert small["kmeans_data_chunk_size"] == 2048 and large["kmeans_data_chunk_size"] == 32768
+    assert small["compression_batch_size"] == large["compression_batch_size"] == 256  # CPU: fixed
+    assert warp_memory_options(2**28, "cuda")["compression_batch_size"] == 1024
     seen = {}
     s = WarpStore(tmp_path / "w", memory_budget=2**28, min_index_vectors=32)
     real = s._call
