@@ -403,7 +403,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {int(docs):,} | {engine} | {r['vectors']:,} | {r['load_s']} | {r['build_s']} | "
                 f"{r['disk_bytes'] / mib:,.0f} | {peaks} | {split} | {r['aim_rss'] / mib:,.0f} | "
-                f"{r['p50_ms']} / {r['p95_ms']} | {r['p50_vs_exact']} | {rec} | {loads} | "
+                f"{r['p50_ms']} / {r['p95_ms']} | {r.get('p50_vs_exact', '-')} | {rec} | {loads} | "
                 f"{', '.join(f'{k}={v}' for k, v in r.get('options', {}).items()) or 'defaults'} |")
     updates = [(docs, engine, r) for docs, rows in result["sizes"].items() for engine, r in rows.items()
                if "update_peak_rss" in r]

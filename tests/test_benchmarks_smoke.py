@@ -222,3 +222,11 @@ def test_fp16_gemm_smoke(tmp_path):
     assert set(res["seconds"]["8"]) == {"float32", "float16", "bfloat16"}
     assert res["vs_float32"]["32"]["float32"] == 1.0
     assert isinstance(res["capability"], str) and res["capability"] and res["threads"] >= 1
+
+
+def test_scale_table_without_the_reference_engine():
+    """A run of WARP alone (build time only) has no ratio to exact: its row says '-'."""
+    row = {"vectors": 10, "load_s": 1.0, "build_s": 2.0, "disk_bytes": 2**20, "load_peak_rss": 2**20,
+           "build_peak_rss": 2**20, "search_peak_rss": 2**20, "aim_rss": 2**30, "p50_ms": 1.0, "p95_ms": 2.0}
+    table = _bench("scale").markdown({"sizes": {"30": {"warp": row}}})
+    assert "| 30 | warp | 10 | 1.0 | 2.0 | 1 | 1 / 1 / 1 | - / - | 1,024 | 1.0 / 2.0 | - | - |" in table
