@@ -1,11 +1,11 @@
-"""Why WARP's (and PLAID's) CPU builds run at very different speeds on machines of one kind.
+"""Why WARP's CPU builds run at very different speeds on machines of one kind.
 
-xtr-warp-rs compresses each chunk of documents with one float16 matrix product on the CPU (its
-tokens against the float16 centroids, through libtorch). How fast libtorch does a float16 product
-depends on the CPU: with AVX512-FP16 or AMX it goes through oneDNN; on an AVX2-only CPU it falls
-back to a dot-product loop many times slower than the float32 product of the same shape. The
-engine splits a chunk into products of ``compression_batch_size`` token rows, and on the
-fallback path the row count changes the speed as well. This script times one compression chunk
+xtr-warp-rs compresses each chunk of documents with float16 matrix products on the CPU (its
+tokens against the float16 centroids, through libtorch), ``compression_batch_size`` token rows
+at a time. How fast libtorch does a float16 product depends on the CPU: on an AVX2-only CPU it
+falls back to a dot-product loop many times slower than the float32 product of the same shape,
+and slower still the more rows a product takes (CPUs with float16 matrix instructions were not
+measured with this script). This script times one compression chunk
 (``--tokens`` token vectors of 128 dimensions against ``--partitions`` centroids) done in products
 of each ``--batch`` rows, in float32, float16 and bfloat16, the median of ``--rounds`` runs each
 after one warm-up, and prints the CPU's flags that decide it, so a build time measured on one
@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
+
+from encode_throughput import median_time
 
 
 def cpu_facts() -> dict[str, object]:
@@ -63,13 +63,7 @@ def time_product(tokens: int, partitions: int, dtype: str, rounds: int, batch: i
         for start in range(0, tokens, batch):
             _ = a[start:start + batch] @ c.T
 
-    chunk()  # warm-up
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        chunk()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(chunk, rounds)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
