@@ -26,6 +26,11 @@ exception              also a                  raised when
                                                vectors must not join the old ones
 ``UntrustedCode``      ``ValueError``          a model folder would run its own Python code on
                                                loading and ``trust_remote_code`` was not given
+``StoreNotFound``      ``FileNotFoundError``   a store opened for reading does not exist (a read
+                                               never creates one)
+``InvalidInput``       ``ValueError``          an id, metadata value or filter is past a limit
+                                               every backend shares (lone surrogates, nesting
+                                               depth, integers beyond 64 bits); nothing written
 ====================== ======================= ==================================================
 
 Example
@@ -111,3 +116,11 @@ class ModelChanged(UIBKError, ValueError):
 
 class UntrustedCode(UIBKError, ValueError):
     """A model folder holds custom module code and ``trust_remote_code=True`` was not given."""
+
+
+class StoreNotFound(UIBKError, FileNotFoundError):
+    """A store opened for reading does not exist; nothing was created."""
+
+
+class InvalidInput(UIBKError, ValueError):
+    """An input past a limit that every backend shares; refused before any engine sees it."""
