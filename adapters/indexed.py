@@ -547,11 +547,14 @@ class IndexedStore(Reranking, MultiVectorStore):
 
     def _rebuild(self) -> None:
         """Build a fresh index from the stored vectors into a new folder, then switch to it (the
-        refs of every live document are set in the same transaction)."""
+        refs of every live document are set in the same transaction). Below
+        ``min_index_vectors`` the switch is to no index: no document keeps a ref, every one is
+        pending (searched exactly), and the old index folder goes."""
         gen = self._generation + 1
         live = list(self._id_of)
         name = f"{self.index_prefix}{gen:06d}" if self._n_vectors >= self.min_index_vectors else ""
         handle, refs = None, []
+        indexed = live if name else []  # the documents ``refs`` numbers, in the same order
         if name:
             target = self.path / name
             shutil.rmtree(target, ignore_errors=True)
@@ -564,7 +567,7 @@ class IndexedStore(Reranking, MultiVectorStore):
                 if self.ref_column:
                     db.execute(f"UPDATE docs SET {self.ref_column} = NULL")
                     db.executemany(f"UPDATE docs SET {self.ref_column} = ? WHERE seq = ?",
-                                   zip(refs, live, strict=True))
+                                   zip(refs, indexed, strict=True))
                     db.execute("DELETE FROM dead")
                 self._state_set(db, index_dir=name, generation=str(gen), dirty="0", built_vectors=str(built))
         except BaseException:
@@ -578,8 +581,8 @@ class IndexedStore(Reranking, MultiVectorStore):
         self._built_vectors, self._dirty = built, False
         self._dead, self._pending = set(), ({} if name else dict.fromkeys(live))
         if self.ref_column:
-            self._ref = dict(zip(live, refs, strict=True))
-            self._seq_of_ref = dict(zip(refs, live, strict=True))
+            self._ref = dict(zip(indexed, refs, strict=True))
+            self._seq_of_ref = {r: s for s, r in self._ref.items()}
         self._version += 1
         if old_dir and old_dir != name:
             shutil.rmtree(self.path / old_dir, ignore_errors=True)

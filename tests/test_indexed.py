@@ -265,3 +265,63 @@ def test_the_pool_stays_when_the_engine_order_is_good(tmp_path):
             _OrderedEngine(tmp_path / "t", candidates_limit=0)
     finally:
         s.close()
+
+
+def _engine(name: str):
+    """A store factory of the engine ``name`` (cheap build parameters), or a skip."""
+    if name == "plaid":
+        pytest.importorskip("fast_plaid")
+        from uibk_embedding.plaid_backend.store import PlaidStore
+
+        return lambda p, **o: PlaidStore(p, nbits=2, kmeans_niters=1, num_threads=1, **o)
+    if name == "warp":
+        pytest.importorskip("xtr_warp")
+        from uibk_embedding.adapters.warp import WarpStore
+
+        return lambda p, **o: WarpStore(p, nbits=2, kmeans_niters=1, buffer_size=0, **o)
+    return lambda p, **o: ScanEngine(p, candidates=3, **o)
+
+
+@pytest.mark.parametrize("engine", ["scan", "plaid", "warp"])
+def test_a_store_deleted_below_min_index_vectors_searches_exactly(tmp_path, engine):
+    """Every engine: deletes that take the store under ``min_index_vectors`` drop the index (its
+    folder, and WARP's pids); the store answers the exact MaxSim top k, before and after a
+    reopen, and ``rebuild()`` of 2 documents keeps it that way."""
+    from uibk_embedding.maxsim import maxsim
+
+    make, path = _engine(engine), tmp_path / "s"
+    vecs, ids = docs_for(20, 12), [f"d{i}" for i in range(12)]  # 12 x 23 = 276 vectors
+    s = make(path, min_index_vectors=200)
+    s.upsert(ids, vecs)
+    s.flush()
+    assert s.has_index
+    s.delete(ids[:5])  # 7 x 23 = 161 < 200
+    s.flush()
+    assert not s.has_index and stored_state(path, "index_dir") == ""
+    stored = {x: s.get([x])[0].vectors for x in ids[5:]}
+    queries = [vecs[6], *docs_for(21, 2)]
+
+    def exact_hits(store) -> None:
+        for q in queries:
+            want = sorted(stored, key=lambda x: -maxsim(q, stored[x]))[:4]
+            for rerank in (True, False):
+                got = store.search(q, k=4, rerank=rerank)
+                assert [h.id for h in got] == want, rerank
+                np.testing.assert_allclose([h.score for h in got], [maxsim(q, stored[x]) for x in want],
+                                           rtol=1e-5)
+
+    exact_hits(s)
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to repair
+        s = make(path, min_index_vectors=200)
+    try:
+        assert s.count() == 7 and not s.has_index
+        exact_hits(s)
+        s.delete(ids[5:10])
+        stored = {x: stored[x] for x in ids[10:]}
+        s.rebuild()  # 2 documents
+        assert not s.has_index and s.count() == 2
+        exact_hits(s)
+    finally:
+        s.close()

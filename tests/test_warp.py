@@ -239,3 +239,71 @@ def test_cpu_builds_cap_the_engine_partition_heuristic(tmp_path, monkeypatch):
     s.flush()
     assert built_partitions(s) == 64
     s.close()
+
+
+def _exact_top(q: np.ndarray, stored: dict[str, np.ndarray], k: int) -> list[tuple[str, float]]:
+    """The exact MaxSim top ``k`` of ``stored`` (id -> the vectors as the store keeps them)."""
+    scored = sorted(((maxsim(q, v), x) for x, v in stored.items()), key=lambda t: -t[0])
+    return [(x, s) for s, x in scored[:k]]
+
+
+def _assert_exact(store: WarpStore, stored: dict[str, np.ndarray], queries: list[np.ndarray], k: int) -> None:
+    for q in queries:
+        for rerank in (True, False):
+            got = [(h.id, h.score) for h in store.search(q, k=k, rerank=rerank)]
+            want = _exact_top(q, stored, k)
+            assert [x for x, _ in got] == [x for x, _ in want], rerank
+            np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-5)
+
+
+def test_deletes_below_min_index_vectors_drop_the_index_and_search_exactly(tmp_path):
+    """A store whose deletes take it under ``min_index_vectors`` (the default, 256) answers from
+    its exact scan: the flush drops the engine index and every pid with it (it used to raise
+    ``zip() argument 2 is longer`` on every flush, also after a reopen), the reopened store
+    searches exactly, and it builds an index again once it grows past the threshold."""
+    vecs = docs_for(11, 20)  # 20 x 23 = 460 vectors
+    ids = [f"d{i}" for i in range(20)]
+    s = WarpStore(tmp_path / "w", nbits=2, kmeans_niters=1, buffer_size=0)
+    s.upsert(ids, vecs)
+    s.flush()
+    assert s.has_index and stored_state(tmp_path / "w", "index_dir") == "warp-000001"
+    s.delete(ids[:12])  # 8 x 23 = 184 vectors < 256
+    s.flush()
+    assert not s.has_index and s.n_pending == 8 and stored_state(tmp_path / "w", "index_dir") == ""
+    assert not list((tmp_path / "w").glob("warp-*"))
+    live = {x: s.get([x])[0].vectors for x in ids[12:]}
+    queries = [*vecs[12:15], *docs_for(12, 2)]
+    _assert_exact(s, live, queries, k=5)
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to repair
+        s = WarpStore(tmp_path / "w", buffer_size=0)
+    try:
+        assert s.count() == 8 and not s.has_index
+        s.flush()
+        _assert_exact(s, live, queries, k=5)
+        more = docs_for(13, 10)
+        s.upsert([f"m{i}" for i in range(10)], more)  # 18 x 23 = 414 vectors: indexed again
+        s.flush()
+        assert s.has_index and s.n_pending == 0
+        assert engine_hits(s, [live["d15"], more[3]]) == ["d15", "m3"]
+    finally:
+        s.close()
+
+
+def test_rebuild_of_a_store_below_min_index_vectors(tmp_path):
+    """``rebuild()`` of a store too small for an index (2 documents) leaves it without one and
+    searching exactly, in memory and after a reopen (it raised ``zip() argument 2 is longer``)."""
+    vecs = docs_for(14, 2)
+    s = WarpStore(tmp_path / "w")
+    s.upsert(["a", "b"], vecs)
+    s.rebuild()
+    assert not s.has_index and s.count() == 2
+    assert [h.id for h in s.search(vecs[1], k=2)] == ["b", "a"]
+    s.close()
+    s = WarpStore(tmp_path / "w")
+    try:
+        s.rebuild()
+        assert [h.id for h in s.search(vecs[0], k=2, rerank=False)] == ["a", "b"]
+    finally:
+        s.close()
