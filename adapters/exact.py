@@ -18,8 +18,11 @@ once deleted or overwritten documents hold more than 30% of the rows it copies t
 the next generation of the vector file first. Files are ``.npz`` (no pickle) plus JSON. Stores
 written before 0.3.1 (vectors inside the ``.npz`` files) are converted on open, keeping float32.
 The folder is locked (``store.lock``, an ``flock``) while a store object has it open: a second
-object or process gets :class:`StoreInUse`. A folder that holds other files and no store is
-refused, never written into.
+object or process gets :class:`StoreInUse`. A folder is the store's only when it holds its
+``store.json`` (or is empty, or holds only what a store killed while being created leaves): any
+other folder is refused with :class:`CollectionMismatch` and nothing in it is created or deleted.
+The store deletes only temporary files it wrote itself (``.tmp-uibk-*``; ``.tmp-PID-THREAD-*``
+of 0.3 inside its own folder), never a user's ``.tmp-download.part``.
 
 Example
 -------
@@ -50,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uibk_embedding._durable import atomic_savez, atomic_write_text, durable_mkdir
+from uibk_embedding._durable import TMP_PREFIX, atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
@@ -60,6 +63,8 @@ from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
 
 _OP = re.compile(r"^(\d{12})\.npz$")
+# the temporary files this store writes: .tmp-uibk-PID-THREAD-NAME (before 0.4: .tmp-PID-THREAD-NAME)
+_OWN_TMP = re.compile(rf"^(?:{re.escape(TMP_PREFIX)}|\.tmp-\d+-\d+-)")
 LOCK_NAME = "store.lock"
 CONFIG_NAME = "store.json"
 _SNAP = re.compile(r"^snapshot-(\d{12})\.npz$")
@@ -160,7 +165,8 @@ class ExactStore(MultiVectorStore):
 
     Parameters
     ----------
-    path: directory to persist to (created when missing; reopened when it holds a store).
+    path: directory to persist to (created when missing or empty; reopened when it holds a
+        ``store.json``; any other folder is refused, untouched).
     format: the tagged format (saved with the store; used for decompositions).
     vector_dtype: how a persisted store keeps its rows: ``"float32"`` (the default for a new
         store: scores equal to the in-memory store's) or ``"float16"`` (half the disk and page
@@ -212,16 +218,16 @@ class ExactStore(MultiVectorStore):
     # -- persistence -------------------------------------------------------------------------
     def _open(self, format: TaggedFormat | None, vector_dtype: str | None) -> None:
         assert self.path is not None
-        durable_mkdir(self.path)
         cfg = self.path / CONFIG_NAME
-        if not cfg.exists():
-            # what a store leaves before its config is durable: the lock, an empty ops/, temp files
-            other = sorted(p.name for p in self.path.iterdir()
-                           if p.name not in (LOCK_NAME, "ops") and not p.name.startswith(".tmp-"))
-            if other or any((self.path / "ops").glob("*.npz")):
+        if self.path.exists() and not self.path.is_dir():
+            raise CollectionMismatch(f"{self.path} is a file, not a folder: an exact store needs a folder")
+        if not cfg.exists() and self.path.exists():
+            foreign = _foreign_files(self.path)
+            if foreign:
                 raise CollectionMismatch(
-                    f"{self.path} is not an exact store (no {CONFIG_NAME}) and is not empty "
-                    f"(it holds {other[:5] or ['ops/*.npz']}): give an empty or new folder")
+                    f"{self.path} is not an exact store (no {CONFIG_NAME}) and is not empty (it holds "
+                    f"{foreign[:5]}): give an empty or new folder; nothing in it was changed")
+        durable_mkdir(self.path)
         self._lockfile = lock_folder(self.path / LOCK_NAME, f"the exact store at {self.path}", "ExactStore")
         try:
             self._load(cfg, format, vector_dtype)
@@ -323,9 +329,12 @@ class ExactStore(MultiVectorStore):
         self._state = st
 
     def _cleanup_tmp(self) -> None:
+        """Delete the temporary files a killed write left (never acknowledged): only names this
+        store writes (``.tmp-uibk-*``, and ``.tmp-PID-THREAD-*`` of 0.3), in a folder holding its
+        ``store.json``; a user's ``.tmp-download.part`` stays."""
         assert self.path is not None
         for p in [*self.path.iterdir(), *(self.path / "ops").iterdir()]:
-            if p.name.startswith(".tmp-"):
+            if _OWN_TMP.match(p.name) and p.is_file():
                 p.unlink(missing_ok=True)
 
     def _log(self, op: str, **arrays: np.ndarray) -> None:
@@ -556,6 +565,21 @@ class ExactStore(MultiVectorStore):
         if self._lockfile is not None:
             self._lockfile.close()
             self._lockfile = None
+
+
+def _foreign_files(folder: Path) -> list[str]:
+    """What a folder without ``store.json`` holds that this store did not leave there. Before its
+    config is durable a store leaves only its (empty) lock and temporary config files
+    (``.tmp-uibk-*``); anything else (a ``.tmp-download.part``, an ``ops/`` folder, a lock file
+    with content) makes the folder someone else's."""
+    out = []
+    for p in sorted(folder.iterdir()):
+        if p.name == LOCK_NAME and p.is_file() and p.stat().st_size == 0:
+            continue
+        if p.name.startswith(TMP_PREFIX) and p.name.endswith(f"-{CONFIG_NAME}") and p.is_file():
+            continue
+        out.append(p.name + ("/" if p.is_dir() else ""))
+    return out
 
 
 def _legacy_docs(z) -> tuple[list[str], list[np.ndarray], list[dict]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 
 import numpy as np
 import pytest
@@ -167,3 +168,79 @@ def test_compact_copies_the_rows_only_when_some_are_dead(tmp_path):
     for r, d in zip(again.get(ids[2:]), docs[2:], strict=True):
         np.testing.assert_array_equal(r.vectors, d)
     again.close()
+
+
+# -- a folder is the exact store's only if it holds store.json; it never deletes files it did not write --
+def _listing(folder):
+    """Every path below ``folder`` with its size and mtime (what a refused open must leave as it was)."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("files", [
+    {".tmp-download.part": b"half of a user's download"},       # a user's file named like our temp files
+    {"ops/notes.txt": b"not an operation"},                      # an unrelated ops/ folder
+    {"ops/": None},                                              # an empty, unrelated ops/ folder
+    {"store.lock": b"someone else's lock"},                      # not the empty file our lock is
+])
+def test_a_folder_without_store_json_but_with_files_is_refused_untouched(tmp_path, files):
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if data is None:
+            (folder / name).mkdir(exist_ok=True)
+        else:
+            (folder / name).write_bytes(data)
+    before = _listing(folder)
+    with pytest.raises(CollectionMismatch, match=str(folder)):
+        ExactStore(path=folder)
+    assert _listing(folder) == before
+    for name, data in files.items():
+        if data is not None:
+            assert (folder / name).read_bytes() == data
+
+
+def test_a_store_deletes_only_its_own_temporary_files(tmp_path):
+    path = tmp_path / "s"
+    with ExactStore(path=path) as s:
+        s.upsert(["a"], _docs(1))
+    user = path / ".tmp-download.part"
+    user.write_bytes(b"a user's file")
+    (path / "ops" / ".tmp-download.part").write_bytes(b"another")
+    ours = [path / ".tmp-uibk-123-456-snapshot-000000000009.npz",   # what this version writes
+            path / "ops" / ".tmp-123-456-000000000002.npz",          # what 0.3.x wrote
+            path / ".tmp-99-7-store.json"]
+    for p in ours:
+        p.write_bytes(b"torn")
+    with ExactStore(path=path) as again:
+        assert again.ids() == ["a"]
+    assert user.read_bytes() == b"a user's file"
+    assert (path / "ops" / ".tmp-download.part").read_bytes() == b"another"
+    assert not any(p.exists() for p in ours)
+
+
+def test_a_store_killed_while_being_created_opens(tmp_path):
+    """What a process killed before store.json was renamed into place leaves: the (empty) lock and
+    a temporary config file; the folder is still ours, and the leftover goes."""
+    path = tmp_path / "s"
+    path.mkdir()
+    (path / "store.lock").touch()
+    (path / ".tmp-uibk-1-2-store.json").write_text("{")
+    with ExactStore(path=path) as s:
+        s.upsert(["a"], _docs(1))
+    assert not (path / ".tmp-uibk-1-2-store.json").exists()
+    assert ExactStore(path=path).ids() == ["a"]
+
+
+def test_temporary_files_carry_the_uibk_prefix(tmp_path, monkeypatch):
+    seen = []
+    real = os.replace
+
+    def spy(src, dst):
+        seen.append(os.path.basename(src))
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    with ExactStore(path=tmp_path / "s", compact_every=1) as s:
+        s.upsert(["a"], _docs(1))
+    assert seen and all(n.startswith(".tmp-uibk-") for n in seen)

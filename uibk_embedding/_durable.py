@@ -1,7 +1,8 @@
 """Durable file writes shared by the stores: fsync'd temporary file, atomic rename, fsync'd folder.
 
 A reader (or a process opening the folder after a crash) sees either the old file or the whole
-new one; leftovers are named ``.tmp-*`` and can be deleted on open.
+new one; leftovers are named ``.tmp-uibk-*`` (:data:`TMP_PREFIX`) and can be deleted on open by
+the store that owns the folder (a store deletes no file of another name).
 
 >>> import numpy as np, tempfile, pathlib
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.npz"
@@ -17,6 +18,9 @@ import threading
 from pathlib import Path
 
 import numpy as np
+
+TMP_PREFIX = ".tmp-uibk-"
+"""The start of every temporary file name written here (before 0.4: ``.tmp-``)."""
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -61,7 +65,7 @@ def fsync_tree(path: str | os.PathLike) -> None:
 
 def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     """Write ``arrays`` as ``.npz`` (no pickle) to ``path`` atomically and durably."""
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{path.name}")
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
         f.flush()
@@ -74,7 +78,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically and durably (file and folder fsync'd), so a power
     cut leaves the old file or the whole new one, never an empty one."""
     path = Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{path.name}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
