@@ -2,6 +2,7 @@
 
 Each backend lives in its own module; ``open_store("name", **options)`` imports it on first
 use, so a missing optional dependency only matters for the backend that needs it.
+``open_store(..., create=False)`` opens an existing store for reading and never creates one.
 
 >>> sorted(BACKENDS)[:3]
 ['exact', 'milvus', 'milvus-lite']
@@ -12,10 +13,15 @@ use, so a missing optional dependency only matters for the backend that needs it
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
+import os
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.errors import UnknownBackend
+from uibk_embedding.errors import StoreNotFound, UnknownBackend
 
 # name -> ("module:callable", extra that provides its dependencies)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -46,11 +52,178 @@ def backend_factory(backend: str) -> Any:
     return getattr(mod, attr)
 
 
-def open_store(backend: str = "exact", **options: Any) -> MultiVectorStore:
-    """Open (or create) a store of the named backend with backend-specific ``options``.
+def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -> MultiVectorStore:
+    """Open (or, with ``create=True``, create) a store of the named backend with
+    backend-specific ``options``.
 
+    ``create=False`` opens a store that exists and creates nothing: for a backend that keeps its
+    store in a local folder or file (``exact``, ``plaid``, ``warp``, ``qdrant`` with ``path=``,
+    ``qdrant-edge``, ``milvus-lite``) a ``path`` that does not exist, or holds no store of that
+    backend (for ``qdrant`` and ``milvus-lite``: no such collection), raises
+    :class:`~uibk_embedding.errors.StoreNotFound` naming the path and the backend, before the
+    store class runs, so nothing is created or changed. Without a ``path`` those backends would
+    make a new store in memory or a temporary folder, so ``create=False`` refuses that too. A
+    backend whose class takes ``create`` (``qdrant`` and ``weaviate`` servers) gets it, and
+    refuses a missing collection itself; ``milvus`` and ``pgvector`` servers are not checked.
+
+    >>> import pathlib, tempfile
     >>> store = open_store("exact")
     >>> store.backend
     'exact'
+    >>> where = pathlib.Path(tempfile.mkdtemp()) / "never-made"
+    >>> try:
+    ...     open_store("exact", path=where, create=False)
+    ... except StoreNotFound as e:
+    ...     print(str(e).replace(str(where), "WHERE"))
+    no store at WHERE (no exact store: the path does not exist; nothing was created)
+    >>> where.exists()
+    False
+    >>> with open_store("exact", path=where) as s:        # create=True (the default) makes it
+    ...     pass
+    >>> open_store("exact", path=where, create=False).count()
+    0
     """
-    return backend_factory(backend)(**options)
+    factory = backend_factory(backend)
+    if not create:
+        require_store(backend, options)
+    if "create" in _parameters(factory):
+        options = {**options, "create": create}
+    return factory(**options)
+
+
+def _parameters(factory: Any) -> set[str]:
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def require_store(backend: str, options: dict[str, Any]) -> None:
+    """Raise :class:`~uibk_embedding.errors.StoreNotFound` unless ``options`` point at an existing
+    store of ``backend`` (read from the files alone; nothing is opened, created or changed).
+    Server backends are not checked here (their class checks, when it takes ``create``).
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> try:
+    ...     require_store("plaid", {"path": d})
+    ... except StoreNotFound as e:
+    ...     print(str(e).replace(d, "D"))
+    no store at D (no plaid store: the folder holds no store.sqlite; nothing was created)
+    """
+    check = _CHECKS.get(backend)
+    if check is None:
+        return
+    if backend == "qdrant" and options.get("path") is None:
+        if any(options.get(k) is not None for k in ("url", "host", "client")) \
+                or options.get("location") not in (None, ":memory:"):
+            return  # a server: QdrantStore(create=False) refuses a missing collection itself
+    path = options.get("path")
+    if path is None:
+        raise StoreNotFound(f"no store to read: the {backend} backend without path= would make a new, "
+                            "empty store (in memory or a temporary folder); give the path of the store")
+    path = Path(os.fspath(path))
+    if backend == "milvus-lite" and not path.name.endswith(".db"):
+        path = path / "milvus.db"  # where open_milvus_lite keeps a folder's database
+    if not path.exists():
+        why = "the path does not exist"
+    else:
+        why = check(path, options)
+    if why is not None:
+        raise StoreNotFound(f"no store at {path} (no {backend} store: {why}; nothing was created)")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _sqlite_rows(db: Path, sql: str, args: tuple = ()) -> list | None:
+    """Rows of a query on an SQLite file opened read-only and immutable (nothing written, not even
+    a ``-wal``/``-shm`` file); ``None`` when it cannot be read that way."""
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return con.execute(sql, args).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
+def _exact(path: Path, options: dict[str, Any]) -> str | None:
+    if not path.is_dir():
+        return "the path is not a folder"
+    cfg = _read_json(path / "store.json")
+    if cfg is None:
+        return "the folder holds no readable store.json"
+    if cfg.get("backend", "exact") != "exact":
+        return f"its store.json is a {cfg.get('backend')!r} store's"
+    return None
+
+
+def _engine(name: str):
+    """PLAID or WARP: ``store.sqlite`` whose configuration names the backend."""
+
+    def check(path: Path, options: dict[str, Any]) -> str | None:
+        if not path.is_dir():
+            return "the path is not a folder"
+        db = path / "store.sqlite"
+        if not db.is_file():
+            return "the folder holds no store.sqlite"
+        rows = _sqlite_rows(db, "SELECT value FROM state WHERE key = 'config'")
+        if rows:  # else (a crash left the configuration in the WAL): the store class decides
+            try:
+                found = json.loads(rows[0][0]).get("backend")
+            except (ValueError, AttributeError):
+                found = None
+            if found != name:
+                return f"its store.sqlite holds a {found!r} store"
+        return None
+
+    return check
+
+
+def _qdrant_local(path: Path, options: dict[str, Any]) -> str | None:
+    if not path.is_dir():
+        return "the path is not a folder"
+    meta = _read_json(path / "meta.json")
+    if not isinstance(meta, dict):
+        return "the folder holds no Qdrant local-mode meta.json"
+    collection = options.get("collection", "uibk")
+    if collection not in (meta.get("collections") or {}):
+        return f"it has no collection {collection!r} (it has {sorted(meta.get('collections') or {})})"
+    return None
+
+
+def _qdrant_edge(path: Path, options: dict[str, Any]) -> str | None:
+    if not path.is_dir():
+        return "the path is not a folder"
+    if not (path / "edge_config.json").is_file():
+        return "the folder holds no Edge shard (edge_config.json)"
+    ours = _read_json(path / "uibk_embedding.json")
+    if ours is not None and ours.get("backend", "qdrant-edge") != "qdrant-edge":
+        return f"its uibk_embedding.json is a {ours.get('backend')!r} store's"
+    return None
+
+
+def _milvus_lite(path: Path, options: dict[str, Any]) -> str | None:
+    if not path.is_file():
+        return "the path is not a Milvus Lite database file"
+    collection = options.get("collection", "uibk")
+    rows = _sqlite_rows(path, "SELECT DISTINCT collection_name FROM collection_meta")
+    if rows is None:
+        return "the file is not a Milvus Lite database"
+    names = {r[0] for r in rows}
+    if f"{collection}_docs" not in names:  # the token_rows layout: <name>_rows and <name>_docs
+        have = sorted(n[: -len("_docs")] for n in names if isinstance(n, str) and n.endswith("_docs"))
+        return f"it has no collection {collection!r} (it has {have})"
+    return None
+
+
+_CHECKS = {"exact": _exact, "plaid": _engine("plaid"), "warp": _engine("warp"), "qdrant": _qdrant_local,
+           "qdrant-edge": _qdrant_edge, "milvus-lite": _milvus_lite}
