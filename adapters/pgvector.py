@@ -31,10 +31,13 @@ dense vector and is answered exactly. ``exact`` and ``candidates`` can also be g
 Writes are transactions: one ``upsert`` (``INSERT ... ON CONFLICT DO UPDATE``) or ``delete`` is
 all-or-nothing and durable when it returns (PostgreSQL's WAL); any number of store objects,
 processes and hosts may write to one table at once (rows are locked in id order; a deadlock
-detected by the server is retried). Filters, ``scan`` and ``delete(filter=)`` are SQL over
-``fields`` with the semantics of :func:`~uibk_embedding.adapters.filters.matches`: jsonb
-equality keeps types apart (``true`` is not ``1``, ``"1"`` is not ``1``; ``1`` equals ``1.0``),
-a missing field never matches.
+detected by the server is retried). A write whose connection is lost is applied again only when
+the server says its transaction did not commit (``pg_xact_status`` of the transaction id each
+write takes first): a write whose COMMIT reply was lost is not repeated over what another
+writer wrote since; an outcome the server cannot tell is :class:`BackendUnavailable`.
+Filters, ``scan`` and ``delete(filter=)`` are SQL over ``fields`` with the semantics of
+:func:`~uibk_embedding.adapters.filters.matches`: jsonb equality keeps types apart (``true``
+is not ``1``, ``"1"`` is not ``1``; ``1`` equals ``1.0``), a missing field never matches.
 
 The table's configuration (schema version, the tagged format) is the table's comment. An
 existing table is validated (columns, types, dimensions, index metric, format) and never
@@ -414,27 +417,35 @@ class PgVectorStore(MultiVectorStore):
         if self._closed:
             raise StoreInUse(f"this PgVectorStore (table {self.table!r}) is closed")
 
-    def _call(self, fn: Any, *, transaction: bool = False, idempotent: bool = True) -> Any:
+    def _call(self, fn: Any, *, transaction: bool = False, returns: bool = False) -> Any:
         """``fn()`` (in one transaction with ``transaction``) under the store's lock.
 
         Retried when the server reports a deadlock or a serialisation failure (another writer;
         nothing of the failed attempt was committed). A lost connection (server restarted,
-        connection killed) is opened again once and an ``idempotent`` call retried (an upsert or
-        delete by id applied twice leaves the same state); otherwise it is
-        :class:`BackendUnavailable`."""
+        connection killed) is opened again (at most twice per call): a read is retried; a write
+        (``transaction``) is retried only when it is known not to have committed. Each write
+        transaction takes its transaction id first; after a lost connection the new connection
+        asks the server for that transaction's fate (``pg_xact_status``): never started or
+        aborted, the write is retried; committed (only the reply was lost), it is done and is
+        not applied again (a second application could overwrite, or delete, what another writer
+        wrote in between); unknown, :class:`BackendUnavailable` says the outcome is unknown. A
+        committed write whose result is needed (``returns``: the count of a delete by
+        filter) raises :class:`BackendUnavailable` saying it was applied."""
         psycopg = _psycopg()
         errors = psycopg.errors
         with self._lock:
             self._check_open()
-            reconnected = False
+            reconnects = 0
             if self._owns and (self.conn.closed or self.conn.broken):  # lost during an earlier call
                 self._reconnect()
-                reconnected = True
             for attempt in range(_RETRIES):
+                xact: tuple[str, int] | None = None  # (transaction id, server process) of a write
                 try:
                     if not transaction:
                         return fn()
                     with self.conn.transaction():
+                        xid = self.conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+                        xact = (xid, int(self.conn.info.backend_pid))
                         return fn()
                 except (errors.DeadlockDetected, errors.SerializationFailure):
                     if attempt == _RETRIES - 1:
@@ -443,17 +454,62 @@ class PgVectorStore(MultiVectorStore):
                 except psycopg.OperationalError as e:
                     if not (self.conn.closed or self.conn.broken):
                         raise  # an error of this statement on a working connection
-                    if not self._owns or reconnected or not idempotent:
+                    lost = f"the connection to PostgreSQL was lost ({str(e).strip()})"
+                    if not self._owns or reconnects >= 2:
+                        if transaction and xact is not None:
+                            lost += "; the write may or may not have been applied"
+                        elif transaction:
+                            lost += "; the write was not applied"
+                        raise BackendUnavailable(lost) from e
+                    try:
+                        self._reconnect()
+                    except BackendUnavailable as again:
+                        if transaction:
+                            raise BackendUnavailable(
+                                f"{lost}; reconnecting failed ({again}): the write "
+                                + ("may or may not have been applied" if xact is not None
+                                   else "was not applied")) from e
+                        raise
+                    reconnects += 1
+                    if xact is None:
+                        continue  # a read, or a write that never began: nothing was committed
+                    status = self._xact_status(*xact)
+                    if status == "aborted":
+                        continue  # nothing of it was committed: apply it again
+                    if status == "committed":
+                        if not returns:
+                            return None  # applied; only the reply was lost
                         raise BackendUnavailable(
-                            f"the connection to PostgreSQL was lost ({str(e).strip()})" +
-                            ("" if idempotent else "; the operation may or may not have been applied")
-                        ) from e
-                    self._reconnect()
-                    reconnected = True
+                            f"{lost}; the write was applied (its transaction committed) but its "
+                            "result was lost") from e
+                    raise BackendUnavailable(
+                        f"{lost}; the write may or may not have been applied (the server reports "
+                        f"its transaction as {status or 'unknown'})") from e
             raise AssertionError("unreachable")
 
-    def _write(self, fn: Any, *, idempotent: bool = True) -> Any:
-        return self._call(fn, transaction=True, idempotent=idempotent)
+    def _xact_status(self, xid: str, pid: int) -> str | None:
+        """The fate of transaction ``xid`` of the lost connection's server process ``pid``:
+        ``'committed'``, ``'aborted'``, ``'in progress'`` (still so after waiting) or ``None``
+        (unknown to the server). A server process still holding the transaction open (it has
+        not noticed that its client is gone) is ended, so the transaction is decided now: it
+        commits or aborts as a whole (matched by pid *and* transaction id, never another
+        session's process)."""
+        deadline = time.monotonic() + max(5.0, getattr(self, "_timeout", 0.0))
+        xid32 = str(int(xid) % 2**32)  # pg_stat_activity.backend_xid is the 32-bit xid
+        while True:
+            row = self.conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            status = row[0] if row else None
+            if status != "in progress" or time.monotonic() > deadline:
+                return status
+            try:
+                self.conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE pid = %s AND backend_xid::text = %s", (pid, xid32))
+            except _psycopg().Error:
+                pass  # not allowed to end it: wait for the server to notice
+            time.sleep(0.02)
+
+    def _write(self, fn: Any, *, returns: bool = False) -> Any:
+        return self._call(fn, transaction=True, returns=returns)
 
     # -- writes ----------------------------------------------------------------------------
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
@@ -489,7 +545,7 @@ class PgVectorStore(MultiVectorStore):
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         where, params = filter_sql(conditions)
         sql = self._q(f"DELETE FROM {{t}} WHERE {where}")
-        return self._write(lambda: self.conn.execute(sql, params).rowcount, idempotent=False)
+        return self._write(lambda: self.conn.execute(sql, params).rowcount, returns=True)
 
     # -- reads -----------------------------------------------------------------------------
     def count(self) -> int:
