@@ -327,9 +327,10 @@ class IndexedStore(Reranking, MultiVectorStore):
         self._dirty = False
         self._version = 0                     # bumped on every change of the view
         try:
+            # is the folder ours? Decided before the lock file (or anything) is created in it
+            refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
             self._lockfile = lock_folder(self.path / LOCK_NAME, f"the {self.label} store at {self.path}",
                                          type(self).__name__)
-            refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label)
             self._db = connect(self.path / DB_NAME)
             self._open(format, given)
         except BaseException:

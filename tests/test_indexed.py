@@ -325,3 +325,71 @@ def test_a_store_deleted_below_min_index_vectors_searches_exactly(tmp_path, engi
         exact_hits(s)
     finally:
         s.close()
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> its bytes), folders as ``b"<dir>"``."""
+    return {str(p.relative_to(folder)): (b"<dir>" if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("engine", ["scan", "plaid", "warp"])
+def test_a_foreign_folder_is_refused_before_anything_is_created_in_it(tmp_path, engine):
+    """A folder holding a user's files and no store, or a SQLite database of the user's named
+    like the store's, is refused with CollectionMismatch naming it, and left byte for byte as it
+    was: no ``store.lock`` (the lock used to be created before the refusal, and stayed), no
+    SQLite file or journal, nothing deleted."""
+    from uibk_embedding.errors import CollectionMismatch
+
+    make = _engine(engine)
+    user = tmp_path / "downloads"
+    user.mkdir()
+    (user / "notes.txt").write_text("buy milk\n")
+    (user / ".tmp-download.part").write_bytes(b"\x00\x01partial")
+    (user / "vectors-000001.f16").write_bytes(b"not ours")
+    before = _listing(user)
+    for _ in range(2):  # and again: the first refusal left nothing that makes it look like a store
+        with pytest.raises(CollectionMismatch, match="is not empty") as err:
+            make(user)
+        assert str(user) in str(err.value)
+        assert _listing(user) == before
+    # a database of the user's under the store's file name (no state table): not a store either
+    db = sqlite3.connect(user / "store.sqlite")
+    with db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+        db.execute("INSERT INTO notes VALUES ('keep me')")
+    db.close()
+    before = _listing(user)
+    with pytest.raises(CollectionMismatch, match="no configuration") as err:
+        make(user)
+    assert str(user) in str(err.value)
+    assert _listing(user) == before
+    only_db = tmp_path / "db-only"
+    only_db.mkdir()
+    (user / "store.sqlite").rename(only_db / "store.sqlite")
+    before = _listing(only_db)
+    with pytest.raises(CollectionMismatch, match="no configuration"):
+        make(only_db)
+    assert _listing(only_db) == before
+    # an empty folder is ours, and so is a store this library wrote
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    make(empty).close()
+    assert {"store.lock", "store.sqlite"} <= set(_listing(empty))
+    make(empty).close()
+
+
+def test_a_store_of_another_engine_is_refused_untouched(tmp_path):
+    """A PLAID store opened as WARP (or the scan engine) is refused before any file of it is
+    touched: the same bytes, no journal mode switched, no lock taken."""
+    from uibk_embedding.errors import CollectionMismatch
+
+    path = tmp_path / "s"
+    s = ScanEngine(path)
+    s.upsert(["a"], docs_for(30, 1))
+    s.close()
+    before = _listing(path)
+    for make in (_engine("plaid"), _engine("warp")):
+        with pytest.raises(CollectionMismatch, match=r"backend 'scan'"):
+            make(path)
+        assert _listing(path) == before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -135,11 +136,67 @@ def committed_generation(db: sqlite3.Connection, key: str) -> int | None:
         return None
 
 
-def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: str, what: str) -> None:
-    """A folder without the store database must be empty (but for the lock): an engine store never
-    writes into, or cleans up, a folder it did not create (:class:`CollectionMismatch`)."""
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _store_database_problem(db_path: Path, backend: str | None) -> str | None:
+    """Why the file ``db_path`` is not the database of a ``backend`` store (None: it is one, or
+    one whose creation died before its first table). Read without creating anything beside it:
+    SQLite's ``immutable`` mode takes no lock and writes no journal, WAL or shared-memory file."""
+    if not db_path.is_file():
+        return "is not a file"
+    with open(db_path, "rb") as f:
+        head = f.read(len(SQLITE_HEADER))
+    if not head:
+        return None  # created, never written: a store whose creation died
+    if head != SQLITE_HEADER:
+        return "is not a SQLite database"
+    try:
+        db = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            config = state_get(db, "config") if "state" in tables else None
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        return f"cannot be read as a SQLite database ({e})"
+    if config is None:
+        return f"holds tables {tables[:5]} but no configuration" if set(tables) - {"state"} else None
+    try:
+        found = json.loads(config).get("backend")
+    except (ValueError, AttributeError):
+        return "holds a configuration that is not a JSON object"
+    if backend is not None and found != backend:
+        return f"holds a store of backend {found!r}"
+    return None
+
+
+def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: str, what: str,
+                          backend: str | None = None) -> None:
+    """Refuse (:class:`CollectionMismatch`, naming the folder) a folder that is not a ``what``
+    store's, before anything is created in it: a store only writes into, or cleans up, a folder
+    that is empty (but for its lock) or holds its database ``db_name``: a SQLite file with a
+    store configuration (of ``backend``, when given), or only an empty ``state`` table (a
+    creation that died). Nothing in the folder is changed by the check.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> refuse_foreign_folder(d, "store.sqlite", "store.lock", "PLAID")  # empty: ours
+    >>> _ = (d / "notes.txt").write_text("mine")
+    >>> refuse_foreign_folder(d, "store.sqlite", "store.lock", "PLAID")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.CollectionMismatch: ... is not a PLAID store (no store.sqlite) and is not empty ...
+    >>> sorted(p.name for p in d.iterdir())
+    ['notes.txt']
+    """
     folder = Path(folder)
-    if (folder / db_name).exists():
+    db_path = folder / db_name
+    if os.path.lexists(db_path):
+        problem = _store_database_problem(db_path, backend)
+        if problem is not None:
+            raise CollectionMismatch(f"{folder} does not hold a {what} store: its {db_name} {problem}; "
+                                     "refusing to write into it (give an empty or new folder)")
         return
     other = sorted(p.name for p in folder.iterdir() if p.name != lock_name)
     if other:
