@@ -158,8 +158,10 @@ def _store_database_problem(db_path: Path, backend: str | None) -> str | None:
             config = state_get(db, "config") if "state" in tables else None
         finally:
             db.close()
-    except sqlite3.Error as e:
-        return f"cannot be read as a SQLite database ({e})"
+    except sqlite3.Error:
+        # damaged, or caught mid-checkpoint by the process that has the store open (an immutable
+        # read takes no lock): undecided here; the lock and the real open say which
+        return None
     if config is None:
         return f"holds tables {tables[:5]} but no configuration" if set(tables) - {"state"} else None
     try:
