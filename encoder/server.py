@@ -14,8 +14,8 @@ Endpoints
     ``merged_passes`` (passes holding texts of several requests), ``multi_client_passes``
     (of several client processes), ``clients`` (distinct client ids seen), ``errors``.
 ``POST /encode``
-    JSON request ``{"kind": "documents" | "queries", "texts": [...], "dense_weight": w | null}``;
-    the answer is ``application/x-uibk-vectors``, the binary float32 payload of
+    JSON request ``{"kind": "documents" | "queries", "texts": [...], "dense_weight": w | null}``
+    and nothing else; the answer is ``application/x-uibk-vectors``, the binary float32 payload of
     :func:`~uibk_embedding.encoder.remote.pack_payload`, with header ``X-UIBK-Truncated`` (texts
     cut at the length limit). Bad input answers 400 with a JSON ``detail``; a request over
     the limits answers 413; more than ``max_concurrent`` requests at once answer 429 with
@@ -23,8 +23,21 @@ Endpoints
     encoding answers 500 without internal details (they go to the server's log). A request whose
     client disconnects is cancelled before it reaches the model when it is still queued.
 
+Memory is bounded, not only bytes: the body is parsed by :func:`parse_request`, which takes only
+the three keys above and refuses anything else (another key, a text that is not a string, a
+nested value) at the first character that does not fit, before building a Python object of it;
+while a request waits for the encoder only its list of texts stays alive. The bodies being
+received plus the texts queued for the encoder may hold at most ``max_queued_bytes`` bytes and
+``max_queued_texts`` texts in all; a request past either answers 429 with ``Retry-After``.
+The server's memory beyond the model is then about ``max_queued_bytes`` plus twice
+``max_body_bytes`` (the one body being parsed: requests are parsed one at a time), plus the
+vectors of the requests being answered.
+
 With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
-``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it.
+``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it; that
+includes ``GET /openapi.json`` (the API's schema, open only on a server without a key). There
+are no ``/docs`` or ``/redoc`` pages (404): they load their scripts from a CDN, which a server
+off the internet cannot reach; this docstring and ``/openapi.json`` describe the API.
 
 Every request goes to one :class:`~uibk_embedding.encoder.shared.SharedEncoder`, whose worker
 batches the texts of concurrent requests (from any number of client processes) together.
@@ -36,6 +49,7 @@ Command line::
                      [--max-text-chars 100000] [--max-body-mb 32] [--threads N]
                      [--api-key-file FILE] [--max-concurrent-requests 64]
                      [--body-timeout-s 30] [--idle-timeout-s 5]
+                     [--max-queued-mb 256] [--max-queued-texts 8192]
 
 Example
 -------
@@ -55,15 +69,17 @@ import hmac
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from json.decoder import scanstring
+from json.scanner import NUMBER_RE
 from pathlib import Path
 from typing import Any
 
 from uibk_embedding._optional import require
-from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
 from uibk_embedding.tagged import DIM, check_dense_weight
@@ -84,6 +100,141 @@ def public_model_name(name: str) -> str:
     return name if ":" in name and not os.path.isabs(name) else (Path(name).name or name)
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_KEYS = ("kind", "texts", "dense_weight")
+_JSON_TYPES = {"{": "a JSON object", "[": "a JSON list", '"': "a string", "t": "a boolean", "f": "a boolean",
+               "n": "null"}
+
+
+class RequestRefused(ValueError):
+    """A request body :func:`parse_request` refuses: ``status`` (400 or 413) and the message."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+def _json_type(doc: str, pos: int) -> str:
+    c = doc[pos:pos + 1]
+    return _JSON_TYPES.get(c, "a number" if c and c in "-0123456789" else "nothing")
+
+
+def parse_request(body: bytes | bytearray, *, max_texts: int = 1024,
+                  max_text_chars: int = 100_000) -> tuple[str, list[str], float | None]:
+    """``(kind, texts, dense_weight)`` of an ``/encode`` body, building no other Python object.
+
+    The body must be one JSON object with the keys ``kind`` (``"documents"`` or ``"queries"``),
+    ``texts`` (a list of strings) and ``dense_weight`` (a number or null, optional) and no other.
+    It is read left to right and refused (:class:`RequestRefused`, status 400; 413 past
+    ``max_texts`` texts or ``max_text_chars`` characters in a text) at the first thing that does
+    not fit, so that junk (another key, a list of objects, deep nesting) is never parsed.
+
+    >>> parse_request(b'{"kind": "queries", "texts": ["a wing"], "dense_weight": 2}')
+    ('queries', ['a wing'], 2.0)
+    >>> parse_request(b'{"kind": "documents", "texts": [{}, {}]}')
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.encoder.server.RequestRefused: texts[0] must be a string, got a JSON object
+    >>> try:
+    ...     parse_request(b'{"kind": "documents", "texts": ["a"], "junk": [[[[]]]]}')
+    ... except RequestRefused as e:
+    ...     print(e.status, e)
+    400 unknown key 'junk': a request takes only 'kind', 'texts' and 'dense_weight'
+    """
+    try:
+        doc = body.decode(json.detect_encoding(body))
+    except (UnicodeDecodeError, LookupError) as e:
+        raise RequestRefused(400, f"the request body is not JSON ({e})") from None
+    try:
+        return _parse(doc, max_texts, max_text_chars)
+    except json.JSONDecodeError as e:  # a malformed string or number: its message, not its .doc
+        raise RequestRefused(400, f"the request body is not JSON ({e.msg} at character {e.pos})") from None
+
+
+def _parse(doc: str, max_texts: int, max_text_chars: int) -> tuple[str, list[str], float | None]:
+    def expect(pos: int, chars: str, what: str) -> int:
+        pos = _WS.match(doc, pos).end()
+        if doc[pos:pos + 1] not in tuple(chars):
+            raise RequestRefused(400, f"the request body is not JSON as expected: {what} at character "
+                                      f"{pos}, found {doc[pos:pos + 10]!r}")
+        return pos
+
+    got: dict[str, Any] = {}
+    pos = expect(0, "{", "a JSON object with 'kind' and 'texts'") + 1
+    if doc[_WS.match(doc, pos).end():].startswith("}"):
+        pos = _WS.match(doc, pos).end()
+    else:
+        while True:
+            pos = expect(pos, '"', "a key in double quotes")
+            key, pos = scanstring(doc, pos + 1, True)
+            if key not in _KEYS:
+                raise RequestRefused(400, f"unknown key {key[:40]!r}: a request takes only 'kind', 'texts' "
+                                          "and 'dense_weight'")
+            if key in got:
+                raise RequestRefused(400, f"the key {key!r} appears twice")
+            pos = _WS.match(doc, expect(pos, ":", "':'") + 1).end()
+            if key == "texts":
+                got[key], pos = _parse_texts(doc, pos, max_texts, max_text_chars)
+            elif key == "kind":
+                if doc[pos:pos + 1] != '"':
+                    raise RequestRefused(400, "'kind' must be 'documents' or 'queries', got "
+                                              f"{_json_type(doc, pos)}")
+                got[key], pos = scanstring(doc, pos + 1, True)
+            elif doc.startswith("null", pos):
+                got[key], pos = None, pos + 4
+            else:
+                number = NUMBER_RE.match(doc, pos)
+                if number is None:
+                    raise RequestRefused(400, "'dense_weight' must be a number or null, got "
+                                              f"{_json_type(doc, pos)}")
+                got[key], pos = float(number.group()), number.end()
+            pos = expect(pos, ",}", "',' or '}'")
+            if doc[pos] == "}":
+                break
+            pos += 1
+    if _WS.match(doc, pos + 1).end() != len(doc):
+        raise RequestRefused(400, "the request body is not JSON as expected: extra data at character "
+                                  f"{pos + 1}")
+    kind = got.get("kind")
+    if kind not in ("documents", "queries"):
+        raise RequestRefused(400, f"'kind' must be 'documents' or 'queries', got {kind!r}")
+    if "texts" not in got:
+        raise RequestRefused(400, "'texts' must be a list of strings, got nothing")
+    return kind, got["texts"], got.get("dense_weight")
+
+
+def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int) -> tuple[list[str], int]:
+    if doc[pos:pos + 1] != "[":
+        raise RequestRefused(400, f"'texts' must be a list of strings, got {_json_type(doc, pos)}")
+    texts: list[str] = []
+    pos = _WS.match(doc, pos + 1).end()
+    if doc[pos:pos + 1] == "]":
+        return texts, pos + 1
+    while True:
+        if len(texts) == max_texts:
+            raise RequestRefused(413, f"more than {max_texts} texts in one request; this server accepts "
+                                      f"at most {max_texts}")
+        if doc[pos:pos + 1] != '"':
+            raise RequestRefused(400, f"texts[{len(texts)}] must be a string, got {_json_type(doc, pos)}")
+        text, pos = scanstring(doc, pos + 1, True)
+        if len(text) > max_text_chars:
+            raise RequestRefused(413, f"texts[{len(texts)}] has {len(text)} characters; this server accepts "
+                                      f"at most {max_text_chars} per text")
+        if not text.strip():
+            raise RequestRefused(400, f"texts[{len(texts)}] is empty or whitespace only; there is "
+                                      "nothing to encode")
+        texts.append(text)
+        pos = _WS.match(doc, pos).end()
+        c = doc[pos:pos + 1]
+        if c == "]":
+            return texts, pos + 1
+        if c != ",":
+            raise RequestRefused(400, "the request body is not JSON as expected: ',' or ']' after "
+                                      f"texts[{len(texts) - 1}] at character {pos}, "
+                                      f"found {doc[pos:pos + 10]!r}")
+        pos = _WS.match(doc, pos + 1).end()
+
+
 class _Limits:
     def __init__(self, max_texts: int, max_text_chars: int, max_body_bytes: int) -> None:
         if min(max_texts, max_text_chars, max_body_bytes) < 1:
@@ -98,12 +249,16 @@ class _Limits:
 
 def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: int = 100_000,
                max_body_bytes: int = 32 * 2**20, api_key: str | None = None,
-               max_concurrent: int = 64, body_timeout: float = 30.0) -> Any:
+               max_concurrent: int = 64, body_timeout: float = 30.0,
+               max_queued_bytes: int = 256 * 2**20, max_queued_texts: int = 8192) -> Any:
     """The FastAPI application serving ``shared`` (see the module docstring for the endpoints).
 
     ``api_key``: required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``;
     ``max_concurrent``: ``/encode`` requests served (queued or encoding) at once, the rest 429;
-    ``body_timeout``: seconds to receive a request body (a slow client is cut with 408).
+    ``body_timeout``: seconds to receive a request body (a slow client is cut with 408);
+    ``max_queued_bytes`` / ``max_queued_texts``: the request bodies being received plus the
+    texts waiting for (or in) the encoder, in all requests together (at least one full request:
+    ``max_body_bytes`` and ``max_texts``); a request past either answers 429 with Retry-After.
     """
     require("fastapi", "serve", "uibk-embed serve")
     from fastapi import FastAPI, Request
@@ -113,14 +268,20 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
     limits = _Limits(max_texts, max_text_chars, max_body_bytes)
     if int(max_concurrent) < 1 or not body_timeout > 0:
         raise ValueError("max_concurrent and body_timeout must be positive")
+    if int(max_queued_bytes) < limits.max_body_bytes or int(max_queued_texts) < limits.max_texts:
+        raise ValueError(f"max_queued_bytes ({max_queued_bytes}) and max_queued_texts ({max_queued_texts}) "
+                         f"must hold at least one full request ({limits.max_body_bytes} bytes, "
+                         f"{limits.max_texts} texts)")
     if api_key is not None and len(api_key) < 16:
         raise ValueError("the API key must be at least 16 characters long")
     key = api_key.encode() if api_key else None
-    app = FastAPI(title="uibk-embed", description="tagged multi-vector encoder")
+    # no /docs, /redoc (their scripts come from a CDN); /openapi.json is served below, behind the key
+    app = FastAPI(title="uibk-embed", description="tagged multi-vector encoder", docs_url=None,
+                  redoc_url=None, openapi_url=None)
     clients: OrderedDict[str, None] = OrderedDict()
     enc = shared.encoder
-    m: dict[str, Any] = {"in_flight": 0, "status": {}, "texts": 0, "token_vectors": 0,
-                         "latency": Histogram(LATENCY_BUCKETS)}
+    m: dict[str, Any] = {"in_flight": 0, "queued_bytes": 0, "queued_texts": 0, "status": {}, "texts": 0,
+                         "token_vectors": 0, "latency": Histogram(LATENCY_BUCKETS)}
 
     def error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
         m["status"][status] = m["status"].get(status, 0) + 1
@@ -155,6 +316,12 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             "limits": limits.as_dict(),
         }
 
+    @app.get("/openapi.json", include_in_schema=False, response_model=None)
+    def openapi(request: Request) -> dict[str, Any] | JSONResponse:
+        if not authorised(request):
+            return unauthorised()
+        return app.openapi()
+
     @app.get("/stats", response_model=None)
     def stats(request: Request) -> dict[str, Any] | JSONResponse:
         if not authorised(request):
@@ -171,6 +338,8 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         lines += ["# TYPE uibk_texts_total counter", f"uibk_texts_total {m['texts']}",
                   "# TYPE uibk_token_vectors_total counter", f"uibk_token_vectors_total {m['token_vectors']}",
                   "# TYPE uibk_requests_in_flight gauge", f"uibk_requests_in_flight {m['in_flight']}",
+                  "# TYPE uibk_queued_bytes gauge", f"uibk_queued_bytes {m['queued_bytes']}",
+                  "# TYPE uibk_queued_texts gauge", f"uibk_queued_texts {m['queued_texts']}",
                   "# TYPE uibk_encoder_queue_depth gauge", f"uibk_encoder_queue_depth {shared.queue_depth()}",
                   "# TYPE uibk_forward_passes_total counter", f"uibk_forward_passes_total {s['passes']}",
                   "# TYPE uibk_request_seconds histogram", *m["latency"].lines("uibk_request_seconds"),
@@ -186,20 +355,38 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                               "after the time in Retry-After", {"Retry-After": "1"})
         m["in_flight"] += 1
         t0 = time.perf_counter()
+        held = {"bytes": 0, "texts": 0}  # what this request counts in the queued budgets
         try:
-            response = await _encode(request)
+            response = await _encode(request, held)
         finally:
             m["in_flight"] -= 1
+            m["queued_bytes"] -= held["bytes"]
+            m["queued_texts"] -= held["texts"]
         m["status"][response.status_code] = m["status"].get(response.status_code, 0) + (
             response.status_code == 200)
         m["latency"].observe(time.perf_counter() - t0)
         return response
 
-    async def _read_body(request: Request) -> bytes | JSONResponse:
+    def busy(what: str) -> JSONResponse:
+        return error(429, f"this server holds {what} of queued requests, its limit; retry after the "
+                          "time in Retry-After", {"Retry-After": "1"})
+
+    def hold_bytes(held: dict[str, int], n: int) -> bool:
+        """Count ``n`` bytes for this request (its total so far); False when past the budget."""
+        extra = n - held["bytes"]
+        if extra > 0 and m["queued_bytes"] + extra > max_queued_bytes:
+            return False
+        m["queued_bytes"] += extra
+        held["bytes"] = n
+        return True
+
+    async def _read_body(request: Request, held: dict[str, int]) -> bytearray | JSONResponse:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return error(413, f"request body of {declared} bytes exceeds the limit of "
                               f"{limits.max_body_bytes} bytes; send fewer texts per request")
+        if declared and declared.isdigit() and not hold_bytes(held, int(declared)):
+            return busy(f"{m['queued_bytes']} bytes")
         body = bytearray()
         deadline = time.monotonic() + body_timeout
         stream = request.stream().__aiter__()
@@ -208,44 +395,36 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             try:
                 part = await asyncio.wait_for(stream.__anext__(), timeout=max(left, 0.001))
             except StopAsyncIteration:
-                return bytes(body)
+                return body
             except TimeoutError:
                 return error(408, f"the request body did not arrive within {body_timeout:g} s")
             body += part
             if len(body) > limits.max_body_bytes:
                 return error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes; "
                                   "send fewer texts per request")
+            if len(body) > held["bytes"] and not hold_bytes(held, len(body)):
+                return busy(f"{m['queued_bytes']} bytes")
 
-    async def _encode(request: Request) -> Response:
-        body = await _read_body(request)
+    async def _encode(request: Request, held: dict[str, int]) -> Response:
+        body = await _read_body(request, held)
         if isinstance(body, JSONResponse):
             return body
-        try:
-            req = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            return error(400, f"the request body is not JSON ({e})")
-        except RecursionError:
-            return error(400, "the request body is nested too deeply")
-        if not isinstance(req, dict):
-            return error(400, "the request body must be a JSON object with 'kind' and 'texts'")
-        kind = req.get("kind")
-        if kind not in ("documents", "queries"):
-            return error(400, f"'kind' must be 'documents' or 'queries', got {kind!r}")
-        texts = req.get("texts")
-        if not isinstance(texts, list):
-            return error(400, f"'texts' must be a list of strings, got {type(texts).__name__}")
-        if len(texts) > limits.max_texts:
-            return error(413, f"{len(texts)} texts in one request; this server accepts at most "
-                              f"{limits.max_texts}")
-        try:
-            texts = validate_texts(texts)
-        except (TypeError, ValueError) as e:
-            return error(400, str(e))
-        for i, t in enumerate(texts):
-            if len(t) > limits.max_text_chars:
-                return error(413, f"texts[{i}] has {len(t)} characters; this server accepts at most "
-                                  f"{limits.max_text_chars} per text")
-        w = req.get("dense_weight")
+        try:  # only the list of texts outlives this: not the body, not any junk in it
+            kind, texts, w = parse_request(body, max_texts=limits.max_texts,
+                                           max_text_chars=limits.max_text_chars)
+        except RequestRefused as e:
+            return error(e.status, str(e))
+        finally:
+            del body
+        # while queued, the request holds its texts (not its body) in the budgets
+        m["queued_bytes"] -= held["bytes"]
+        held["bytes"] = 0
+        if not hold_bytes(held, sum(map(len, texts))):
+            return busy(f"{m['queued_bytes']} bytes")
+        if m["queued_texts"] + len(texts) > max_queued_texts:
+            return busy(f"{m['queued_texts']} texts")
+        m["queued_texts"] += len(texts)
+        held["texts"] = len(texts)
         if kind == "documents" and w is not None:
             return error(400, "'dense_weight' applies to queries only")
         if kind == "queries":
@@ -359,6 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to receive a request body (slow clients get 408)")
     p.add_argument("--idle-timeout-s", type=float, default=5.0,
                    help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--max-queued-mb", type=float, default=256.0,
+                   help="request bodies being received plus texts waiting for the encoder, all requests "
+                        "together; more answer 429 (at least --max-body-mb)")
+    p.add_argument("--max-queued-texts", type=int, default=8192,
+                   help="texts waiting for the encoder, all requests together; more answer 429")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -386,7 +570,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         app = create_app(shared, max_texts=args.max_texts, max_text_chars=args.max_text_chars,
                          max_body_bytes=int(args.max_body_mb * 2**20), api_key=key,
-                         max_concurrent=args.max_concurrent_requests, body_timeout=args.body_timeout_s)
+                         max_concurrent=args.max_concurrent_requests, body_timeout=args.body_timeout_s,
+                         max_queued_bytes=int(args.max_queued_mb * 2**20),
+                         max_queued_texts=args.max_queued_texts)
     except ValueError as e:
         shared.close()
         raise SystemExit(f"uibk-embed serve: {e}") from None

@@ -350,3 +350,108 @@ def test_metrics_are_exposed_in_prometheus_format(guarded):
     assert values["uibk_request_seconds_count"] >= 2 and values['uibk_request_seconds_bucket{le="+Inf"}'] >= 2
     assert values["uibk_pass_texts_count"] >= 1 and "uibk_encoder_queue_depth" in values
     assert values["uibk_requests_in_flight"] == 0
+
+
+# -- the security review: docs pages, junk bodies held in memory, queued budgets ---------------
+
+
+def test_docs_pages_are_off_and_the_schema_needs_the_key(guarded, server):
+    for url in (guarded, server):  # /docs and /redoc load their scripts from a CDN: not served
+        for path in ("/docs", "/redoc"):
+            assert httpx.get(url + path).status_code == 404, (url, path)
+    r = httpx.get(guarded + "/openapi.json")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = httpx.get(guarded + "/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200 and "/encode" in r.json()["paths"]
+    assert httpx.get(server + "/openapi.json").status_code == 200  # no key: the schema is open
+
+
+def _junk(kind: str, size: int) -> bytes:
+    texts = json.dumps(TEXTS)
+    if kind == "extra_key":  # valid texts, plus a key the endpoint does not take
+        head = f'{{"kind": "documents", "texts": {texts}, "junk": ['.encode()
+        return head + b"{}," * ((size - len(head)) // 3) + b"{}]}"
+    if kind == "dict_texts":  # objects where strings are expected
+        return b'{"kind": "documents", "texts": [' + b"{}," * (size // 3) + b"{}]}"
+    if kind == "nested_kind":
+        return b'{"texts": ' + texts.encode() + b', "kind": ' + b"[" * (size // 2) + b"]" * (size // 2) + b"}"
+    raise AssertionError(kind)
+
+
+def test_junk_bodies_are_refused_without_building_the_junk(checkpoint):
+    """Valid JSON that is not a request (an extra key, a list of {} as texts, deep nesting) is a
+    400 naming the problem; the server's memory while refusing it stays near the body's size
+    (json.loads built ~24 bytes of Python objects per body byte of {} and kept them alive)."""
+    import tracemalloc
+
+    from fastapi.testclient import TestClient
+
+    from uibk_embedding.encoder.server import create_app
+    from uibk_embedding.encoder.shared import SharedEncoder
+
+    size = 4 * 2**20
+    shared = SharedEncoder(load_encoder(checkpoint, device="cpu"))
+    try:
+        client = TestClient(create_app(shared, max_body_bytes=2 * size))
+        expected = {"extra_key": "unknown key 'junk'", "dict_texts": "texts[0] must be a string",
+                    "nested_kind": "'kind' must be 'documents' or 'queries'"}
+        for kind, detail in expected.items():
+            body = _junk(kind, size)
+            tracemalloc.start()
+            try:
+                r = client.post("/encode", content=body, headers={"Content-Type": "application/json"})
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert r.status_code == 400, (kind, r.status_code, r.text[:200])
+            assert detail in r.json()["detail"], (kind, r.json())
+            assert peak < 5 * len(body), f"{kind}: {peak / 2**20:.0f} MiB traced, body {len(body) >> 20} MiB"
+        r = client.post("/encode", json={"kind": "documents", "texts": TEXTS[:2], "dense_weight": None})
+        assert r.status_code == 200 and len(unpack_payload(r.content, expected=2)) == 2
+        r = client.post("/encode", content=b'{"kind": "documents", "texts": ["a"], "kind": "queries"}')
+        assert r.status_code == 400 and "appears twice" in r.json()["detail"]
+    finally:
+        shared.close()
+
+
+@pytest.fixture(scope="module")
+def budgeted(checkpoint):
+    """A server whose queued budgets are small: 12 texts, 15,000 bytes (bodies of 10,240 at most);
+    the worker waits 1.5 s for more requests, so a request stays queued that long."""
+    with serve_subprocess("--encoder", str(checkpoint), "--device", "cpu", "--max-texts", "8",
+                          "--max-queued-texts", "12", "--max-body-mb", str(10_240 / 2**20),
+                          "--max-queued-mb", str(15_000 / 2**20), "--max-wait-ms", "1500",
+                          "--body-timeout-s", "3") as url:
+        yield url
+
+
+def test_queued_texts_and_bytes_past_the_budget_answer_429(budgeted):
+    first: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: first.append(
+        httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": TEXTS[:4] * 2}, timeout=60)))
+    t.start()  # 8 texts queued for 1.5 s; 8 more would pass the budget of 12
+    time.sleep(0.5)
+    r = httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": TEXTS[:4] * 2}, timeout=60)
+    t.join()
+    assert first[0].status_code == 200
+    assert r.status_code == 429 and r.headers["retry-after"] == "1", r.status_code
+    assert "texts of queued requests" in r.json()["detail"]
+    # a body on its way counts at its declared length: 10,000 of 15,000 bytes held by a slow client
+    host, port = budgeted.removeprefix("http://").split(":")
+    slow = socket.create_connection((host, int(port)))
+    try:
+        slow.sendall(b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 10000\r\n\r\n" + b'{"kind": "')
+        time.sleep(0.5)
+        big = {"kind": "documents", "texts": ["wing " * 1200]}  # 6,000+ bytes
+        r = httpx.post(budgeted + "/encode", json=big, timeout=60)
+        assert r.status_code == 429 and "bytes of queued requests" in r.json()["detail"], r.status_code
+        small = httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": TEXTS[:1]}, timeout=60)
+        assert small.status_code == 200
+        slow.settimeout(10)
+        assert slow.recv(4096).startswith(b"HTTP/1.1 408")  # cut at the body timeout: released
+    finally:
+        slow.close()
+    assert httpx.post(budgeted + "/encode", json=big, timeout=60).status_code == 200
+    metrics = httpx.get(budgeted + "/metrics").text
+    assert "uibk_queued_bytes 0" in metrics and "uibk_queued_texts 0" in metrics
