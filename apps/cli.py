@@ -6,7 +6,8 @@ Subcommands::
     uibk-embed index DATA --backend B --path P  BEIR folder or JSONL file -> a store
     uibk-embed index DATA --backend milvus --option uri=... --ray [--ray-address A] [--workers N]
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
-    uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]
+    uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]   in a temporary store
+    uibk-embed eval DATA --path P [--create]    an existing store, read as it is (--create: build it)
     uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
     uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
     uibk-embed serve ...                        the shared encoder over HTTP
@@ -14,6 +15,10 @@ Subcommands::
 
 Backend options go through ``--option KEY=VALUE`` (repeatable; VALUE is read as JSON when it
 parses, else as a string), e.g. ``--option collection_name=docs --option url=http://...``.
+
+Only ``index`` (and ``eval --create``) write into a store. ``search`` and ``eval`` read one as it
+is and never create one: a missing store is one line, ``uibk-embed: no store at PATH (...)``,
+and exit status 2, with nothing created.
 """
 
 from __future__ import annotations
@@ -33,14 +38,19 @@ import numpy as np
 
 from uibk_embedding import adapters
 from uibk_embedding.adapters.indexing import upsert_batches
-from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.adapters.registry import BACKENDS, require_store
 from uibk_embedding.apps.data import load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
-from uibk_embedding.apps.evaluation import encode_collection, index_into, run_eval
+from uibk_embedding.apps.evaluation import (
+    encode_collection,
+    encode_queries_for_store,
+    index_into,
+    run_eval,
+)
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import projection_id
 from uibk_embedding.encoder.remote import RemoteEncoder
-from uibk_embedding.errors import DataError, UIBKError
+from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -85,11 +95,18 @@ _PLACE = {"exact": ("path",), "plaid": ("path",), "warp": ("path",), "qdrant-edg
           "milvus-lite": ("path",), "qdrant": ("path", "url", "host", "client")}
 
 
+def _has_a_place(backend: str, opts: dict[str, Any]) -> bool:
+    """Whether ``opts`` say where the store lives (else: memory or a temporary folder); backends
+    that always need a server count as placed."""
+    names = _PLACE.get(backend)
+    return names is None or any(opts.get(n) for n in names) or opts.get("location") not in (None, ":memory:")
+
+
 def _require_a_place(backend: str, opts: dict[str, Any]) -> None:
     """`index` into a store that would vanish with the process: refused before anything is read."""
-    names = _PLACE.get(backend)
-    if names is None or any(opts.get(n) for n in names) or opts.get("location") not in (None, ":memory:"):
+    if _has_a_place(backend, opts):
         return
+    names = _PLACE[backend]
     hint = "--path DIR" if names == ("path",) else "--path DIR (local mode) or --option url=URL (a server)"
     raise SystemExit(f"uibk-embed index: the {backend} backend without {hint} would index into memory "
                      "and throw it all away when the command ends; say where the store lives")
@@ -260,11 +277,12 @@ def _index_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    fitted = _beside_store(args.backend, _store_options(args))
+    opts = _store_options(args)
+    fitted = _beside_store(args.backend, opts)
     if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
         args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
     enc = _load_encoder(args)
-    store = adapters.open_store(args.backend, format=enc.format, **_store_options(args))
+    store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
     flt = json.loads(args.filter) if args.filter else None
     q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
     hits = store.search(q, k=args.k, filter=flt, explain=True)
@@ -278,18 +296,60 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval DATA``: without a store location, index DATA's corpus into a temporary store (in
+    memory for exact) and score it. With one (``--path``, a server option), score the store that is
+    there AS IT IS: only the queries are encoded, the documents are its stored vectors, nothing is
+    written. A missing (or empty) store is built only with ``--create``."""
     coll = load_beir(args.data, split=args.split)
+    opts = _store_options(args)
+    placed = _has_a_place(args.backend, opts)
+    if args.create and not placed:
+        raise SystemExit("uibk-embed: eval --create builds a store at --path (or on a server given by "
+                         "--option); without one eval uses a temporary store anyway")
+    new = False
+    if placed:
+        try:
+            require_store(args.backend, opts)  # before the encoder loads
+        except StoreNotFound as e:
+            if not args.create:
+                raise StoreNotFound(f"{e}; `eval --create` indexes {args.data} into a new store there") \
+                    from None
+            new = True
     enc = _load_encoder(args)
     w = args.dense_weight if args.dense_weight is not None else enc.dense_weight
-    encoded = encode_collection(enc, coll, use_cache=not args.no_cache)
-    opts = _store_options(args)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.backend != "exact" and "path" not in opts and args.backend == "plaid":
-            opts["path"] = str(Path(tmp) / "index")
-        store = adapters.open_store(args.backend, format=enc.format, **opts)
-        index_into(store, encoded, coll)
-        result = run_eval(coll, encoded, store, w)
-        store.close()
+        if not placed:
+            if args.backend == "plaid":
+                opts["path"] = str(Path(tmp) / "index")
+            store = adapters.open_store(args.backend, format=enc.format, **opts)
+            new = True
+        elif new:
+            store = adapters.open_store(args.backend, format=enc.format, **opts)
+        else:  # an existing store: read it; a server collection that --create may make is made here
+            store = adapters.open_store(args.backend, create=args.create, format=enc.format, **opts)
+            if store.count() == 0:
+                if not args.create:
+                    store.close()
+                    raise StoreNotFound(f"no store at {_where(args.backend, opts)} (it holds no documents; "
+                                        f"`eval --create` indexes {args.data} into it)")
+                new = True
+        try:
+            if new:
+                if placed:
+                    print(f"indexing {len(coll.corpus)} documents into a new store at "
+                          f"{_where(args.backend, opts)}", file=sys.stderr)
+                encoded = encode_collection(enc, coll, use_cache=not args.no_cache)
+                index_into(store, encoded, coll)
+            else:
+                encoded, missing = encode_queries_for_store(enc, coll, store)
+                named = len({d for rel in coll.qrels.values() for d in rel})
+                if missing:
+                    print(f"uibk-embed eval: warning: {len(missing)} of {named} documents the qrels name "
+                          f"are not in the store at {_where(args.backend, opts)} (it holds "
+                          f"{len(encoded.doc_ids)}); they cannot be found", file=sys.stderr)
+            result = run_eval(coll, encoded, store, w)
+        finally:
+            store.close()
     if args.json:
         print(json.dumps(result))
     else:
@@ -298,6 +358,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for head, ms in result["metrics"].items():
             print(f"{head:<8}" + "".join(f"{v:12.4f}" for v in ms.values()))
     return 0
+
+
+def _where(backend: str, opts: dict[str, Any]) -> str:
+    """Where a store lives, for messages: its path, else its server."""
+    for k in ("path", "url", "uri", "host", "dsn", "location"):
+        if opts.get(k):
+            return str(opts[k])
+    return f"the {backend} server"
 
 
 def cmd_export_pylate(args: argparse.Namespace) -> int:
@@ -439,8 +507,16 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.set_defaults(func=cmd_search)
 
-    sp = sub.add_parser("eval", help="nDCG@10 and recall of fused, dense-only and token-only")
+    sp = sub.add_parser(
+        "eval", help="nDCG@10 and recall of fused, dense-only and token-only",
+        description="Score DATA's queries. Without --path (or a server option) the corpus is indexed "
+                    "into a temporary store. With --path, the store there is evaluated as it is: only "
+                    "the queries are encoded, nothing is written (a warning says how many documents "
+                    "of the qrels it lacks); a missing store is an error (exit 2) unless --create.")
     sp.add_argument("data")
+    sp.add_argument("--create", action="store_true",
+                    help="when no store (or an empty one) is at --path, index DATA's corpus into a new "
+                         "one there first (it says so); an existing store is never written")
     sp.add_argument("--split", default="test")
     sp.add_argument("--dense-weight", type=_dense_weight, default=None)
     sp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -479,10 +555,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``uibk-embed``.
 
-    >>> main(["eval", "/nonexistent"])
-    Traceback (most recent call last):
-    ...
-    SystemExit: uibk-embed: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
+    >>> import pathlib, tempfile
+    >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"
+    >>> try:
+    ...     main(["eval", str(missing)])
+    ... except SystemExit as e:
+    ...     print(str(e).replace(str(missing), "MISSING"))
+    uibk-embed: MISSING is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
+    >>> import contextlib, io
+    >>> err = io.StringIO()
+    >>> with contextlib.redirect_stderr(err):
+    ...     try:
+    ...         main(["search", "a wing", "--path", str(missing)])   # a read creates nothing
+    ...     except SystemExit as e:
+    ...         print("exit status", e.code)
+    exit status 2
+    >>> print(err.getvalue().replace(str(missing), "MISSING"), end="")
+    uibk-embed: no store at MISSING (no exact store: the path does not exist; nothing was created)
+    >>> missing.exists()
+    False
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.apps.compare"}
@@ -492,6 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except StoreNotFound as e:  # a read of a store that is not there: one line, exit status 2
+        print(f"uibk-embed: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (UIBKError, FileNotFoundError, NotImplementedError, ImportError) as e:  # clear messages
         raise SystemExit(f"uibk-embed: {e}") from None
     except json.JSONDecodeError as e:

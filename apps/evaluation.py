@@ -116,6 +116,48 @@ def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True)
     return enc
 
 
+def encode_queries_for_store(encoder: Any, coll: Collection, store: MultiVectorStore,
+                             batch_size: int = 1000) -> tuple[Encoded, list[str]]:
+    """The collection's queries encoded (at dense weight 1) and the documents read back from
+    ``store`` (its stored vectors): the evaluation of an existing store, which encodes no
+    document and writes nothing. Also returns the ids the qrels name that the store lacks.
+
+    >>> import numpy as np
+    >>> from uibk_embedding.adapters.registry import open_store
+    >>> from uibk_embedding.apps.data import Document
+    >>> from uibk_embedding.encoder import load_encoder
+    >>> enc = load_encoder()
+    >>> store = open_store("exact", format=enc.format)
+    >>> store.upsert(["d1"], enc.encode_documents(["a wing"]))
+    >>> coll = Collection("c", [Document("d1", "a wing")], {"q1": "wing"}, {"q1": {"d1": 1, "d2": 1}})
+    >>> encoded, missing = encode_queries_for_store(enc, coll, store)
+    >>> encoded.doc_ids, encoded.query_ids, missing, store.count()
+    (['d1'], ['q1'], ['d2'], 1)
+    """
+    doc_ids: list[str] = []
+    docs: list[np.ndarray] = []
+    page: list[str] = []
+    for doc_id, _md in store.scan(batch_size=batch_size):
+        page.append(doc_id)
+        if len(page) == batch_size:
+            _read_vectors(store, page, doc_ids, docs)
+            page = []
+    _read_vectors(store, page, doc_ids, docs)
+    qids = list(coll.queries)
+    qs = encoder.encode_queries([coll.queries[q] for q in qids], dense_weight=1.0)
+    stored = set(doc_ids)
+    named = sorted({d for rel in coll.qrels.values() for d in rel})
+    return Encoded(doc_ids, docs, qids, list(qs)), [d for d in named if d not in stored]
+
+
+def _read_vectors(store: MultiVectorStore, ids: list[str], doc_ids: list[str],
+                  docs: list[np.ndarray]) -> None:
+    if ids:
+        for rec in store.get(ids):
+            doc_ids.append(rec.id)
+            docs.append(np.asarray(rec.vectors, dtype=np.float32))
+
+
 def index_into(store: MultiVectorStore, enc: Encoded, coll: Collection | None = None,
                batch_size: int = 512, show_progress: bool | None = None) -> None:
     """Upsert every encoded document into ``store`` in batches, with a progress bar

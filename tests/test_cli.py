@@ -50,16 +50,91 @@ def test_eval_json_limit_small(datasets, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["eval", "/nonexistent"], "is not a BEIR folder"),
-        (["index", "/nonexistent.jsonl", "--path", "/tmp/uibk-never-written"], "cannot read"),
-        (["index", "/nonexistent.jsonl"], "would index into memory"),
+        (["eval", "{missing}"], "is not a BEIR folder"),
+        (["index", "{missing}.jsonl", "--path", "{tmp}/uibk-never-written"], "cannot read"),
+        (["index", "{missing}.jsonl"], "would index into memory"),
         (["index", "x.jsonl", "--backend", "qdrant"], r"--option url=URL \(a server\)"),
         (["search", "q", "--filter", "{not json"], "not valid JSON"),
     ],
 )
-def test_errors_are_clear(argv, message):
+def test_errors_are_clear(argv, message, tmp_path):
+    """``{missing}``: a path under ``tmp_path`` that is never made (not a fixed path that may exist)."""
+    argv = [a.replace("{missing}", str(tmp_path / "missing")).replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] == "search":  # a store to search, so that the filter is what fails
+        _index_three(tmp_path)
+        argv += ["--path", str(tmp_path / "store")]
     with pytest.raises(SystemExit, match=message):
         main(argv)
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "uibk-never-written").exists()
+
+
+# -- a read never creates or writes a store ------------------------------------------------------
+def _index_three(tmp_path):
+    corpus = tmp_path / "three.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"mine{i}", "text": t}) for i, t in enumerate(
+        ["the lift of a wing", "a sourdough bread recipe", "boundary layer transition"])) + "\n")
+    assert main(["index", str(corpus), "--path", str(tmp_path / "store"), "--quiet"]) == 0
+    return tmp_path / "store"
+
+
+def _listing(folder):
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_search_on_a_missing_store_is_an_error_that_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "does-not-exist"
+    with pytest.raises(SystemExit) as e:
+        main(["search", "wing", "--path", str(missing)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"uibk-embed: no store at {missing} (") and len(err.strip().splitlines()) == 1
+    assert not missing.exists()
+    with pytest.raises(SystemExit) as e:  # no --path: an exact store in memory would be a new, empty one
+        main(["search", "wing"])
+    assert e.value.code == 2 and "no store" in capsys.readouterr().err
+
+
+def test_eval_reads_an_existing_store_as_it_is(tmp_path, datasets, capsys):
+    """The review's finding: `eval DATASET --path STORE` wrote the corpus into the store (46 documents
+    became 1,444). Now it searches the stored vectors and writes nothing."""
+    from uibk_embedding.adapters.registry import open_store
+
+    store = _index_three(tmp_path)
+    capsys.readouterr()
+    before = _listing(store)
+    assert main(["eval", str(datasets / "limit-small"), "--path", str(store), "--json"]) == 0
+    out, err = capsys.readouterr()
+    res = json.loads(out)
+    assert res["backend"] == "exact" and set(res["metrics"]) == {"fused", "dense", "tokens"}
+    assert "46 of 46 documents the qrels name are not in the store" in err
+    assert _listing(store) == before
+    with open_store("exact", path=store, create=False) as s:
+        assert sorted(s.ids()) == ["mine0", "mine1", "mine2"]
+
+
+def test_eval_builds_a_store_only_when_asked(tmp_path, datasets, capsys):
+    data, new = str(datasets / "limit-small"), tmp_path / "new-store"
+    with pytest.raises(SystemExit) as e:
+        main(["eval", data, "--path", str(new), "--json"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"uibk-embed: no store at {new} (") and "--create" in err
+    assert not new.exists()
+
+    assert main(["eval", data, "--path", str(new), "--create", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f"indexing 46 documents into a new store at {new}" in err
+    built = json.loads(out)
+    before = _listing(new)
+    # the second run reads the store it built: the same figures, nothing written
+    assert main(["eval", data, "--path", str(new), "--create", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "indexing" not in err and "not in the store" not in err
+    again = json.loads(out)
+    assert _listing(new) == before
+    for head in ("fused", "dense", "tokens"):
+        for m, v in built["metrics"][head].items():
+            assert again["metrics"][head][m] == pytest.approx(v, abs=1e-6), (head, m)
 
 
 @pytest.mark.parametrize("argv", [["search", "q", "-k", "0"], ["search", "q", "--dense-weight", "-1"],
