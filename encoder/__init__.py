@@ -56,7 +56,13 @@ def load_encoder(
       models moved (their content must be unchanged).
 
     ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...).
-    ``trust_remote_code``: let a PyLate folder run the Python code it ships (read it first).
+    ``trust_remote_code``: let a model folder run the Python code it ships (read it first).
+    Without it, a folder that would import any Python file of its own -- a ``modules.json``
+    type that is not an exact installed sentence-transformers / PyLate class, an ``auto_map``
+    in ``config.json`` or ``tokenizer_config.json``, a file shadowing an installed package
+    (:func:`~uibk_embedding.encoder.trust.code_risks`) -- is refused with
+    :class:`~uibk_embedding.errors.UntrustedCode` before anything loads, on every route
+    (a folder, ``dense=`` / ``tokens=``, a saved encoder's models).
 
     >>> enc = load_encoder()
     >>> enc.model_name
@@ -72,12 +78,12 @@ def load_encoder(
             raise ValueError("composing two models needs both dense= (a sentence-transformers "
                              "model folder) and tokens= (a PyLate ColBERT model folder)")
 
-        return ComposedEncoder(dense, tokens, **options)
+        return ComposedEncoder(dense, tokens, trust_remote_code=trust_remote_code, **options)
     if path is None or str(path) == EMBEDDED_NAME:
         if composing:
             raise ValueError("dense= / tokens= relocate the models of a saved composed encoder; "
                              "the embedded default has none")
-        return TransformerEncoder(EMBEDDED_NAME, **options)
+        return TransformerEncoder(EMBEDDED_NAME, trust_remote_code=trust_remote_code, **options)
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no encoder at {p}")
@@ -95,7 +101,8 @@ def load_encoder(
                          "compose two models; with a path they relocate a saved composed encoder")
     if cfg is not None:
         if kind == "composed":
-            return ComposedEncoder.from_pretrained(p, dense=dense, tokens=tokens, **options)
+            return ComposedEncoder.from_pretrained(p, dense=dense, tokens=tokens,
+                                                   trust_remote_code=trust_remote_code, **options)
         if kind == "uibk":
             return UIBKEncoder.from_pretrained(p, **options)
         if kind == "transformer":
@@ -106,10 +113,11 @@ def load_encoder(
             saved = read_saved_projections(p, cfg)  # None: seeded, redrawn from the seed
             if saved is not None:
                 opts["projections"] = saved
-            return TransformerEncoder(cfg.get("model", p), **{**opts, **options})
+            return TransformerEncoder(cfg.get("model", p), trust_remote_code=trust_remote_code,
+                                      **{**opts, **options})
         raise ValueError(f"{cfg_file}: unknown encoder kind {kind!r}")
     if (p / "config.json").exists():
-        return TransformerEncoder(p, **options)
+        return TransformerEncoder(p, trust_remote_code=trust_remote_code, **options)
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
 
 

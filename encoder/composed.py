@@ -60,6 +60,7 @@ from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
 from uibk_embedding.encoder.transformer import quiet_transformers
+from uibk_embedding.encoder.trust import check_loader_options, require_trust
 from uibk_embedding.errors import ModelChanged
 from uibk_embedding.tagged import TaggedFormat
 
@@ -114,18 +115,24 @@ def model_digest(folder: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def check_colbert_folder(folder: str | os.PathLike) -> None:
+def check_colbert_folder(folder: str | os.PathLike, *, trust_remote_code: bool = False) -> None:
     """Refuse a token-model folder that is not a trained ColBERT model: PyLate would quietly add
     a randomly initialised projection to a plain encoder, and the vectors would mean nothing.
+    Refuse too, unless ``trust_remote_code=True``, a folder that would run its own code when it
+    loads (:func:`~uibk_embedding.encoder.trust.require_trust`: module types are compared as
+    exact class paths, so ``evil.Transformer`` is not a Transformer).
 
-    >>> check_colbert_folder("/nonexistent")
+    >>> import tempfile, pathlib
+    >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"
+    >>> check_colbert_folder(missing)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    FileNotFoundError: ColBERT model folder /nonexistent does not exist
+    FileNotFoundError: ColBERT model folder .../missing does not exist
     """
     p = Path(folder)
     if not p.is_dir():
         raise FileNotFoundError(f"ColBERT model folder {p} does not exist")
+    require_trust(p, trust_remote_code, what="the token model, tokens=")
     mods = read_modules(p)
     if mods is None:
         if (p / "artifact.metadata").exists():  # a Stanford ColBERT checkpoint: PyLate reads it
@@ -153,6 +160,10 @@ class ComposedEncoder(TaggedEncoder):
         instruction when the folder does not declare it); ``""`` for none.
     colbert_options: overrides passed to ``pylate.models.ColBERT`` (``query_length``,
         ``document_length``, ``do_query_expansion``, ...); by default the model's own.
+    trust_remote_code: let either folder run the Python code it ships (custom module types,
+        an ``auto_map``: :func:`~uibk_embedding.encoder.trust.code_risks`); without it such a
+        folder is refused with :class:`~uibk_embedding.errors.UntrustedCode` before anything
+        loads, and both libraries are called with ``trust_remote_code=False``.
     **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (``format``, ``seed``,
         ``projections``, ``dense_weight`` -- 1.0 by default --, caps, ``batch_tokens``).
     """
@@ -169,6 +180,7 @@ class ComposedEncoder(TaggedEncoder):
         query_prompt: str | None = None,
         document_prompt: str | None = None,
         colbert_options: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> None:
         st = require("sentence_transformers", "colbert", "the dense head of a composed encoder")
@@ -179,7 +191,9 @@ class ComposedEncoder(TaggedEncoder):
         self.tokens_path = Path(tokens).resolve()
         if not self.dense_path.is_dir():
             raise FileNotFoundError(f"dense model folder {self.dense_path} does not exist")
-        check_colbert_folder(self.tokens_path)
+        trust = trust_remote_code is True
+        require_trust(self.dense_path, trust, what="the dense model, dense=")
+        check_colbert_folder(self.tokens_path, trust_remote_code=trust)
         mods = read_modules(self.dense_path)
         if mods is not None and [str(m["type"]).rsplit(".", 1)[-1] for m in mods][1:2] == ["Dense"]:
             raise ValueError(f"{self.dense_path} looks like a ColBERT model (Transformer -> Dense, no "
@@ -191,12 +205,14 @@ class ComposedEncoder(TaggedEncoder):
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
         self.colbert_options = dict(colbert_options or {})
+        check_loader_options(self.colbert_options, trust)
         with quiet_transformers():
             self.dense_model = st.SentenceTransformer(
-                str(self.dense_path), device=self.device, local_files_only=True).eval()
+                str(self.dense_path), device=self.device, local_files_only=True,
+                trust_remote_code=trust).eval()
             self.colbert = pylate_models.ColBERT(
                 model_name_or_path=str(self.tokens_path), device=self.device,
-                local_files_only=True, **self.colbert_options).eval()
+                local_files_only=True, trust_remote_code=trust, **self.colbert_options).eval()
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         prompts = self.dense_model.prompts
         default = prompts.get(self.dense_model.default_prompt_name or "", None)

@@ -52,7 +52,8 @@ def _short(module_type: str) -> str:
 def read_modules(folder: str | os.PathLike) -> list[dict[str, Any]] | None:
     """The entries of a folder's ``modules.json`` (None when it has none).
 
-    >>> read_modules("/nonexistent") is None
+    >>> import tempfile, pathlib
+    >>> read_modules(pathlib.Path(tempfile.mkdtemp()) / "missing") is None
     True
     """
     f = Path(folder) / "modules.json"

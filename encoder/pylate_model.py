@@ -16,10 +16,12 @@ first 3 rows (the slots) and one positive value on the others (the tokens); ``be
 format's ``projection`` is ``"pylate-<hash>"``, a content hash of the files the model's modules
 load, so a store filled by this model refuses another one.
 
-A folder whose ``modules.json`` names classes that are not sentence-transformers' or PyLate's
-runs Python code from the folder when it loads; it is refused unless ``trust_remote_code=True``
-(CLI: ``--trust-remote-code``). Note that sentence-transformers itself imports such code from a
-*local* folder even with ``trust_remote_code=False``: this check is the one that asks.
+A folder that would run Python code of its own when it loads (a ``modules.json`` type that is
+not an exact installed sentence-transformers / PyLate class, an ``auto_map``, a file shadowing
+an installed package: :func:`~uibk_embedding.encoder.trust.code_risks`) is refused unless
+``trust_remote_code=True`` (CLI: ``--trust-remote-code``). Note that sentence-transformers itself
+imports such code from a *local* folder even with ``trust_remote_code=False``: this check is the
+one that asks.
 
 Example (a tiny random UIBK model, exported and loaded back)::
 
@@ -53,8 +55,8 @@ from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pipeline import Pending, to_host
 from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
+from uibk_embedding.encoder.trust import LIBRARY_MODULES, check_loader_options, require_trust
 from uibk_embedding.encoder.uibk import UIBKEncoder
-from uibk_embedding.errors import UntrustedCode
 from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TaggedFormat, apply_dense_weight
 
 MODULES_NAME = "modules.json"
@@ -62,7 +64,6 @@ ST_CONFIG_NAME = "config_sentence_transformers.json"
 #: keys PyLate writes into config_sentence_transformers.json (sentence-transformers does not)
 PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_length",
                "do_query_expansion", "attend_to_expansion_tokens", "skiplist_words")
-_LIBRARIES = ("sentence_transformers.", "pylate.")
 _DOC_PROMPTS = ("document", "passage", "corpus")
 _UNHASHED = {"README.md"}
 #: the block of config_sentence_transformers.json where save_pylate records what it exported
@@ -106,19 +107,23 @@ def _modules(folder: Path) -> list[dict[str, Any]]:
 
 
 def custom_code(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """The module classes of ``modules.json`` that are neither sentence-transformers' nor
-    PyLate's, and the Python files of the folder (the code that would run on loading).
+    """The module classes of ``modules.json`` that are not the exact installed
+    sentence-transformers / PyLate classes (:data:`~uibk_embedding.encoder.trust.LIBRARY_MODULES`;
+    ``pylate.Dense`` is not one: it names the folder's ``pylate.py``), and the Python files of
+    the folder (the code that would run on loading). Every reason a folder would run its own
+    code, ``auto_map`` included, is :func:`~uibk_embedding.encoder.trust.code_risks`.
 
     >>> import tempfile, pathlib, json
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (d / "modules.json").write_text(json.dumps([
-    ...     {"type": "sentence_transformers.models.Transformer"}, {"type": "hybrid.Hybrid"}]))
+    ...     {"type": "sentence_transformers.models.Transformer"}, {"type": "hybrid.Hybrid"},
+    ...     {"type": "pylate.Dense"}]))
     >>> _ = (d / "hybrid.py").write_text("")
     >>> custom_code(d)
-    (['hybrid.Hybrid'], ['hybrid.py'])
+    (['hybrid.Hybrid', 'pylate.Dense'], ['hybrid.py'])
     """
     p = Path(folder)
-    classes = [str(m["type"]) for m in _modules(p) if not str(m["type"]).startswith(_LIBRARIES)]
+    classes = [str(m["type"]) for m in _modules(p) if str(m["type"]) not in LIBRARY_MODULES]
     files = sorted(f.relative_to(p).as_posix() for f in p.rglob("*.py")
                    if not any(part.startswith(".") or part == "__pycache__"
                               for part in f.relative_to(p).parts))
@@ -325,7 +330,7 @@ class PyLateEncoder(TaggedEncoder):
     >>> PyLateEncoder(folder)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    uibk_embedding.errors.UntrustedCode: ... runs its own code when it loads: ...
+    uibk_embedding.errors.UntrustedCode: ... runs its own code when it loads: modules.json names ...
     """
 
     kind = "pylate"
@@ -338,13 +343,7 @@ class PyLateEncoder(TaggedEncoder):
         if not is_pylate_folder(self.folder):
             raise ValueError(f"{self.folder} is not a PyLate model folder ({MODULES_NAME} and a "
                              f"{ST_CONFIG_NAME} written by PyLate)")
-        classes, files = custom_code(self.folder)
-        if classes and not trust_remote_code:
-            raise UntrustedCode(
-                f"{self.folder} runs its own code when it loads: {MODULES_NAME} names "
-                f"{', '.join(classes)}, defined in the folder's Python files "
-                f"{', '.join(files) or '(none found)'}. That code runs with your permissions. Read "
-                "it, then load the model with trust_remote_code=True (CLI: --trust-remote-code)")
+        require_trust(self.folder, trust_remote_code, what="a PyLate model")
         pylate_models = require("pylate.models", "colbert", "loading a PyLate model")
         import torch
 
@@ -352,8 +351,9 @@ class PyLateEncoder(TaggedEncoder):
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
         self.dtype = dtype = resolve_dtype(self.device, dtype)
-        self.trust_remote_code = bool(trust_remote_code)
+        self.trust_remote_code = trust_remote_code is True
         self.colbert_options = dict(colbert_options or {})
+        check_loader_options(self.colbert_options, self.trust_remote_code)
         with quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.colbert = pylate_models.ColBERT(

@@ -32,6 +32,7 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
+from uibk_embedding.encoder.trust import require_trust
 from uibk_embedding.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
@@ -86,6 +87,10 @@ class TransformerEncoder(TaggedEncoder):
         test collections); another model has none shipped: fit them on your own corpus with
         :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
         ``uibk-embed fit-projection`` and load the saved folder.
+    trust_remote_code: let the folder run the Python code it ships (an ``auto_map`` in its
+        ``config.json`` / ``tokenizer_config.json``, ...: :func:`~uibk_embedding.encoder.trust.code_risks`);
+        without it such a folder is refused with :class:`~uibk_embedding.errors.UntrustedCode`
+        and transformers is called with ``trust_remote_code=False``.
     **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (format, seed,
         dense_weight, caps, batch size in tokens).
 
@@ -102,6 +107,7 @@ class TransformerEncoder(TaggedEncoder):
         *,
         device: str | None = None,
         num_threads: int | None = None,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> None:
         import torch
@@ -111,16 +117,18 @@ class TransformerEncoder(TaggedEncoder):
         path = embedded_model_path() if self.model_name == EMBEDDED_NAME else Path(model_path)
         if not path.is_dir():
             raise FileNotFoundError(f"model folder {path} does not exist")
+        trust = trust_remote_code is True
+        require_trust(path, trust, what="a Hugging Face model")
         self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust)
         self._fast: dict[int, Any] = {}  # private `tokenizers` copies, one per length limit
         self._fast_lock = threading.Lock()
         self._zero_types: bool | None = None
         with quiet_transformers():
-            self.model = AutoModel.from_pretrained(str(path)).to(self.device).eval()
+            self.model = AutoModel.from_pretrained(str(path), trust_remote_code=trust).to(self.device).eval()
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         hidden = int(self.model.config.hidden_size)
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))

@@ -94,7 +94,8 @@ class BranchedTransformer(Transformer):
     def __init__(self, folder: str, *, architecture: str, max_seq_length: int | None = None,
                  uibk: dict[str, Any] | None = None, pooling: dict[str, Any] | None = None,
                  strip_marker: bool = False, do_lower_case: bool = False,
-                 model_args: dict[str, Any] | None = None, **_: Any) -> None:
+                 model_args: dict[str, Any] | None = None, trust_remote_code: bool = False,
+                 **_: Any) -> None:
         super(Transformer, self).__init__()  # not Transformer.__init__: this module loads its own model
         if architecture not in ("uibk", "transformer"):
             raise ValueError(f"architecture must be 'uibk' or 'transformer', got {architecture!r}")
@@ -108,17 +109,18 @@ class BranchedTransformer(Transformer):
         self.strip_marker = bool(strip_marker)
         self.do_lower_case = bool(do_lower_case)
         self.backend = "torch"
-        config = AutoConfig.from_pretrained(folder)
+        trust = trust_remote_code is True  # what the loader was given, passed on to transformers
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
         if architecture == "uibk":
             self.branches = UIBKModel(config, **self.uibk)
             self.branches.load_state_dict(load_file(os.path.join(folder, WEIGHTS_NAME)), strict=True)
             self.auto_model = self.branches.trunk  # what PyLate resizes and reads the config of
         else:
-            self.auto_model = AutoModel.from_pretrained(folder, config=config)
+            self.auto_model = AutoModel.from_pretrained(folder, config=config, trust_remote_code=trust)
         if isinstance(dtype, torch.dtype):
             self.to(dtype)
         self.model_forward_params = {"input_ids", "attention_mask", "token_type_ids"}
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
         self.max_seq_length = max_seq_length or int(config.max_position_embeddings)
 
     def get_config_dict(self) -> dict[str, Any]:
@@ -175,4 +177,6 @@ class BranchedTransformer(Transformer):
                                    local_files_only=local_files_only)
         with open(os.path.join(folder, CONFIG_NAME)) as f:
             config = json.load(f)
-        return cls(folder, model_args=model_kwargs, **config)
+        config.pop("trust_remote_code", None)  # the caller's choice, not the file's
+        return cls(folder, model_args=model_kwargs, trust_remote_code=kwargs.get("trust_remote_code") is True,
+                   **config)

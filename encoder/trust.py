@@ -1,0 +1,214 @@
+"""Would loading a model folder run Python code from the folder? Asked before anything loads.
+
+sentence-transformers, PyLate and transformers import code from a *local* model folder by
+several routes, some of them even with ``trust_remote_code=False``:
+
+* a ``modules.json`` ``type`` that does not start with ``sentence_transformers.`` is first
+  looked up as ``FILE.Class`` in the folder: ``pylate.Dense`` imports the folder's
+  ``pylate.py``, ``evil.Transformer`` its ``evil.py``; ``owner/repo--file.Class`` names a Hub
+  repository's file;
+* an ``auto_map`` in ``config.json``, ``tokenizer_config.json`` (or any other configuration
+  file transformers reads) names classes in the folder's ``*.py`` files;
+* a Dense module's ``activation_function`` is imported by its dotted name;
+* a ``pylate.py`` / ``sentence_transformers.py`` (or such a package folder) beside the model
+  shadows the installed package wherever the folder lands on ``sys.path``.
+
+:func:`code_risks` lists every such reason for one folder (its root and the folder of each
+module ``modules.json`` lists); :func:`require_trust` raises
+:class:`~uibk_embedding.errors.UntrustedCode` naming them unless ``trust_remote_code=True``.
+Every loading route of this package (``load_encoder(folder)``, ``load_encoder(dense=...,
+tokens=...)``, ``check_colbert_folder``, the PyLate loader, and through ``load_encoder`` the
+CLI, ``serve`` and the Ray actors) calls it first, and then calls the libraries with
+``trust_remote_code=False`` too. The allowed module types are exact class paths of installed
+packages (:data:`LIBRARY_MODULES`).
+
+>>> import json, tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> _ = (d / "modules.json").write_text(json.dumps([
+...     {"type": "sentence_transformers.models.Transformer", "path": ""},
+...     {"type": "pylate.Dense", "path": "1_Dense"}]))
+>>> code_risks(d)  # doctest: +ELLIPSIS
+["modules.json names the module type 'pylate.Dense', ...]
+>>> require_trust(d, trust_remote_code=True)  # the caller read the code: nothing is checked
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from uibk_embedding.errors import UntrustedCode
+
+#: the module types a folder may name without running its own code: exact class paths of the
+#: installed sentence-transformers and PyLate, as their ``save`` writes them (the module path
+#: for sentence-transformers, module path + class for PyLate) or spelled in full
+LIBRARY_MODULES = frozenset({
+    *(f"sentence_transformers.models.{name}{suffix}"
+      for name in ("Transformer", "Pooling", "Normalize", "Dense", "LayerNorm", "Dropout",
+                   "WeightedLayerPooling")
+      for suffix in ("", f".{name}")),
+    "pylate.models.Dense.Dense",
+})
+#: modules whose ``config.json`` names an ``activation_function`` that is imported by name
+_DENSE = frozenset({"sentence_transformers.models.Dense", "sentence_transformers.models.Dense.Dense",
+                    "pylate.models.Dense.Dense"})
+_ACTIVATION_PREFIX = "torch.nn."
+#: installed packages a file in the folder must not shadow
+_PACKAGES = frozenset({"sentence_transformers", "pylate", "transformers", "torch", "uibk_embedding"})
+_MAX_JSON_BYTES = 256 * 2**20  # a bigger configuration is not read and is itself a reason
+HINT = "pass trust_remote_code=True if you trust this folder"
+
+
+def _json_files(folder: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(folder):  # symlinked folders are not followed
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".json"):
+                yield Path(dirpath) / name
+
+
+def _has_key(obj: Any, key: str) -> bool:
+    if isinstance(obj, dict):
+        return key in obj or any(_has_key(v, key) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_has_key(v, key) for v in obj)
+    return False
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def code_risks(folder: str | os.PathLike) -> list[str]:
+    """The reasons loading ``folder`` would import Python code from it (empty: none found).
+
+    Inspects, without importing anything: every ``modules.json`` type against
+    :data:`LIBRARY_MODULES`; every JSON file of the folder and of each module's folder for an
+    ``auto_map`` key (at any depth); Dense modules' ``activation_function`` (must be a
+    ``torch.nn`` class); ``.py`` files or package folders named after an installed package
+    the allowed types come from (``pylate``, ``sentence_transformers``, ...).
+
+    >>> import json, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> code_risks(d)
+    []
+    >>> _ = (d / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "m.M"}}))
+    >>> code_risks(d)
+    ["config.json has an 'auto_map' (transformers imports the classes it names from the folder's files)"]
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    reasons: list[str] = []
+    dirs = [root]
+    modules_file = root / "modules.json"
+    if modules_file.is_file():
+        try:
+            mods = json.loads(modules_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            return [f"modules.json cannot be read ({e}), so what it would import is unknown"]
+        if not isinstance(mods, list) or not all(isinstance(m, dict) for m in mods):
+            return ["modules.json is not a list of modules, so what it would import is unknown"]
+        for m in mods:
+            type_ = m.get("type")
+            sub = (root / str(m.get("path", "") or "")).resolve()
+            if sub not in dirs and sub.is_dir():
+                dirs.append(sub)
+            if not isinstance(type_, str):
+                reasons.append(f"modules.json lists a module without a type name ({m!r})")
+                continue
+            if type_ not in LIBRARY_MODULES:
+                file = type_.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py"
+                where = f" (the folder's {file})" if (root / file).is_file() else ""
+                reasons.append(
+                    f"modules.json names the module type {type_!r}{where}, which is not one of the "
+                    "installed sentence-transformers / PyLate classes loaded without folder code")
+            elif type_ in _DENSE:
+                cfg_file = sub / "config.json"
+                try:
+                    act = json.loads(cfg_file.read_text()).get("activation_function")
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                    act = None
+                if act is not None and not (isinstance(act, str) and act.startswith(_ACTIVATION_PREFIX)):
+                    reasons.append(f"{_rel(cfg_file, root)} names the activation_function {act!r}, "
+                                   f"which is imported by name and is not a {_ACTIVATION_PREFIX} class")
+    for d in dirs:
+        for name in sorted(_PACKAGES):
+            for cand in (d / f"{name}.py", d / name):
+                if cand.exists():
+                    reasons.append(f"{_rel(cand, root)} shadows the Python package {name!r} (the "
+                                   "folder's file would be imported instead of the installed one)")
+    seen: set[Path] = set()
+    for d in dirs:
+        for f in _json_files(d):
+            if f in seen:
+                continue
+            seen.add(f)
+            try:
+                if f.stat().st_size > _MAX_JSON_BYTES:
+                    reasons.append(f"{_rel(f, root)} is over {_MAX_JSON_BYTES >> 20} MiB and was not "
+                                   "checked for an 'auto_map'")
+                    continue
+                data = json.loads(f.read_bytes())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                continue  # the libraries cannot read it either
+            if _has_key(data, "auto_map"):
+                reasons.append(f"{_rel(f, root)} has an 'auto_map' (transformers imports the classes "
+                               "it names from the folder's files)")
+    return reasons
+
+
+def require_trust(folder: str | os.PathLike, trust_remote_code: bool = False, *,
+                  what: str = "") -> None:
+    """Raise :class:`~uibk_embedding.errors.UntrustedCode` when loading ``folder`` would run
+    its own Python code (:func:`code_risks`) and ``trust_remote_code`` is not True. ``what``
+    names the folder's role in the message (``"the dense model"``).
+
+    >>> import json, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "modules.json").write_text(json.dumps([{"type": "evil.Transformer"}]))
+    >>> require_trust(d)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.UntrustedCode: ... runs its own code when it loads: modules.json names ...
+    """
+    if trust_remote_code is True:
+        return
+    reasons = code_risks(folder)
+    if reasons:
+        role = f" ({what})" if what else ""
+        raise UntrustedCode(
+            f"{Path(folder)}{role} runs its own code when it loads: " + "; ".join(reasons)
+            + f". That code runs with your permissions: read it, then {HINT} "
+            "(CLI: --trust-remote-code)")
+
+
+def check_loader_options(options: dict[str, Any] | None, trust_remote_code: bool = False, *,
+                         what: str = "colbert_options") -> None:
+    """Refuse loader options (``colbert_options``, possibly read from a saved encoder's
+    folder) that switch ``trust_remote_code`` on, directly or in ``model_kwargs`` /
+    ``tokenizer_kwargs`` / ``config_kwargs``, when the caller did not.
+
+    >>> check_loader_options({"query_length": 32})
+    >>> check_loader_options({"model_kwargs": {"trust_remote_code": True}})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.UntrustedCode: colbert_options set trust_remote_code (model_kwargs): ...
+    """
+    if trust_remote_code is True or not options:
+        return
+    where = ["trust_remote_code"] if "trust_remote_code" in options else []
+    where += [k for k in ("model_kwargs", "tokenizer_kwargs", "config_kwargs")
+              if isinstance(options.get(k), dict) and "trust_remote_code" in options[k]]
+    if where:
+        raise UntrustedCode(f"{what} set trust_remote_code ({', '.join(where)}): only the caller "
+                            f"decides that; {HINT}")
+
+
+__all__ = ["LIBRARY_MODULES", "check_loader_options", "code_risks", "require_trust"]
