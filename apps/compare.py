@@ -222,10 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``uibk-embed compare``; returns the exit status.
 
-    >>> main(["/nonexistent", "--backends", "exact"])
-    Traceback (most recent call last):
-    ...
-    SystemExit: uibk-embed compare: /nonexistent is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
+    >>> import pathlib, tempfile
+    >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"
+    >>> try:
+    ...     main([str(missing), "--backends", "exact"])
+    ... except SystemExit as e:
+    ...     print(str(e).replace(str(missing), "MISSING"))
+    uibk-embed compare: MISSING is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
