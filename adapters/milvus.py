@@ -41,7 +41,10 @@ then rows), then deletes older versions. Readers only use the newest *complete* 
 document (every part present), so a crash between the steps leaves each document either at its
 old or its new content, never a mix; leftovers of the older version (count may overcount, old
 rows may still nominate the document as a candidate) are removed by the next write of that id
-or by :meth:`MilvusStore.repair`.
+or by :meth:`MilvusStore.repair`. repair() deletes only versions known to be stale, each by its
+exact number, so a write of another store object landing during it survives; an unfinished
+version newer than every complete one may be a running write, and is removed only once older
+than ``abandoned_after`` (one hour; ``repair(abandoned_after=0)`` when no write is running).
 
 Filters become Milvus boolean expressions over a JSON field that stores each metadata value
 with its type (strings as ``"s<text>"``, booleans as ``"b1"``/``"b0"``, numbers as numbers), so

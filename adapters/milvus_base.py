@@ -629,9 +629,10 @@ class MilvusStore(MultiVectorStore):
 
     # -- maintenance -----------------------------------------------------------------------
     @serialized
-    def repair(self) -> int:
+    def repair(self, abandoned_after: float = 3600.0) -> int:
         """Remove what interrupted writes left behind; returns how many documents were fixed
-        (0 for a layout whose writes leave nothing behind)."""
+        (0 for a layout whose writes leave nothing behind). ``abandoned_after``: seconds after
+        which an unfinished write counts as interrupted, not running (see the layout's repair)."""
         return 0
 
     def drop(self) -> None:

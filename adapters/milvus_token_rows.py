@@ -18,7 +18,8 @@ worst rescoring every document that passes the filter.
 
 Writes: each upsert writes a new *version* of its documents (parts first, then rows), then
 deletes older versions; readers use the newest *complete* version, and :meth:`repair` removes
-what an interrupted write left. See :mod:`uibk_embedding.adapters.milvus` for the whole story.
+what an interrupted write left (never a version another writer is storing or has just stored).
+See :mod:`uibk_embedding.adapters.milvus` for the whole story.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -51,6 +53,7 @@ from uibk_embedding.tagged import DIM
 
 PART_ROWS = 64  # vectors per document part: 32 KiB of float32, 43,692 base64 characters
 PART_CHARS = 43692
+ABANDONED_AFTER = 3600.0  # seconds: repair() leaves a younger incomplete version alone
 
 
 def _b64(x: np.ndarray) -> str:
@@ -274,30 +277,51 @@ class MilvusTokenRowsStore(MilvusStore):
 
     # -- maintenance -----------------------------------------------------------------------
     @serialized
-    def repair(self) -> int:
+    def repair(self, abandoned_after: float = ABANDONED_AFTER) -> int:
         """Remove versions left behind by interrupted writes; returns how many documents were fixed.
 
-        For every document stored in more than one version (or with an incomplete version), keep
-        the newest complete version and delete the rest (rows and parts)."""
+        Only versions known to be stale when they are deleted are deleted, each by its exact
+        version number (never "every version but the one kept": a write of another store object
+        landing during the repair makes a newer version, which stays):
+
+        * a version older than the document's newest complete version (superseded);
+        * an incomplete version with token rows: a write stores every part before any row, so
+          its parts were deleted since (the rows are scanned first);
+        * an incomplete version with no complete version newer than it, once it is older than
+          ``abandoned_after`` seconds (its number is its writer's clock when the write began):
+          a younger one may be a write still in progress, whose parts it would delete.
+          ``abandoned_after=0`` when no write is running removes every interrupted write now.
+
+        >>> from uibk_embedding.adapters.milvus import open_milvus_lite
+        >>> with open_milvus_lite() as store:
+        ...     store.repair()
+        0
+        """
+        if not isinstance(abandoned_after, int | float) or not abandoned_after >= 0:
+            raise ValueError(f"abandoned_after must be a number of seconds >= 0, got {abandoned_after!r}")
+        # rows first: a version whose rows were seen had all its parts stored before
+        row_vers: dict[str, set[int]] = defaultdict(set)
+        for r in self._query_all(self.rows_name, "", ["doc_id", "ver"], batch=4096):
+            row_vers[r["doc_id"]].add(int(r["ver"]))
         rows = self._query_all(self.docs_name, "part >= 0", ["doc_id", "ver", "part", "n_parts"])
+        old_enough = time.time_ns() - int(abandoned_after * 1e9)
         by_doc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
         n_parts: dict[tuple[str, int], int] = {}
         for r in rows:
             by_doc[r["doc_id"]][int(r["ver"])].append(int(r["part"]))
             n_parts[(r["doc_id"], int(r["ver"]))] = int(r["n_parts"])
-        row_vers: dict[str, set[int]] = defaultdict(set)
-        for r in self._query_all(self.rows_name, "", ["doc_id", "ver"], batch=4096):
-            row_vers[r["doc_id"]].add(int(r["ver"]))
         fixed = 0
-        for doc_id in set(by_doc) | set(row_vers):
+        for doc_id in sorted(set(by_doc) | set(row_vers)):
             vers = by_doc.get(doc_id, {})
             complete = [v for v, parts in vers.items()
                         if sorted(parts) == list(range(n_parts[(doc_id, v)]))]
-            keep = max(complete) if complete else None
-            stale = (set(vers) | row_vers.get(doc_id, set())) - {keep}
+            keep = max(complete, default=None)
+            with_rows = row_vers.get(doc_id, set())
+            stale = {v for v in set(vers) | with_rows if v != keep and (
+                (keep is not None and v < keep)  # superseded by a complete version
+                or v in with_rows  # not complete, yet all its parts were stored: being deleted
+                or v <= old_enough)}  # an interrupted write, old enough to be no running one
             if stale:
                 fixed += 1
-                cond = f"ver != {keep}" if keep is not None else ""
-                self._delete_versions([doc_id], cond)
+                self._delete_versions([doc_id], f"ver in [{', '.join(map(str, sorted(stale)))}]")
         return fixed
-
