@@ -255,7 +255,8 @@ def _index_ray(args: argparse.Namespace) -> int:
     encoder: Any = args.encoder
     if args.dense or args.tokens:  # each actor composes the two folders itself
 
-        encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens)
+        encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens,
+                                    trust_remote_code=bool(args.trust_remote_code))
     options = {"trust_remote_code": True} if args.trust_remote_code else None
     try:
         r = index_distributed(
