@@ -31,8 +31,11 @@ ValueError: multivectors[0] (id 'a'): needs at least 4 rows (3 slots + tokens), 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
+import os
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,14 +44,27 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from uibk_embedding.adapters.filters import BASIC, Filter, Node, operators, parse_filter
-from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.adapters.filters import (
+    BASIC,
+    Filter,
+    Node,
+    check_int,
+    check_text,
+    operators,
+    parse_filter,
+)
+from uibk_embedding.errors import CollectionMismatch, InvalidInput, StoreInUse
 from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
 RESERVED_PREFIX = "_uibk"
 UNIT_TOL = 1e-3
+MAX_METADATA_DEPTH = 32
+"""How deep one document's metadata may nest: the dict itself is level 1, each dict or list
+inside it one more (``{"a": {"b": [1]}}`` is 3 levels deep). Deeper metadata is refused with
+:class:`~uibk_embedding.errors.InvalidInput` on every backend (engines recurse into it: Qdrant's
+local mode raised ``RecursionError`` at 600 levels, JSON encoders at about 1,000)."""
 
 
 def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: str) -> TaggedFormat:
@@ -93,7 +109,16 @@ class Record:
 
 # -- validation --------------------------------------------------------------------------------
 def validate_ids(ids: Sequence[str], *, unique: bool = True) -> list[str]:
-    """Check ids: non-empty strings of at most 512 characters, unique within the call."""
+    """Check ids: non-empty strings of at most 512 characters, valid Unicode (no lone
+    surrogate, so every engine can encode them as UTF-8) and no NUL, unique within the call.
+
+    >>> validate_ids(["a", "b"])
+    ['a', 'b']
+    >>> validate_ids(["a", "x\\ud800"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: ids[1] is not valid Unicode: a lone surrogate '\\ud800' at ...
+    """
     if isinstance(ids, str | bytes):
         raise TypeError("ids must be a sequence of strings, not a single string")
     out = list(ids)
@@ -106,6 +131,7 @@ def validate_ids(ids: Sequence[str], *, unique: bool = True) -> list[str]:
             raise ValueError(f"ids[{i}] is {len(x)} characters long; the limit is {MAX_ID_LENGTH}")
         if "\x00" in x:
             raise ValueError(f"ids[{i}] contains a NUL character")
+        check_text(x, f"ids[{i}]")
     if unique and len(set(out)) != len(out):
         seen: set[str] = set()
         dups = sorted({x for x in out if x in seen or seen.add(x)})
@@ -176,8 +202,53 @@ def _check_tags(x: np.ndarray, what: str) -> None:
         )
 
 
+def _check_metadata_tree(m: Mapping[str, Any], i: int) -> None:
+    """One document's metadata within the shared limits, walked without recursion (so input
+    nested 100,000 deep is refused, not a ``RecursionError``): at most
+    :data:`MAX_METADATA_DEPTH` levels, keys and strings valid Unicode, integers in 64 bits."""
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(m, (), 1)]
+    while stack:
+        v, path, depth = stack.pop()
+        if isinstance(v, str):
+            check_text(v, _where(i, path))
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, int):
+            check_int(v, _where(i, path))
+        elif isinstance(v, Mapping | list | tuple):
+            if depth > MAX_METADATA_DEPTH:
+                raise InvalidInput(
+                    f"metadata[{i}] nests dicts and lists more than {MAX_METADATA_DEPTH} levels deep (the "
+                    f"metadata dict itself is level 1; the limit is MAX_METADATA_DEPTH); it is deeper "
+                    f"at {_where(i, path)}")
+            if isinstance(v, Mapping):
+                for key, x in v.items():
+                    if isinstance(key, str):
+                        check_text(key, f"{_where(i, path)}: the key {key!r}")
+                    stack.append((x, (*path, key), depth + 1))
+            else:
+                stack.extend((x, (*path, j), depth + 1) for j, x in enumerate(v))
+
+
+def _where(i: int, path: tuple[Any, ...]) -> str:
+    shown = "".join(f"[{k!r}]" for k in path[:8]) + ("[...]" if len(path) > 8 else "")
+    return f"metadata[{i}]{shown}"
+
+
 def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: int) -> list[dict]:
-    """Metadata: one JSON-serialisable dict per document (``None`` means ``{}``)."""
+    """Metadata: one JSON-serialisable dict per document (``None`` means ``{}``), within the
+    limits every backend shares (:class:`~uibk_embedding.errors.InvalidInput` past them): at most
+    :data:`MAX_METADATA_DEPTH` levels of dicts and lists, keys and strings valid Unicode (no
+    lone surrogate), integers within signed 64 bits
+    (:data:`~uibk_embedding.adapters.filters.MIN_INT` .. :data:`~uibk_embedding.adapters.filters.MAX_INT`).
+
+    >>> validate_metadata([{"lang": "en", "n": 2**63 - 1}, None], 2)
+    [{'lang': 'en', 'n': 9223372036854775807}, {}]
+    >>> validate_metadata([{"n": 2**64}], 1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: metadata[0]['n']: the integer 18446744073709551616 is outside ...
+    """
     if metadata is None:
         return [{} for _ in range(n)]
     if isinstance(metadata, Mapping):
@@ -197,6 +268,7 @@ def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: in
                 raise TypeError(f"metadata[{i}]: keys must be non-empty strings, got {key!r}")
             if key.startswith(RESERVED_PREFIX):
                 raise ValueError(f"metadata[{i}]: key {key!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+        _check_metadata_tree(m, i)  # before json.dumps, which recurses
         try:
             text = json.dumps(m, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError) as e:
@@ -213,6 +285,45 @@ def validate_k(k: Any) -> int:
     return int(k)
 
 
+# -- a closed store refuses every call ---------------------------------------------------------
+_CHECKED = "__uibk_refuses_when_closed__"
+
+
+def _refuse_when_closed(method: Any) -> Any:
+    """``method``, raising :class:`StoreInUse` once the store was closed (before any engine call)."""
+
+    @functools.wraps(method)
+    def wrapper(self: MultiVectorStore, *args: Any, **kwargs: Any) -> Any:
+        if self._store_closed:
+            raise StoreInUse(f"this {type(self).__name__} ({self._location()}) is closed; "
+                             f"{method.__name__}() needs an open store: open it again")
+        return method(self, *args, **kwargs)
+
+    setattr(wrapper, _CHECKED, True)
+    return wrapper
+
+
+def _closing(close: Any) -> Any:
+    """``close``, run once: a second call does nothing; when the outermost call ends (also by an
+    error: the store's resources are then in an unknown state), the store counts as closed."""
+
+    @functools.wraps(close)
+    def wrapper(self: MultiVectorStore) -> None:
+        if self._store_closed:
+            return
+        depth = self.__dict__.get("_close_depth", 0)  # a subclass's close calls super().close()
+        self._close_depth = depth + 1
+        try:
+            close(self)
+        finally:
+            self._close_depth = depth
+            if depth == 0:
+                self._store_closed = True
+
+    setattr(wrapper, _CHECKED, True)
+    return wrapper
+
+
 # -- the interface -----------------------------------------------------------------------------
 class MultiVectorStore(ABC):
     """Abstract store of tagged multi-vectors; see the module docstring for an example.
@@ -221,7 +332,44 @@ class MultiVectorStore(ABC):
     ``search`` returns exactly the MaxSim top-k) and implement ``_upsert``, ``_delete``,
     ``_search``, ``_get`` and ``count``. ``_search`` gets a validated float32 query, ``k`` and
     parsed filter conditions.
+
+    A closed store (:meth:`close`) refuses every public method with
+    :class:`~uibk_embedding.errors.StoreInUse`, on every backend: the methods here, ``count``
+    and every public method a subclass (or a mixin of it) defines are wrapped when the subclass
+    is created (:meth:`__init_subclass__`); ``close()`` again does nothing.
+
+    >>> from uibk_embedding.adapters.exact import ExactStore
+    >>> store = ExactStore()
+    >>> store.close(); store.close()
+    >>> store.count()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.StoreInUse: this ExactStore (in memory) is closed; count() needs an open ...
     """
+
+    _store_closed: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap the subclass's public methods (and its mixins') so that a closed store refuses
+        them, and its ``close`` so that it marks the store closed (once)."""
+        super().__init_subclass__(**kwargs)
+        for klass in cls.__mro__:
+            if klass in (MultiVectorStore, ABC, object):
+                continue
+            for name, value in list(vars(klass).items()):
+                if name.startswith("_") or not inspect.isfunction(value) or getattr(value, _CHECKED, False):
+                    continue
+                if inspect.getattr_static(cls, name) is not value:  # overridden nearer to cls
+                    continue
+                setattr(cls, name, _closing(value) if name == "close" else _refuse_when_closed(value))
+
+    def _location(self) -> str:
+        """Where the store lives, for messages: its path, server or collection."""
+        for attr in ("path", "where", "url", "collection", "table"):
+            v = self.__dict__.get(attr)
+            if isinstance(v, str | os.PathLike) and str(v):
+                return str(v)
+        return "in memory"
 
     backend: ClassVar[str] = "abstract"
     exact: ClassVar[bool] = True
@@ -238,6 +386,7 @@ class MultiVectorStore(ABC):
         self.format = format or TaggedFormat()
 
     # public API -----------------------------------------------------------------------------
+    @_refuse_when_closed
     def upsert(
         self,
         ids: Sequence[str],
@@ -259,6 +408,7 @@ class MultiVectorStore(ABC):
             return
         self._upsert(ids, arrays, md)
 
+    @_refuse_when_closed
     def delete(self, ids: Sequence[str] | None = None, *, filter: Filter | None = None) -> int | None:
         """Delete documents by id, or every document whose metadata matches ``filter``.
 
@@ -276,6 +426,7 @@ class MultiVectorStore(ABC):
             self._delete(list(dict.fromkeys(ids)))
         return None
 
+    @_refuse_when_closed
     def scan(self, filter: Filter | None = None, *, batch_size: int = 1000) -> Iterator[tuple[str, dict]]:
         """Every stored ``(id, metadata)`` whose metadata matches ``filter`` (all without one),
         read from the engine ``batch_size`` at a time. The order is the engine's; a document
@@ -284,8 +435,11 @@ class MultiVectorStore(ABC):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         for page in self._scan(conds, batch_size):
+            if self._store_closed:  # closed while the caller iterates
+                raise StoreInUse(f"this {type(self).__name__} ({self._location()}) was closed during scan()")
             yield from page
 
+    @_refuse_when_closed
     def search(
         self, query: np.ndarray, k: int = 10, filter: Filter | None = None, *, explain: bool = False,
         **options: Any,
@@ -304,6 +458,7 @@ class MultiVectorStore(ABC):
             return self._search_explained(q, k, conds, **opts)
         return self._search(q, k, conds, **opts)
 
+    @_refuse_when_closed
     def search_batch(
         self, queries: Sequence[np.ndarray], k: int = 10, filter: Filter | None = None, **options: Any
     ) -> list[list[Hit]]:
@@ -333,11 +488,13 @@ class MultiVectorStore(ABC):
                             f"{', '.join(unknown)}; it takes {takes}")
         return {name: v for name, v in options.items() if v is not None}
 
+    @_refuse_when_closed
     def get(self, ids: Sequence[str]) -> list[Record]:
         """Stored records for the ids that exist, in the order asked (missing ids skipped)."""
         ids = validate_ids(ids, unique=False)
         return self._get(ids) if ids else []
 
+    @_refuse_when_closed
     def explain(self, query: np.ndarray, doc_id: str) -> Decomposition:
         """The decomposition of ``MaxSim(query, doc)`` for one stored document."""
         q = validate_query(query)
@@ -350,8 +507,10 @@ class MultiVectorStore(ABC):
     def count(self) -> int:
         """Number of stored documents."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for stores without resources
-        """Release resources (files, connections). The store is unusable afterwards."""
+    @_closing  # noqa: B027 - optional hook, a no-op for stores without resources
+    def close(self) -> None:
+        """Release resources (files, connections). Every later call raises
+        :class:`~uibk_embedding.errors.StoreInUse`; ``close()`` again does nothing."""
 
     def __enter__(self) -> MultiVectorStore:
         return self
@@ -359,6 +518,7 @@ class MultiVectorStore(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @_refuse_when_closed
     def __len__(self) -> int:
         return self.count()
 

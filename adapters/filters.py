@@ -23,6 +23,12 @@ never equals a number. Ranges compare numbers only: a range bound must be an int
 range. (Ranges on strings are refused: Qdrant's payload ranges are numeric, so a string range
 could not mean the same thing on every engine.) A list-valued field equals nothing.
 
+Limits, the same on every backend (past them: :class:`~uibk_embedding.errors.InvalidInput`, a
+``ValueError``, before any engine sees the filter): at most :data:`MAX_FILTER_DEPTH` levels of
+``$and`` / ``$or`` / ``$not``; integers within signed 64 bits (:data:`MIN_INT` ..
+:data:`MAX_INT`, that is ``-(2**63 - 1) .. 2**63 - 1``); field names and strings valid Unicode (no lone
+surrogate: every engine encodes them as UTF-8).
+
 Negations are complements: ``$ne``, ``$nin`` and ``$not`` match every document the positive
 form does not match, *including documents without the field*. To require the field as well,
 add ``{"$exists": True}``. A filter on a field no document has matches nothing (and its ``$ne``
@@ -50,6 +56,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+from uibk_embedding.errors import InvalidInput
+
 Scalar = str | int | float | bool
 Filter = Mapping[str, Any]
 
@@ -64,6 +72,53 @@ engine."""
 
 BASIC = frozenset({"$eq", "$in"})
 """The operators of the first filter language (equality, AND only)."""
+
+MIN_INT = -(2**63 - 1)
+MAX_INT = 2**63 - 1
+"""Integers in metadata and filters must lie in ``MIN_INT .. MAX_INT``: signed 64 bits, the
+range every engine stores as an integer (Qdrant Edge turned ``2**70`` into a float), less its
+lowest value ``-2**63``, which Milvus 2.3's filter expressions cannot state (they read
+``-9223372036854775808`` as the negation of an out-of-range ``9223372036854775808``)."""
+
+MAX_FILTER_DEPTH = 32
+"""How many levels of ``$and`` / ``$or`` / ``$not`` a filter may nest (the top level is 1)."""
+
+
+def check_text(text: str, where: str) -> str:
+    """``text``, if every engine can store it: valid Unicode, encodable as UTF-8 (no lone
+    surrogate such as ``"\\ud800"``, which Python strings allow); else :class:`InvalidInput`.
+
+    >>> check_text("ünïcödé 日本", "ids[0]")
+    'ünïcödé 日本'
+    >>> check_text("x\\ud800", "ids[0]")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: ids[0] is not valid Unicode: a lone surrogate '\\ud800' at ...
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInput(f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at "
+                           f"character {e.start} (text must be encodable as UTF-8)") from None
+    return text
+
+
+def check_int(value: int, where: str) -> int:
+    """``value``, if it fits in signed 64 bits (:data:`MIN_INT` .. :data:`MAX_INT`); else
+    :class:`InvalidInput`.
+
+    >>> check_int(2**63 - 1, "n")
+    9223372036854775807
+    >>> check_int(2**70, "metadata[0]['n']")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: metadata[0]['n']: the integer 1180591620717411303424 is outside ...
+    """
+    if not MIN_INT <= value <= MAX_INT:
+        raise InvalidInput(
+            f"{where}: the integer {_short(value)} is outside the signed 64-bit range every backend "
+            "stores and filters on (-(2**63-1) .. 2**63-1); store it as a string or a float")
+    return value
 
 
 @dataclass(frozen=True)
@@ -103,9 +158,18 @@ class Not:
 Node = Union[Condition, And, Or, Not]  # noqa: UP007 - a runtime alias, used before 3.12 syntax
 
 
+def _short(value: int) -> str:
+    """An integer for a message (Python refuses ``str()`` past 4,300 digits)."""
+    return str(value) if value.bit_length() <= 256 else f"of {value.bit_length()} bits"
+
+
 def _check_value(field: str, v: Any) -> Scalar:
-    if isinstance(v, bool | int | str):
+    if isinstance(v, bool):
         return v
+    if isinstance(v, int):
+        return check_int(v, f"filter on {field!r}")
+    if isinstance(v, str):
+        return check_text(v, f"filter on {field!r}: the value")
     if isinstance(v, float):
         if v != v or v in (float("inf"), float("-inf")):
             raise ValueError(f"filter on {field!r}: value {v} is not a finite number")
@@ -155,23 +219,27 @@ def _field_conditions(field: str, cond: Any) -> list[Node]:
     return out
 
 
-def _parse(filter: Any, where: str) -> list[Node]:
+def _parse(filter: Any, where: str, depth: int = 1) -> list[Node]:
+    if depth > MAX_FILTER_DEPTH:  # checked before going deeper: never a RecursionError
+        raise InvalidInput(f"the filter nests more than {MAX_FILTER_DEPTH} levels of "
+                           f"{', '.join(COMBINATORS)} (at {where})")
     if not isinstance(filter, Mapping):
         raise TypeError(f"{where} must be a mapping of field -> condition, got {type(filter).__name__}")
     out: list[Node] = []
     for key, cond in filter.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
+        check_text(key, "a filter field name")
         if key in ("$and", "$or"):
             if isinstance(cond, str | bytes | Mapping) or not hasattr(cond, "__iter__"):
                 raise TypeError(f"{key} takes a list of filters, got {cond!r}")
             subs = list(cond)
             if not subs:
                 raise ValueError(f"{key} needs at least one filter")
-            children = tuple(_group(_parse(s, f"{key}[{i}]")) for i, s in enumerate(subs))
+            children = tuple(_group(_parse(s, f"{key}[{i}]", depth + 1)) for i, s in enumerate(subs))
             out.append(And(children) if key == "$and" else Or(children))
         elif key == "$not":
-            out.append(Not(_group(_parse(cond, "$not"))))
+            out.append(Not(_group(_parse(cond, "$not", depth + 1))))
         elif key.startswith("$"):
             raise ValueError(
                 f"unknown filter operator {key!r} at the top of a filter: use {', '.join(COMBINATORS)} "

@@ -420,7 +420,9 @@ class QdrantStore(_QdrantBase):
             return
         names = [c.name for c in self.client.get_collections().collections]
         if names == [self.collection]:
-            RedoLog(legacy).replay(self._write_points, self._delete_points)
+            # its quarantine must not be uibk-redo/failed: that is the log of a collection "failed"
+            RedoLog(legacy, failed=path / "uibk-redo-failed-0.2.0").replay(self._write_points,
+                                                                          self._delete_points)
             return
         warnings.warn(f"{legacy} holds writes of uibk-embedding <= 0.2.0 that did not finish and do not "
                       f"name their collection; the folder holds collections {sorted(names)}, so they were "

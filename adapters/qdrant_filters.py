@@ -5,7 +5,10 @@ Qdrant's own matching differs from :func:`~uibk_embedding.adapters.filters.match
 places, and the translation closes each gap:
 
 * numbers: ``MatchValue(1)`` does not match ``1.0``, so a number is the range ``[v, v]``
-  (integers beyond 2**53, which a float64 range cannot tell apart, match exactly);
+  (integers beyond 2**53, which a float64 range cannot tell apart, match exactly). Qdrant's
+  ranges are float64, so a *range* (``$gt`` ...) near an integer beyond 2**53 compares as float64
+  does (``2**62 + 1`` is not ``$gt 2**62`` on Edge; local mode compares the stored int exactly
+  against the float64 bound);
 * lists: a condition on a list-valued payload field matches any element; the stored payload
   names its list-valued fields under ``_uibk_lists`` and every comparison excludes them
   (``$exists`` does not: a non-empty list is present);

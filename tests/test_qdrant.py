@@ -395,3 +395,85 @@ def test_edge_bool_workaround_is_needed():
     """Why the Edge store keeps ``_uibk_bools``: the binding turns MatchValue(True) into 1."""
     value = qdrant_edge.MatchValue(True).value
     assert type(value) is int and value == 1
+
+
+# -- the redo log never bricks a store (local mode on disk and Edge) ---------------------------
+def _deep(n):
+    x: object = 1
+    for _ in range(n):
+        x = {"a": x}
+    return x
+
+
+LOGGED = {  # store kind -> (how to open it, its redo folder, metadata its engine refuses)
+    "path": (lambda d: QdrantStore(path=d / "q"), lambda d: d / "q" / "uibk-redo" / "uibk",
+             {"d": _deep(600)}),  # qdrant-client: RecursionError while pickling the point
+    "edge": (lambda d: QdrantEdgeStore(path=d / "e"), lambda d: d / "e" / "uibk-redo",
+             {"k": "v\ud800"}),  # qdrant-edge: TypeError extracting the payload value
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LOGGED))
+def test_a_write_the_engine_would_refuse_never_bricks_the_store(kind, tmp_path, fmt, rng):
+    """Inputs that passed validation and failed inside the engine used to stay in the redo log
+    and fail again before every later write and on every open: now they are refused up front
+    (InvalidInput) and the next write, and the next open, work."""
+    from uibk_embedding.errors import InvalidInput
+
+    make, _folder, refused = LOGGED[kind]
+    doc = make_list(fmt, rng, 5)
+    s = make(tmp_path)
+    try:
+        s.upsert(["a"], [doc], [{"n": 1}])
+        for i, (ids, md) in enumerate([(["x\ud800"], None), (["b"], [{"k": "v\ud800"}]),
+                                       (["b"], [{"k\udc00": 1}]), (["b"], [{"d": _deep(600)}]),
+                                       (["b"], [refused])]):
+            with pytest.raises(InvalidInput):
+                s.upsert(ids, [doc], md)
+            s.upsert([f"after-{i}"], [doc])  # the next write goes through
+    finally:
+        s.close()
+    s = make(tmp_path)
+    try:
+        assert s.count() == 6 and s.get(["b"]) == []
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", sorted(LOGGED))
+def test_a_logged_operation_the_engine_refuses_is_quarantined_on_open(kind, tmp_path, fmt, rng):
+    """Log entries on disk that the engine refuses (written past validation, e.g. by an older
+    version): the store still opens, applies the good entries around them in order, moves the
+    bad ones to the quarantine folder with a ReplayFailed warning, and accepts later writes."""
+    import warnings
+
+    from uibk_embedding.adapters.redo import RedoLog, ReplayFailed
+
+    make, folder, refused = LOGGED[kind]
+    doc = make_list(fmt, rng, 5)
+    s = make(tmp_path)
+    s.upsert(["a", "z"], [doc, doc])
+    s.close()
+    log = RedoLog(folder(tmp_path))
+    log._write("upsert", ["g1"], [doc], [{"n": 1}])
+    log._write("upsert", ["x\ud800"], [doc], [{}])  # no engine takes this id
+    log._write("upsert", ["bad-md"], [doc], [refused])
+    log._write("delete", ["a"], None, None)
+    with pytest.warns(ReplayFailed) as caught:
+        s = make(tmp_path)
+    try:
+        failed = [w for w in caught if issubclass(w.category, ReplayFailed)]
+        assert len(failed) == 2 and all("moved to" in str(w.message) for w in failed)
+        assert sorted(r.id for r in s.get(["a", "z", "g1", "bad-md"])) == ["g1", "z"]
+        assert len(list((folder(tmp_path) / "failed").glob("*.npz"))) == 2
+        s.upsert(["later"], [doc])
+        s.delete(["z"])
+    finally:
+        s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplayFailed)  # quarantined once: never replayed again
+        s = make(tmp_path)
+    try:
+        assert sorted(x for x, _ in s.scan()) == ["g1", "later"]
+    finally:
+        s.close()

@@ -367,3 +367,54 @@ def test_a_second_store_object_or_process_on_the_same_files_is_refused(spec, tmp
             sorted([*ids, "one-more"])
     finally:
         again.close()
+
+
+def test_a_closed_store_refuses_every_method(spec, tmp_path, fmt, rng):
+    """After ``close()`` every public method raises StoreInUse (before any engine call, so never
+    a bare RuntimeError or AttributeError from a released client), on every backend; ``close()``
+    again does nothing."""
+    import inspect
+
+    from uibk_embedding.errors import StoreInUse
+
+    s = spec.make(tmp_path)
+    ids, docs, _ = fill(s, fmt, rng, n=4)
+    s.close()
+    q = make_list(fmt, rng, 5)
+    calls = {
+        "upsert": lambda: s.upsert(["new"], [docs[0]]),
+        "delete": lambda: s.delete([ids[0]]),
+        "delete by filter": lambda: s.delete(filter={"group": "a"}),
+        "scan": lambda: list(s.scan()),
+        "search": lambda: s.search(q, k=3),
+        "search explained": lambda: s.search(q, k=3, explain=True),
+        "search_batch": lambda: s.search_batch([q, q], k=3),
+        "get": lambda: s.get([ids[0]]),
+        "explain": lambda: s.explain(q, ids[0]),
+        "count": lambda: s.count(),
+        "len": lambda: len(s),
+    }
+    # every other public method of the backend's class (and its mixins): refused before its
+    # arguments are even looked at
+    for name in dir(type(s)):
+        if name.startswith("_") or name == "close" or name in calls:
+            continue
+        if inspect.isfunction(inspect.getattr_static(type(s), name)):
+            calls[name] = getattr(s, name)
+    for what, call in calls.items():
+        with pytest.raises(StoreInUse, match="is closed"):
+            try:
+                call()
+            except StoreInUse:
+                raise
+            except BaseException as e:
+                raise AssertionError(f"{what}: {type(e).__name__} instead of StoreInUse") from e
+    s.close()  # a second close is a no-op
+    with pytest.raises(StoreInUse, match="is closed"):
+        s.count()
+    if spec.reopen is not None:  # closing released the files: the store opens again, intact
+        again = spec.reopen(tmp_path)
+        try:
+            assert again.count() == len(ids)
+        finally:
+            again.close()

@@ -178,3 +178,38 @@ def test_delete_by_filter_deletes_exactly_the_matches(spec, filled):
         left = {x: m for x, m in left.items() if x not in doomed}
         assert {x for x, _ in store.scan()} == set(left), f"{spec.name}: after delete(filter={flt})"
     assert store.count() == 0
+
+
+def _nots(depth: int) -> dict:
+    f: dict = {"n": 1}
+    for _ in range(depth):
+        f = {"$not": f}
+    return f
+
+
+def test_filter_limits_are_refused_with_invalid_input_never_a_recursion_error():
+    """The parser's limits (the same on every backend, since every backend parses with it):
+    32 levels of $and/$or/$not, 64-bit integers, valid Unicode; exactly at a limit is fine."""
+    from uibk_embedding.adapters.filters import MAX_FILTER_DEPTH, MAX_INT, MIN_INT
+    from uibk_embedding.errors import InvalidInput
+
+    assert MAX_FILTER_DEPTH == 32
+    assert matches({"n": 2}, parse_filter(_nots(MAX_FILTER_DEPTH - 1)))  # 31 $not + the top level
+    deep_or: dict = {"n": 1}
+    for _ in range(MAX_FILTER_DEPTH - 1):
+        deep_or = {"$or": [{"s": "a"}, deep_or]}
+    assert matches({"n": 1}, parse_filter(deep_or))
+    too_deep = [_nots(MAX_FILTER_DEPTH), _nots(5_000), {"$and": [{"$or": [_nots(40)]}]}]
+    for flt in too_deep:
+        with pytest.raises(InvalidInput, match="more than 32 levels"):
+            parse_filter(flt)
+    assert parse_filter({"n": {"$gte": MIN_INT, "$lte": MAX_INT}})
+    assert (MIN_INT, MAX_INT) == (-(2**63 - 1), 2**63 - 1)
+    for flt in [{"n": MAX_INT + 1}, {"n": {"$lt": MIN_INT - 1}}, {"n": {"$nin": [1, 2**70]}},
+                {"n": {"$ne": -(2**100)}}]:
+        with pytest.raises(InvalidInput, match="signed 64-bit"):
+            parse_filter(flt)
+    for flt in [{"s": "a\ud800"}, {"s\udfff": 1}, {"s": {"$in": ["ok", "\udc00"]}}]:
+        with pytest.raises(InvalidInput, match="not valid Unicode"):
+            parse_filter(flt)
+    assert parse_filter({"s": True}) and parse_filter({"s": "😀"})  # bools are not ints; astral is fine

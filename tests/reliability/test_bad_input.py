@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from uibk_embedding.adapters.base import MAX_ID_LENGTH
+from uibk_embedding.errors import InvalidInput
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
@@ -26,6 +27,19 @@ def _inf():
     x[0, 3] = np.inf
     return x
 
+
+def _nested(depth: int, kind: str = "dict"):
+    """Metadata (or, for kind "$not", a filter with a valid leaf) nested ``depth`` levels deep,
+    built without recursion."""
+    x: object = {"f": 1} if kind == "$not" else 1
+    for _ in range(depth):
+        x = {"a": x} if kind == "dict" else [x] if kind == "list" else {"$not": x}
+    return x
+
+
+DEEP_DICT = _nested(100_000)
+DEEP_LIST = {"l": _nested(100_000, "list")}
+DEEP_FILTER = _nested(5_000, "$not")
 
 # case -> (upsert arguments, expected exception, message fragment)
 UPSERT_CASES = {
@@ -52,6 +66,17 @@ UPSERT_CASES = {
     "ids/vectors mismatch": ((["x", "y"], [GOOD], None), ValueError, "3 ids but 2 multivectors"),
     "ids/metadata mismatch": ((["x"], [GOOD], [{}, {}]), ValueError, "metadata entries"),
     "one matrix for many ids": ((["x"], GOOD, None), TypeError, "list of"),
+    # the limits every backend shares (InvalidInput), refused before any engine sees them
+    "lone surrogate in an id": ((["x\ud800"], [GOOD], None), InvalidInput, r"ids\[1\] is not valid Unicode"),
+    "lone surrogate in a metadata key": ((["x"], [GOOD], [{"k\udfff": 1}]), InvalidInput,
+                                         r"metadata\[1\]: the key .* not valid Unicode"),
+    "lone surrogate in a metadata value": ((["x"], [GOOD], [{"f": ["ok", "v\ud800"]}]), InvalidInput,
+                                           r"metadata\[1\]\['f'\]\[1\] is not valid Unicode"),
+    "metadata nested 100,000 deep": ((["x"], [GOOD], [DEEP_DICT]), InvalidInput, "more than 32 levels"),
+    "metadata list nested 100,000 deep": ((["x"], [GOOD], [DEEP_LIST]), InvalidInput, "more than 32 levels"),
+    "metadata integer 2**70": ((["x"], [GOOD], [{"f": 2**70}]), InvalidInput, "signed 64-bit"),
+    "metadata integer -2**63": ((["x"], [GOOD], [{"f": {"g": -(2**63)}}]), InvalidInput,
+                                    "signed 64-bit"),
 }
 
 QUERY_CASES = {
@@ -67,6 +92,12 @@ QUERY_CASES = {
     "filter empty $in": ((GOOD, 5, {"f": {"$in": []}}), ValueError, "at least one value"),
     "filter not a mapping": ((GOOD, 5, ["f"]), TypeError, "mapping"),
     "filter list value": ((GOOD, 5, {"f": [1, 2]}), TypeError, "values must be"),
+    "filter 5,000 nested $not": ((GOOD, 5, DEEP_FILTER), InvalidInput, "more than 32 levels"),
+    "filter integer 2**70": ((GOOD, 5, {"f": 2**70}), InvalidInput, "signed 64-bit"),
+    "filter range bound 2**70": ((GOOD, 5, {"f": {"$gt": -(2**70)}}), InvalidInput, "signed 64-bit"),
+    "filter $in with 2**64": ((GOOD, 5, {"f": {"$in": [1, 2**64]}}), InvalidInput, "signed 64-bit"),
+    "filter lone surrogate value": ((GOOD, 5, {"g": "e\ud800"}), InvalidInput, "not valid Unicode"),
+    "filter lone surrogate field": ((GOOD, 5, {"g\ud800": "even"}), InvalidInput, "not valid Unicode"),
 }
 
 
@@ -114,6 +145,38 @@ def test_bad_queries(spec, filled, record, subtests):
                 store.search(query, k=k, filter=flt)
             _unchanged(store, q, before)
             record(case, spec.name, exc.__name__)
+
+
+def test_limits_on_reads_and_deletes(spec, filled, record):
+    """The shared limits hold on every call that takes ids or a filter, not only on upsert and
+    search: InvalidInput, and nothing changed."""
+    store, q, before = filled
+    for what, call in {
+        "get": lambda: store.get(["d1", "x\ud800"]),
+        "delete by id": lambda: store.delete(["d1", "x\ud800"]),
+        "explain": lambda: store.explain(q, "d\udc00"),
+        "delete by filter": lambda: store.delete(filter=DEEP_FILTER),
+        "delete by filter 2**70": lambda: store.delete(filter={"f": {"$lt": 2**70}}),
+        "scan": lambda: list(store.scan(DEEP_FILTER)),
+        "search_batch": lambda: store.search_batch([q], k=3, filter={"f": {"$nin": [2**63]}}),
+    }.items():
+        with pytest.raises(InvalidInput):
+            try:
+                call()
+            except InvalidInput:
+                raise
+            except BaseException as e:
+                raise AssertionError(f"{what}: {type(e).__name__} instead of InvalidInput") from e
+        _unchanged(store, q, before)
+    record("surrogate / deep filter / 2**70 in get, delete, scan", spec.name, "InvalidInput")
+    # the edges of the limits are accepted, stored and filtered exactly
+    edge = {"max": 2**63 - 1, "min": -(2**63 - 1), "deep": _nested(31), "text": "ok \U0001f600"}
+    store.upsert(["edge"], [GOOD], [edge])
+    assert store.get(["edge"])[0].metadata == edge
+    assert [x for x, _ in store.scan({"max": 2**63 - 1, "min": -(2**63 - 1)})] == ["edge"]
+    assert [x for x, _ in store.scan({"max": {"$in": [2**63 - 1, -1]}, "min": {"$ne": 0}})] == ["edge"]
+    store.delete(["edge"])
+    _unchanged(store, q, before)
 
 
 def test_documented_behaviours(spec, filled, record):
