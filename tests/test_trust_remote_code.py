@@ -253,3 +253,20 @@ def test_a_trusted_custom_module_loads(base, tmp_path):
         lists = enc.encode_documents(["lift of a wing"], show_progress=False)
     assert marker.exists()
     assert lists[0].shape[1] == 128
+
+
+def test_a_saved_composed_encoder_cannot_switch_trust_on(base, tmp_path):
+    """A saved encoder's folder is data: its ``colbert_options`` cannot set trust_remote_code
+    for the model it loads (only the caller can)."""
+    from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
+
+    dense, tokens = _copy(base, "dense", tmp_path), _copy(base, "colbert", tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_encoder(dense=dense, tokens=tokens, device="cpu").save(tmp_path / "saved")
+        _edit_json(tmp_path / "saved" / CONFIG_NAME,
+                   colbert_options={"model_kwargs": {"trust_remote_code": True}})
+        with pytest.raises(UntrustedCode, match=r"colbert_options set trust_remote_code \(model_kwargs\)"):
+            load_encoder(tmp_path / "saved", device="cpu")
+        enc = load_encoder(tmp_path / "saved", device="cpu", trust_remote_code=True)
+    assert enc.colbert_options == {"model_kwargs": {"trust_remote_code": True}}
