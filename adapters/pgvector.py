@@ -473,7 +473,10 @@ class PgVectorStore(MultiVectorStore):
                     reconnects += 1
                     if xact is None:
                         continue  # a read, or a write that never began: nothing was committed
-                    status = self._xact_status(*xact)
+                    try:
+                        status = self._xact_status(*xact)
+                    except psycopg.Error:
+                        status = None  # lost again while asking: unknown
                     if status == "aborted":
                         continue  # nothing of it was committed: apply it again
                     if status == "committed":
