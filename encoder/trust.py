@@ -89,7 +89,8 @@ def code_risks(folder: str | os.PathLike) -> list[str]:
     """The reasons loading ``folder`` would import Python code from it (empty: none found).
 
     Inspects, without importing anything: every ``modules.json`` type against
-    :data:`LIBRARY_MODULES`; every JSON file of the folder and of each module's folder for an
+    :data:`LIBRARY_MODULES`; every JSON file of the folder, of each module's folder and of a
+    tokenizer folder a ``sentence_bert_config.json`` names (``tokenizer_name_or_path``) for an
     ``auto_map`` key (at any depth); Dense modules' ``activation_function`` (must be a
     ``torch.nn`` class); ``.py`` files or package folders named after an installed package
     the allowed types come from (``pylate``, ``sentence_transformers``, ...).
@@ -138,6 +139,13 @@ def code_risks(folder: str | os.PathLike) -> list[str]:
                 if act is not None and not (isinstance(act, str) and act.startswith(_ACTIVATION_PREFIX)):
                     reasons.append(f"{_rel(cfg_file, root)} names the activation_function {act!r}, "
                                    f"which is imported by name and is not a {_ACTIVATION_PREFIX} class")
+    for d in list(dirs):  # a Transformer module may read its tokenizer from another folder
+        try:
+            other = json.loads((d / "sentence_bert_config.json").read_text()).get("tokenizer_name_or_path")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            other = None
+        if isinstance(other, str) and Path(other).is_dir() and Path(other).resolve() not in dirs:
+            dirs.append(Path(other).resolve())
     for d in dirs:
         for name in sorted(_PACKAGES):
             for cand in (d / f"{name}.py", d / name):

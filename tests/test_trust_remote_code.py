@@ -270,3 +270,18 @@ def test_a_saved_composed_encoder_cannot_switch_trust_on(base, tmp_path):
             load_encoder(tmp_path / "saved", device="cpu")
         enc = load_encoder(tmp_path / "saved", device="cpu", trust_remote_code=True)
     assert enc.colbert_options == {"model_kwargs": {"trust_remote_code": True}}
+
+
+def test_a_tokenizer_in_another_folder_is_inspected_too(base, tmp_path):
+    """``sentence_bert_config.json`` may load the tokenizer from another folder
+    (``tokenizer_name_or_path``): that folder's ``auto_map`` counts as well."""
+    dense, tokens = _copy(base, "dense", tmp_path), _copy(base, "colbert", tmp_path)
+    other = _copy(base, "hf", tmp_path / "other")
+    marker = tmp_path / "marker"
+    _plant(other, "tokenization_evil.py", marker,
+           "from transformers import BertTokenizerFast as EvilTokenizer\n")
+    _edit_json(other / "tokenizer_config.json",
+               auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    _edit_json(dense / "sentence_bert_config.json", tokenizer_name_or_path=str(other))
+    _refused(lambda: load_encoder(dense=dense, tokens=tokens, device="cpu"), marker,
+             str(dense), "tokenizer_config.json", "auto_map")
