@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +61,12 @@ _MAX_JSON_BYTES = 256 * 2**20  # a bigger configuration is not read and is itsel
 HINT = "pass trust_remote_code=True if you trust this folder"
 
 
-def _json_files(folder: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(folder):  # symlinked folders are not followed
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
-        for name in sorted(filenames):
-            if name.endswith(".json"):
-                yield Path(dirpath) / name
+def _json_files(folder: Path) -> list[Path]:
+    """The JSON files directly in ``folder`` (what the libraries read from a module's folder)."""
+    try:
+        return sorted(f for f in folder.iterdir() if f.name.endswith(".json") and f.is_file())
+    except OSError:
+        return []
 
 
 def _has_key(obj: Any, key: str) -> bool:
