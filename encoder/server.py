@@ -29,9 +29,14 @@ nested value) at the first character that does not fit, before building a Python
 while a request waits for the encoder only its list of texts stays alive. The bodies being
 received plus the texts queued for the encoder may hold at most ``max_queued_bytes`` bytes and
 ``max_queued_texts`` texts in all; a request past either answers 429 with ``Retry-After``.
+The answers are bounded too, since a token vector (512 bytes) is far larger than the text it comes
+from: each request counts an upper bound of its token vectors (per text, 3 plus its characters,
+four times that when not ASCII, at most the document length or the query token cap) from its
+admission until its answer is sent (a client that does not read its answer keeps holding it);
+past ``max_queued_vectors`` in all it answers 429 too, unless no other request holds vectors.
 The server's memory beyond the model is then about ``max_queued_bytes`` plus twice
-``max_body_bytes`` (the one body being parsed: requests are parsed one at a time), plus the
-vectors of the requests being answered.
+``max_body_bytes`` (the one body being parsed: requests are parsed one at a time), plus 1 KiB
+per token vector of ``max_queued_vectors`` (the vectors and their packed answer).
 
 With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
 ``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it; that
@@ -50,6 +55,7 @@ Command line::
                      [--api-key-file FILE] [--max-concurrent-requests 64]
                      [--body-timeout-s 30] [--idle-timeout-s 5]
                      [--max-queued-mb 256] [--max-queued-texts 8192]
+                     [--max-queued-vectors 4194304]
 
 Example
 -------
@@ -72,6 +78,7 @@ import os
 import re
 import sys
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from json.decoder import scanstring
@@ -250,7 +257,8 @@ class _Limits:
 def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: int = 100_000,
                max_body_bytes: int = 32 * 2**20, api_key: str | None = None,
                max_concurrent: int = 64, body_timeout: float = 30.0,
-               max_queued_bytes: int = 256 * 2**20, max_queued_texts: int = 8192) -> Any:
+               max_queued_bytes: int = 256 * 2**20, max_queued_texts: int = 8192,
+               max_queued_vectors: int = 2**22) -> Any:
     """The FastAPI application serving ``shared`` (see the module docstring for the endpoints).
 
     ``api_key``: required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``;
@@ -258,7 +266,9 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
     ``body_timeout``: seconds to receive a request body (a slow client is cut with 408);
     ``max_queued_bytes`` / ``max_queued_texts``: the request bodies being received plus the
     texts waiting for (or in) the encoder, in all requests together (at least one full request:
-    ``max_body_bytes`` and ``max_texts``); a request past either answers 429 with Retry-After.
+    ``max_body_bytes`` and ``max_texts``); a request past either answers 429 with Retry-After;
+    ``max_queued_vectors``: token vectors (an upper bound per text) of the requests admitted and
+    not yet answered in full; past it 429, unless no other request holds vectors.
     """
     require("fastapi", "serve", "uibk-embed serve")
     from fastapi import FastAPI, Request
@@ -272,6 +282,8 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         raise ValueError(f"max_queued_bytes ({max_queued_bytes}) and max_queued_texts ({max_queued_texts}) "
                          f"must hold at least one full request ({limits.max_body_bytes} bytes, "
                          f"{limits.max_texts} texts)")
+    if int(max_queued_vectors) < 1:
+        raise ValueError("max_queued_vectors must be positive")
     if api_key is not None and len(api_key) < 16:
         raise ValueError("the API key must be at least 16 characters long")
     key = api_key.encode() if api_key else None
@@ -280,7 +292,8 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                   redoc_url=None, openapi_url=None)
     clients: OrderedDict[str, None] = OrderedDict()
     enc = shared.encoder
-    m: dict[str, Any] = {"in_flight": 0, "queued_bytes": 0, "queued_texts": 0, "status": {}, "texts": 0,
+    m: dict[str, Any] = {"in_flight": 0, "queued_bytes": 0, "queued_texts": 0, "queued_vectors": 0,
+                         "status": {}, "texts": 0,
                          "token_vectors": 0, "latency": Histogram(LATENCY_BUCKETS)}
 
     def error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -340,6 +353,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                   "# TYPE uibk_requests_in_flight gauge", f"uibk_requests_in_flight {m['in_flight']}",
                   "# TYPE uibk_queued_bytes gauge", f"uibk_queued_bytes {m['queued_bytes']}",
                   "# TYPE uibk_queued_texts gauge", f"uibk_queued_texts {m['queued_texts']}",
+                  "# TYPE uibk_queued_vectors gauge", f"uibk_queued_vectors {m['queued_vectors']}",
                   "# TYPE uibk_encoder_queue_depth gauge", f"uibk_encoder_queue_depth {shared.queue_depth()}",
                   "# TYPE uibk_forward_passes_total counter", f"uibk_forward_passes_total {s['passes']}",
                   "# TYPE uibk_request_seconds histogram", *m["latency"].lines("uibk_request_seconds"),
@@ -355,13 +369,15 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                               "after the time in Retry-After", {"Retry-After": "1"})
         m["in_flight"] += 1
         t0 = time.perf_counter()
-        held = {"bytes": 0, "texts": 0}  # what this request counts in the queued budgets
+        held = {"bytes": 0, "texts": 0, "vectors": 0}  # what this request counts in the budgets
         try:
             response = await _encode(request, held)
         finally:
             m["in_flight"] -= 1
             m["queued_bytes"] -= held["bytes"]
             m["queued_texts"] -= held["texts"]
+            if not held.get("until_sent"):
+                release_vectors(held)
         m["status"][response.status_code] = m["status"].get(response.status_code, 0) + (
             response.status_code == 200)
         m["latency"].observe(time.perf_counter() - t0)
@@ -370,6 +386,26 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
     def busy(what: str) -> JSONResponse:
         return error(429, f"this server holds {what} of queued requests, its limit; retry after the "
                           "time in Retry-After", {"Retry-After": "1"})
+
+    def release_vectors(held: dict[str, int]) -> None:
+        m["queued_vectors"] -= held["vectors"]
+        held["vectors"] = 0
+
+    class _Answer(Response):
+        """The vectors' answer: the request's token vectors stay counted until it is sent."""
+
+        def __init__(self, content: bytes, held: dict[str, int], **kwargs: Any) -> None:
+            super().__init__(content, **kwargs)
+            held["until_sent"] = 1
+            # a backstop: an answer dropped unsent (its task cancelled) still frees its vectors
+            weakref.finalize(self, release_vectors, held)
+            self._held = held
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                release_vectors(self._held)
 
     def hold_bytes(held: dict[str, int], n: int) -> bool:
         """Count ``n`` bytes for this request (its total so far); False when past the budget."""
@@ -425,6 +461,12 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             return busy(f"{m['queued_texts']} texts")
         m["queued_texts"] += len(texts)
         held["texts"] = len(texts)
+        cap = enc.query_token_cap if kind == "queries" else enc.doc_max_length
+        vectors = sum(3 + min(cap, len(t) if t.isascii() else 4 * len(t)) for t in texts)
+        if m["queued_vectors"] and m["queued_vectors"] + vectors > max_queued_vectors:
+            return busy(f"{m['queued_vectors']} token vectors")
+        m["queued_vectors"] += vectors
+        held["vectors"] = vectors
         if kind == "documents" and w is not None:
             return error(400, "'dense_weight' applies to queries only")
         if kind == "queries":
@@ -455,8 +497,11 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             log.exception("encoding failed")
             return error(500, "encoding failed on the server (the error is in the server's log)")
         m["texts"] += len(res)
-        m["token_vectors"] += sum(len(a) for a in res) - 3 * len(res)
-        return Response(pack_payload(res), media_type=MEDIA_TYPE,
+        actual = sum(len(a) for a in res)
+        m["token_vectors"] += actual - 3 * len(res)
+        m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
+        held["vectors"] = actual
+        return _Answer(pack_payload(res), held, media_type=MEDIA_TYPE,
                         headers={"X-UIBK-Truncated": str(res.truncated)})
 
     return app
@@ -543,6 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "together; more answer 429 (at least --max-body-mb)")
     p.add_argument("--max-queued-texts", type=int, default=8192,
                    help="texts waiting for the encoder, all requests together; more answer 429")
+    p.add_argument("--max-queued-vectors", type=int, default=2**22,
+                   help="token vectors (an upper bound per text) of the requests not yet answered in full, "
+                        "all together; more answer 429 (1 KiB of memory each)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -572,7 +620,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          max_body_bytes=int(args.max_body_mb * 2**20), api_key=key,
                          max_concurrent=args.max_concurrent_requests, body_timeout=args.body_timeout_s,
                          max_queued_bytes=int(args.max_queued_mb * 2**20),
-                         max_queued_texts=args.max_queued_texts)
+                         max_queued_texts=args.max_queued_texts,
+                         max_queued_vectors=args.max_queued_vectors)
     except ValueError as e:
         shared.close()
         raise SystemExit(f"uibk-embed serve: {e}") from None

@@ -416,11 +416,13 @@ def test_junk_bodies_are_refused_without_building_the_junk(checkpoint):
 
 @pytest.fixture(scope="module")
 def budgeted(checkpoint):
-    """A server whose queued budgets are small: 12 texts, 15,000 bytes (bodies of 10,240 at most);
+    """A server whose queued budgets are small: 12 texts, 15,000 bytes (bodies of 10,240 at most),
+    10,000 token vectors;
     the worker waits 1.5 s for more requests, so a request stays queued that long."""
     with serve_subprocess("--encoder", str(checkpoint), "--device", "cpu", "--max-texts", "8",
                           "--max-queued-texts", "12", "--max-body-mb", str(10_240 / 2**20),
-                          "--max-queued-mb", str(15_000 / 2**20), "--max-wait-ms", "1500",
+                          "--max-queued-mb", str(15_000 / 2**20), "--max-queued-vectors", "10000",
+                          "--max-wait-ms", "1500",
                           "--body-timeout-s", "3") as url:
         yield url
 
@@ -455,3 +457,27 @@ def test_queued_texts_and_bytes_past_the_budget_answer_429(budgeted):
     assert httpx.post(budgeted + "/encode", json=big, timeout=60).status_code == 200
     metrics = httpx.get(budgeted + "/metrics").text
     assert "uibk_queued_bytes 0" in metrics and "uibk_queued_texts 0" in metrics
+
+
+def test_token_vectors_past_the_budget_answer_429(budgeted):
+    """A 512-byte token vector per character or so: the answers are bounded, not only the bodies."""
+    cap = httpx.get(budgeted + "/health").json()["doc_max_length"]
+    long = "wing " * 420  # 2,100 ASCII characters: counted as 3 + min(2,100, cap) vectors
+    bound = 4 * (3 + min(len(long), cap))
+    assert bound <= 10_000 < bound + 2 * (3 + min(len(long), cap))
+    first: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: first.append(
+        httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": [long] * 4}, timeout=60)))
+    t.start()  # 4 long texts queued for 1.5 s: two more would pass the budget of 10,000 vectors
+    time.sleep(0.5)
+    r = httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": [long] * 2}, timeout=60)
+    short = httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": TEXTS[:1]}, timeout=60)
+    t.join()
+    assert r.status_code == 429 and "token vectors of queued requests" in r.json()["detail"], r.status_code
+    assert short.status_code == 200 and first[0].status_code == 200
+    got = unpack_payload(first[0].content, expected=4)
+    assert sum(len(a) for a in got) <= bound  # the count is an upper bound of the real vectors
+    metrics = httpx.get(budgeted + "/metrics").text  # released once the answers were sent
+    assert "uibk_queued_vectors 0" in metrics and "uibk_queued_bytes 0" in metrics
+    assert httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": [long] * 2},
+                      timeout=60).status_code == 200
