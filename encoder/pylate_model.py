@@ -301,8 +301,9 @@ class PyLateEncoder(TaggedEncoder):
     Parameters
     ----------
     folder: the model folder (``modules.json``, ``config_sentence_transformers.json``, ...).
-    trust_remote_code: allow the folder's own module code to run (required when
-        ``modules.json`` names classes that are not sentence-transformers' or PyLate's).
+    trust_remote_code: allow the folder's own code to run (required when ``modules.json`` names
+        classes that are not the exact installed sentence-transformers / PyLate ones, or a
+        configuration has an ``auto_map``: :func:`~uibk_embedding.encoder.trust.code_risks`).
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     dtype: ``"bfloat16"`` or ``"float32"`` (default: bfloat16 on CUDA, float32 otherwise).
     num_threads: CPU threads for torch; None leaves it alone.
