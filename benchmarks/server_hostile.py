@@ -15,15 +15,16 @@ The server process's resident memory is sampled from outside (``/proc/PID/status
 every 50 ms and the kernel's high-water mark ``VmHWM``); a run whose server passes ``--rss-cap-mb``
 is stopped there (the figure is then "at least the cap"). Say the load average with the figure.
 
-Measured on a 2-core machine shared with other jobs (load average 9-11), 30 MB bodies, 20 s:
+Measured on a 2-core machine shared with other jobs (load average 9-11 before, 5.4-5.6 after),
+30 MB bodies, 20 s:
 
 ============================  =========  ============  =============================================
 server                        clients    peak RSS      answers
 ============================  =========  ============  =============================================
 ``server.py`` of 52d00e3      8          3,600 MiB     every request timed out (50 s), 1 413
 (``json.loads`` of the body)  64         4,878 MiB     every request timed out (65 s): still growing
-this module                   8          1,522 MiB     72 x 400
-(``parse_request``, budgets)  64         1,466 MiB     16 x 400, 336 x 429 (``--max-queued-mb 256``)
+this module                   8          1,750 MiB     133 x 400
+(``parse_request``, budgets)  64         1,480 MiB     24 x 400, 560 x 429 (``--max-queued-mb 256``)
 ============================  =========  ============  =============================================
 
 The idle server holds 1,077 MiB (the model and torch); results in
