@@ -419,7 +419,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         with adapters.open_store("exact", path=path, format=enc.format) as store:
             store.upsert(ids, enc.encode_documents(texts), [{"text": t} for t in texts])
         print(f"indexed into an exact store at {path}; reopening it")
-        store = adapters.open_store("exact", path=path, format=enc.format)
+        store = adapters.open_store("exact", path=path, format=enc.format, create=False)
         query = args.query or QUICKSTART_QUERY
         print(f"\nquery: {query}\n")
         q = enc.encode_queries([query])[0]
