@@ -388,8 +388,10 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                           "time in Retry-After", {"Retry-After": "1"})
 
     def release_vectors(held: dict[str, int]) -> None:
-        m["queued_vectors"] -= held["vectors"]
-        held["vectors"] = 0
+        # a no-op once released: the finalizer below may run later, in another thread (GC)
+        n, held["vectors"] = held["vectors"], 0
+        if n:
+            m["queued_vectors"] -= n
 
     class _Answer(Response):
         """The vectors' answer: the request's token vectors stay counted until it is sent."""
