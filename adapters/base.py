@@ -140,6 +140,9 @@ def validate_ids(ids: Sequence[str], *, unique: bool = True) -> list[str]:
 
 
 def _as_matrix(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, str | bytes):
+        raise TypeError(f"{what}: got a string ({x[:40]!r}); stores take encoded vectors: encode it "
+                        "first (encoder.encode_queries([text])[0], or encode_documents for documents)")
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)

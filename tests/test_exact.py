@@ -244,3 +244,12 @@ def test_temporary_files_carry_the_uibk_prefix(tmp_path, monkeypatch):
     with ExactStore(path=tmp_path / "s", compact_every=1) as s:
         s.upsert(["a"], _docs(1))
     assert seen and all(n.startswith(".tmp-uibk-") for n in seen)
+
+
+def test_a_text_query_says_to_encode_it_first() -> None:
+    """``store.search("a string")`` names the fix, not numpy's dtype (``<U9``)."""
+    from uibk_embedding.adapters.exact import ExactStore
+
+    store = ExactStore()
+    with pytest.raises(TypeError, match=r"got a string \('some text'\).*encode it first"):
+        store.search("some text")
