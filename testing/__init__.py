@@ -7,6 +7,7 @@ layer below it; nothing in the library imports it except the applications' bench
   ranking checks (re-exported here, so ``uibk_embedding.testing.batching_noise`` keeps its name);
 * :mod:`~uibk_embedding.testing.milvus_server`: a loopback-only Milvus standalone;
 * :mod:`~uibk_embedding.testing.pg_server`: a temporary PostgreSQL + pgvector server.
+* :mod:`~uibk_embedding.testing.tiny_models`: tiny random BERT folders for loader tests.
 
 >>> from uibk_embedding.testing import BackendSpec, make_list
 >>> BackendSpec.__module__

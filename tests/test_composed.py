@@ -10,7 +10,6 @@ pipeline (batching, prefetch thread, device construction), within 1e-5.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import shutil
@@ -25,6 +24,7 @@ from uibk_embedding.encoder import check_separation, decompose, load_encoder
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
 from uibk_embedding.errors import ModelChanged
+from uibk_embedding.testing.tiny_models import tiny_bert
 
 st = pytest.importorskip("sentence_transformers")
 pylate_models = pytest.importorskip("pylate.models")
@@ -42,22 +42,6 @@ TEXTS = [
 ]
 
 
-def _bert(folder, vocab_file, seed: int) -> None:
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    torch.manual_seed(seed)
-    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
-        words = vocab_file.read_text().split("\n")[:-1]
-        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}, do_lower_case=True)
-    else:
-        tok = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
-    assert tok.convert_tokens_to_ids("wing") != tok.unk_token_id
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-    BertModel(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Folders: ``dense`` (CLS + Normalize + prompts), ``colbert`` (PyLate), ``maxmean``
@@ -66,10 +50,10 @@ def models(tmp_path_factory):
     letters = list(string.ascii_lowercase + string.digits)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"[unused{i}]" for i in range(4)),
              *string.punctuation, *letters, *(f"##{c}" for c in letters), *WORDS]
-    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    assert "wing" in vocab
     folders = {}
     for name, seed in (("hf_dense", 0), ("hf_colbert", 1)):
-        _bert(root / name, root / "vocab.txt", seed)
+        tiny_bert(root / name, vocab, seed=seed)
     hf = str(root / "hf_dense")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

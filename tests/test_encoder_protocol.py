@@ -8,18 +8,17 @@ keyword by keyword (:func:`protocol_gaps`), and with ``isinstance`` (runtime_che
 
 from __future__ import annotations
 
-import inspect
 import string
 import warnings
 
 import pytest
-import torch
 
 from uibk_embedding.encoder import Encoder, LocalEncoder, TaggedEncoder, load_encoder
 from uibk_embedding.encoder.base import Encoder as EncoderFromBase
 from uibk_embedding.encoder.protocol import protocol_gaps
 from uibk_embedding.encoder.shared import SharedEncoder
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+from uibk_embedding.testing.tiny_models import tiny_bert
 
 TEXTS = ["lift of a wing in a slipstream", "heat transfer to a blunt body"]
 
@@ -97,23 +96,12 @@ def test_remote(tiny, tmp_path):
 def test_composed(tmp_path):
     st = pytest.importorskip("sentence_transformers", reason="the colbert extra is not installed")
     pylate_models = pytest.importorskip("pylate.models", reason="the colbert extra is not installed")
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
     letters = list(string.ascii_lowercase)
     words = sorted({w for t in TEXTS for w in t.split()} - set(letters))  # no duplicate entries
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", *letters,
              *(f"##{c}" for c in letters), *words]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     for name, seed in (("hf_dense", 0), ("hf_colbert", 1)):
-        torch.manual_seed(seed)
-        if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
-            tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
-        else:
-            tok = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"), do_lower_case=True)
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-        BertModel(cfg).save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
+        tiny_bert(tmp_path / name, vocab, seed=seed, layers=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         st.SentenceTransformer(modules=[st.models.Transformer(str(tmp_path / "hf_dense"), max_seq_length=64),

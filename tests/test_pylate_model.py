@@ -10,7 +10,6 @@ the whole padded batch where ours runs on the chosen rows); measured here: 1.2e-
 
 from __future__ import annotations
 
-import inspect
 import json
 import string
 import warnings
@@ -32,6 +31,7 @@ from uibk_embedding.encoder.pylate_model import (  # noqa: E402
 from uibk_embedding.encoder.shared import SharedEncoder  # noqa: E402
 from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer  # noqa: E402
 from uibk_embedding.errors import UntrustedCode  # noqa: E402
+from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert  # noqa: E402
 
 SAME_BATCH = 1e-5
 TEXTS = [
@@ -69,21 +69,10 @@ def folders(natives, tmp_path_factory):
     root = tmp_path_factory.mktemp("pylate")
     out = {name: save_pylate(enc, root / name) for name, enc in natives.items()}
     # a plain PyLate ColBERT model (Transformer -> Dense, untagged) and one with 96-d vectors
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
     letters = list(string.ascii_lowercase + string.digits)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.punctuation, *letters,
+    vocab = [*SPECIAL, *string.punctuation, *letters,
              *(f"##{c}" for c in letters), "wing", "lift", "heat", "flow"]
-    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
-        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
-    else:
-        (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
-        tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, intermediate_size=64,
-                         max_position_embeddings=128)).save_pretrained(root / "bert")
-    tok.save_pretrained(root / "bert")
+    tiny_bert(root / "bert", vocab, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, size in (("colbert", 128), ("colbert96", 96)):

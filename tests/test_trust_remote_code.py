@@ -11,9 +11,10 @@ marker. Imported dynamic modules go to a cache under ``tmp_path`` (``HF_MODULES_
 
 from __future__ import annotations
 
-import inspect
+import importlib
 import json
 import string
+import sys
 import warnings
 from pathlib import Path
 
@@ -28,38 +29,39 @@ from uibk_embedding.encoder.composed import check_colbert_folder  # noqa: E402
 from uibk_embedding.encoder.pylate_model import custom_code  # noqa: E402
 from uibk_embedding.encoder.trust import code_risks  # noqa: E402
 from uibk_embedding.errors import UntrustedCode  # noqa: E402
+from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert  # noqa: E402
 
 TRUST_HINT = "pass trust_remote_code=True if you trust this folder"
 
 
 @pytest.fixture(autouse=True)
 def _modules_cache(tmp_path, monkeypatch):
-    """transformers copies dynamic modules into HF_MODULES_CACHE: keep them under tmp_path."""
+    """transformers copies dynamic modules into HF_MODULES_CACHE: keep them under tmp_path, and
+    afterwards forget the ``transformers_modules`` package imported from there (left in
+    ``sys.modules`` with its ``__path__`` under this tmp_path, it would make every later test's
+    dynamic modules unimportable)."""
     import transformers.dynamic_module_utils as dmu
 
-    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "hf_modules"))
+    cache = str(tmp_path / "hf_modules")
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", cache)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "transformers_modules"}
+    yield
+    for name in [k for k in sys.modules if k.split(".")[0] == "transformers_modules"]:
+        del sys.modules[name]
+    sys.modules.update(before)
+    importlib.invalidate_caches()
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """Clean folders, copied by each test: ``hf`` (a Hugging Face BERT), ``dense`` (a
     sentence-transformers model: Transformer, Pooling, Normalize) and ``colbert`` (PyLate)."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
     root = tmp_path_factory.mktemp("trust")
     letters = list(string.ascii_lowercase + string.digits)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"[unused{i}]" for i in range(4)),
+    vocab = [*SPECIAL, *(f"[unused{i}]" for i in range(4)),
              *string.punctuation, *letters, *(f"##{c}" for c in letters), "wing", "lift"]
-    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers 5
-        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
-    else:
-        (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
-        tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, intermediate_size=64,
-                         max_position_embeddings=128)).save_pretrained(root / "hf")
-    tok.save_pretrained(root / "hf")
+    tiny_bert(root / "hf", vocab, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         st.SentenceTransformer(modules=[st.models.Transformer(str(root / "hf"), max_seq_length=64),
