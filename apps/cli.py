@@ -27,6 +27,7 @@ import argparse
 import functools
 import importlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from uibk_embedding import adapters
+from uibk_embedding import __version__, adapters
+from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.registry import BACKENDS, require_store
 from uibk_embedding.apps.data import load_beir, read_corpus
@@ -278,13 +280,15 @@ def _index_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    if not args.query.strip():
+        raise UsageError("uibk-embed: the query is empty; give the text to search for")
+    flt = _read_filter(args.filter)
     opts = _store_options(args)
     fitted = _beside_store(args.backend, opts)
     if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
         args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
     enc = _load_encoder(args)
     store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
-    flt = json.loads(args.filter) if args.filter else None
     q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
     hits = store.search(q, k=args.k, filter=flt, explain=True)
     if args.json:
@@ -294,6 +298,23 @@ def cmd_search(args: argparse.Namespace) -> int:
         _print_hits(hits)
     store.close()
     return 0
+
+
+def _read_filter(text: str | None) -> Any:
+    """``--filter``'s JSON, checked before anything is loaded; a bad one is a one-line error."""
+    if not text:
+        return None
+    try:
+        flt = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"uibk-embed: --filter is not valid JSON ({e})") from None
+    try:
+        parse_filter(flt)
+    except (ValueError, TypeError) as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        raise UsageError(f"uibk-embed: --filter: {e}") from None
+    return flt
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -434,8 +455,19 @@ def _delegate(module: str, func: str = "main"):
     return run
 
 
+_W_HELP = ("the query-time dense weight w (positive; default: the encoder's own, 4 for the embedded "
+           "model): the query slots are scaled by w, no re-indexing")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``uibk-embed`` parser (``serve`` and ``compare`` parse their own arguments).
+
+    >>> build_parser().parse_args(["search", "wing", "-k", "3"]).k
+    3
+    """
     p = argparse.ArgumentParser(prog="uibk-embed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"uibk-embed {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, store: bool = True) -> None:
@@ -456,14 +488,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or the shipped PCA fit (pca, the default of 0.2.0: open 0.2.0 "
                              "stores with it); stores record it and refuse another")
         if store:
-            sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS))
+            sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS),
+                            help="the store's engine (default: exact)")
             sp.add_argument("--path", default=None, help="store location (backend option path)")
             sp.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                             help="backend option, repeatable")
 
     sp = sub.add_parser("quickstart", help="index a small built-in corpus and answer a query")
-    sp.add_argument("--query", default=None)
-    sp.add_argument("-k", type=_positive_int, default=5)
+    sp.add_argument("--query", default=None,
+                    help="the query to answer (default: one about a propeller slipstream)")
+    sp.add_argument("-k", type=_positive_int, default=5, help="hits to print (default 5)")
     common(sp, store=False)
     sp.set_defaults(func=cmd_quickstart)
 
@@ -478,10 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="documents the fit reads at most (a seeded random sample; default 5000)")
     sp.add_argument("--save-encoder", default=None, metavar="DIR",
                     help="where --fit-projection saves the fitted encoder")
-    sp.add_argument("--batch-size", type=_positive_int, default=256)
+    sp.add_argument("--batch-size", type=_positive_int, default=256,
+                    help="documents encoded and upserted together (default 256)")
     sp.add_argument("--no-store-text", dest="store_text", action="store_false",
                     help="do not keep the text in the metadata")
-    sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.add_argument("--encoder-url", action="append", default=[], metavar="URL",
                     help="a `uibk-embed serve` server to encode with (repeatable; with --ray the "
                          "actors share them)")
@@ -501,10 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("search", help="search a store; hits with their decomposition")
     sp.add_argument("query")
-    sp.add_argument("-k", type=_positive_int, default=10)
-    sp.add_argument("--dense-weight", type=_dense_weight, default=None)
-    sp.add_argument("--filter", default=None, help='JSON, e.g. {"lang": "en"}')
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("-k", type=_positive_int, default=10, help="hits to return (default 10)")
+    sp.add_argument("--dense-weight", type=_dense_weight, default=None, help=_W_HELP)
+    sp.add_argument("--filter", default=None,
+                    help='a metadata filter as JSON, e.g. {"lang": "en"} or {"year": {"$gte": 1960}}')
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
     common(sp)
     sp.set_defaults(func=cmd_search)
 
@@ -518,8 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--create", action="store_true",
                     help="when no store (or an empty one) is at --path, index DATA's corpus into a new "
                          "one there first (it says so); an existing store is never written")
-    sp.add_argument("--split", default="test")
-    sp.add_argument("--dense-weight", type=_dense_weight, default=None)
+    sp.add_argument("--split", default="test",
+                    help="the qrels split to score (qrels/SPLIT.tsv; default test)")
+    sp.add_argument("--dense-weight", type=_dense_weight, default=None, help=_W_HELP)
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--no-cache", action="store_true", help="do not cache encoded vectors")
     common(sp)
@@ -553,8 +590,74 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class UsageError(SystemExit):
+    """A user error: exit status 2, ``str()`` the message (printed on stderr by :func:`main`).
+
+    >>> e = UsageError("uibk-embed: the query is empty")
+    >>> e.code, str(e)
+    (2, 'uibk-embed: the query is empty')
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = 2
+
+
+# what a user can cause: bad input (a filter, a query, a file), a missing store, model or server,
+# a missing extra. Everything else (AttributeError, IndexError, a plain RuntimeError...) is a bug
+# in this library and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (UIBKError, ValueError, TypeError, KeyError, OSError,
+                                                 ImportError, NotImplementedError)
+DEBUG_ENV = "UIBK_EMBED_DEBUG"
+
+
+def _one_line(message: str) -> str:
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    text = "; ".join(lines)
+    return text if text.startswith("uibk-embed") else f"uibk-embed: {text}"
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"--filter is not valid JSON ({e})"
+    if isinstance(e, KeyError) and len(e.args) == 1:
+        return f"not found: {e.args[0]}"
+    return str(e) or type(e).__name__
+
+
+def _run_reporting_user_errors(run: Any, *args: Any) -> int:
+    """``run(*args)`` with every user error turned into one line on stderr and exit status 2."""
+    try:
+        return run(*args)
+    except UsageError as e:
+        message = _one_line(str(e))
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):  # argparse (2, usage printed), a clean exit
+            raise
+        message = _one_line(str(e.code))
+    except KeyboardInterrupt:
+        print("uibk-embed: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except USER_ERRORS as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        message = _one_line(_message(e))
+    print(message, file=sys.stderr)
+    raise UsageError(message) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``uibk-embed``.
+    """Entry point of ``uibk-embed``; returns the exit status.
+
+    Every user error, in every subcommand, is ONE line ``uibk-embed: <the problem>`` on stderr
+    and exit status 2 (the :class:`SystemExit` raised is a :class:`UsageError`, whose ``str()`` is
+    the line): argparse's usage errors, a bad ``--filter`` (malformed JSON, an unknown operator),
+    an empty query, a missing file or store, a model folder of the wrong kind, a server that
+    cannot be reached, a missing extra — the library's :class:`~uibk_embedding.errors.UIBKError`
+    and the ``ValueError``, ``TypeError``, ``KeyError``, ``OSError``, ``ImportError`` and
+    ``NotImplementedError`` its input checks raise. Anything else (``AttributeError``,
+    ``IndexError``, a plain ``RuntimeError``...) is a bug and keeps its traceback; set
+    ``UIBK_EMBED_DEBUG=1`` to see the traceback of a user error too. Ctrl-C: exit status 130.
 
     >>> import pathlib, tempfile
     >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"
@@ -579,18 +682,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.apps.compare"}
     if argv and argv[0] in delegated:  # argparse.REMAINDER refuses leading options ("serve --port 1")
-        return _delegate(delegated[argv[0]])(argparse.Namespace(rest=argv[1:]))
+        return _run_reporting_user_errors(_delegate(delegated[argv[0]]), argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
-
-    try:
-        return args.func(args)
-    except StoreNotFound as e:  # a read of a store that is not there: one line, exit status 2
-        print(f"uibk-embed: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (UIBKError, FileNotFoundError, NotImplementedError, ImportError) as e:  # clear messages
-        raise SystemExit(f"uibk-embed: {e}") from None
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"uibk-embed: --filter is not valid JSON ({e})") from None
+    return _run_reporting_user_errors(args.func, args)
 
 
 if __name__ == "__main__":

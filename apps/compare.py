@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend option (JSON value), repeatable")
     p.add_argument("--out", default="compare-out", help="folder for compare.json, compare.md, PNGs")
     p.add_argument("--encoder", default=None, help="encoder folder (default: the embedded model)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the qrels split to score (default test)")
     p.add_argument("--repeat", type=int, default=1, help="timed passes over the queries")
     p.add_argument("--max-docs", type=int, default=None, help="use the first N documents only")
     p.add_argument("--max-queries", type=int, default=None, help="use the first N queries only")

@@ -38,6 +38,26 @@ The server's memory beyond the model is then about ``max_queued_bytes`` plus twi
 ``max_body_bytes`` (the one body being parsed: requests are parsed one at a time), plus 1 KiB
 per token vector of ``max_queued_vectors`` (the vectors and their packed answer).
 
+``POST /encode`` with ``Accept: application/json``
+    The same request; the answer is JSON instead: ``{"kind", "dim": 128, "truncated": n,
+    "vectors": [[[128 floats] per vector] per text]}`` (about ten times the bytes of the binary
+    payload: the binary answer stays the default, and what :class:`RemoteEncoder` reads).
+``POST /v1/embeddings``
+    OpenAI-compatible, so any OpenAI client can use the server (``base_url=URL + "/v1"``,
+    ``api_key=`` the server's key). Request ``{"input": "text" | ["text", ...], "model": name,
+    "encoding_format": "float" | "base64", "user": ..., "dimensions": 381}`` (only these keys;
+    ``model`` is echoed back, the server has one model; token-id inputs are refused). The answer is
+    ``{"object": "list", "data": [{"object": "embedding", "index": i, "embedding": [...]}], "model",
+    "usage": {"prompt_tokens", "total_tokens"}}``: each embedding is the **dense sentence vector**
+    of the text encoded as a document, the 381-d unit vector
+    :func:`~uibk_embedding.tagged.dense_vector` reads from the three slot rows (the slot bodies
+    concatenated and normalised: its dot products are the dense cosine of the hybrid score, not
+    the token part). ``usage`` counts token vectors. Same limits, budgets and key as ``/encode``.
+
+Text length: a text longer than ``max_text_chars`` (100,000 by default) characters is refused
+with 413 on both endpoints, and :class:`RemoteEncoder` refuses it before sending; in-process
+encoders truncate at their token limits. (See the report of issue #42.)
+
 With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
 ``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it; that
 includes ``GET /openapi.json`` (the API's schema, open only on a server without a key). There
@@ -70,6 +90,7 @@ Example
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -86,12 +107,15 @@ from json.scanner import NUMBER_RE
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from uibk_embedding._optional import require
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
-from uibk_embedding.tagged import DIM, check_dense_weight
+from uibk_embedding.tagged import DIM, N_SLOTS, check_dense_weight, dense_vector
 
 DEFAULT_PORT = 8765
+DENSE_DIM = N_SLOTS * (DIM - 1)  # /v1/embeddings: the 381-d dense sentence vector
 MAX_CLIENT_IDS = 1024  # distinct X-UIBK-Client ids remembered for /stats (the most recent)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 log = logging.getLogger("uibk_embedding.serve")
@@ -210,9 +234,10 @@ def _parse(doc: str, max_texts: int, max_text_chars: int) -> tuple[str, list[str
     return kind, got["texts"], got.get("dense_weight")
 
 
-def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int) -> tuple[list[str], int]:
+def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,
+                 name: str = "texts") -> tuple[list[str], int]:
     if doc[pos:pos + 1] != "[":
-        raise RequestRefused(400, f"'texts' must be a list of strings, got {_json_type(doc, pos)}")
+        raise RequestRefused(400, f"'{name}' must be a list of strings, got {_json_type(doc, pos)}")
     texts: list[str] = []
     pos = _WS.match(doc, pos + 1).end()
     if doc[pos:pos + 1] == "]":
@@ -222,13 +247,13 @@ def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int) -> tup
             raise RequestRefused(413, f"more than {max_texts} texts in one request; this server accepts "
                                       f"at most {max_texts}")
         if doc[pos:pos + 1] != '"':
-            raise RequestRefused(400, f"texts[{len(texts)}] must be a string, got {_json_type(doc, pos)}")
+            raise RequestRefused(400, f"{name}[{len(texts)}] must be a string, got {_json_type(doc, pos)}")
         text, pos = scanstring(doc, pos + 1, True)
         if len(text) > max_text_chars:
-            raise RequestRefused(413, f"texts[{len(texts)}] has {len(text)} characters; this server accepts "
+            raise RequestRefused(413, f"{name}[{len(texts)}] has {len(text)} characters; this server accepts "
                                       f"at most {max_text_chars} per text")
         if not text.strip():
-            raise RequestRefused(400, f"texts[{len(texts)}] is empty or whitespace only; there is "
+            raise RequestRefused(400, f"{name}[{len(texts)}] is empty or whitespace only; there is "
                                       "nothing to encode")
         texts.append(text)
         pos = _WS.match(doc, pos).end()
@@ -237,9 +262,116 @@ def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int) -> tup
             return texts, pos + 1
         if c != ",":
             raise RequestRefused(400, "the request body is not JSON as expected: ',' or ']' after "
-                                      f"texts[{len(texts) - 1}] at character {pos}, "
+                                      f"{name}[{len(texts) - 1}] at character {pos}, "
                                       f"found {doc[pos:pos + 10]!r}")
         pos = _WS.match(doc, pos + 1).end()
+
+
+_OPENAI_KEYS = ("input", "model", "encoding_format", "user", "dimensions")
+
+
+def parse_embeddings_request(body: bytes | bytearray, *, max_texts: int = 1024,
+                             max_text_chars: int = 100_000) -> tuple[list[str], str | None, str]:
+    """``(texts, model, encoding_format)`` of an OpenAI ``POST /v1/embeddings`` body, read as
+    strictly as :func:`parse_request`: the keys ``input`` (a string or a list of strings),
+    ``model`` (a string, echoed), ``encoding_format`` (``"float"``, the default, or ``"base64"``),
+    ``user`` (a string, ignored) and ``dimensions`` (only the vector's own size, 381), no other.
+
+    >>> parse_embeddings_request(b'{"input": "a wing", "model": "uibk"}')
+    (['a wing'], 'uibk', 'float')
+    >>> parse_embeddings_request(b'{"input": [1, 2]}')
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.encoder.server.RequestRefused: input[0] must be a string, got a number
+    """
+    try:
+        doc = body.decode(json.detect_encoding(body))
+    except (UnicodeDecodeError, LookupError) as e:
+        raise RequestRefused(400, f"the request body is not JSON ({e})") from None
+    try:
+        got = _parse_object(doc, _OPENAI_KEYS, "input", max_texts, max_text_chars)
+    except json.JSONDecodeError as e:
+        raise RequestRefused(400, f"the request body is not JSON ({e.msg} at character {e.pos})") from None
+    if "input" not in got:
+        raise RequestRefused(400, "'input' must be a string or a list of strings, got nothing")
+    fmt = got.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise RequestRefused(400, f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
+    dims = got.get("dimensions")
+    if dims is not None and dims != DENSE_DIM:
+        raise RequestRefused(400, f"'dimensions' must be {DENSE_DIM} (the dense vector's size), got {dims:g}")
+    for k in ("model", "user"):
+        if got.get(k) is not None and not isinstance(got[k], str):
+            raise RequestRefused(400, f"'{k}' must be a string")
+    return got["input"], got.get("model"), fmt
+
+
+def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
+                  max_text_chars: int) -> dict[str, Any]:
+    """One flat JSON object of ``keys``: ``texts_key`` a string or a list of strings (as
+    ``_parse_texts`` reads it), the others a string, a number or null."""
+    def expect(pos: int, chars: str, what: str) -> int:
+        pos = _WS.match(doc, pos).end()
+        if doc[pos:pos + 1] not in tuple(chars):
+            raise RequestRefused(400, f"the request body is not JSON as expected: {what} at character "
+                                      f"{pos}, found {doc[pos:pos + 10]!r}")
+        return pos
+
+    got: dict[str, Any] = {}
+    pos = expect(0, "{", f"a JSON object with {texts_key!r}") + 1
+    if doc[_WS.match(doc, pos).end():].startswith("}"):
+        pos = _WS.match(doc, pos).end()
+    else:
+        while True:
+            pos = expect(pos, '"', "a key in double quotes")
+            key, pos = scanstring(doc, pos + 1, True)
+            if key not in keys:
+                raise RequestRefused(400, f"unknown key {key[:40]!r}: a request takes only "
+                                          + ", ".join(repr(k) for k in keys))
+            if key in got:
+                raise RequestRefused(400, f"the key {key!r} appears twice")
+            pos = _WS.match(doc, expect(pos, ":", "':'") + 1).end()
+            if key == texts_key and doc[pos:pos + 1] == "[":
+                got[key], pos = _parse_texts(doc, pos, max_texts, max_text_chars, texts_key)
+            elif doc[pos:pos + 1] == '"':
+                got[key], pos = scanstring(doc, pos + 1, True)
+                if key == texts_key:
+                    if len(got[key]) > max_text_chars:
+                        raise RequestRefused(413, f"{key} has {len(got[key])} characters; this server "
+                                                  f"accepts at most {max_text_chars} per text")
+                    if not got[key].strip():
+                        raise RequestRefused(400, f"{key} is empty or whitespace only; there is nothing "
+                                                  "to encode")
+                    got[key] = [got[key]]
+            elif key == texts_key:
+                raise RequestRefused(400, f"{key!r} must be a string or a list of strings, got "
+                                          f"{_json_type(doc, pos)}")
+            elif doc.startswith("null", pos):
+                got[key], pos = None, pos + 4
+            else:
+                number = NUMBER_RE.match(doc, pos)
+                if number is None:
+                    raise RequestRefused(400, f"{key!r} must be a string, a number or null, got "
+                                              f"{_json_type(doc, pos)}")
+                got[key], pos = float(number.group()), number.end()
+            pos = expect(pos, ",}", "',' or '}'")
+            if doc[pos] == "}":
+                break
+            pos += 1
+    if _WS.match(doc, pos + 1).end() != len(doc):
+        raise RequestRefused(400, "the request body is not JSON as expected: extra data at character "
+                                  f"{pos + 1}")
+    return got
+
+
+def wants_json(accept: str) -> bool:
+    """Whether an ``Accept`` header asks ``/encode`` for JSON rather than the binary payload.
+
+    >>> wants_json("application/json"), wants_json(""), wants_json("application/x-uibk-vectors, */*")
+    (True, False, False)
+    """
+    types = [t.split(";")[0].strip().lower() for t in accept.split(",")]
+    return "application/json" in types and MEDIA_TYPE not in types
 
 
 class _Limits:
@@ -362,6 +494,13 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
 
     @app.post("/encode")
     async def encode(request: Request) -> Response:
+        return await serve_encoding(request, openai=False)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await serve_encoding(request, openai=True)
+
+    async def serve_encoding(request: Request, openai: bool) -> Response:
         if not authorised(request):
             return unauthorised()
         if m["in_flight"] >= max_concurrent:
@@ -371,7 +510,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         t0 = time.perf_counter()
         held = {"bytes": 0, "texts": 0, "vectors": 0}  # what this request counts in the budgets
         try:
-            response = await _encode(request, held)
+            response = await _encode(request, held, openai)
         finally:
             m["in_flight"] -= 1
             m["queued_bytes"] -= held["bytes"]
@@ -443,13 +582,18 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             if len(body) > held["bytes"] and not hold_bytes(held, len(body)):
                 return busy(f"{m['queued_bytes']} bytes")
 
-    async def _encode(request: Request, held: dict[str, int]) -> Response:
+    async def _encode(request: Request, held: dict[str, int], openai: bool) -> Response:
         body = await _read_body(request, held)
         if isinstance(body, JSONResponse):
             return body
         try:  # only the list of texts outlives this: not the body, not any junk in it
-            kind, texts, w = parse_request(body, max_texts=limits.max_texts,
-                                           max_text_chars=limits.max_text_chars)
+            if openai:
+                texts, model, fmt = parse_embeddings_request(body, max_texts=limits.max_texts,
+                                                             max_text_chars=limits.max_text_chars)
+                kind, w = "documents", None
+            else:
+                kind, texts, w = parse_request(body, max_texts=limits.max_texts,
+                                               max_text_chars=limits.max_text_chars)
         except RequestRefused as e:
             return error(e.status, str(e))
         finally:
@@ -503,10 +647,30 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         m["token_vectors"] += actual - 3 * len(res)
         m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
         held["vectors"] = actual
-        return _Answer(pack_payload(res), held, media_type=MEDIA_TYPE,
-                        headers={"X-UIBK-Truncated": str(res.truncated)})
+        headers = {"X-UIBK-Truncated": str(res.truncated)}
+        if openai:
+            content = json.dumps(_openai_answer(res, model or public_model_name(shared.model_name), fmt))
+            return _Answer(content.encode(), held, media_type="application/json", headers=headers)
+        if wants_json(request.headers.get("accept", "")):
+            content = json.dumps({"kind": kind, "dim": DIM, "truncated": res.truncated,
+                                  "vectors": [np.asarray(a, dtype=np.float32).tolist() for a in res]})
+            return _Answer(content.encode(), held, media_type="application/json", headers=headers)
+        return _Answer(pack_payload(res), held, media_type=MEDIA_TYPE, headers=headers)
 
     return app
+
+
+def _openai_answer(res: Sequence[Any], model: str, fmt: str) -> dict[str, Any]:
+    """The OpenAI embeddings answer: each text's dense sentence vector (``dense_vector`` of its
+    tagged document list), as floats or as base64 of float32 little-endian bytes."""
+    data = []
+    for i, tagged in enumerate(res):
+        v = dense_vector(tagged).astype("<f4")
+        emb: Any = base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    tokens = sum(len(t) - N_SLOTS for t in res)
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 @contextlib.contextmanager
@@ -566,7 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let a PyLate model folder run the Python code it ships (read it first)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long to wait for more requests to batch together")
@@ -593,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-vectors", type=int, default=2**22,
                    help="token vectors (an upper bound per text) of the requests not yet answered in full, "
                         "all together; more answer 429 (1 KiB of memory each)")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning",
+                   help="uvicorn's log level: critical, error, warning (default), info, debug, trace")
     return p
 
 

@@ -1,0 +1,109 @@
+"""Every user error of ``uibk-embed``, in every subcommand, is one line on stderr and exit status 2
+(issue #42): no traceback for a bad filter, an empty query, a missing file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from uibk_embedding.apps.cli import build_parser, main
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli-errors")
+    corpus = tmp / "three.jsonl"
+    texts = ["the lift of a wing", "a sourdough bread", "boundary layers"]
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "text": t, "title": t.split()[0]})
+                                for i, t in enumerate(texts)) + "\n")
+    assert main(["index", str(corpus), "--path", str(tmp / "store"), "--quiet"]) == 0
+    return tmp / "store"
+
+
+BAD = [
+    (["search", "wing", "--filter", '{"title": {"$like": "x"}}'], "unknown operator '$like'"),
+    (["search", "wing", "--filter", "[1]"], "must be a mapping"),
+    (["search", "wing", "--filter", '{"title": {"$in": []}}'], "needs at least one value"),
+    (["search", "wing", "--filter", "{not json"], "not valid JSON"),
+    (["search", "", ], "the query is empty"),
+    (["search", "   "], "the query is empty"),
+    (["search", "wing", "-k", "0"], "must be positive"),
+    (["search", "wing", "--dense-weight", "nan"], "positive number"),
+    (["search", "wing", "--option", "nokv"], "KEY=VALUE"),
+    (["search", "wing", "--dense", "{tmp}"], "needs both dense="),
+    (["search", "wing", "--backend", "nosuch"], "invalid choice"),
+    (["index", "{tmp}/missing.jsonl", "--path", "{tmp}/new"], "cannot read"),
+    (["eval", "{tmp}/missing"], "is not a BEIR folder"),
+    (["fit-projection", "{tmp}/missing.jsonl", "--out", "{tmp}/fit"], "cannot read"),
+    (["compare", "{tmp}/missing", "--backends", "exact"], "is not a BEIR folder"),
+    (["compare", "{tmp}/missing", "--backends", "nosuch"], "unknown backend"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a)[:40] for a, _ in BAD])
+def test_a_user_error_is_one_line_and_exit_status_2(argv, message, store, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] == "search":
+        argv += ["--path", str(store)]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and message in err, err
+    last = err.strip().splitlines()
+    assert last[-1].startswith(("uibk-embed: ", "uibk-embed index: ", "uibk-embed compare: ",
+                                "uibk-embed search: ")), err
+    if not any(m in message for m in ("invalid choice", "must be positive", "positive number")):
+        assert len(last) == 1, err  # argparse prints its usage line first
+    assert not (tmp_path / "new").exists() and not (tmp_path / "fit").exists()
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, store):
+    """An error that is not the user's (here an AttributeError inside a command) is not hidden."""
+    import uibk_embedding.apps.cli as cli
+
+    def broken(*a, **k):
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(cli, "_print_hits", broken)
+    with pytest.raises(AttributeError, match="a bug"):
+        main(["search", "wing", "--path", str(store)])
+
+
+def test_debug_env_shows_the_traceback_of_a_user_error(monkeypatch, store):
+    monkeypatch.setenv("UIBK_EMBED_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown operator"):
+        main(["search", "wing", "--path", str(store), "--filter", '{"title": {"$nope": 1}}'])
+
+
+# -- --version, and help text on every option (issue #42) ----------------------------------------
+def _parsers():
+    """The uibk-embed parser, its subcommands' parsers and the delegated commands' own parsers."""
+    import argparse
+
+    from uibk_embedding.apps.compare import build_parser as compare_parser
+    from uibk_embedding.encoder.server import build_parser as serve_parser
+
+    top = build_parser()
+    found = [("uibk-embed", top)]
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found += [(f"uibk-embed {n}", sp) for n, sp in action.choices.items()
+                      if n not in ("serve", "compare")]
+    return [*found, ("uibk-embed compare", compare_parser()), ("uibk-embed serve", serve_parser())]
+
+
+def test_every_option_has_help_text():
+    missing = [f"{name} {'/'.join(a.option_strings)}" for name, p in _parsers() for a in p._actions
+               if a.option_strings and a.dest != "help" and not (a.help or "").strip()]
+    assert not missing, missing
+
+
+def test_version(capsys):
+    import uibk_embedding
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"uibk-embed {uibk_embedding.__version__}"
