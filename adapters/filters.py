@@ -23,6 +23,19 @@ never equals a number. Ranges compare numbers only: a range bound must be an int
 range. (Ranges on strings are refused: Qdrant's payload ranges are numeric, so a string range
 could not mean the same thing on every engine.) A list-valued field equals nothing.
 
+Field names are top-level metadata keys, dots included, on every backend: ``{"a.b": 1}`` matches
+the metadata ``{"a.b": 1}``, never the nested ``{"a": {"b": 1}}`` (a dict-valued field equals
+nothing, as a list-valued one; a dict as a condition, ``{"a": {"b": 1}}``, is read as operators
+and refused). To filter on a nested value, store it flat, under its own top-level key.
+
+>>> f = parse_filter({"a.b": 1})
+>>> matches({"a.b": 1}, f), matches({"a": {"b": 1}}, f)
+(True, False)
+>>> parse_filter({"a": {"b": 1}})
+Traceback (most recent call last):
+...
+ValueError: filter on 'a': 'b' is not an operator (they start with '$'); a nested path ...
+
 Limits, the same on every backend (past them: :class:`~uibk_embedding.errors.InvalidInput`, a
 ``ValueError``, before any engine sees the filter): at most :data:`MAX_FILTER_DEPTH` levels of
 ``$and`` / ``$or`` / ``$not``; integers within signed 64 bits (:data:`MIN_INT` ..
@@ -211,6 +224,12 @@ def _field_conditions(field: str, cond: Any) -> list[Node]:
             if not isinstance(arg, bool):
                 raise TypeError(f"filter on {field!r}: $exists takes True or False, got {arg!r}")
             out.append(Condition(field, op, (arg,)))
+        elif isinstance(op, str) and not op.startswith("$"):
+            raise ValueError(
+                f"filter on {field!r}: {op!r} is not an operator (they start with '$'); a nested "
+                f"path such as {{{field!r}: {{{op!r}: ...}}}} cannot be filtered on: field names are "
+                "top-level metadata keys, so store the value under a top-level key"
+            )
         else:
             raise ValueError(
                 f"filter on {field!r}: unknown operator {op!r}; the operators are "
