@@ -86,7 +86,7 @@ def load_encoder(
         return TransformerEncoder(EMBEDDED_NAME, trust_remote_code=trust_remote_code, **options)
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"no encoder at {p}")
+        raise FileNotFoundError(_no_encoder_message(str(path)))
 
     if is_pylate_folder(p) and not (p / CONFIG_NAME).exists():
         if composing:
@@ -119,6 +119,25 @@ def load_encoder(
     if (p / "config.json").exists():
         return TransformerEncoder(p, trust_remote_code=trust_remote_code, **options)
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
+
+
+def _no_encoder_message(path: str) -> str:
+    """What a missing encoder path says; a Hugging Face hub id gets how to fetch its folder.
+
+    >>> _no_encoder_message("/srv/models/mine")
+    'no encoder at /srv/models/mine'
+    >>> print(_no_encoder_message("sentence-transformers/all-MiniLM-L6-v2"))  # doctest: +ELLIPSIS
+    no encoder at sentence-transformers/all-MiniLM-L6-v2: if that is a Hugging Face hub id, nothing ...
+    """
+    parts = path.split("/")
+    hub_like = (len(parts) == 2 and all(parts) and not path.startswith((".", "~", "/"))
+                and all(c.isalnum() or c in "-_." for c in path.replace("/", "")))
+    if not hub_like:
+        return f"no encoder at {path}"
+    return (f"no encoder at {path}: if that is a Hugging Face hub id, nothing is downloaded "
+            f"(models are local folders): on a machine with internet run `huggingface-cli download "
+            f"{path} --local-dir ./{parts[1]}` (or `git clone https://huggingface.co/{path}`), copy "
+            f"the folder here and give its path")
 
 
 __all__ = [

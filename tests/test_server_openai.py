@@ -1,0 +1,132 @@
+"""Issue #42, the server: ``/encode`` answers JSON on ``Accept: application/json``; an
+OpenAI-compatible ``POST /v1/embeddings`` (the dense sentence vector), both behind the key and the
+strict body parser; and the hub-id message of ``load_encoder``."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
+pytest.importorskip("httpx", reason="the serve extra (httpx) is not installed")
+
+from fastapi.testclient import TestClient
+
+from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.remote import MEDIA_TYPE, unpack_payload
+from uibk_embedding.encoder.server import create_app, parse_embeddings_request
+from uibk_embedding.encoder.shared import SharedEncoder
+from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+from uibk_embedding.tagged import dense_vector
+
+TEXTS = ["lift on a wing in a propeller slipstream", "laminar boundary layer transition"]
+KEY = "k" * 20
+
+
+@pytest.fixture(scope="module")
+def local():
+    cfg = UIBKConfig.tiny()
+    return UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS), seed=3)
+
+
+@pytest.fixture(scope="module")
+def client(local):
+    shared = SharedEncoder(local)
+    try:
+        yield TestClient(create_app(shared, api_key=KEY, max_texts=4, max_text_chars=500))
+    finally:
+        shared.close()
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_encode_answers_json_when_asked(client, local):
+    body = {"kind": "documents", "texts": TEXTS}
+    binary = client.post("/encode", json=body, headers=AUTH)
+    assert binary.status_code == 200 and binary.headers["content-type"] == MEDIA_TYPE
+    r = client.post("/encode", json=body, headers={**AUTH, "Accept": "application/json"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), r.text
+    got = r.json()
+    assert got["kind"] == "documents" and got["dim"] == 128 and got["truncated"] == 0
+    want = unpack_payload(binary.content)
+    assert len(got["vectors"]) == 2
+    for a, b in zip(got["vectors"], want, strict=True):
+        np.testing.assert_allclose(np.asarray(a, dtype=np.float32), b, atol=1e-6)
+    np.testing.assert_allclose(want[0], local.encode_documents(TEXTS[:1])[0], atol=1e-5)
+    # the binary format stays the default, also when both are acceptable
+    both = client.post("/encode", json=body, headers={**AUTH, "Accept": f"{MEDIA_TYPE}, application/json"})
+    assert both.headers["content-type"] == MEDIA_TYPE
+
+
+def test_v1_embeddings_is_the_openai_shape_with_the_dense_vector(client, local):
+    r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "uibk"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "list" and got["model"] == "uibk"
+    assert [d["object"] for d in got["data"]] == ["embedding", "embedding"]
+    assert [d["index"] for d in got["data"]] == [0, 1]
+    tagged = local.encode_documents(TEXTS)
+    for d, t in zip(got["data"], tagged, strict=True):
+        v = np.asarray(d["embedding"], dtype=np.float32)
+        assert v.shape == (381,) and abs(np.linalg.norm(v) - 1) < 1e-5
+        np.testing.assert_allclose(v, dense_vector(t), atol=1e-5)
+    assert got["usage"]["prompt_tokens"] == got["usage"]["total_tokens"] == sum(len(t) - 3 for t in tagged)
+    # a single string, base64 (what the openai Python client asks for by default)
+    one = client.post("/v1/embeddings", json={"input": TEXTS[0], "model": "m", "encoding_format": "base64",
+                                              "user": "me", "dimensions": 381}, headers=AUTH).json()
+    (d,) = one["data"]
+    v = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(v, dense_vector(tagged[0]), atol=1e-5)
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ({"input": [1, 2]}, 400, "input[0] must be a string"),
+    ({"input": []}, 200, None),
+    ({"input": "  "}, 400, "empty or whitespace"),
+    ({"input": ["a"] * 5}, 413, "more than 4 texts"),
+    ({"input": "a" * 501}, 413, "at most 500 per text"),
+    ({"input": ["a" * 501]}, 413, "at most 500 per text"),
+    ({"input": "a", "junk": [[[]]]}, 400, "unknown key 'junk'"),
+    ({"input": "a", "encoding_format": "int8"}, 400, "'encoding_format' must be"),
+    ({"input": "a", "dimensions": 64}, 400, "'dimensions' must be 381"),
+    ({"input": {"a": 1}}, 400, "must be a string or a list of strings"),
+    ({"model": "m"}, 400, "'input' must be"),
+])
+def test_v1_embeddings_refuses_bad_bodies(client, body, status, message):
+    r = client.post("/v1/embeddings", content=json.dumps(body), headers=AUTH)
+    assert r.status_code == status, r.text
+    if message:
+        assert message in r.json()["detail"]
+
+
+def test_both_need_the_key(client):
+    bodies = [("/v1/embeddings", {"input": "a"}), ("/encode", {"kind": "documents", "texts": ["a"]})]
+    for path, body in bodies:
+        r = client.post(path, json=body, headers={"Accept": "application/json"})
+        assert r.status_code == 401, r.text
+        r = client.post(path, json=body, headers={"Authorization": "Bearer wrong-key-wrong-key"})
+        assert r.status_code == 401
+
+
+def test_parse_embeddings_request_reads_strictly():
+    assert parse_embeddings_request(b'{"input": ["a", "b"]}') == (["a", "b"], None, "float")
+    with pytest.raises(ValueError, match="the key 'input' appears twice"):
+        parse_embeddings_request(b'{"input": "a", "input": "b"}')
+    with pytest.raises(ValueError, match="extra data"):
+        parse_embeddings_request(b'{"input": "a"} []')
+
+
+def test_a_hub_id_says_nothing_is_downloaded_and_how_to_get_the_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative path that does not exist here
+    with pytest.raises(FileNotFoundError) as e:
+        load_encoder("sentence-transformers/all-MiniLM-L6-v2")
+    msg = str(e.value)
+    assert "Hugging Face hub id, nothing is downloaded" in msg
+    assert "huggingface-cli download sentence-transformers/all-MiniLM-L6-v2" in msg
+    with pytest.raises(FileNotFoundError) as e:
+        load_encoder(tmp_path / "models" / "mine")
+    assert "hub id" not in str(e.value) and "no encoder at" in str(e.value)
