@@ -8,12 +8,17 @@ builds, e.g. WARP's), time every query one by one (``--repeat`` passes; a backen
 80% of ``--timeout`` stops there and its figures cover the queries it ran, ``queries_run``) and
 once as a batch,
 measure the store's folder on disk, close. The parent scores the top-10 of each backend against
-the qrels (nDCG@10, recall@10) and against exact MaxSim (recall@10 = overlap of the top-10s,
-rank agreement), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
+the qrels (nDCG@10, recall@10) and against exact MaxSim (recall@10 = overlap of the top-10s, the
+share of identical top-10s, and of the documents both top-10s hold, the share of pairs in exact
+MaxSim's order), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
 
-Backends are taken by registry name (``--backends exact,plaid,qdrant-edge``); a backend added to
-the registry later works here unchanged. ``LABEL=NAME`` runs a backend under another label, and
-``--option LABEL:KEY=VALUE`` passes it options (JSON values), e.g. two PLAID runs::
+Every backend and the exact reference score the queries at one dense weight, ``--dense-weight``
+(default: the encoder's own, as ``search`` and ``eval``); the report states it.
+
+Backends are taken by registry name (``--backends exact,plaid,qdrant-edge``; ``all``: every
+registered one; default: the local ones, :data:`~uibk_embedding.apps.compare_options.LOCAL_BACKENDS`);
+a backend added to the registry later works here unchanged. ``LABEL=NAME`` runs a backend under
+another label, and ``--option LABEL:KEY=VALUE`` passes it options (JSON values), e.g. two PLAID runs::
 
     uibk-embed compare npl --backends exact,plaid,plaid-raw=plaid --option plaid-raw:rerank=false
 
@@ -62,8 +67,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.apps.cli import _dense_weight
 from uibk_embedding.apps.compare_metrics import K, exact_runs, rank_agreement, summarise
-from uibk_embedding.apps.compare_options import DEFAULT_OPTIONS, _Skip, default_options
+from uibk_embedding.apps.compare_options import (
+    DEFAULT_OPTIONS,
+    LOCAL_BACKENDS,
+    _Skip,
+    default_backends,
+    default_options,
+)
 from uibk_embedding.apps.compare_report import _fmt, markdown_table, plot, plot_scale
 from uibk_embedding.apps.compare_worker import (
     _run_backend,
@@ -72,7 +84,7 @@ from uibk_embedding.apps.compare_worker import (
     run_worker,
 )
 from uibk_embedding.apps.data import DataError, load_beir
-from uibk_embedding.apps.evaluation import encode_collection
+from uibk_embedding.apps.evaluation import encode_collection, with_dense_weight
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.tagged import N_SLOTS, infer_format
 
@@ -80,6 +92,7 @@ __all__ = [
     "DEFAULT_OPTIONS",
     "K",
     "build_parser",
+    "chosen_backends",
     "compare",
     "default_options",
     "exact_runs",
@@ -144,6 +157,22 @@ def _parse_backends(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def chosen_backends(text: str | None) -> list[tuple[str, str]]:
+    """``--backends`` as ``(label, registry name)`` pairs: ``None`` (not given) is the local
+    backends, ``all`` every registered one.
+
+    >>> chosen_backends("exact,raw=plaid")
+    [('exact', 'exact'), ('raw', 'plaid')]
+    >>> ("milvus", "milvus") in chosen_backends(None), ("exact", "exact") in chosen_backends(None)
+    (False, True)
+    """
+    if text is None:
+        return [(n, n) for n in default_backends(BACKENDS)]
+    if text.strip() == "all":
+        return [(n, n) for n in BACKENDS]
+    return _parse_backends(text)
+
+
 def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for p in pairs:
@@ -199,8 +228,14 @@ def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="uibk-embed compare", description=__doc__.split("\n\n")[0])
     p.add_argument("data", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
-    p.add_argument("--backends", default=",".join(BACKENDS),
-                   help="comma-separated registry names or LABEL=NAME (default: all registered)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated registry names or LABEL=NAME, or 'all' for every registered "
+                        "backend (default: the local ones, " + ", ".join(LOCAL_BACKENDS) + "; qdrant "
+                        "in local mode only; servers such as milvus, pgvector, weaviate when named)")
+    p.add_argument("--dense-weight", type=_dense_weight, default=None,
+                   help="the query-time dense weight w every backend and the exact reference score at "
+                        "(default: the encoder's own, 4 for the embedded model, as search and eval); "
+                        "the report states it")
     p.add_argument("--option", action="append", default=[], metavar="LABEL:KEY=VALUE",
                    help="backend option (JSON value), repeatable")
     p.add_argument("--out", default="compare-out", help="folder for compare.json, compare.md, PNGs")
@@ -234,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         return _worker_main(argv[1], argv[2])
     args = build_parser().parse_args(argv)
-    backends = _parse_backends(args.backends)
+    backends = chosen_backends(args.backends)
     options = _parse_options(args.option, [lab for lab, _ in backends])
     sizes = sorted({int(x) for x in args.scale.split(",") if x.strip()}) if args.scale else []
     if any(n <= 0 for n in sizes):
@@ -253,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str("encoding (cached)")
 
         # the whole collection is encoded (and cached) once; subsets are taken from the vectors
-        enc = encode_collection(load_encoder(args.encoder), coll, use_cache=not args.no_cache)
+        encoder = load_encoder(args.encoder)
+        w = args.dense_weight if args.dense_weight is not None else float(encoder.dense_weight)
+        enc = encode_collection(encoder, coll, use_cache=not args.no_cache)  # queries at w = 1
+        enc.queries = [with_dense_weight(q, w) for q in enc.queries]
         if args.max_docs:
             enc.doc_ids, enc.docs = enc.doc_ids[: args.max_docs], enc.docs[: args.max_docs]
         if args.max_queries:
@@ -276,11 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str("report")
         key = str(len(enc.doc_ids)) if not sizes else str(max(int(k) for k in per_size))
         report = {"dataset": coll.name, "n_docs": int(key), "n_queries": len(enc.query_ids),
-                  "k": K, "backends": per_size[key]}
+                  "k": K, "dense_weight": w, "backends": per_size[key]}
         if sizes:
             report["scale"] = per_size
         (out / "compare.json").write_text(json.dumps(report, indent=2))
-        md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries\n",
+        md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries, dense weight {w:g}\n",
               markdown_table(per_size[key])]
         if sizes:
             md.append("\n### Latency p50 (ms) by collection size\n")

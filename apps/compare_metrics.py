@@ -26,6 +26,11 @@ def rank_agreement(run: Sequence[str], reference: Sequence[str]) -> float:
     """Fraction of the pairs of shared documents that ``run`` orders as ``reference`` does (1.0
     when fewer than two are shared and those agree, 0.0 when none is shared).
 
+    Only the documents in BOTH lists count: a run that misses half of the reference's top-10 but
+    keeps the rest in order scores 1.0. The report therefore calls it ``shared_pair_order@10`` and
+    shows it beside ``identical_top10`` (the share of queries whose top-10 is the reference's, ids
+    and order) and ``recall@10_vs_exact`` (the overlap of the sets).
+
     >>> rank_agreement(["a", "b"], ["b", "a"])
     0.0
     """
@@ -66,8 +71,8 @@ def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
         "ndcg@10": ndcg_at_k(runs, judged, K) if judged else None,
         "recall@10": recall_at_k(runs, judged, K) if judged else None,
         "recall@10_vs_exact": overlap_at_k(runs, reference, K) if reference else None,
-        "rank_agreement@10": (statistics.mean(rank_agreement(runs.get(q, []), r)
-                                              for q, r in reference.items()) if reference else None),
+        "shared_pair_order@10": (statistics.mean(rank_agreement(runs.get(q, []), r)
+                                                 for q, r in reference.items()) if reference else None),
         "identical_top10": (statistics.mean(float(runs.get(q, [])[:K] == r[:K])
                                             for q, r in reference.items()) if reference else None),
         "latency_ms_p50": _percentile(lat, 50) * 1e3,

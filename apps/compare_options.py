@@ -62,6 +62,25 @@ DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
 gets ``path=<its folder>`` when its constructor takes a ``path``, else nothing."""
 
 
+LOCAL_BACKENDS = ("exact", "plaid", "warp", "qdrant", "qdrant-edge", "milvus-lite")
+"""The backends that run inside the worker process with nothing else to start or reach: the default
+of ``uibk-embed compare --backends``. ``qdrant`` counts only in local mode (``QDRANT_URL`` unset);
+``milvus``, ``pgvector`` and ``weaviate`` need a server (or start one) and run only when named."""
+
+
+def default_backends(registered: Any = None) -> list[str]:
+    """The backends ``uibk-embed compare`` runs without ``--backends``: the local ones registered.
+
+    >>> import os
+    >>> "milvus" in default_backends(), "exact" in default_backends()
+    (False, True)
+    """
+    if registered is None:
+        from uibk_embedding.adapters.registry import BACKENDS as registered
+    return [n for n in LOCAL_BACKENDS if n in registered
+            and not (n == "qdrant" and os.environ.get("QDRANT_URL"))]
+
+
 class _Skip(Exception):
     """A backend that cannot run here (the message says why)."""
 

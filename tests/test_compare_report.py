@@ -1,0 +1,56 @@
+"""``uibk-embed compare`` (issue #42): the dense weight of search/eval and stated in the report,
+the local backends by default, and the agreement figures named for what they are."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from uibk_embedding.apps import compare
+from uibk_embedding.apps.cli import main as cli_main
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("UIBK_CACHE", str(tmp_path / "uibk-cache"))
+
+
+def test_compare_scores_at_the_dense_weight_of_eval_and_says_so(datasets, tmp_path, capsys):
+    data = str(datasets / "limit-small")
+    assert cli_main(["eval", data, "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    out = tmp_path / "out"
+    assert compare.main([data, "--backends", "exact", "--out", str(out), "--quiet", "--threads", "1"]) == 0
+    res = json.loads((out / "compare.json").read_text())
+    assert res["dense_weight"] == ev["dense_weight"] == 4
+    assert res["backends"]["exact"]["ndcg@10"] == pytest.approx(ev["metrics"]["fused"]["ndcg@10"], abs=1e-4)
+    md = (out / "compare.md").read_text()
+    assert "dense weight 4" in md.splitlines()[0]
+    # the agreement figures are named for what they are; identical top-10s are shown
+    assert "rank agreement" not in md
+    assert "identical top-10 vs exact" in md and "shared pairs in exact order" in md
+    r = res["backends"]["exact"]
+    assert r["identical_top10"] == 1.0 and r["shared_pair_order@10"] == 1.0 and "rank_agreement@10" not in r
+
+    assert compare.main([data, "--backends", "exact", "--out", str(out), "--quiet", "--threads", "1",
+                         "--dense-weight", "1"]) == 0
+    assert json.loads((out / "compare.json").read_text())["dense_weight"] == 1
+    assert "dense weight 1" in (out / "compare.md").read_text().splitlines()[0]
+
+
+def test_compare_without_backends_runs_the_local_ones(monkeypatch):
+    monkeypatch.delenv("QDRANT_URL", raising=False)
+    names = [n for _, n in compare.chosen_backends(None)]
+    assert "exact" in names and "qdrant-edge" in names and "qdrant" in names
+    assert not {"milvus", "pgvector", "weaviate"} & set(names)
+    monkeypatch.setenv("QDRANT_URL", "http://127.0.0.1:1")  # qdrant would be a server now
+    assert "qdrant" not in [n for _, n in compare.chosen_backends(None)]
+    assert {"milvus", "pgvector", "weaviate"} <= {n for _, n in compare.chosen_backends("all")}
+    assert compare.build_parser().parse_args(["data"]).backends is None
+
+
+def test_compare_dense_weight_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path), "--dense-weight", "0"])
+    assert e.value.code == 2
