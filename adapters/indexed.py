@@ -806,10 +806,6 @@ class IndexedStore(Reranking, MultiVectorStore):
     def _hit(self, key: int, score: float) -> Hit:
         return Hit(self._id_of[key], finite_score(score), json.loads(json.dumps(self._meta[key])))
 
-    def _candidate_vectors(self, keys: Sequence[int]) -> list[np.ndarray]:
-        mat, off = self._gather(keys)
-        return [mat[off[i]:off[i + 1]] for i in range(len(keys))]
-
     def _scores(self, queries: list[np.ndarray], seqs: Sequence[int]) -> np.ndarray:
         """Exact MaxSim (float32) of every query against the stored vectors of ``seqs``:
         ``(len(queries), len(seqs))``. The rows are read in the vector file's own dtype,
@@ -835,11 +831,6 @@ class IndexedStore(Reranking, MultiVectorStore):
         check_positive("candidates_limit", candidates_limit, allow_none=True)
         limit = self.candidates_limit if candidates_limit is None else candidates_limit
         return limit or 0
-
-    def _rescored(self, q: np.ndarray, keys: Sequence[int], k: int) -> list[Hit]:
-        """The best ``k`` of ``keys`` by exact MaxSim (ties: the earlier key)."""
-        scores = self._scores([q], keys)[0]
-        return [self._hit(keys[i], float(scores[i])) for i in top_k(scores, k)]
 
     def _deepened(self, q: np.ndarray, cands: list[int], pending: list[int], k: int,
                   pool: int) -> list[Hit]:

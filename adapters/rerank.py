@@ -7,9 +7,8 @@ fetches their stored lists (through a function the backend gives, in pieces), sc
 exact MaxSim (:func:`uibk_embedding.rank.rerank`, float64) and keeps a running top ``k``. Given
 score upper ``bounds`` (candidates in descending bound order), it stops as soon as the k-th
 exact score reaches the next candidate's bound: no later candidate can enter the top ``k``.
-:class:`Reranking` is the same template as a mixin with the two options every such store
-declares (``rerank``, ``candidates``) and one :func:`uibk_embedding.rank.rerank` call over
-local vectors; the file-backed engines (:mod:`.indexed`) use it.
+:class:`Reranking` is a mixin with the two options every such store declares (``rerank``,
+``candidates``); the file-backed engines (:mod:`.indexed`) use it.
 
 Example
 -------
@@ -32,6 +31,7 @@ import numpy as np
 
 from uibk_embedding.adapters.base import Hit, finite_score, renamed_option
 from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import TaggedFormat, decompose
 
 #: what a backend's fetch returns: id -> (stored tagged list, metadata), for the ids found
 Fetch = Callable[[Sequence[str]], Mapping[str, tuple[np.ndarray, dict[str, Any]]]]
@@ -39,7 +39,8 @@ Fetch = Callable[[Sequence[str]], Mapping[str, tuple[np.ndarray, dict[str, Any]]
 
 def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch, k: int, *,
                       bounds: Mapping[str, float] | None = None, bound_slack: float = 0.0,
-                      first: int = 512, piece: int = 512, dtype: type = np.float64) -> list[Hit]:
+                      first: int = 512, piece: int = 512, dtype: type = np.float64,
+                      explain: TaggedFormat | None = None) -> list[Hit]:
     """The best ``k`` of ``candidates`` by exact MaxSim with ``query``, best first.
 
     ``fetch(ids)`` returns the stored list and metadata of each id that exists (and passes any
@@ -48,7 +49,19 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
     ``piece``. With ``bounds`` (an upper bound of each candidate's score, ``candidates`` in
     descending bound order) no further piece is fetched once ``k`` hits are held and the k-th
     score is at least the next candidate's bound plus ``bound_slack``. Ties keep the earlier
-    candidate. Scores are computed in ``dtype`` (float64: reference scores)."""
+    candidate. Scores are computed in ``dtype`` (float64: reference scores). With ``explain`` (the
+    store's :class:`~uibk_embedding.tagged.TaggedFormat`) each hit carries its
+    :class:`~uibk_embedding.tagged.Decomposition`, computed from the list already fetched (no
+    second read).
+
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+    >>> q, doc = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(4, 127))), {}
+    >>> doc["a"] = (fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(9, 127))), {})
+    >>> (hit,) = rerank_candidates(q, ["a"], lambda keys: doc, k=1, explain=fmt)
+    >>> round(hit.decomposition.total, 6) == round(hit.score, 6)
+    True
+    """
     best_ids: list[str] = []
     best_lists: list[np.ndarray] = []
     best_scores: list[float] = []
@@ -73,19 +86,43 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
         meta.update((x, found[x][1]) for x in keep)
         if len(best_scores) >= k:
             kth = best_scores[-1]
-    return [Hit(x, finite_score(s), meta[x]) for x, s in zip(best_ids, best_scores, strict=True)]
+    hits = [Hit(x, finite_score(s), meta[x]) for x, s in zip(best_ids, best_scores, strict=True)]
+    if explain is not None:
+        for h, vectors in zip(hits, best_lists, strict=True):
+            h.decomposition = decompose(query, vectors, explain)
+    return hits
+
+
+def check_rerank_options(rerank: Any = None, candidates: Any = None,
+                         candidates_limit: Any = None) -> tuple[bool | None, int | None, int | None]:
+    """The per-query (or store) rerank options, validated once for every backend: ``rerank``
+    True or False, ``candidates`` (documents to rerank) and ``candidates_limit`` (the most the
+    pool may grow to) positive ints; None means "not given". Raises ``TypeError`` or
+    ``ValueError`` naming the option.
+
+    >>> check_rerank_options(True, 50)
+    (True, 50, None)
+    >>> check_rerank_options(candidates=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: candidates must be a positive int, got 0
+    """
+    if rerank is not None and not isinstance(rerank, bool | np.bool_):
+        raise TypeError(f"rerank must be True or False, got {rerank!r}")
+    for name, value in (("candidates", candidates), ("candidates_limit", candidates_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return None if rerank is None else bool(rerank), candidates, candidates_limit
 
 
 class Reranking:
     """Candidates, then exact rerank: the search template of backends whose engine proposes
     candidates that are rescored with exact MaxSim on stored vectors.
 
-    A backend mixes this in before :class:`MultiVectorStore`, calls :meth:`_init_reranking` in
-    its constructor and implements :meth:`_candidate_vectors` (stored vectors by key) and
-    :meth:`_hit` (a :class:`Hit` for a key); in its ``_search`` it asks :meth:`_pool` for the
-    rerank switch and pool size (store defaults, overridden per query), gets that many
-    candidate keys from its engine and returns :meth:`_rescored`, which scores them with one
-    :func:`uibk_embedding.rank.rerank` call. The options are declared (``search_options``), so
+    A backend mixes this in before :class:`MultiVectorStore` and calls :meth:`_init_reranking`
+    in its constructor; in its ``_search`` it asks :meth:`_pool` for the rerank switch and pool
+    size (store defaults, overridden per query), gets that many candidate keys from its engine
+    and scores them exactly. The options are declared (``search_options``), so
     ``search(q, k, rerank=False)`` and ``search(q, k, candidates=500)`` work on every such
     backend.
     """
@@ -116,26 +153,6 @@ class Reranking:
     def _pool(self, k: int, rerank: bool | None = None, candidates: int | None = None) -> tuple[bool, int]:
         """``(rerank, pool)`` for one query: the pool is ``max(candidates, k)`` with rerank, else
         ``k``. Per-query values override the store's (None: the store's)."""
-        if rerank is not None and not isinstance(rerank, bool | np.bool_):
-            raise TypeError(f"rerank must be True or False, got {rerank!r}")
-        if candidates is not None and (isinstance(candidates, bool) or not isinstance(candidates, int)
-                                       or candidates < 1):
-            raise ValueError(f"candidates must be a positive int, got {candidates!r}")
+        rerank, candidates, _ = check_rerank_options(rerank, candidates)
         on = self.rerank if rerank is None else bool(rerank)
         return on, (max(self.candidates if candidates is None else candidates, k) if on else k)
-
-    def _candidate_vectors(self, keys: Sequence[Any]) -> list[np.ndarray]:
-        """The stored vectors of the candidates ``keys`` (backend-specific)."""
-        raise NotImplementedError
-
-    def _hit(self, key: Any, score: float) -> Hit:
-        """The :class:`Hit` of candidate ``key`` with ``score`` (backend-specific)."""
-        raise NotImplementedError
-
-    def _rescored(self, q: np.ndarray, keys: Sequence[Any], k: int) -> list[Hit]:
-        """The best ``k`` of the candidates ``keys`` by exact MaxSim on their stored vectors
-        (ties: the earlier key)."""
-        if not len(keys):
-            return []
-        # the vectors are local (memory-mapped): one rerank call, no pieces to fetch
-        return [self._hit(keys[i], s) for i, s in rerank(q, self._candidate_vectors(keys), k)]

@@ -64,7 +64,7 @@ def probe(args: argparse.Namespace, docs: int) -> dict[str, Any]:
         (cands,) = store._engine_candidates([q], args.depth, None)
         engine_s.append(time.perf_counter() - t)
         seqs = [s for s, _ in cands]
-        hits = store._rescored(q, seqs, len(seqs))
+        hits = store._exact([q], seqs, len(seqs))[0]
         exact = {h.id: h.score for h in hits}
         ids = [store._id_of[s] for s in seqs]
         pos = {x: i for i, x in enumerate(ids)}
