@@ -586,20 +586,35 @@ class PgVectorStore(MultiVectorStore):
 
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       exact: bool | None = None, candidates: int | None = None) -> list[list[Hit]]:
-        exact = self.exact if exact is None else bool(exact)
-        if candidates is None:
-            pool, ef = self.candidates, self.ef_search
-        else:
-            pool = self._check_positive("candidates", candidates)
-            ef = min(self._ef_search_given if self._ef_search_given is not None else max(pool, 40), 1000)
+        exact, pool, ef = self._search_params(exact, candidates)
         return self._call(lambda: self._search_all(queries, k, conditions, exact, pool, ef))
 
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
+                          exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
+        """Candidate searches decompose from the lists the rerank fetched (no second read); the
+        hits of an exact scan are explained from a ``get``."""
+        exact, pool, ef = self._search_params(exact, candidates)
+        hits = self._call(lambda: self._search_all([q], k, conditions, exact, pool, ef, explain=True))[0]
+        missing = [h for h in hits if h.decomposition is None]
+        if missing:
+            self._explain(q, missing)
+        return hits
+
+    def _search_params(self, exact: bool | None, candidates: int | None) -> tuple[bool, int, int]:
+        """``(exact, pool, ef_search)`` of one search: the per-query options over the store's."""
+        exact = self.exact if exact is None else bool(exact)
+        if candidates is None:
+            return exact, self.candidates, self.ef_search
+        pool = self._check_positive("candidates", candidates)
+        return exact, pool, min(self._ef_search_given if self._ef_search_given is not None else max(pool, 40),
+                                1000)
+
     def _search_all(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-                    exact: bool, candidates: int, ef_search: int) -> list[list[Hit]]:
+                    exact: bool, candidates: int, ef_search: int, explain: bool = False) -> list[list[Hit]]:
         out: dict[int, list[Hit]] = {}
         for i, q in enumerate(queries):
             if not exact and q[0, 0] < 0:  # a dense vector to find candidates with
-                out[i] = self._search_candidates(q, k, conditions, candidates, ef_search)
+                out[i] = self._search_candidates(q, k, conditions, candidates, ef_search, explain)
         rest = [i for i in range(len(queries)) if i not in out]
         if rest:  # exact mode, or token-only queries: one scan for all of them
             for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
@@ -638,8 +653,9 @@ class PgVectorStore(MultiVectorStore):
                 for b in best]
 
     def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                           candidates: int, ef_search: int) -> list[Hit]:
-        """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly."""
+                           candidates: int, ef_search: int, explain: bool = False) -> list[Hit]:
+        """The dense HNSW index's ``max(candidates, k)`` nearest documents, rescored exactly
+        (``explain``: each hit decomposed from the list fetched with it)."""
         where, params = filter_sql(conditions)
         limit = max(candidates, k)
         # without iterative scans the index returns at most ef_search rows: widen it to the limit
@@ -663,7 +679,7 @@ class PgVectorStore(MultiVectorStore):
         # the candidates came with their lists: the rerank's fetch is a lookup, in one piece
         stored = {x: (_from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
         return rerank_candidates(q, [r[0] for r in rows], lambda ids: {x: stored[x] for x in ids}, k,
-                                 first=len(rows))
+                                 first=len(rows), explain=self.format if explain else None)
 
     # -- maintenance -----------------------------------------------------------------------
     def size_bytes(self) -> int:

@@ -351,3 +351,29 @@ def test_a_database_without_the_extension_and_no_right_to_create_it(dsn):
         finally:
             admin.execute("DROP DATABASE IF EXISTS uibk_noext")
             admin.execute("DROP ROLE IF EXISTS uibk_plain")
+
+
+def test_explained_candidate_search_reads_the_lists_once(dsn, tmp_path, fmt, rng):
+    """exact=False with explain=True: each hit's decomposition comes from the list the rerank
+    fetched with the candidates (no ``get`` afterwards), equal to ``explain`` of that hit."""
+    s = PgVectorStore(dsn, table=table_name(tmp_path, "expl"), exact=False, candidates=20)
+    try:
+        ids = [f"d{i}" for i in range(60)]
+        s.upsert(ids, [make_list(fmt, rng, 6) for _ in ids])
+        q = make_list(fmt, rng, 5)
+        plain = s.search(q, k=5)
+        reads: list[list[str]] = []
+        get = s._get
+        s._get = lambda xs: reads.append(xs) or get(xs)  # counts reads; the store is real
+        hits = s.search(q, k=5, explain=True)
+        s._get = get
+        assert reads == []
+        assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]
+        for h in hits:
+            assert h.decomposition == s.explain(q, h.id)
+            assert h.decomposition.total == pytest.approx(h.score, abs=1e-6)
+        # an exact scan's hits are still explained (from a get)
+        assert all(h.decomposition is not None for h in s.search(q, k=5, explain=True, exact=True))
+    finally:
+        s.drop()
+        s.close()

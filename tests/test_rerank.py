@@ -1,0 +1,66 @@
+"""The one candidates -> fetch -> exact rerank function (adapters/rerank.py) and its option check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
+from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import TaggedFormat, decompose
+from uibk_embedding.testing import make_list
+
+
+def _stored(fmt, rng, n):
+    return {f"d{i}": (make_list(fmt, rng, int(rng.integers(3, 9))), {"i": i}) for i in range(n)}
+
+
+def test_explain_decomposes_the_fetched_lists_without_a_second_fetch():
+    fmt, rng = TaggedFormat(), np.random.default_rng(3)
+    stored, q = _stored(fmt, rng, 30), make_list(fmt, rng, 5)
+    asked: list[str] = []
+
+    def fetch(keys):
+        asked.extend(keys)
+        return {x: stored[x] for x in keys}
+
+    ids = list(stored)
+    hits = rerank_candidates(q, ids, fetch, k=4, first=8, piece=8, explain=fmt)
+    assert sorted(asked) == sorted(ids)  # every candidate fetched exactly once
+    ref = rerank(q, [stored[x][0] for x in ids], 4, dtype=np.float64)
+    assert [h.id for h in hits] == [ids[i] for i, _ in ref]
+    assert [h.score for h in hits] == pytest.approx([s for _, s in ref], abs=1e-12)
+    for h in hits:
+        assert h.decomposition == decompose(q, stored[h.id][0], fmt)
+        assert h.metadata == stored[h.id][1]
+    assert all(h.decomposition is None for h in rerank_candidates(q, ids, fetch, k=4))
+
+
+def test_bounds_stop_fetching_once_the_kth_score_reaches_the_next_bound():
+    fmt, rng = TaggedFormat(), np.random.default_rng(4)
+    stored, q = _stored(fmt, rng, 40), make_list(fmt, rng, 5)
+    ids = list(stored)
+    scores = {ids[i]: s for i, s in rerank(q, [stored[x][0] for x in ids], len(ids), dtype=np.float64)}
+    order = sorted(stored, key=lambda x: -scores[x])
+    bounds = {x: scores[x] + 0.01 for x in order}  # a true bound, in descending order
+    asked: list[str] = []
+
+    def fetch(keys):
+        asked.extend(keys)
+        return {x: stored[x] for x in keys}
+
+    hits = rerank_candidates(q, order, fetch, k=2, bounds=bounds, first=2, piece=2)
+    assert [h.id for h in hits] == order[:2]
+    assert len(asked) < len(order)
+
+
+@pytest.mark.parametrize(("options", "error", "name"), [
+    ({"rerank": 1}, TypeError, "rerank"), ({"rerank": "yes"}, TypeError, "rerank"),
+    ({"candidates": 0}, ValueError, "candidates"), ({"candidates": True}, ValueError, "candidates"),
+    ({"candidates": 2.5}, ValueError, "candidates"),
+    ({"candidates_limit": -1}, ValueError, "candidates_limit"),
+])
+def test_bad_rerank_options_are_refused_by_name(options, error, name):
+    with pytest.raises(error, match=f"^{name} must"):
+        check_rerank_options(**options)
+    assert check_rerank_options(np.bool_(False), 5, 50) == (False, 5, 50)
