@@ -54,6 +54,7 @@ from uibk_embedding.integrations.core import (
     RetrievalCore,
     ScoredText,
 )
+from uibk_embedding.tagged import dense_vector
 
 require("llama_index.core", "llamaindex", "the LlamaIndex integration")
 
@@ -74,10 +75,11 @@ from llama_index.core.vector_stores.types import (  # noqa: E402
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict  # noqa: E402
 from pydantic import PrivateAttr  # noqa: E402
 
-__all__ = ["NoEmbedding", "UIBKRetriever", "UIBKVectorStore", "index_from_store", "translate_filters"]
+__all__ = ["NoEmbedding", "UIBKEmbedding", "UIBKRetriever", "UIBKVectorStore", "index_from_store",
+           "translate_filters"]
 
 REF_DOC_KEY = "ref_doc_id"  # written by LlamaIndex's node_to_metadata_dict
-EXPLAIN_KEYS = ("score", "token_part", "dense_part")
+EXPLAIN_KEYS = ("score", "token_part", "dense_part", "relevance")
 DEFAULT_TOP_K = 2  # LlamaIndex's DEFAULT_SIMILARITY_TOP_K
 
 
@@ -148,6 +150,63 @@ def translate_filters(filters: MetadataFilters | None) -> Any:
 
 
 # -- the embed model for VectorStoreIndex ------------------------------------------------------
+class UIBKEmbedding(BaseEmbedding):
+    """The encoder's dense head as a LlamaIndex embed model: this library's embedding object for
+    ``Settings.embed_model`` or ``embed_model=``, so LlamaIndex's documented patterns work over a
+    :class:`UIBKVectorStore` without an OpenAI package::
+
+        VectorStoreIndex.from_vector_store(vs, embed_model=UIBKEmbedding())
+        VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(
+            vector_store=vs), embed_model=UIBKEmbedding())
+        Settings.embed_model = UIBKEmbedding()   # then both without embed_model=
+
+    Its vectors are the 381-d unit dense heads (:func:`~uibk_embedding.tagged.dense_vector`;
+    dot products are the dense cosine of the tagged lists), so other LlamaIndex components
+    that want one vector per text get a real one. :class:`UIBKVectorStore` does not search
+    with them: it encodes every text and query itself, as a tagged list.
+
+    >>> e = UIBKEmbedding()
+    >>> v, w = e.get_text_embedding("wing lift"), e.get_query_embedding("lift of a wing")
+    >>> len(v), round(sum(x * x for x in v), 3), sum(a * b for a, b in zip(v, w)) > 0.3
+    (381, 1.0, True)
+    """
+
+    model_name: str = "uibk-embedding-dense-head"
+    embed_batch_size: int = 64
+    _encoder: Any = PrivateAttr()
+
+    def __init__(self, encoder: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if encoder is not None and not hasattr(encoder, "encode_documents"):
+            raise TypeError(f"encoder must be a uibk encoder (uibk_embedding.load_encoder()), got "
+                            f"{type(encoder).__name__}")
+        self._encoder = encoder if encoder is not None else _default_encoder()
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "UIBKEmbedding"
+
+    @property
+    def encoder(self) -> Any:
+        """The uibk encoder whose dense head this is."""
+        return self._encoder
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return [dense_vector(x).tolist() for x in self._encoder.encode_documents(list(texts))]
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._get_text_embeddings([text])[0]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return dense_vector(self._encoder.encode_queries([query])[0]).tolist()
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+
 class NoEmbedding(BaseEmbedding):
     """The embed model to give ``VectorStoreIndex`` over a :class:`UIBKVectorStore`: it runs no model.
 

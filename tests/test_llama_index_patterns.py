@@ -1,0 +1,71 @@
+"""LlamaIndex's documented patterns over a UIBKVectorStore (issue #42): ``from_vector_store`` and
+``from_documents(storage_context=...)`` with this library's embed model (they raised
+``ImportError: llama-index-embeddings-openai package not found`` with LlamaIndex's default)."""
+
+import pytest
+
+pytest.importorskip("llama_index.core")
+
+from llama_index.core import Document, Settings, StorageContext, VectorStoreIndex
+
+import uibk_embedding as ue
+from uibk_embedding.integrations.llama_index import UIBKEmbedding, UIBKVectorStore
+
+TEXTS = {"wing": "Lift on a wing in a propeller slipstream.",
+         "bread": "A sourdough bread recipe with rye flour.",
+         "flutter": "Flutter of thin panels in supersonic flow."}
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return ue.load_encoder()
+
+
+@pytest.fixture
+def vs(encoder):
+    return UIBKVectorStore(encoder=encoder, store=ue.open_store("exact"))
+
+
+def _docs():
+    return [Document(text=t, doc_id=i) for i, t in TEXTS.items()]
+
+
+def test_from_vector_store_with_the_library_embed_model(vs, encoder):
+    index = VectorStoreIndex.from_vector_store(vs, embed_model=UIBKEmbedding(encoder))
+    for d in _docs():
+        index.insert(d)
+    assert vs.client.count() == 3
+    hits = index.as_retriever(similarity_top_k=1).retrieve("panel flutter at supersonic speed")
+    assert hits[0].node.ref_doc_id == "flutter"
+
+
+def test_from_documents_with_storage_context(vs, encoder):
+    ctx = StorageContext.from_defaults(vector_store=vs)
+    index = VectorStoreIndex.from_documents(_docs(), storage_context=ctx, embed_model=UIBKEmbedding(encoder))
+    assert vs.client.count() == 3
+    assert index.as_retriever(similarity_top_k=1).retrieve("rye bread")[0].node.ref_doc_id == "bread"
+
+
+def test_settings_embed_model_makes_both_patterns_work_without_arguments(vs, encoder, monkeypatch):
+    monkeypatch.setattr(Settings, "_embed_model", UIBKEmbedding(encoder))
+    ctx = StorageContext.from_defaults(vector_store=vs)
+    index = VectorStoreIndex.from_documents(_docs(), storage_context=ctx)
+    again = VectorStoreIndex.from_vector_store(vs)  # reopened over the same store
+    top = again.as_retriever(similarity_top_k=1).retrieve("propeller slipstream")
+    assert top[0].node.ref_doc_id == "wing"
+    assert index.as_retriever(similarity_top_k=3).retrieve("wing")[0].node.ref_doc_id == "wing"
+
+
+def test_embed_model_vectors_are_the_dense_head(encoder):
+    from uibk_embedding.tagged import dense_vector
+
+    e = UIBKEmbedding(encoder)
+    got = e.get_text_embedding_batch(list(TEXTS.values()))
+    want = [dense_vector(x) for x in encoder.encode_documents(list(TEXTS.values()))]
+    assert len(got) == 3 and all(abs(sum(a * b for a, b in zip(g, w, strict=True)) - 1) < 1e-5
+                                 for g, w in zip(got, want, strict=True))
+
+
+def test_embed_model_refuses_a_foreign_encoder():
+    with pytest.raises(TypeError, match="uibk encoder"):
+        UIBKEmbedding(encoder="text-embedding-3-small")
