@@ -256,10 +256,9 @@ class RemoteEncoder:
                 show_progress: bool | None) -> list[np.ndarray]:
         if not texts:
             return []
-        for i, t in enumerate(texts):
-            if len(t) > self.max_text_chars:
-                raise ValueError(f"texts[{i}] has {len(t)} characters; the server at {self.url} "
-                                 f"accepts at most {self.max_text_chars} per text")
+        # an over-long text is not refused: cut here as the server would (a smaller body), then
+        # truncated at the token limit and counted, as in-process (a warning)
+        texts = [t[:self.max_text_chars] for t in texts]
         from tqdm.auto import tqdm
 
         progress = self.show_progress if show_progress is None else show_progress

@@ -54,9 +54,13 @@ per token vector of ``max_queued_vectors`` (the vectors and their packed answer)
     concatenated and normalised: its dot products are the dense cosine of the hybrid score, not
     the token part). ``usage`` counts token vectors. Same limits, budgets and key as ``/encode``.
 
-Text length: a text longer than ``max_text_chars`` (100,000 by default) characters is refused
-with 413 on both endpoints, and :class:`RemoteEncoder` refuses it before sending; in-process
-encoders truncate at their token limits. (See the report of issue #42.)
+Text length, one behaviour in-process and on the server: an over-long text is **truncated, never
+refused**. In-process, an encoder reads the first ``doc_max_length`` (documents) or
+``query_max_length`` (queries) tokens and warns how many texts it cut. The server does the same,
+and first cuts a text to its first ``max_text_chars`` characters (``--max-text-chars``, 100,000
+by default: a bound on the tokenizer's work, far beyond the 2,048 tokens a document reads, so
+the vectors are those of in-process encoding); ``X-UIBK-Truncated`` (and JSON's ``truncated``)
+counts the cut texts, and :class:`RemoteEncoder` warns as in-process does.
 
 With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
 ``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it; that
@@ -157,8 +161,9 @@ def parse_request(body: bytes | bytearray, *, max_texts: int = 1024,
     The body must be one JSON object with the keys ``kind`` (``"documents"`` or ``"queries"``),
     ``texts`` (a list of strings) and ``dense_weight`` (a number or null, optional) and no other.
     It is read left to right and refused (:class:`RequestRefused`, status 400; 413 past
-    ``max_texts`` texts or ``max_text_chars`` characters in a text) at the first thing that does
-    not fit, so that junk (another key, a list of objects, deep nesting) is never parsed.
+    ``max_texts`` texts) at the first thing that does not fit, so that junk (another key, a list
+    of objects, deep nesting) is never parsed. A text longer than ``max_text_chars`` characters
+    is cut to that many (then truncated at the token limit, as in-process).
 
     >>> parse_request(b'{"kind": "queries", "texts": ["a wing"], "dense_weight": 2}')
     ('queries', ['a wing'], 2.0)
@@ -249,9 +254,7 @@ def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,
         if doc[pos:pos + 1] != '"':
             raise RequestRefused(400, f"{name}[{len(texts)}] must be a string, got {_json_type(doc, pos)}")
         text, pos = scanstring(doc, pos + 1, True)
-        if len(text) > max_text_chars:
-            raise RequestRefused(413, f"{name}[{len(texts)}] has {len(text)} characters; this server accepts "
-                                      f"at most {max_text_chars} per text")
+        text = text[:max_text_chars]  # cut, not refused: see "Text length" in the module docstring
         if not text.strip():
             raise RequestRefused(400, f"{name}[{len(texts)}] is empty or whitespace only; there is "
                                       "nothing to encode")
@@ -336,9 +339,7 @@ def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
             elif doc[pos:pos + 1] == '"':
                 got[key], pos = scanstring(doc, pos + 1, True)
                 if key == texts_key:
-                    if len(got[key]) > max_text_chars:
-                        raise RequestRefused(413, f"{key} has {len(got[key])} characters; this server "
-                                                  f"accepts at most {max_text_chars} per text")
+                    got[key] = got[key][:max_text_chars]  # cut, as in _parse_texts
                     if not got[key].strip():
                         raise RequestRefused(400, f"{key} is empty or whitespace only; there is nothing "
                                                   "to encode")
@@ -647,12 +648,14 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         m["token_vectors"] += actual - 3 * len(res)
         m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
         held["vectors"] = actual
-        headers = {"X-UIBK-Truncated": str(res.truncated)}
+        cut = sum(len(t) >= limits.max_text_chars for t in texts)  # cut by the parser (or at the limit)
+        truncated = max(res.truncated, cut)
+        headers = {"X-UIBK-Truncated": str(truncated)}
         if openai:
             content = json.dumps(_openai_answer(res, model or public_model_name(shared.model_name), fmt))
             return _Answer(content.encode(), held, media_type="application/json", headers=headers)
         if wants_json(request.headers.get("accept", "")):
-            content = json.dumps({"kind": kind, "dim": DIM, "truncated": res.truncated,
+            content = json.dumps({"kind": kind, "dim": DIM, "truncated": truncated,
                                   "vectors": [np.asarray(a, dtype=np.float32).tolist() for a in res]})
             return _Answer(content.encode(), held, media_type="application/json", headers=headers)
         return _Answer(pack_payload(res), held, media_type=MEDIA_TYPE, headers=headers)
@@ -737,7 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for more requests to batch together")
     p.add_argument("--batch-tokens", type=int, default=None, help="padded tokens per forward pass")
     p.add_argument("--max-texts", type=int, default=1024, help="texts per request at most")
-    p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text at most")
+    p.add_argument("--max-text-chars", type=int, default=100_000,
+                   help="a longer text is cut to this many characters before tokenizing (then truncated "
+                        "at the token limit, as in-process; default 100000)")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="request body size limit")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--api-key-file", default=None,

@@ -150,8 +150,13 @@ def test_bad_input_gives_clear_errors(server, local):
         assert enc.encode_documents([]) == []
         with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
             enc.encode_documents(["fine", ""])
-        with pytest.raises(ValueError, match=f"accepts at most {MAX_CHARS} per text"):
-            enc.encode_documents(["wing " * (MAX_CHARS // 4)])
+        # over-long in characters: cut and truncated as in-process, never refused (issue #42)
+        very_long = "wing " * (MAX_CHARS // 4)  # 25,000 characters, 5,000 tokens
+        with pytest.warns(UserWarning, match="1 of 1 documents were longer than 2048 tokens"):
+            cut = enc.encode_documents([very_long])[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert cut.tobytes() == local.encode_documents([very_long])[0].tobytes()
         with pytest.raises(ValueError, match="dense_weight"):
             enc.encode_queries(["q"], dense_weight=0)
         # over-long in tokens (not in characters): truncated with a warning, as in-process

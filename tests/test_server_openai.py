@@ -88,8 +88,8 @@ def test_v1_embeddings_is_the_openai_shape_with_the_dense_vector(client, local):
     ({"input": []}, 200, None),
     ({"input": "  "}, 400, "empty or whitespace"),
     ({"input": ["a"] * 5}, 413, "more than 4 texts"),
-    ({"input": "a" * 501}, 413, "at most 500 per text"),
-    ({"input": ["a" * 501]}, 413, "at most 500 per text"),
+    ({"input": "a" * 501}, 200, None),  # cut to 500 characters, not refused
+    ({"input": ["a" * 501]}, 200, None),
     ({"input": "a", "junk": [[[]]]}, 400, "unknown key 'junk'"),
     ({"input": "a", "encoding_format": "int8"}, 400, "'encoding_format' must be"),
     ({"input": "a", "dimensions": 64}, 400, "'dimensions' must be 381"),
@@ -130,3 +130,24 @@ def test_a_hub_id_says_nothing_is_downloaded_and_how_to_get_the_folder(tmp_path,
     with pytest.raises(FileNotFoundError) as e:
         load_encoder(tmp_path / "models" / "mine")
     assert "hub id" not in str(e.value) and "no encoder at" in str(e.value)
+
+
+def test_an_over_long_text_is_truncated_as_in_process_on_both_endpoints(local):
+    """One behaviour for length: in-process truncates at the token limit (with a warning); the
+    server cuts at max_text_chars characters, then truncates the same way; nothing is refused."""
+    long_text = "wing lift " * 1500  # 15,000 characters, 3,000 tokens: past the 2,048 a document reads
+    with pytest.warns(UserWarning, match="1 of 1 documents were longer than 2048 tokens"):
+        want = local.encode_documents([long_text])[0]
+    shared = SharedEncoder(local)
+    try:
+        client = TestClient(create_app(shared, max_text_chars=11_000))
+        r = client.post("/encode", json={"kind": "documents", "texts": [long_text]},
+                        headers={"Accept": "application/json"})
+        assert r.status_code == 200, r.text
+        assert r.headers["X-UIBK-Truncated"] == "1" and r.json()["truncated"] == 1
+        np.testing.assert_allclose(np.asarray(r.json()["vectors"][0], dtype=np.float32), want, atol=1e-6)
+        r = client.post("/v1/embeddings", json={"input": long_text})
+        assert r.status_code == 200 and r.headers["X-UIBK-Truncated"] == "1", r.text
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], dense_vector(want), atol=1e-5)
+    finally:
+        shared.close()
