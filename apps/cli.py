@@ -40,7 +40,7 @@ import numpy as np
 from uibk_embedding import __version__, adapters
 from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
-from uibk_embedding.adapters.registry import BACKENDS, require_store
+from uibk_embedding.adapters.registry import BACKENDS, detect_backend, require_store
 from uibk_embedding.apps.data import load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
 from uibk_embedding.apps.evaluation import (
@@ -284,6 +284,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UsageError("uibk-embed: the query is empty; give the text to search for")
     flt = _read_filter(args.filter)
     opts = _store_options(args)
+    _read_backend(args, opts)
     fitted = _beside_store(args.backend, opts)
     if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
         args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
@@ -298,6 +299,33 @@ def cmd_search(args: argparse.Namespace) -> int:
         _print_hits(hits)
     store.close()
     return 0
+
+
+def _read_backend(args: argparse.Namespace, opts: dict[str, Any]) -> None:
+    """Check that a store to read is at ``opts`` (:class:`StoreNotFound` if not). A folder that
+    another folder backend wrote is detected from that backend's own record: without
+    ``--backend`` it is read with that backend (said on stderr); with another ``--backend`` the
+    error names the backend to give."""
+    try:
+        require_store(args.backend, opts)
+        return
+    except StoreNotFound as e:
+        found = detect_backend(opts["path"], opts) if opts.get("path") is not None else None
+        if found is None or found == args.backend:
+            raise
+        if getattr(args, "backend_given", True):
+            raise StoreNotFound(f"{e}; the folder holds a {found} store: give --backend {found}") from None
+    print(f"uibk-embed: {opts['path']} holds a {found} store; reading it with --backend {found}",
+          file=sys.stderr)
+    args.backend = found
+
+
+class _BackendGiven(argparse.Action):
+    """``--backend NAME``, remembering that it was given (a read detects the backend otherwise)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.backend_given = True
 
 
 def _read_filter(text: str | None) -> Any:
@@ -331,7 +359,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     new = False
     if placed:
         try:
-            require_store(args.backend, opts)  # before the encoder loads
+            _read_backend(args, opts)  # before the encoder loads
         except StoreNotFound as e:
             if not args.create:
                 raise StoreNotFound(f"{e}; `eval --create` indexes {args.data} into a new store there") \
@@ -425,6 +453,8 @@ def cmd_fit_projection(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
+    if args.query is not None and not args.query.strip():
+        raise UsageError("uibk-embed: the query is empty; give the text to search for (or leave out --query)")
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n"
@@ -488,8 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or the shipped PCA fit (pca, the default of 0.2.0: open 0.2.0 "
                              "stores with it); stores record it and refuse another")
         if store:
-            sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS),
-                            help="the store's engine (default: exact)")
+            sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS), action=_BackendGiven,
+                            help="the store's engine (default: exact; search and eval read a folder "
+                                 "store with the backend that wrote it)")
+            sp.set_defaults(backend_given=False)
             sp.add_argument("--path", default=None, help="store location (backend option path)")
             sp.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                             help="backend option, repeatable")

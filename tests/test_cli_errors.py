@@ -28,6 +28,7 @@ BAD = [
     (["search", "wing", "--filter", "{not json"], "not valid JSON"),
     (["search", "", ], "the query is empty"),
     (["search", "   "], "the query is empty"),
+    (["quickstart", "--query", " "], "the query is empty"),
     (["search", "wing", "-k", "0"], "must be positive"),
     (["search", "wing", "--dense-weight", "nan"], "positive number"),
     (["search", "wing", "--option", "nokv"], "KEY=VALUE"),
