@@ -62,7 +62,7 @@ from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
-from uibk_embedding.adapters.rerank import rerank_candidates
+from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.tagged import DIM, TaggedFormat
 
@@ -506,8 +506,7 @@ class WeaviateStore(MultiVectorStore):
             raise ValueError("collection must be a non-empty string")
         if batch_size < 1 or max_rows_per_request < 1:
             raise ValueError("batch_size and max_rows_per_request must be positive")
-        if candidates is not None and candidates < 1:
-            raise ValueError("candidates must be positive")
+        check_rerank_options(candidates=candidates)
         self.vector_name = vector_name
         self.rerank, self.candidates = bool(rerank), candidates
         self.batch_size, self.max_rows_per_request = int(batch_size), int(max_rows_per_request)
@@ -706,8 +705,8 @@ class WeaviateStore(MultiVectorStore):
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 rerank: bool | None = None, candidates: int | None = None) -> list[Hit]:
         MetadataQuery = _wv().classes.query.MetadataQuery
+        pool = self.candidates if candidates is None else check_rerank_options(candidates=candidates)[1]
         rerank = self.rerank if rerank is None else bool(rerank)
-        pool = self.candidates if candidates is None else self._check_candidates(candidates)
         limit = max(k, pool or 4 * k) if rerank else k
         res = self._collection.query.near_vector(
             near_vector=query.astype(np.float32).tolist(),
@@ -726,12 +725,6 @@ class WeaviateStore(MultiVectorStore):
         stored = {doc_id: (self._vectors_of(obj), md) for doc_id, md, obj in found}
         return rerank_candidates(query, [doc_id for doc_id, _, _ in found],
                                  lambda ids: {x: stored[x] for x in ids}, k, first=max(1, len(found)))
-
-    @staticmethod
-    def _check_candidates(candidates: Any) -> int:
-        if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
-            raise ValueError(f"candidates must be a positive int, got {candidates!r}")
-        return candidates
 
     def close(self) -> None:
         """Close the connection if the store opened it (a given ``client`` stays open)."""

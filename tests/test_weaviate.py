@@ -269,6 +269,9 @@ def test_store_refuses_unusable_arguments_before_connecting():
         wa.WeaviateStore("Docs", url="http://a:8080", host="a")
     with pytest.raises(ValueError, match="batch_size"):
         wa.WeaviateStore("Docs", url="http://a:8080", batch_size=0)
+    for bad in (0, "10", True):  # the one rerank-option check every backend uses
+        with pytest.raises(ValueError, match=f"candidates must be a positive int, got {bad!r}"):
+            wa.WeaviateStore("Docs", url="http://a:8080", candidates=bad)
 
 
 def test_batch_error_names_every_outcome():
