@@ -133,6 +133,28 @@ def require_store(backend: str, options: dict[str, Any]) -> None:
         raise StoreNotFound(f"no store at {path} (no {backend} store: {why}; nothing was created)")
 
 
+def detect_backend(path: str | os.PathLike, options: dict[str, Any] | None = None) -> str | None:
+    """The folder backend whose store is at ``path``, read from that backend's own record (as
+    :func:`require_store` reads it: nothing is opened or changed); ``None`` when none is there.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> detect_backend(d) is None
+    True
+    >>> open_store("exact", path=d).close()
+    >>> detect_backend(d)
+    'exact'
+    """
+    options = {**(options or {}), "path": path}
+    for backend in _CHECKS:
+        try:
+            require_store(backend, options)
+        except StoreNotFound:
+            continue
+        return backend
+    return None
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
