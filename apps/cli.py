@@ -24,14 +24,17 @@ and exit status 2, with nothing created.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +169,85 @@ def _print_hits(hits: list, out=None) -> None:
               f"(beta x lambda x w x dense cosine {d.dense:.3f}, w = {d.dense_weight:g})", file=out)
 
 
+class Progress:
+    """Periodic progress lines on stderr when it is not a terminal (logs, CI, ``nohup``), where
+    no progress bar shows: ``wrap(encode)`` counts the texts encoded and prints a line at most
+    every ``every_s`` seconds, and one at the end. On a terminal (or ``enabled=False``) silent.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> p = Progress("indexing", 4, every_s=0, out=out, enabled=True)
+    >>> encode = p.wrap(lambda texts: [len(t) for t in texts])
+    >>> encode(["a", "bb"])
+    [1, 2]
+    >>> print(out.getvalue().strip())  # doctest: +ELLIPSIS
+    uibk-embed: indexing: 2 of 4 (50%), ... s
+    """
+
+    def __init__(self, label: str, total: int, *, every_s: float = 30.0, out: Any = None,
+                 enabled: bool | None = None) -> None:
+        self.label, self.total, self.every_s = label, int(total), float(every_s)
+        self.out = out if out is not None else sys.stderr
+        isatty = getattr(self.out, "isatty", None)
+        self.enabled = (not (isatty and isatty())) if enabled is None else enabled
+        self.done = 0
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, n: int) -> None:
+        """Count ``n`` more texts; print a line if ``every_s`` passed since the last one."""
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= self.every_s or self.done >= self.total):
+            self.last = now
+            pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            print(f"uibk-embed: {self.label}: {self.done} of {self.total}{pct}, {now - self.t0:.0f} s",
+                  file=self.out, flush=True)
+
+    def wrap(self, encode: Any) -> Any:
+        """``encode`` counting its texts (called once per batch)."""
+        def counted(texts: Sequence[str], *args: Any, **kwargs: Any) -> Any:
+            out = encode(texts, *args, **kwargs)
+            self.update(len(texts))
+            return out
+        return counted
+
+
+_TRUNCATED = re.compile(r"^(\d+) of (\d+) (\w+) were longer than (\d+) tokens")
+
+
+@contextlib.contextmanager
+def truncation_said_once(out: Any = None) -> Iterator[None]:
+    """Collect the encoders' truncation warnings (one per batch, each with a source line) and say
+    them once at the end, with the count, on stderr; other warnings pass through unchanged.
+
+    >>> import io, warnings
+    >>> out = io.StringIO()
+    >>> with truncation_said_once(out):
+    ...     for _ in range(3):
+    ...         warnings.warn("2 of 10 documents were longer than 512 tokens and were truncated")
+    >>> print(out.getvalue().strip())
+    uibk-embed: 6 of 30 documents were longer than 512 tokens and were truncated to them
+    """
+    out = out if out is not None else sys.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            cut: dict[tuple[str, str], list[int]] = {}
+            for w in caught:
+                m = _TRUNCATED.match(str(w.message))
+                if m is None:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                    continue
+                n = cut.setdefault((m.group(3), m.group(4)), [0, 0])
+                n[0] += int(m.group(1))
+                n[1] += int(m.group(2))
+            for (what, limit), (n, total) in cut.items():
+                print(f"uibk-embed: {n} of {total} {what} were longer than {limit} tokens and were "
+                      "truncated to them", file=out)
+
+
 # -- subcommands ---------------------------------------------------------------------------
 def cmd_index(args: argparse.Namespace) -> int:
     if args.encoder_url and (args.dense or args.tokens):
@@ -196,12 +278,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     if saved_to is not None:
         enc.save_projections(saved_to)  # after the store exists: a store folder holds it
     t0 = time.perf_counter()
-
-    upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
-                   texts=[d.full_text for d in docs],
-                   encode=lambda texts: enc.encode_documents(texts, show_progress=False),
-                   batch_size=args.batch_size, progress=False if args.quiet else None,
-                   desc=f"indexing into {args.backend}")
+    lines = Progress(f"indexing into {args.backend}", len(docs), enabled=False if args.quiet else None)
+    with truncation_said_once():
+        upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
+                       texts=[d.full_text for d in docs],
+                       encode=lines.wrap(lambda texts: enc.encode_documents(texts, show_progress=False)),
+                       batch_size=args.batch_size, progress=False if args.quiet else None,
+                       desc=f"indexing into {args.backend}")
     n = store.count()
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
@@ -388,7 +471,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 if placed:
                     print(f"indexing {len(coll.corpus)} documents into a new store at "
                           f"{_where(args.backend, opts)}", file=sys.stderr)
-                encoded = encode_collection(enc, coll, use_cache=not args.no_cache)
+                lines = Progress(f"encoding {coll.name}", len(coll.corpus))
+                with truncation_said_once():
+                    encoded = encode_collection(enc, coll, use_cache=not args.no_cache,
+                                                on_batch=lines.update if lines.enabled else None)
                 index_into(store, encoded, coll)
             else:
                 encoded, missing = encode_queries_for_store(enc, coll, store)

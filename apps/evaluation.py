@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,15 +92,26 @@ def _load(z, prefix: str) -> tuple[list[str], list[np.ndarray]]:
     return json.loads(str(z[f"{prefix}_ids"])), [mat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
 
-def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True) -> Encoded:
-    """Encode corpus and queries (queries at dense weight 1), cached on disk by content."""
+def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True,
+                      on_batch: Callable[[int], None] | None = None, batch_size: int = 1024) -> Encoded:
+    """Encode corpus and queries (queries at dense weight 1), cached on disk by content.
+
+    ``on_batch``: called with the number of documents after each ``batch_size`` of them is
+    encoded (progress where no bar shows); without it the corpus is encoded in one call."""
     path = cache_dir() / f"{coll.name}-{_fingerprint(encoder, coll)}.npz"
     if use_cache and path.exists():
         with np.load(path, allow_pickle=False) as z:
             dids, docs = _load(z, "doc")
             qids, qs = _load(z, "query")
         return Encoded(dids, docs, qids, qs)
-    docs = encoder.encode_documents([d.full_text for d in coll.corpus])
+    texts = [d.full_text for d in coll.corpus]
+    if on_batch is None:
+        docs = encoder.encode_documents(texts)
+    else:
+        docs = []
+        for start in range(0, len(texts), batch_size):
+            docs.extend(encoder.encode_documents(texts[start:start + batch_size], show_progress=False))
+            on_batch(len(texts[start:start + batch_size]))
     qids = list(coll.queries)
     qs = encoder.encode_queries([coll.queries[q] for q in qids], dense_weight=1.0)
     enc = Encoded([d.id for d in coll.corpus], docs, qids, qs)

@@ -1,0 +1,48 @@
+"""Issue #42: ``index`` / ``eval`` print periodic progress lines when stderr is not a terminal,
+and say the truncation once, with the count, at the end (not one warning per batch)."""
+
+from __future__ import annotations
+
+import json
+
+from uibk_embedding.apps.cli import main
+
+LONG = "wing lift " * 400  # 800 tokens: past the embedded model's document length
+
+
+def _corpus(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = [{"_id": f"d{i}", "text": LONG if i % 2 else f"short document number {i} about a wing"}
+            for i in range(8)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder
+
+
+def test_index_prints_progress_lines_and_one_truncation_line(tmp_path, capsys):
+    data = _corpus(tmp_path / "beir") / "corpus.jsonl"
+    assert main(["index", str(data), "--path", str(tmp_path / "store"), "--batch-size", "2"]) == 0
+    err = capsys.readouterr().err  # captured: not a terminal
+    progress = [ln for ln in err.splitlines() if ln.startswith("uibk-embed: indexing into exact:")]
+    assert progress and progress[-1].startswith("uibk-embed: indexing into exact: 8 of 8 (100%)"), err
+    cut = [ln for ln in err.splitlines() if "were truncated" in ln]
+    assert cut == ["uibk-embed: 4 of 8 documents were longer than 512 tokens and were truncated to them"], err
+    assert "warnings.warn" not in err and "UserWarning" not in err
+
+
+def test_quiet_index_prints_no_progress(tmp_path, capsys):
+    data = _corpus(tmp_path / "beir") / "corpus.jsonl"
+    assert main(["index", str(data), "--path", str(tmp_path / "store"), "--quiet"]) == 0
+    assert "indexing into exact:" not in capsys.readouterr().err
+
+
+def test_eval_prints_progress_lines(tmp_path, capsys):
+    beir = _corpus(tmp_path / "beir")
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "wing lift"}) + "\n")
+    (beir / "qrels").mkdir()
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert main(["eval", str(beir), "--no-cache", "--json"]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert any(ln.startswith("uibk-embed: encoding ") and "8 of 8 (100%)" in ln for ln in lines), err
+    assert [ln for ln in err.splitlines() if "were truncated" in ln] == [
+        "uibk-embed: 4 of 8 documents were longer than 512 tokens and were truncated to them"], err
