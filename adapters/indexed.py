@@ -113,7 +113,7 @@ from uibk_embedding.adapters.base import (
     settle_format,
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
-from uibk_embedding.adapters.rerank import Reranking
+from uibk_embedding.adapters.rerank import Reranking, deepened_rerank
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat
@@ -124,9 +124,6 @@ LOCK_NAME = "store.lock"
 SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 SCORE_CHUNK_ROWS = 1 << 18
 """Stored rows read at a time when documents are scored exactly (64 MiB of float16 rows)."""
-DEEPEN_SHARE = 0.5
-"""The rerank pool doubles while the best ``k`` reach past this share of the candidates scored
-(:meth:`IndexedStore._deepened`; chosen on ``benchmarks/rerank_depth.py``, docs/warp.md)."""
 #: State keys older stores wrote, and the one name they have now.
 RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
                 "trained_vectors": "built_vectors"}
@@ -835,22 +832,9 @@ class IndexedStore(Reranking, MultiVectorStore):
     def _deepened(self, q: np.ndarray, cands: list[int], pending: list[int], k: int,
                   pool: int) -> list[Hit]:
         """Exact rerank of the engine's candidates ``cands`` (best first, at most the pool
-        limit) and of the ``pending`` documents: the first ``pool`` candidates, then twice as many
-        while the best ``k`` so far reach past :data:`DEEPEN_SHARE` of the candidates scored (a
-        document of the top ``k`` found that deep says the engine's order is loose there for this
-        query, so more of it may lie beyond). Ties: the lower seq."""
-        engine = set(cands)
-        head = [s for s in pending if s not in engine]
-        n = min(pool, len(cands))
-        seqs = head + cands[:n]
-        scores = self._scores([q], seqs)[0]
-        while n < len(cands):
-            deepest = max(int(i) for i in top_k(scores, k)) - len(head)  # an engine rank
-            if deepest < DEEPEN_SHARE * n:
-                break
-            more = cands[n:min(2 * n, len(cands))]
-            seqs, n = seqs + more, n + len(more)
-            scores = np.concatenate([scores, self._scores([q], more)[0]])
+        limit) and of the ``pending`` documents, with the growing pool of
+        :func:`~uibk_embedding.adapters.rerank.deepened_rerank`. Ties: the lower seq."""
+        seqs, scores = deepened_rerank(lambda keys: self._scores([q], keys)[0], cands, pending, k, pool)
         order = np.argsort(np.asarray(seqs), kind="stable")  # ties: the lower seq
         return [self._hit(seqs[order[i]], float(scores[order[i]])) for i in top_k(scores[order], k)]
 

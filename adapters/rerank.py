@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding.adapters.base import Hit, finite_score, renamed_option
+from uibk_embedding.maxsim import top_k
 from uibk_embedding.rank import rerank
 from uibk_embedding.tagged import TaggedFormat, decompose
 
@@ -91,6 +92,46 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[str], fetch: Fetch
         for h, vectors in zip(hits, best_lists, strict=True):
             h.decomposition = decompose(query, vectors, explain)
     return hits
+
+
+DEEPEN_SHARE = 0.5
+"""The rerank pool doubles while the best ``k`` reach past this share of the candidates scored
+(:func:`deepened_rerank`; chosen on ``benchmarks/rerank_depth.py``, docs/warp.md)."""
+
+
+def deepened_rerank(score: Callable[[Sequence[Any]], np.ndarray], candidates: Sequence[Any],
+                    head: Sequence[Any], k: int, pool: int,
+                    limit: int | None = None) -> tuple[list[Any], np.ndarray]:
+    """Exact rerank with a growing pool: ``(keys scored, their scores)``.
+
+    ``score(keys)`` returns the exact MaxSim of each key (a 1-d array); ``candidates`` is the
+    engine's ranking (best first), ``head`` keys are scored whatever the engine said (writes it
+    has not indexed yet). The first ``pool`` candidates are scored, then twice as many while the
+    best ``k`` so far reach past :data:`DEEPEN_SHARE` of the candidates scored (a document of the
+    top ``k`` found that deep says the engine's order is loose there for this query, so more of
+    it may lie beyond), up to ``limit`` candidates (default: all of ``candidates``).
+
+    >>> exact = {"a": 0.1, "b": 0.2, "c": 0.9, "d": 0.3}
+    >>> score = lambda keys: np.array([exact[x] for x in keys])
+    >>> deepened_rerank(score, ["a", "b", "c", "d"], [], k=1, pool=2)[0]  # "b" was the deepest
+    ['a', 'b', 'c', 'd']
+    >>> deepened_rerank(score, ["c", "a", "b", "d"], [], k=1, pool=2)[0]  # "c" led: no growth
+    ['c', 'a']
+    """
+    cands = list(candidates)[:limit] if limit is not None else list(candidates)
+    engine = set(cands)
+    head = [x for x in head if x not in engine]
+    n = min(pool, len(cands))
+    keys = head + cands[:n]
+    scores = score(keys)
+    while n < len(cands):
+        deepest = max(int(i) for i in top_k(scores, k)) - len(head)  # an engine rank
+        if deepest < DEEPEN_SHARE * n:
+            break
+        more = cands[n:min(2 * n, len(cands))]
+        keys, n = keys + more, n + len(more)
+        scores = np.concatenate([scores, score(more)])
+    return keys, scores
 
 
 def check_rerank_options(rerank: Any = None, candidates: Any = None,
