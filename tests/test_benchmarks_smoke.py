@@ -152,6 +152,7 @@ def test_plaid_scale_smoke(tmp_path, rng):
     assert res["search"]["plaid threads=1"]["plaid"]["recall@10"] == 1.0  # 60 <= rerank pool: exact
     assert [r["n_rerank"] for r in res["sweep"]] == [0, 20]
     assert res["rerank"]["candidates"] == 20 and res["profile"][0]["total_ms"] > 0
+    assert res["profile"][0]["rerank_ms"] > 0  # exact scoring timed (0 when it timed dead code)
 
 
 def test_encode_throughput_overhead_section(datasets, tmp_path):
