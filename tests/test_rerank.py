@@ -64,3 +64,25 @@ def test_bad_rerank_options_are_refused_by_name(options, error, name):
     with pytest.raises(error, match=f"^{name} must"):
         check_rerank_options(**options)
     assert check_rerank_options(np.bool_(False), 5, 50) == (False, 5, 50)
+
+
+def test_deepened_rerank_grows_while_the_best_lie_deep_and_scores_each_key_once():
+    from uibk_embedding.adapters.rerank import deepened_rerank
+
+    exact = {f"e{i}": float(i) for i in range(40)}  # the engine's order is the reverse of exact
+    exact["p"] = -1.0
+    calls: list[list[str]] = []
+
+    def score(keys):
+        calls.append(list(keys))
+        return np.array([exact[x] for x in keys])
+
+    cands = [f"e{i}" for i in range(40)]
+    keys, scores = deepened_rerank(score, cands, ["p", "e0"], k=3, pool=5)
+    assert keys == ["p", *cands]  # 5 -> 10 -> 20 -> 40: the best always lay deepest
+    assert sum(map(len, calls)) == len(keys) == len(set(keys))  # a pending key the engine named: once
+    assert list(scores) == [exact[x] for x in keys]
+    keys, _ = deepened_rerank(score, cands[::-1], [], k=3, pool=5)
+    assert keys == cands[::-1][:5]  # the best lead the engine's order: no growth
+    keys, _ = deepened_rerank(score, cands, [], k=3, pool=5, limit=12)
+    assert keys == cands[:12]
