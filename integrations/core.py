@@ -48,7 +48,14 @@ from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.rank import rerank
-from uibk_embedding.tagged import Decomposition, check_dense_weight, decompose, dense_vector
+from uibk_embedding.tagged import (
+    Decomposition,
+    check_dense_weight,
+    check_retrieval_mode,
+    decompose,
+    dense_vector,
+    query_for_mode,
+)
 
 DEFAULT_TEXT_KEY = "text"
 DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
@@ -77,10 +84,11 @@ class StoredText:
 @dataclass
 class ScoredText(StoredText):
     """A search hit: a :class:`StoredText` with its MaxSim ``score`` and its decomposition
-    (``None`` when the search was run with ``explain=False``)."""
+    (``None`` when the search was run with ``explain=False``) and its :func:`relevance`."""
 
     score: float = 0.0
     decomposition: Decomposition | None = None
+    relevance: float | None = None
 
     @property
     def token_part(self) -> float | None:
@@ -93,23 +101,76 @@ class ScoredText(StoredText):
         return None if self.decomposition is None else self.decomposition.dense_part
 
     def explanation(self) -> dict[str, Any]:
-        """``score``, ``token_part``, ``dense_part`` (the keys the wrappers put in metadata)."""
-        return {"score": self.score, "token_part": self.token_part, "dense_part": self.dense_part}
+        """``score``, ``token_part``, ``dense_part``, ``relevance`` (the keys the wrappers put in
+        metadata)."""
+        return {"score": self.score, "token_part": self.token_part, "dense_part": self.dense_part,
+                "relevance": self.relevance}
+
+
+def query_span(query: np.ndarray) -> tuple[float, float]:
+    """``(C(q), max)``: the part of MaxSim every document gets, and the largest score, computed
+    from the query rows alone (DESIGN 1.1-1.2). A row's tag ``x0`` meets a stored row of the
+    same kind, whose tag has the same magnitude per unit norm, so its share of ``C(q)`` is
+    ``x0**2 / |row|`` (``(1 - beta)`` per unit token row, ``w (1 - delta)`` per slot of norm
+    ``w``); its largest contribution is ``|row|`` (stored rows have unit norm). Holds for any
+    dense weight and for slots-only or tokens-only queries (:func:`~uibk_embedding.tagged.query_for_mode`).
+
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(0)
+    >>> q = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(10, 127)))
+    >>> c, top = query_span(q)
+    >>> round(c, 3), round(fmt.constant(10), 3), round(top, 3)
+    (3.325, 3.325, 13.0)
+    """
+    x = np.asarray(query, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1)
+    live = norms > 0
+    constant = float((x[live, 0] ** 2 / norms[live]).sum())
+    return constant, float(norms.sum())
+
+
+def hybrid_fraction(query: np.ndarray, score: float) -> float:
+    """The hybrid part of a MaxSim score as a fraction of what the query can reach,
+    ``(score - C(q)) / (max - C(q))`` (:func:`query_span`), clipped to [0, 1]: 1 for a perfect
+    match whatever the query's length, near 0 for a document unlike the query.
+
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> q = TaggedFormat().build(np.eye(3, 127), np.eye(5, 127, 3))
+    >>> c, top = query_span(q)
+    >>> hybrid_fraction(q, top), hybrid_fraction(q, c), round(hybrid_fraction(q, (c + top) / 2), 6)
+    (1.0, 0.0, 0.5)
+    """
+    constant, top = query_span(query)
+    if top - constant <= 0:
+        return 0.0
+    return float(min(1.0, max(0.0, (float(score) - constant) / (top - constant))))
+
+
+# The monotone map from hybrid_fraction to relevance, piecewise linear through these knots
+# (x: hybrid fraction, y: relevance). Printed by `python benchmarks/relevance.py calibrate`,
+# which fits them on paragraphs of Python standard-library docstrings (not an evaluation
+# collection): a paragraph's first sentence against the rest of its paragraph (related) and
+# against the best of 50 random other paragraphs (off-topic). The 0.5 knot is the equal-error
+# point (as many related pairs below as off-topic best matches above, about 35% each: the two
+# overlap); gibberish queries reach 0.24-0.37. Results: benchmarks/results/relevance.md.
+RELEVANCE_KNOTS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.253, 0.25), (0.505, 0.5), (1.0, 1.0))
 
 
 def relevance(query: np.ndarray, score: float) -> float:
-    """A MaxSim score as a relevance in [0, 1]: the score over the largest score this query can
-    reach, ``sum_i |q_i|`` (every stored vector has unit norm, so query vector ``i`` adds at
-    most ``|q_i|``), clipped at 0. The same query's documents keep their order, and the value
-    does not depend on the collection, so one threshold means the same thing in every store.
-    Query-time dense weights raise the reachable score with the slots, as they raise the score.
+    """A MaxSim score as a relevance in [0, 1]: :func:`hybrid_fraction` through the fixed
+    monotone map :data:`RELEVANCE_KNOTS`. 1 is a perfect match whatever the query's length;
+    an off-topic query's best document falls below 0.5 (calibrated on non-evaluation text,
+    ``benchmarks/relevance.py``). Computed from the query alone, so the same on every backend,
+    and the same query's documents keep their order. Start with a threshold of 0.5.
 
-    >>> q = np.zeros((4, 128)); q[:, 0] = 1.0
-    >>> relevance(q, 4.0), relevance(q, 2.0), relevance(q, -1.0)
-    (1.0, 0.5, 0.0)
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> q = TaggedFormat().build(np.eye(3, 127), np.eye(5, 127, 3))
+    >>> c, top = query_span(q)
+    >>> relevance(q, top), relevance(q, c), relevance(q, c - 1.0)
+    (1.0, 0.0, 0.0)
     """
-    reach = float(np.linalg.norm(np.asarray(query, dtype=np.float64), axis=1).sum())
-    return float(min(1.0, max(0.0, score / reach))) if reach > 0 else 0.0
+    xs, ys = zip(*RELEVANCE_KNOTS, strict=True)
+    return float(np.interp(hybrid_fraction(query, score), xs, ys))
 
 
 def mmr_select(relevances: Sequence[float], similarity: np.ndarray, k: int, lambda_mult: float) -> list[int]:
@@ -151,6 +212,9 @@ class RetrievalCore:
     text_key: metadata key that holds each document's text (``"text"``, as ``uibk-embed
         index`` writes it, so stores indexed by the CLI are read back with their texts).
     dense_weight: default query-time dense weight (``None``: the encoder's default).
+    retrieval_mode: default mode, ``"hybrid"`` (slots and tokens), ``"dense"`` (the query's slot
+        rows only) or ``"tokens"`` (its token rows only): :func:`~uibk_embedding.tagged.query_for_mode`;
+        every search also takes ``retrieval_mode=`` per query (no re-index).
     """
 
     def __init__(
@@ -160,6 +224,7 @@ class RetrievalCore:
         *,
         text_key: str = DEFAULT_TEXT_KEY,
         dense_weight: float | None = None,
+        retrieval_mode: str = "hybrid",
     ) -> None:
         if not (hasattr(encoder, "encode_queries") and hasattr(encoder, "encode_documents")):
             raise TypeError(
@@ -179,6 +244,7 @@ class RetrievalCore:
         self.store = store
         self.text_key = text_key
         self.dense_weight = dense_weight
+        self.retrieval_mode = check_retrieval_mode(retrieval_mode)
 
     # -- writing ---------------------------------------------------------------------------
     def add_texts(
@@ -239,14 +305,17 @@ class RetrievalCore:
         """Number of stored documents."""
         return self.store.count()
 
-    def encode_query(self, query: str, dense_weight: float | None = None) -> np.ndarray:
-        """The tagged query list of ``query`` with the given (or default) dense weight."""
+    def encode_query(self, query: str, dense_weight: float | None = None,
+                     retrieval_mode: str | None = None) -> np.ndarray:
+        """The tagged query list of ``query`` with the given (or default) dense weight, cut to the
+        given (or default) retrieval mode."""
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}")
         w = dense_weight if dense_weight is not None else self.dense_weight
         if w is not None:
             check_dense_weight(w)
-        return self.encoder.encode_queries([query], dense_weight=w)[0]
+        mode = check_retrieval_mode(self.retrieval_mode if retrieval_mode is None else retrieval_mode)
+        return query_for_mode(self.encoder.encode_queries([query], dense_weight=w)[0], mode)
 
     def search(
         self,
@@ -256,36 +325,34 @@ class RetrievalCore:
         *,
         dense_weight: float | None = None,
         explain: bool = True,
+        retrieval_mode: str | None = None,
     ) -> list[ScoredText]:
         """The ``k`` best documents for ``query``, best first, with score and decomposition.
 
         ``filter`` is the library's filter language (or :data:`NEVER_MATCHES`);
-        ``dense_weight`` scales the dense head for this query only (no re-index).
+        ``dense_weight`` scales the dense head for this query only (no re-index);
+        ``retrieval_mode`` (``"hybrid"``, ``"dense"``, ``"tokens"``) overrides the default.
         """
         k = validate_k(k)
         if filter is NEVER_MATCHES:
             return []
         if filter is not None:
             parse_filter(filter)  # type: ignore[arg-type]
-        q = self.encode_query(query, dense_weight)
-        hits = self.store.search(q, k=k, filter=filter, explain=explain)  # type: ignore[arg-type]
-        return [
-            ScoredText(**vars(self._stored(h.id, h.metadata)), score=float(h.score),
-                       decomposition=h.decomposition)
-            for h in hits
-        ]
+        q = self.encode_query(query, dense_weight, retrieval_mode)
+        return self._hits(q, k, filter, explain)
 
     def search_with_relevance(
         self, query: str, k: int = 4, filter: Filter | _NeverMatches | None = None, *,
         dense_weight: float | None = None, score_threshold: float | None = None,
+        retrieval_mode: str | None = None,
     ) -> list[tuple[ScoredText, float]]:
         """``(hit, relevance in [0, 1])`` pairs (:func:`relevance`), best first; with
         ``score_threshold`` only those at or above it."""
         k = validate_k(k)
         if filter is NEVER_MATCHES:
             return []
-        q = self.encode_query(query, dense_weight)
-        out = [(h, relevance(q, h.score)) for h in self._hits(q, k, filter, explain=True)]
+        q = self.encode_query(query, dense_weight, retrieval_mode)
+        out = [(h, h.relevance) for h in self._hits(q, k, filter, explain=True)]
         if score_threshold is not None:
             out = [(h, r) for h, r in out if r >= float(score_threshold)]
         return out
@@ -293,6 +360,7 @@ class RetrievalCore:
     def mmr_search(
         self, query: str, k: int = 4, fetch_k: int = DEFAULT_FETCH_K, lambda_mult: float = 0.5,
         filter: Filter | _NeverMatches | None = None, *, dense_weight: float | None = None,
+        retrieval_mode: str | None = None,
     ) -> list[ScoredText]:
         """``k`` documents chosen by maximal marginal relevance among the ``fetch_k`` best.
 
@@ -305,7 +373,7 @@ class RetrievalCore:
         k, fetch_k = validate_k(k), validate_k(fetch_k)
         if filter is NEVER_MATCHES:
             return []
-        q = self.encode_query(query, dense_weight)
+        q = self.encode_query(query, dense_weight, retrieval_mode)
         hits = self._hits(q, max(k, fetch_k), filter, explain=True)
         if not hits:
             return []
@@ -321,10 +389,12 @@ class RetrievalCore:
             parse_filter(filter)  # type: ignore[arg-type]
         hits = self.store.search(q, k=k, filter=filter, explain=explain)  # type: ignore[arg-type]
         return [ScoredText(**vars(self._stored(h.id, h.metadata)), score=float(h.score),
-                           decomposition=h.decomposition) for h in hits]
+                           decomposition=h.decomposition, relevance=relevance(q, float(h.score)))
+                for h in hits]
 
     def rank_ids(
-        self, query: str, ids: Sequence[str], k: int, *, dense_weight: float | None = None
+        self, query: str, ids: Sequence[str], k: int, *, dense_weight: float | None = None,
+        retrieval_mode: str | None = None,
     ) -> list[ScoredText]:
         """Exact MaxSim ranking of the stored documents ``ids`` only (best ``k``).
 
@@ -332,13 +402,14 @@ class RetrievalCore:
         vectors are fetched and scored here, exactly, whatever the backend.
         """
         k = validate_k(k)
-        q = self.encode_query(query, dense_weight)
+        q = self.encode_query(query, dense_weight, retrieval_mode)
         recs = self.store.get(list(dict.fromkeys(ids)))
         out = []
         for i, score in rerank(q, [r.vectors for r in recs], k, dtype=np.float64):
             r = recs[i]
             out.append(ScoredText(**vars(self._stored(r.id, r.metadata)), score=score,
-                                  decomposition=decompose(q, r.vectors, self.store.format)))
+                                  decomposition=decompose(q, r.vectors, self.store.format),
+                                  relevance=relevance(q, score)))
         return out
 
     # -- helpers ---------------------------------------------------------------------------

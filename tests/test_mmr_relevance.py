@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from uibk_embedding.adapters.exact import ExactStore
-from uibk_embedding.integrations.core import RetrievalCore, mmr_select, relevance
+from uibk_embedding.integrations.core import (
+    RELEVANCE_KNOTS,
+    RetrievalCore,
+    mmr_select,
+    query_span,
+    relevance,
+)
 from uibk_embedding.tagged import dense_vector
 from uibk_embedding.testing import datasets_dir
 
@@ -79,9 +85,10 @@ def test_relevance_is_in_0_1_and_keeps_the_order(core):
     pairs = core.search_with_relevance(QUERY, k=10)
     rels = [r for _, r in pairs]
     assert all(0.0 <= r <= 1.0 for r in rels) and rels == sorted(rels, reverse=True)
-    reach = float(np.linalg.norm(q.astype(np.float64), axis=1).sum())
+    constant, reach = query_span(q)  # the hybrid part over what the query can reach, mapped
+    xs, ys = zip(*RELEVANCE_KNOTS, strict=True)
     for h, r in pairs:
-        assert r == pytest.approx(h.score / reach, abs=1e-12)
+        assert r == pytest.approx(np.interp((h.score - constant) / (reach - constant), xs, ys), abs=1e-12)
     cut = rels[4]
     kept = core.search_with_relevance(QUERY, k=10, score_threshold=cut)
     assert [h.id for h, _ in kept] == [h.id for h, r in pairs if r >= cut]

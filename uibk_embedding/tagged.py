@@ -553,3 +553,49 @@ def dense_vector(tagged: np.ndarray, n_slots: int = N_SLOTS) -> np.ndarray:
     if n == 0:
         raise ValueError("tagged list has zero slot bodies")
     return body / n
+
+
+RETRIEVAL_MODES = ("hybrid", "dense", "tokens")
+
+
+def check_retrieval_mode(mode: Any) -> str:
+    """``mode`` as one of :data:`RETRIEVAL_MODES` (an enum member counts by its ``value``, so
+    langchain-qdrant's ``RetrievalMode.HYBRID`` / ``.DENSE`` are accepted); a ``ValueError``
+    naming the modes otherwise (``"sparse"``: this format's lexical part is ``"tokens"``).
+
+    >>> check_retrieval_mode("dense")
+    'dense'
+    >>> check_retrieval_mode("sparse")
+    Traceback (most recent call last):
+    ...
+    ValueError: retrieval_mode must be one of 'hybrid', 'dense', 'tokens', got 'sparse'
+    """
+    value = getattr(mode, "value", mode)
+    if not isinstance(value, str) or value not in RETRIEVAL_MODES:
+        raise ValueError(
+            f"retrieval_mode must be one of {', '.join(map(repr, RETRIEVAL_MODES))}, got {value!r}"
+        )
+    return value
+
+
+def query_for_mode(query: np.ndarray, mode: Any = "hybrid") -> np.ndarray:
+    """The query list for a retrieval mode, per query, with no re-index: ``"hybrid"`` the list
+    itself, ``"dense"`` its slot rows only (MaxSim is then the dense head's score), ``"tokens"``
+    its token rows only (token MaxSim). Every backend takes all three (a query may be slots only
+    or tokens only). A ``ValueError`` when the query has no rows of the kind asked.
+
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(0)
+    >>> q = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(5, 127)))
+    >>> [query_for_mode(q, m).shape[0] for m in RETRIEVAL_MODES]
+    [8, 3, 5]
+    """
+    mode = check_retrieval_mode(mode)
+    q = np.asarray(query)
+    if mode == "hybrid":
+        return q
+    slots = q[:, 0] < 0
+    out = q[slots] if mode == "dense" else q[~slots]
+    if len(out) == 0:
+        kind = "slot" if mode == "dense" else "token"
+        raise ValueError(f"retrieval_mode {mode!r}: the query has no {kind} rows")
+    return out
