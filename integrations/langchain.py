@@ -35,6 +35,7 @@ Example
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -79,6 +80,41 @@ def _default_encoder() -> Any:
     return load_encoder()
 
 
+def _encoder_argument(embedding: Any, encoder: Any) -> Any:
+    """The encoder given as LangChain's ``embedding`` argument or as ``encoder=``."""
+    if embedding is None:
+        return encoder
+    if isinstance(embedding, Embeddings) or not hasattr(embedding, "encode_queries"):
+        raise TypeError(
+            "UIBKVectorStore encodes with a uibk multi-vector encoder, not a LangChain "
+            "Embeddings: pass encoder=uibk_embedding.load_encoder(...) (or leave it out "
+            "for the embedded default)"
+        )
+    if encoder is not None:
+        raise TypeError("give the encoder once: as embedding or as encoder=, not both")
+    return embedding
+
+
+def _check_threshold(threshold: Any) -> float:
+    """``score_threshold``: a relevance in [0, 1] (the scale of
+    :func:`~uibk_embedding.integrations.core.relevance`), else a ``ValueError``."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
+        raise ValueError(f"score_threshold is a relevance in [0, 1] (start with 0.5), got {threshold!r}")
+    return float(threshold)
+
+
+def _store_target(backend: str | None, collection_name: str | None, path: Any, url: str | None,
+                  client: Any, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(backend, options)`` for open_store from langchain-qdrant's argument names."""
+    if backend is None:
+        backend = "qdrant" if (collection_name, url, client) != (None, None, None) else "exact"
+    opts = dict(options)
+    for key, value in (("path", path), ("url", url), ("client", client), ("collection", collection_name)):
+        if value is not None:
+            opts[key] = os.fspath(value) if key == "path" else value
+    return backend, opts
+
+
 class UIBKDenseEmbeddings(Embeddings):
     """The encoder's dense head as a LangChain ``Embeddings`` (381-d unit vectors).
 
@@ -117,10 +153,19 @@ class UIBKVectorStore(VectorStore):
         self,
         *,
         encoder: Any = None,
-        store: MultiVectorStore,
+        store: MultiVectorStore | None = None,
+        client: Any = None,
+        collection_name: str | None = None,
         text_key: str = DEFAULT_TEXT_KEY,
         dense_weight: float | None = None,
     ) -> None:
+        if store is None:
+            if client is None:
+                raise TypeError("UIBKVectorStore needs store= (uibk_embedding.open_store(...)) or "
+                                "client= (a qdrant_client.QdrantClient) with collection_name=")
+            store = open_store("qdrant", client=client, collection=collection_name or "uibk")
+        elif client is not None or collection_name is not None:
+            raise TypeError("give store=, or client= with collection_name=, not both")
         self.core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
                                   text_key=text_key, dense_weight=dense_weight)
 
@@ -140,6 +185,54 @@ class UIBKVectorStore(VectorStore):
         return cls(encoder=encoder, store=store, **kwargs)
 
     @classmethod
+    def from_existing_collection(
+        cls,
+        collection_name: str | None = None,
+        embedding: Any = None,
+        *,
+        backend: str | None = None,
+        path: str | os.PathLike | None = None,
+        url: str | None = None,
+        client: Any = None,
+        encoder: Any = None,
+        text_key: str = DEFAULT_TEXT_KEY,
+        dense_weight: float | None = None,
+        **options: Any,
+    ) -> UIBKVectorStore:
+        """Open a store that exists, creating nothing (langchain-qdrant's constructor).
+
+        ``backend`` defaults to ``"qdrant"`` when a ``collection_name``, ``url`` or ``client``
+        is given, else ``"exact"`` (a ``path`` written by ``uibk-embed index``); other
+        ``options`` go to :func:`~uibk_embedding.open_store`. Fails with a precise message when
+        the collection does not fit: :class:`~uibk_embedding.errors.StoreNotFound` when nothing
+        is there, a format conflict when it was written by another model, a ``ValueError`` when
+        its documents have no ``text_key`` (no page content to return).
+
+        >>> import tempfile, uibk_embedding as ue
+        >>> where = tempfile.mkdtemp() + "/idx"
+        >>> UIBKVectorStore.from_texts(["wing lift"], ids=["w"], path=where).store.close()
+        >>> vs = UIBKVectorStore.from_existing_collection(path=where)
+        >>> vs.get_by_ids(["w"])[0].page_content
+        'wing lift'
+        >>> vs.store.close()
+        >>> UIBKVectorStore.from_existing_collection(path=where + "-nope")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        uibk_embedding.errors.StoreNotFound: no store at ...
+        """
+        encoder = _encoder_argument(embedding, encoder)
+        name, opts = _store_target(backend, collection_name, path, url, client, options)
+        store = open_store(name, create=False, **opts)
+        vs = cls(encoder=encoder, store=store, text_key=text_key, dense_weight=dense_weight)
+        first = next(iter(vs.core.store.scan(None)), None)
+        if first is not None and text_key not in first[1]:
+            raise ValueError(
+                f"the {store.backend} store's documents have no {text_key!r} metadata key (document "
+                f"{first[0]!r} has {sorted(first[1])}), so there is no page content to return: "
+                "pass text_key= the key that holds each document's text")
+        return vs
+
+    @classmethod
     def from_texts(
         cls,
         texts: list[str],
@@ -149,25 +242,31 @@ class UIBKVectorStore(VectorStore):
         ids: list[str] | None = None,
         encoder: Any = None,
         store: MultiVectorStore | None = None,
+        backend: str | None = None,
+        path: str | os.PathLike | None = None,
+        url: str | None = None,
+        client: Any = None,
+        collection_name: str | None = None,
         **kwargs: Any,
     ) -> UIBKVectorStore:
-        """A store filled with ``texts``. ``store`` defaults to a new in-memory exact store;
-        ``embedding`` may be a uibk encoder (LangChain ``Embeddings`` cannot be used).
+        """A store filled with ``texts``. ``store`` defaults to a new store: in memory (exact),
+        or where ``path=`` / ``url=`` / ``client=`` / ``collection_name=`` say (as langchain-qdrant
+        takes them; ``backend`` defaults to ``"qdrant"`` with a collection, url or client, else
+        ``"exact"``). ``embedding`` may be a uibk encoder (LangChain ``Embeddings`` cannot be used).
 
         >>> vs = UIBKVectorStore.from_texts(["wing lift", "bread"], ids=["w", "b"])
         >>> vs.similarity_search("lift of a wing", k=1)[0].id
         'w'
         """
-        if embedding is not None:
-            if isinstance(embedding, Embeddings) or not hasattr(embedding, "encode_queries"):
-                raise TypeError(
-                    "UIBKVectorStore encodes with a uibk multi-vector encoder, not a LangChain "
-                    "Embeddings: pass encoder=uibk_embedding.load_encoder(...) (or leave it out "
-                    "for the embedded default)"
-                )
-            if encoder is not None:
-                raise TypeError("give the encoder once: as embedding or as encoder=, not both")
-            encoder = embedding
+        where = (backend, path, url, client, collection_name)
+        if store is not None and any(x is not None for x in where):
+            raise TypeError("give store=, or backend= / path= / url= / client= / collection_name=, "
+                            "not both")
+        if store is None and any(x is not None for x in where):
+            opts = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("text_key", "dense_weight")}
+            name, opts = _store_target(backend, collection_name, path, url, client, opts)
+            store = open_store(name, **opts)
+        encoder = _encoder_argument(embedding, encoder)
         if store is None:
             store = open_store("exact")
         vs = cls(encoder=encoder, store=store, **kwargs)
@@ -232,21 +331,31 @@ class UIBKVectorStore(VectorStore):
 
     def _search(self, query: str, k: int, filter: dict | None, dense_weight: float | None,
                 explain: bool, **kwargs: Any) -> list[ScoredText]:
+        threshold = kwargs.pop("score_threshold", None)
         if kwargs:
             raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
-        return self.core.search(query, k, translate_langchain_filter(filter),
-                                dense_weight=dense_weight, explain=explain)
+        if threshold is None:
+            return self.core.search(query, k, translate_langchain_filter(filter),
+                                    dense_weight=dense_weight, explain=explain)
+        _check_threshold(threshold)
+        pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
+                                                dense_weight=dense_weight, score_threshold=threshold)
+        return [t for t, _ in pairs]
 
     def similarity_search(self, query: str, k: int = 4, filter: dict | None = None,
                           dense_weight: float | None = None, **kwargs: Any) -> list[Document]:
-        """The ``k`` best documents for ``query`` (metadata exactly as stored)."""
+        """The ``k`` best documents for ``query`` (metadata exactly as stored). With
+        ``score_threshold=`` (a relevance in [0, 1], :func:`~uibk_embedding.integrations.core.relevance`;
+        start with 0.5) only those at or above it."""
         return [_document(t) for t in self._search(query, k, filter, dense_weight, False, **kwargs)]
 
     def similarity_search_with_score(
         self, query: str, k: int = 4, filter: dict | None = None,
         dense_weight: float | None = None, **kwargs: Any,
     ) -> list[tuple[Document, float]]:
-        """``(document, MaxSim score)`` pairs, best first (higher is better)."""
+        """``(document, MaxSim score)`` pairs, best first (higher is better). ``score_threshold=``
+        keeps those whose relevance in [0, 1] is at or above it (the raw score depends on the
+        query's length; the relevance does not)."""
         hits = self._search(query, k, filter, dense_weight, False, **kwargs)
         return [(_document(t), t.score) for t in hits]
 
