@@ -54,7 +54,7 @@ from uibk_embedding.integrations.core import (
     RetrievalCore,
     ScoredText,
 )
-from uibk_embedding.tagged import dense_vector
+from uibk_embedding.tagged import check_retrieval_mode, dense_vector
 
 require("llama_index.core", "llamaindex", "the LlamaIndex integration")
 
@@ -362,8 +362,13 @@ class UIBKVectorStore(BasePydanticVectorStore):
     # -- searching -----------------------------------------------------------------------------
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Search with ``query.query_str`` (encoded here), ``similarity_top_k``, ``filters``,
-        ``doc_ids`` and ``node_ids``. ``dense_weight=`` may be given as a keyword."""
+        ``doc_ids`` and ``node_ids``. ``dense_weight=`` and ``retrieval_mode=`` (``"hybrid"``,
+        ``"dense"``, ``"tokens"``: per query, no re-index) may be given as keywords (from a
+        retriever: ``index.as_retriever(vector_store_kwargs={"retrieval_mode": "dense"})``).
+        Each node's metadata holds ``relevance`` in [0, 1] (the same function as LangChain's
+        relevance scores, :func:`~uibk_embedding.integrations.core.relevance`)."""
         dense_weight = kwargs.pop("dense_weight", None)
+        mode = kwargs.pop("retrieval_mode", None)
         explain = kwargs.pop("explain", True)
         fetch_k = kwargs.pop("mmr_fetch_k", None)
         mmr_lambda = kwargs.pop("mmr_threshold", None)  # index.as_retriever(vector_store_kwargs=...)
@@ -387,7 +392,7 @@ class UIBKVectorStore(BasePydanticVectorStore):
         k = query.similarity_top_k
         if query.node_ids:
             hits = [h for h in self._core.rank_ids(query.query_str, query.node_ids, len(query.node_ids),
-                                                   dense_weight=dense_weight)
+                                                   dense_weight=dense_weight, retrieval_mode=mode)
                     if flt is not NEVER_MATCHES and matches({**h.metadata}, parse_filter(flt))][:k]
         elif query.mode == VectorStoreQueryMode.MMR:
             # lambda: query.mmr_threshold (LlamaIndex's name; 0.5 when unset); candidates:
@@ -395,9 +400,10 @@ class UIBKVectorStore(BasePydanticVectorStore):
             lam = query.mmr_threshold if query.mmr_threshold is not None else mmr_lambda
             lam = 0.5 if lam is None else float(lam)
             hits = self._core.mmr_search(query.query_str, k, int(fetch_k or max(DEFAULT_FETCH_K, 4 * k)), lam,
-                                         flt, dense_weight=dense_weight)
+                                         flt, dense_weight=dense_weight, retrieval_mode=mode)
         else:
-            hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain)
+            hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain,
+                                     retrieval_mode=mode)
         nodes = [self._to_node(h.id, h.text, h.metadata, h) for h in hits]
         return VectorStoreQueryResult(nodes=nodes, similarities=[h.score for h in hits],
                                       ids=[h.id for h in hits])
@@ -424,7 +430,8 @@ class UIBKRetriever(BaseRetriever):
 
     Build it from ``vector_store=`` (a :class:`UIBKVectorStore`) or from ``encoder=`` and
     ``store=`` (a store of ``uibk_embedding.open_store``). ``similarity_top_k``, ``filters``
-    (``MetadataFilters``) and ``dense_weight`` follow LlamaIndex's names. Each
+    (``MetadataFilters``) and ``dense_weight`` follow LlamaIndex's names; ``retrieval_mode``
+    (``"hybrid"``, ``"dense"``, ``"tokens"``) picks the heads per retriever. Each
     ``NodeWithScore`` has the MaxSim score; its node metadata adds ``score``, ``token_part``
     and ``dense_part``.
 
@@ -448,6 +455,7 @@ class UIBKRetriever(BaseRetriever):
         dense_weight: float | None = None,
         text_key: str = DEFAULT_TEXT_KEY,
         callback_manager: CallbackManager | None = None,
+        retrieval_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
         if vector_store is not None:
@@ -468,6 +476,7 @@ class UIBKRetriever(BaseRetriever):
         self._similarity_top_k = similarity_top_k
         self._filters = filters
         self._dense_weight = dense_weight
+        self._retrieval_mode = None if retrieval_mode is None else check_retrieval_mode(retrieval_mode)
         super().__init__(callback_manager=callback_manager, **kwargs)
 
     @property
@@ -477,7 +486,8 @@ class UIBKRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         q = VectorStoreQuery(query_str=query_bundle.query_str, similarity_top_k=self._similarity_top_k,
                              filters=self._filters)
-        res = self._vector_store.query(q, dense_weight=self._dense_weight)
+        res = self._vector_store.query(q, dense_weight=self._dense_weight,
+                                       retrieval_mode=self._retrieval_mode)
         return [NodeWithScore(node=n, score=s) for n, s in zip(res.nodes or [], res.similarities or [],
                                                                strict=True)]
 

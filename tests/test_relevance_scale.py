@@ -160,3 +160,23 @@ def test_langchain_and_llama_index_give_the_core_relevance(encoder, core):
     res = li.UIBKVectorStore(encoder=encoder, store=core.store).query(
         VectorStoreQuery(query_str=LONG, similarity_top_k=5))
     assert [n.metadata["relevance"] for n in res.nodes] == pytest.approx([r for _, r in want], abs=1e-9)
+
+
+def test_llama_index_retrieval_mode_per_query_and_per_retriever(encoder, core):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.vector_stores.types import VectorStoreQuery
+
+    from uibk_embedding.integrations import llama_index as li
+
+    vs = li.UIBKVectorStore(encoder=encoder, store=core.store)
+    for mode in ("dense", "tokens", "hybrid"):
+        want = [h.id for h in core.search(LONG, k=5, retrieval_mode=mode)]
+        assert vs.query(VectorStoreQuery(query_str=LONG, similarity_top_k=5), retrieval_mode=mode).ids == want
+        r = li.UIBKRetriever(vector_store=vs, similarity_top_k=5, retrieval_mode=mode)
+        assert [n.node.node_id for n in r.retrieve(LONG)] == want
+        index = li.index_from_store(vs)
+        retriever = index.as_retriever(similarity_top_k=5, vector_store_kwargs={"retrieval_mode": mode})
+        got = retriever.retrieve(LONG)
+        assert [n.node.node_id for n in got] == want
+    with pytest.raises(ValueError, match="retrieval_mode must be one of"):
+        li.UIBKRetriever(vector_store=vs, retrieval_mode="sparse")
