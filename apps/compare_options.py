@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding.adapters.registry import backend_factory
+from uibk_embedding.adapters.registry import BACKENDS, backend_factory
 
 
 # -- benchmark defaults per backend -------------------------------------------------------------
@@ -76,7 +76,7 @@ def default_backends(registered: Any = None) -> list[str]:
     (False, True)
     """
     if registered is None:
-        from uibk_embedding.adapters.registry import BACKENDS as registered
+        registered = BACKENDS
     return [n for n in LOCAL_BACKENDS if n in registered
             and not (n == "qdrant" and os.environ.get("QDRANT_URL"))]
 
