@@ -121,6 +121,7 @@ def test_every_backend_matches_the_cli_search(spec: BackendSpec, real_data, enco
         md = [{"text": t, "group": _groups(i)} for i, t in enumerate(real_data.texts)]
         store.upsert(real_data.doc_ids, real_data.docs, md)
         monkeypatch.setattr("uibk_embedding.adapters.open_store", lambda backend, **kw: _KeepOpen(store))
+        monkeypatch.setattr(cli, "require_store", lambda backend, opts: None)  # the store is this one
         monkeypatch.setattr(cli, "_load_encoder", lambda args, **kw: encoder)
         qs = real_data.query_texts
         settings = [(qs[0], None, None), (qs[1], 2.5, None), (qs[2], None, "odd")]
@@ -145,6 +146,7 @@ def test_llama_index_in_filter_matches_cli(real_data, encoder, capsys, monkeypat
     store.upsert(real_data.doc_ids, real_data.docs,
                  [{"text": t, "n": i % 5} for i, t in enumerate(real_data.texts)])
     monkeypatch.setattr("uibk_embedding.adapters.open_store", lambda backend, **kw: _KeepOpen(store))
+    monkeypatch.setattr(cli, "require_store", lambda backend, opts: None)  # the store is this one
     monkeypatch.setattr(cli, "_load_encoder", lambda args, **kw: encoder)
     q = real_data.query_texts[2]
     ref = cli_search(capsys, q, ["--filter", json.dumps({"n": {"$in": [1, 3]}})])
