@@ -11,19 +11,12 @@ import pytest
 import uibk_embedding
 from uibk_embedding._optional import missing_extra
 
-SUBPACKAGES = ["encoder", "adapters", "plaid_backend", "integrations", "testing", "apps"]
-
 
 def _modules() -> list[str]:
-    """All modules of the package (the subpackages live in their own top-level folders)."""
+    """All modules of the package."""
     names = {"uibk_embedding"}
-    for info in pkgutil.iter_modules(uibk_embedding.__path__, "uibk_embedding."):
+    for info in pkgutil.walk_packages(uibk_embedding.__path__, "uibk_embedding."):
         names.add(info.name)
-    for sub in SUBPACKAGES:
-        pkg = importlib.import_module(f"uibk_embedding.{sub}")
-        names.add(pkg.__name__)
-        for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
-            names.add(info.name)
     return sorted(names)
 
 

@@ -22,7 +22,7 @@ from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.tagged import TaggedFormat
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]  # src/uibk_embedding/testing/specs.py
 
 
 def datasets_dir() -> Path:
