@@ -4,7 +4,7 @@ For a store that ``benchmarks/scale.py`` built (``{work}/warp-{docs}``), ``probe
 for its ``--depth`` best candidates of every NPL query (the store's own engine call, its default
 search parameters) and scores all of them with exact MaxSim on the stored originals, as the
 store's rerank does. The exact store's top 10 of the same documents (cached by
-``scale_sweep.py`` as ``exact-{docs}.top10.json``) is the reference. It writes one JSON per size:
+``scale.py sweep`` as ``exact-{docs}.top10.json``) is the reference. It writes one JSON per size:
 per query, the engine's order, the engine's scores and the exact scores of the candidates, and
 the engine rank of each document of the exact top 10.
 
@@ -30,22 +30,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import _open, queries_of, recall
+from scale import _open, exact_top10, queries_of, recall
 
 HERE = Path(__file__).resolve().parent
 K = 10
-
-
-def exact_top10(work: Path, docs: int, queries: list[np.ndarray]) -> list[list[str]]:
-    """The exact store's top 10 per query, cached next to the stores (as ``scale_sweep.py``)."""
-    cache = work / f"exact-{docs}.top10.json"
-    top = json.loads(cache.read_text()) if cache.exists() else None
-    if top is None or len(top) != len(queries):
-        exact = _open("exact", work / f"exact-{docs}")
-        top = [[h.id for h in exact.search(q, k=K)] for q in queries]
-        exact.close()
-        cache.write_text(json.dumps(top))
-    return top
 
 
 def probe(args: argparse.Namespace, docs: int) -> dict[str, Any]:

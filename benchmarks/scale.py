@@ -1,29 +1,74 @@
-"""Scale on one machine: build, disk, peak memory, latency and recall of the local engines.
+"""Scale on one machine: build, disk, peak memory, latency and recall of the local engines
+(exact store, PLAID, WARP), and the search settings, rerank and profile of an index it built.
 
-NPL is encoded once (``benchmarks/plaid_scale.py encode`` writes ``/tmp/npl-vectors.npz``) and
-grown with noisy copies (:func:`uibk_embedding.apps.compare.synthetic_corpus`, generated in
-chunks of ``--chunk`` documents, chunk ``c`` from seed ``c``, so every engine gets the same
-documents and no process holds the whole collection). Every step runs in a FRESH process, so
-its peak RSS (``VmHWM``, which counts the pages of memory-mapped files it touched as well as
-its heap) is that step's alone:
+One script for what ``scale.py``, ``plaid_scale.py``, ``warp_scale.py`` and ``scale_sweep.py``
+measured before. NPL is encoded once (``encode``, resumable: ``/tmp/npl-vectors.npz``) and grown
+with noisy copies (:func:`uibk_embedding.apps.compare.synthetic_corpus`, generated in chunks of
+``--chunk`` documents, chunk ``c`` from seed ``c``, so every engine gets the same documents and no
+process holds the whole collection). The stores live in ``--work`` as ``{engine}-{docs}``.
 
-* ``load``: stream the documents into a store (PLAID and WARP build no index while loading);
-* ``build``: open the loaded store and build its index (PLAID, WARP; for the exact store the
-  load is the build): time, peak RSS, bytes on disk;
-* ``search``: the NPL queries at k = 10, one at a time, in ``--rounds`` rounds; each round runs
-  every engine in its own process, the engine order rotated from round to round; a query's
-  latency is its median over the rounds, p50/p95 are over queries, and recall@10 is against
-  the exact store's top 10 of the same documents.
+Subcommands:
 
-``run`` does all of it for the sizes and engines given and writes one JSON and one Markdown
-table (``--out``)::
+* ``encode``: NPL through the default encoder, in chunks, stopping after ``--budget-s`` (rerun it
+  to continue).
+* ``run``: for each size and engine (``--engines exact,exact16,plaid,warp``) ``load``, ``build``,
+  optionally ``update`` (``--add``), then ``search`` in ``--rounds`` rounds; every step in a FRESH
+  process, so its peak RSS (``VmHWM``, which counts the pages of memory-mapped files it touched as
+  well as its heap) is that step's alone. Writes one JSON and one Markdown table (``--out``).
 
-    python benchmarks/plaid_scale.py encode                 # once, resumable
+  - ``load``: stream the documents into a store (PLAID and WARP build no index while loading);
+  - ``build``: open the loaded store and build its index: time, peak RSS, bytes on disk, and for
+    PLAID the time inside fast-plaid's k-means, its Rust ``create`` and the garbage collector
+    (``engine_s``) and the number of centroids;
+  - ``update``: ``--add`` new documents, ``--chunk`` per upsert, to a copy of the built store
+    (WARP: the engine's ``add`` against the trained centroids, or a rebuild where the store
+    decides one);
+  - ``search``: the NPL queries at k = 10, one at a time; each round runs every engine in its own
+    process, the engine order rotated from round to round; a query's latency is its median over
+    the rounds, p50/p95 are over queries, and recall@10 is against the exact store's top 10.
+
+  Build options go per engine: ``--option plaid:nbits=2 --option plaid:num_threads=1``.
+* ``sweep``: search settings (JSON store options) of a built PLAID or WARP store: recall@10
+  against the exact store's top 10 (cached as ``exact-{docs}.top10.json``), p50/p95 latency
+  (median of ``--runs`` per query), identical top 10s; with ``--time-exact`` the exact store is
+  timed query by query beside each setting (interleaved, so both see the same machine: the
+  latency ratio); with ``--raw-scores N`` how the engine's raw scores of its top ``N`` relate to
+  exact MaxSim. Appends JSON lines to ``--out``.
+* ``rerank`` (PLAID): the exact rerank of ``--candidates`` documents from the memory-mapped vector
+  file against reading the same documents' float16 blobs from SQLite (schema 1's path).
+* ``profile`` (PLAID, WARP): where one query's time goes: the engine's candidate call, the exact
+  MaxSim rerank, the rest; then the 12 heaviest functions of cProfile.
+
+::
+
+    python benchmarks/scale.py encode                       # once, resumable
     python benchmarks/scale.py run --docs 30000 100000 --engines exact,plaid,warp \\
         --out benchmarks/results/scale
 
-Each result row records the load average before it. Run it alone on the machine: a test run
-or another benchmark on the same cores changes build times and latencies (not peak RSS).
+What the removed scripts measured, and how to get it now:
+
+* ``plaid_scale.py build`` (build time split, centroids, bytes): ``run --engines exact,plaid``
+  (``build_s``, ``engine_s``, ``centroids``, ``disk_bytes``), build parameters as
+  ``--option plaid:nbits=2`` etc.;
+* ``plaid_scale.py search`` (PLAID defaults vs exact, interleaved, ``--gap``):
+  ``sweep --engine plaid --settings '{}' --time-exact --runs 3 --gap 0.2``;
+* ``plaid_scale.py sweep --probe 4 --full 256 --rerank 0 50``: ``sweep --engine plaid --settings
+  '{"n_ivf_probe": 4, "n_full_scores": 256, "rerank": false}' '{"n_ivf_probe": 4,
+  "n_full_scores": 256, "n_rerank": 50}' --time-exact``;
+* ``plaid_scale.py rerank`` and ``profile``: ``rerank`` and ``profile --engine plaid``;
+* ``warp_scale.py build`` (staged: create, then engine ``add``): ``run --engines exact,warp
+  --add N`` (``build_s``, ``update_s``, ``update_chunk_s``, ``update_rebuilt``);
+* ``warp_scale.py query`` (grid of rerank pools and ``nprobe``, raw score vs MaxSim):
+  ``sweep --engine warp --settings '{"rerank": false}' '{"n_rerank": 100}' '{"n_rerank": 100,
+  "nprobe": 8}' --time-exact --raw-scores 100``;
+* ``scale_sweep.py``: ``sweep`` (one round: ``--runs 1``, the default).
+
+The synthetic documents beyond NPL's 11,426 come from other seeds than in the old scripts
+(``plaid_scale.py`` used one seed for all, ``warp_scale.py`` seed = size), so figures above NPL's
+size are comparable in kind, not document for document. Each result row records the load
+average before it. Run it alone on the machine: a test run or another benchmark on the same cores
+changes build times and latencies (not peak RSS). Logs of the figures:
+``benchmarks/results/scale-log.md``.
 """
 
 from __future__ import annotations
@@ -143,11 +188,16 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
 
 class _Phases:
     """RSS sampled every 50 ms in a thread, with the peak of each phase: ``kmeans`` while
-    fast-plaid's ``compute_kmeans`` runs (PLAID), ``other`` the rest of the build."""
+    fast-plaid's ``compute_kmeans`` runs (PLAID), ``other`` the rest of the build. For PLAID also
+    the wall time inside k-means, fast-plaid's Rust ``create`` (compression + IVF) and the garbage
+    collector (``seconds``); the rest of a build is ours (vector file, SQLite, fsync) or
+    fast-plaid's Python glue."""
 
     def __init__(self, plaid: bool) -> None:
         self.plaid = plaid
         self.phase, self.peaks, self._stop = "other", {"other": 0}, threading.Event()
+        self.seconds = {"kmeans_s": 0.0, "rust_create_s": 0.0, "gc_s": 0.0}
+        self._gc0 = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -155,28 +205,53 @@ class _Phases:
             rss = _status()["VmRSS"]
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
 
+    def _timed(self, key: str, fn: Any, phase: str | None = None) -> Any:
+        def inner(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            if phase:
+                self.phase = phase
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.phase = "other"
+                self.seconds[key] += time.perf_counter() - t0
+        return inner
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc0 = time.perf_counter()
+        else:
+            self.seconds["gc_s"] += time.perf_counter() - self._gc0
+
     def __enter__(self) -> _Phases:
         self._thread.start()
         if not self.plaid:  # importing fast-plaid loads torch: not part of the other builds
             return self
+        import gc
+
         import fast_plaid.search.fast_plaid as fpm
 
-        self._fpm, self._kmeans = fpm, fpm.compute_kmeans
+        self._fpm, self._kmeans, self._rust = fpm, fpm.compute_kmeans, fpm.fast_plaid_rust
+        fpm.compute_kmeans = self._timed("kmeans_s", self._kmeans, "kmeans")
+        outer = self
 
-        def marked(*a: Any, **kw: Any) -> Any:
-            self.phase = "kmeans"
-            try:
-                return self._kmeans(*a, **kw)
-            finally:
-                self.phase = "other"
-        fpm.compute_kmeans = marked
+        class Rust:  # the module's create timed, everything else passed through
+            def __getattr__(self, name: str) -> Any:
+                return getattr(outer._rust, name)
+        rust = Rust()
+        rust.create = self._timed("rust_create_s", self._rust.create)  # type: ignore[attr-defined]
+        fpm.fast_plaid_rust = rust
+        gc.callbacks.append(self._gc)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
         if hasattr(self, "_fpm"):
-            self._fpm.compute_kmeans = self._kmeans
+            import gc
+
+            self._fpm.compute_kmeans, self._fpm.fast_plaid_rust = self._kmeans, self._rust
+            gc.callbacks.remove(self._gc)
 
 
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,9 +267,17 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
             assert store.has_index, "no index was built"
     build_s = time.perf_counter() - t0
     st = _status()
+    extra: dict[str, Any] = {}
+    if args.engine == "plaid":
+        import importlib.metadata
+
+        extra = {"engine_s": {k: round(v, 2) for k, v in phases.seconds.items()},
+                 "engine_version": importlib.metadata.version("fast-plaid"),
+                 "centroids": int(np.load(store.path / store._index_dir / "centroids.npy",
+                                          mmap_mode="r").shape[0])}
     store.close()
     return {"build_s": round(build_s, 1), "build_peak_rss": st["VmHWM"], "start_rss": before["VmRSS"],
-            "phase_peak_rss": phases.peaks, "disk_bytes": _dir_bytes(path)}
+            "phase_peak_rss": phases.peaks, "disk_bytes": _dir_bytes(path), **extra}
 
 
 def cmd_update(args: argparse.Namespace) -> dict[str, Any]:
@@ -351,7 +434,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         rows: dict[str, Any] = {}
         earlier = json.loads(Path(args.rows_from).read_text()) if args.rows_from else result
         old, reuse = earlier["sizes"].get(str(docs), {}), args.reuse.split(",")
-        kept = ("load", "build", "update", "harness", "vectors", "disk", "start", "phase")
+        kept = ("load", "build", "update", "harness", "vectors", "disk", "start", "phase", "engine",
+                "centroids")
         for engine in engines:
             options = _options(argparse.Namespace(option=args.option, engine=engine))
             if engine in reuse and engine in old:  # loaded and built by an earlier run
@@ -423,9 +507,267 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- encoding (resumable) --------------------------------------------------------------------
+def cmd_encode(args: argparse.Namespace) -> None:
+    """NPL through the default encoder into one ``.npz`` (documents and queries, float32, packed),
+    in chunks of ``--chunk`` documents, stopping after ``--budget-s`` seconds (rerun to continue)."""
+    from uibk_embedding.apps.data import load_beir
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.maxsim import pack
+    from uibk_embedding.testing import datasets_dir
+
+    out = Path(args.vectors)
+    if out.exists():
+        print(f"{out} exists")
+        return
+    parts = out.with_suffix(".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    coll = load_beir(datasets_dir() / "npl")
+    texts = [d.full_text for d in coll.corpus]
+    enc = load_encoder()
+    t0 = time.perf_counter()
+    for lo in range(0, len(texts), args.chunk):
+        f = parts / f"docs-{lo:06d}.npz"
+        if f.exists():
+            continue
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"budget spent; rerun to continue (at document {lo} of {len(texts)})")
+            return
+        mat, off = pack(enc.encode_documents(texts[lo:lo + args.chunk]))
+        np.savez(f, mat=mat.astype(np.float32), off=off)
+        print(f"documents {lo}..{min(lo + args.chunk, len(texts))} of {len(texts)} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    qids = list(coll.queries)
+    qmat, qoff = pack(enc.encode_queries([coll.queries[q] for q in qids], dense_weight=1.0))
+    docs = []
+    for lo in range(0, len(texts), args.chunk):
+        with np.load(parts / f"docs-{lo:06d}.npz") as z:
+            m, o = z["mat"], z["off"]
+            docs += [m[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+    dmat, doff = pack(docs)
+    tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, doc_mat=dmat, doc_off=doff, doc_ids=np.array(json.dumps([d.id for d in coll.corpus])),
+                 query_mat=qmat, query_off=qoff, query_ids=np.array(json.dumps(qids)))
+    os.replace(tmp, out)
+    shutil.rmtree(parts)
+    print(f"wrote {out}: {len(docs)} documents, {len(dmat)} vectors, {len(qids)} queries")
+
+
+# -- a built store: search settings, rerank, profile -----------------------------------------
+def _built(args: argparse.Namespace, engine: str) -> Path:
+    path = Path(args.work) / f"{engine}-{args.docs}"
+    if not path.exists():
+        raise SystemExit(f"no {engine} store at {path}: run `scale.py run --engines exact,{engine} "
+                         f"--docs {args.docs}` first")
+    return path
+
+
+def exact_top10(work: Path, docs: int, queries: list[np.ndarray]) -> list[list[str]]:
+    """The exact store's top 10 of each query, cached next to the stores."""
+    cache = work / f"exact-{docs}.top10.json"
+    top = json.loads(cache.read_text()) if cache.exists() else None
+    if top is None or len(top) != len(queries):
+        exact = _open("exact", work / f"exact-{docs}")
+        top = [[h.id for h in exact.search(q, k=10)] for q in queries]
+        exact.close()
+        cache.write_text(json.dumps(top))
+    return top
+
+
+def _p50_p95(ms: list[float]) -> dict[str, float]:
+    return {f"p{q}_ms": round(float(np.percentile(ms, q)), 2) for q in (50, 95)}
+
+
+def _append(out: str, row: dict[str, Any]) -> None:
+    print(json.dumps(row), flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _median_ms(store: Any, q: np.ndarray, runs: int, gap: float) -> tuple[float, list[str]]:
+    times, hits = [], []
+    for _ in range(runs):
+        time.sleep(gap)  # let the previous call's BLAS / OpenMP threads settle
+        t = time.perf_counter()
+        hits = store.search(q, k=10)
+        times.append((time.perf_counter() - t) * 1000)
+    return float(np.median(times)), [h.id for h in hits]
+
+
+def _raw_scores(store: Any, queries: list[np.ndarray], depth: int) -> dict[str, float]:
+    """The engine's raw scores of its own top ``depth`` against exact MaxSim of the same
+    documents (the stored originals)."""
+    ratios, corrs = [], []
+    for q in queries:
+        cands = [(s, sc) for s, sc in store._engine_candidates([q], depth, None)[0] if s in store._id_of]
+        exact = store._scores([q], [s for s, _ in cands])[0]
+        raw = np.array([sc for _, sc in cands])
+        ratios.append(float(np.median(raw / exact)))
+        if len(cands) > 1:
+            corrs.append(float(np.corrcoef(raw, exact)[0, 1]))
+    return {"median_ratio": round(float(np.median(ratios)), 4), "min_ratio": round(min(ratios), 4),
+            "max_ratio": round(max(ratios), 4),
+            f"median_pearson_top{depth}": round(float(np.median(corrs)), 3) if corrs else None}
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """Search settings of a built store against the exact store's top 10."""
+    work = Path(args.work)
+    queries = queries_of(args.vectors, args.queries)
+    path = _built(args, args.engine)
+    top = exact_top10(work, args.docs, queries)
+    exact = _open("exact", _built(args, "exact")) if args.time_exact else None
+    for text in args.settings:
+        setting: dict[str, Any] = json.loads(text)
+        store = _open(args.engine, path, **setting)
+        store.search(queries[0], k=10)
+        if exact is not None:
+            exact.search(queries[0], k=10)
+        lat, lat_exact, got = [], [], []
+        for q in queries:
+            if exact is not None:
+                lat_exact.append(_median_ms(exact, q, args.runs, args.gap)[0])
+            ms, ids = _median_ms(store, q, args.runs, args.gap)
+            lat.append(ms)
+            got.append(ids)
+        rec = recall(got, top)
+        row: dict[str, Any] = {
+            "docs": args.docs, "engine": args.engine, "setting": setting, "queries": len(queries),
+            "runs": args.runs, "recall@10_vs_exact": round(float(np.mean(rec)), 4),
+            "recall@10_min": round(min(rec), 2),
+            "identical_top10": sum(g == t for g, t in zip(got, top, strict=True)), **_p50_p95(lat)}
+        if lat_exact:
+            row["exact_p50_ms"] = round(float(np.percentile(lat_exact, 50)), 2)
+            row["p50_ratio"] = round(row["p50_ms"] / row["exact_p50_ms"], 3)
+            row["median_latency_ratio_vs_exact"] = round(
+                float(np.median(np.array(lat) / np.array(lat_exact))), 4)
+        if args.raw_scores:
+            row["raw_score_vs_maxsim"] = _raw_scores(store, queries, args.raw_scores)
+        store.close()
+        row["load_average"] = _load_average()
+        _append(args.out, row)
+    if exact is not None:
+        exact.close()
+
+
+def cmd_rerank(args: argparse.Namespace) -> None:
+    """The exact rerank of ``--candidates`` documents of a PLAID store: from the memory-mapped
+    vector file against the same documents' float16 blobs read from SQLite (schema 1's path)."""
+    import sqlite3
+
+    from uibk_embedding.maxsim import maxsim_scores, pack
+
+    queries = queries_of(args.vectors, args.queries)
+    plaid = _open("plaid", _built(args, "plaid"))
+    rng = np.random.default_rng(0)
+    all_seqs = np.fromiter(plaid._id_of, np.int64)
+    n = len(all_seqs)
+    new, old = [], []
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        db = sqlite3.connect(Path(tmp) / "blobs.sqlite")  # schema 1's table, same documents
+        db.execute("CREATE TABLE docs (seq INTEGER PRIMARY KEY, n_rows INTEGER, vectors BLOB)")
+        with db:
+            for lo in range(0, n, 2000):
+                chunk = all_seqs[lo:lo + 2000].tolist()
+                mat, off = plaid._gather(chunk, dtype=np.float16)
+                db.executemany("INSERT INTO docs VALUES (?, ?, ?)",
+                               [(s, int(off[i + 1] - off[i]), mat[off[i]:off[i + 1]].tobytes())
+                                for i, s in enumerate(chunk)])
+        for q in queries:
+            seqs = all_seqs[np.sort(rng.choice(n, size=min(args.candidates, n), replace=False))].tolist()
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                plaid._exact([q], seqs, 10)
+                new.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                marks = ",".join("?" * len(seqs))
+                rows = db.execute(f"SELECT n_rows, vectors FROM docs WHERE seq IN ({marks})", seqs).fetchall()
+                dim = q.shape[1]
+                docs = [np.frombuffer(b, np.float16).reshape(r, dim).astype(np.float32) for r, b in rows]
+                maxsim_scores([q], *pack(docs))
+                old.append((time.perf_counter() - t0) * 1000)
+        db.close()
+    plaid.close()
+    _append(args.out, {"docs": args.docs, "candidates": args.candidates, "memory_map": _p50_p95(new),
+                       "sqlite_blobs": _p50_p95(old), "queries": len(queries), "runs": args.runs,
+                       "load_average": _load_average()})
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    """Where one query's time goes: the engine's candidate call, the exact MaxSim rerank
+    (every ``_scores`` call of a search), the rest; then cProfile's heaviest functions."""
+    import cProfile
+    import pstats
+
+    queries = queries_of(args.vectors, args.queries)
+    setting = json.loads(args.setting)
+    store = _open(args.engine, _built(args, args.engine), **setting)
+    spent = {"engine": 0.0, "rerank": 0.0}
+
+    def timed(key: str, fn: Any) -> Any:
+        def inner(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return inner
+
+    store._engine_candidates = timed("engine", store._engine_candidates)
+    store._scores = timed("rerank", store._scores)
+    store.search(queries[0], k=10)
+    rows = []
+    for q in queries:
+        for _ in range(args.runs):
+            spent["engine"] = spent["rerank"] = 0.0
+            t0 = time.perf_counter()
+            store.search(q, k=10)
+            rows.append((time.perf_counter() - t0, spent["engine"], spent["rerank"]))
+    t = np.array(rows) * 1000
+    out = {"docs": args.docs, "engine": args.engine, "setting": setting,
+           "total_ms": round(float(np.median(t[:, 0])), 2), "engine_ms": round(float(np.median(t[:, 1])), 2),
+           "rerank_ms": round(float(np.median(t[:, 2])), 2),
+           "ours_other_ms": round(float(np.median(t[:, 0] - t[:, 1] - t[:, 2])), 2),
+           "runs": args.runs, "load_average": _load_average()}
+    prof = cProfile.Profile()
+    prof.enable()
+    for q in queries:
+        store.search(q, k=10)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    store.close()
+    _append(args.out, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("encode", help="encode NPL once (resumable)")
+    e.add_argument("--vectors", default="/tmp/npl-vectors.npz")
+    e.add_argument("--chunk", type=int, default=500)
+    e.add_argument("--budget-s", type=float, default=480)
+    for name in ("sweep", "rerank", "profile"):
+        c = sub.add_parser(name)
+        c.add_argument("--vectors", default="/tmp/npl-vectors.npz")
+        c.add_argument("--work", default="/tmp/uibk-scale", help="the stores of `run`")
+        c.add_argument("--docs", type=int, required=True)
+        c.add_argument("--queries", type=int, default=93)
+        c.add_argument("--runs", type=int, default=3 if name != "sweep" else 1, help="timed runs per query")
+        c.add_argument("--out", default="", help="JSON lines file the results are appended to")
+        if name in ("sweep", "profile"):
+            c.add_argument("--engine", choices=("plaid", "warp"), required=True)
+    sw = sub.choices["sweep"]
+    sw.add_argument("--settings", nargs="+", default=["{}"], help="JSON objects of store options")
+    sw.add_argument("--time-exact", action="store_true",
+                    help="time the exact store beside each setting, query by query")
+    sw.add_argument("--gap", type=float, default=0.02, help="pause before each timed call (s)")
+    sw.add_argument("--raw-scores", type=int, default=0, metavar="N",
+                    help="also compare the engine's raw scores of its top N with exact MaxSim")
+    sub.choices["rerank"].add_argument("--candidates", type=int, default=100)
+    sub.choices["profile"].add_argument("--setting", default="{}", help="JSON object of store options")
     for name in ("load", "build", "update", "search", "run"):
         c = sub.add_parser(name)
         c.add_argument("--vectors", default="/tmp/npl-vectors.npz")
@@ -451,8 +793,10 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--docs", type=int, required=True)
             c.add_argument("--rebuild", action="store_true", help="build: rebuild an existing index")
     args = p.parse_args(argv)
-    if args.cmd == "run":
-        cmd_run(args)
+    later = {"run": cmd_run, "encode": cmd_encode, "sweep": cmd_sweep, "rerank": cmd_rerank,
+             "profile": cmd_profile}
+    if args.cmd in later:
+        later[args.cmd](args)
         return 0
     res = {"load": cmd_load, "build": cmd_build, "update": cmd_update, "search": cmd_search}[args.cmd](args)
     print(json.dumps(res))

@@ -120,7 +120,7 @@ def test_maxsim_kernel_smoke(tmp_path):
 
 
 def _tiny_vectors(tmp_path: Path, rng, doc_dtype) -> Path:
-    """40 random tagged documents and 3 queries in the layout of ``plaid_scale.py encode``."""
+    """40 random tagged documents and 3 queries in the layout of ``scale.py encode``."""
     from uibk_embedding.maxsim import pack
     from uibk_embedding.tagged import TaggedFormat
     from uibk_embedding.testing import make_list
@@ -134,25 +134,37 @@ def _tiny_vectors(tmp_path: Path, rng, doc_dtype) -> Path:
     return vec
 
 
-def test_plaid_scale_smoke(tmp_path, rng):
-    """benchmarks/plaid_scale.py on 40 random tagged documents (+ 20 synthetic copies): build,
-    interleaved search, sweep, rerank and profile produce consistent results."""
+def test_scale_plaid_smoke(tmp_path, rng):
+    """benchmarks/scale.py with PLAID on 40 random tagged documents (+ 20 synthetic copies): the
+    build's time split and build options, search settings beside the exact store, the rerank of a
+    candidate pool and the profile produce consistent results."""
     pytest.importorskip("fast_plaid")
     vec = _tiny_vectors(tmp_path, rng, np.float32)
-    mod = _bench("plaid_scale")
-    common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3",
-              "--runs", "1", "--threads", "1"]
-    mod.main(["build", *common, "--nbits", "2", "--kmeans-niters", "1"])
-    mod.main(["search", *common, "--gap", "0"])
-    mod.main(["sweep", *common, "--probe", "1", "--full", "64", "--rerank", "0", "20"])
-    mod.main(["rerank", *common, "--candidates", "20"])
-    mod.main(["profile", *common])
-    res = json.loads((tmp_path / "w" / "results-60.json").read_text())
-    assert res["plaid_builds"]["plaid"]["centroids"] > 0 and res["exact_bytes"] > 0
-    assert res["search"]["plaid threads=1"]["plaid"]["recall@10"] == 1.0  # 60 <= rerank pool: exact
-    assert [r["n_rerank"] for r in res["sweep"]] == [0, 20]
-    assert res["rerank"]["candidates"] == 20 and res["profile"][0]["total_ms"] > 0
-    assert res["profile"][0]["rerank_ms"] > 0  # exact scoring timed (0 when it timed dead code)
+    mod = _bench("scale")
+    out = tmp_path / "res" / "plaid"
+    stores = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3"]
+    assert mod.main(["run", *stores, "--chunk", "25", "--rounds", "1", "--out", str(out), "--engines",
+                     "exact,plaid", "--option", "plaid:nbits=2", "--option", "plaid:kmeans_niters=1",
+                     "--option", "plaid:num_threads=1"]) == 0
+    row = json.loads(out.with_suffix(".json").read_text())["sizes"]["60"]["plaid"]
+    assert row["centroids"] > 0 and row["engine_s"]["rust_create_s"] > 0
+    assert row["options"] == {"nbits": 2, "kmeans_niters": 1, "num_threads": 1}
+    assert row["recall@10_vs_exact"] == 1.0  # 60 documents <= the rerank pool: exact
+    sweep = tmp_path / "sweep.jsonl"
+    assert mod.main(["sweep", *stores, "--engine", "plaid", "--out", str(sweep), "--time-exact", "--gap", "0",
+                     "--raw-scores", "20", "--settings", "{}",
+                     '{"n_ivf_probe": 1, "n_full_scores": 64, "rerank": false}']) == 0
+    swept = [json.loads(x) for x in sweep.read_text().splitlines()]
+    assert [r["setting"] for r in swept] == [{}, {"n_ivf_probe": 1, "n_full_scores": 64, "rerank": False}]
+    assert swept[0]["recall@10_vs_exact"] == 1.0 and swept[0]["identical_top10"] == 3
+    assert swept[0]["exact_p50_ms"] > 0 and swept[0]["raw_score_vs_maxsim"]["median_ratio"] > 0
+    runs = [*stores, "--runs", "1", "--out", str(tmp_path / "more.jsonl")]
+    assert mod.main(["rerank", *runs, "--candidates", "20"]) == 0
+    assert mod.main(["profile", *runs, "--engine", "plaid"]) == 0
+    rerank, prof = [json.loads(x) for x in (tmp_path / "more.jsonl").read_text().splitlines()]
+    assert rerank["candidates"] == 20 and rerank["memory_map"]["p50_ms"] > 0
+    assert prof["total_ms"] > 0
+    assert prof["rerank_ms"] > 0  # exact scoring timed (0 when it timed dead code)
 
 
 def test_encode_throughput_overhead_section(datasets, tmp_path):
@@ -202,8 +214,8 @@ def test_scale_smoke(tmp_path, rng):
 
     # the search settings of the built stores, and where the exact top 10 sits in WARP's list
     stores = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--docs", "60", "--queries", "3"]
-    assert _bench("scale_sweep").main([*stores, "--engine", "warp", "--out", str(tmp_path / "sweep.jsonl"),
-                                       "--settings", "{}", '{"candidates_limit": 10}']) == 0
+    assert mod.main(["sweep", *stores, "--engine", "warp", "--out", str(tmp_path / "sweep.jsonl"),
+                     "--settings", "{}", '{"candidates_limit": 10}']) == 0
     swept = [json.loads(x) for x in (tmp_path / "sweep.jsonl").read_text().splitlines()]
     assert [r["setting"] for r in swept] == [{}, {"candidates_limit": 10}]
     depth = _bench("rerank_depth")
