@@ -1,0 +1,114 @@
+"""The exact MaxSim kernel's paths (#43): float16 rows, query batches, odd and 1-row documents,
+negative similarities, against float64 MaxSim and an a-priori float32 rounding bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from uibk_embedding import maxsim as M
+
+DIM = 128
+
+
+def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal((n, DIM))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _collection(rng: np.random.Generator) -> list[np.ndarray]:
+    # odd lengths, 1-row documents, one document longer than a whole block
+    lengths = [1, 3, 1, 7, 31, 1, 129, 2, *rng.integers(1, 90, 200).tolist(), 700, 1]
+    return [_unit(rng, int(n)) for n in lengths]
+
+
+def _bound(query: np.ndarray, docs: list[np.ndarray], dtype: type) -> float:
+    """Worst-case rounding of float ``dtype`` MaxSim (Higham's gamma_n = n u / (1 - n u)): each
+    dot product of ``DIM`` terms is off by at most gamma_DIM |q_i| |d_j| (Cauchy-Schwarz), the max
+    keeps that error, and the sum of the query's maxima adds gamma_m of their magnitudes."""
+    u = np.finfo(dtype).eps / 2
+    n = DIM + len(query)
+    gamma = n * u / (1 - n * u)
+    dmax = max(float(np.linalg.norm(d.astype(np.float64), axis=1).max()) for d in docs)
+    return gamma * float(np.linalg.norm(query.astype(np.float64), axis=1).sum()) * dmax
+
+
+@pytest.fixture(params=[(M.BLOCK_BYTES, M.MIN_BLOCK_ROWS), (4096, 1)], ids=["cache-blocks", "tiny-blocks"])
+def blocks(request, monkeypatch):
+    monkeypatch.setattr(M, "BLOCK_BYTES", request.param[0])
+    monkeypatch.setattr(M, "MIN_BLOCK_ROWS", request.param[1])
+
+
+def test_float16_rows_match_float64_reference_within_bound(blocks):
+    rng = np.random.default_rng(11)
+    docs16 = [d.astype(np.float16) for d in _collection(rng)]
+    queries = [_unit(rng, 32), _unit(rng, 5)]
+    mat16, off = M.pack(docs16, dtype=np.float16)
+    assert mat16.dtype == np.float16
+    got = M.maxsim_scores(queries, mat16, off)
+    got64 = M.maxsim_scores(queries, mat16, off, dtype=np.float64)
+    assert got.dtype == np.float32 and got64.dtype == np.float64
+    for qi, q in enumerate(queries):
+        # the reference sees the same float16 values, widened exactly to float64
+        ref = np.array([M.maxsim(q, d.astype(np.float64)) for d in docs16])
+        np.testing.assert_allclose(got64[qi], ref, rtol=1e-12, atol=1e-12)
+        assert np.abs(got[qi] - ref).max() <= _bound(q, docs16, np.float32)
+        np.testing.assert_array_equal(M.top_k(got[qi], 10), M.top_k(ref, 10))
+    # float16 rows score exactly as their float32 widening does
+    np.testing.assert_array_equal(got, M.maxsim_scores(queries, mat16.astype(np.float32), off))
+
+
+def test_batch_equals_one_query_at_a_time(blocks):
+    rng = np.random.default_rng(12)
+    docs = _collection(rng)
+    mat, off = M.pack(docs)
+    queries = [_unit(rng, int(m)) for m in (1, 32, 7, 64, 3)]
+    batch = M.maxsim_scores(queries, mat, off)
+    assert batch.shape == (len(queries), len(docs))
+    for qi, q in enumerate(queries):
+        one = M.maxsim_scores([q], mat, off)[0]
+        ref = np.array([M.maxsim(q, d) for d in docs])
+        bound = _bound(q, docs, np.float32)
+        # both are within the rounding bound of the reference, so within twice it of each other
+        assert np.abs(batch[qi] - ref).max() <= bound and np.abs(one - ref).max() <= bound
+        np.testing.assert_array_equal(M.top_k(batch[qi], 10), M.top_k(ref, 10))
+
+
+def test_negative_similarities_and_one_row_documents(blocks):
+    # every document points away from the query: all maxima are negative, so a zero (padding) row
+    # or a zero initial maximum would win; a 1-row document's score is its single product summed
+    rng = np.random.default_rng(13)
+    q = np.abs(_unit(rng, 4))
+    docs = [-np.abs(_unit(rng, int(n))) for n in (1, 2, 1, 5, 1, 33)]
+    mat, off = M.pack(docs)
+    got = M.maxsim_scores([q], mat, off, dtype=np.float64)[0]
+    ref = np.array([M.maxsim(q, d) for d in docs])
+    assert (ref < 0).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    assert got[0] == pytest.approx(float((q.astype(np.float64) @ docs[0][0].astype(np.float64)).sum()),
+                                   rel=1e-12)
+    got16 = M.maxsim_scores([q], mat.astype(np.float16), off)[0]
+    assert (got16 < 0).all()
+
+
+def test_convert_into_fallback_matches_torch_copy():
+    rng = np.random.default_rng(14)
+    x16 = _unit(rng, 50).astype(np.float16)
+    fast = M._convert_into(x16, np.empty((50, DIM), np.float32))
+    # a reversed view has negative strides, which torch cannot view: numpy converts it
+    with pytest.raises(ValueError):
+        torch.from_numpy(x16[::-1])
+    slow = M._convert_into(x16[::-1], np.empty((50, DIM), np.float32))[::-1]
+    np.testing.assert_array_equal(fast, x16.astype(np.float32))
+    np.testing.assert_array_equal(slow, fast)
+
+
+def test_non_contiguous_float16_matrix_is_scored_like_a_copy():
+    rng = np.random.default_rng(15)
+    docs = _collection(rng)[:40]
+    mat, off = M.pack(docs, dtype=np.float16)
+    wide = np.zeros((len(mat), DIM * 2), np.float16)
+    wide[:, ::2] = mat
+    q = _unit(rng, 9)
+    np.testing.assert_array_equal(M.maxsim_scores([q], wide[:, ::2], off), M.maxsim_scores([q], mat, off))
