@@ -112,3 +112,15 @@ def test_non_contiguous_float16_matrix_is_scored_like_a_copy():
     wide[:, ::2] = mat
     q = _unit(rng, 9)
     np.testing.assert_array_equal(M.maxsim_scores([q], wide[:, ::2], off), M.maxsim_scores([q], mat, off))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rerank_of_float16_documents_scores_their_widening(dtype):
+    from uibk_embedding.rank import rerank
+
+    rng = np.random.default_rng(16)
+    docs16 = [d.astype(np.float16) for d in _collection(rng)[:60]]
+    q = _unit(rng, 8)
+    got = rerank(q, docs16, k=10, dtype=dtype)
+    wide = rerank(q, [d.astype(dtype) for d in docs16], k=10, dtype=dtype)
+    assert got == wide
