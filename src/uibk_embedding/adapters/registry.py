@@ -5,7 +5,7 @@ use, so a missing optional dependency only matters for the backend that needs it
 ``open_store(..., create=False)`` opens an existing store for reading and never creates one.
 
 >>> sorted(BACKENDS)[:3]
-['exact', 'milvus', 'milvus-lite']
+['exact', 'lancedb', 'milvus']
 >>> open_store("exact").count()
 0
 """
@@ -34,6 +34,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "milvus": ("uibk_embedding.adapters.milvus:MilvusStore", "milvus"),
     "weaviate": ("uibk_embedding.adapters.weaviate:WeaviateStore", "weaviate"),
     "pgvector": ("uibk_embedding.adapters.pgvector:PgVectorStore", "pgvector"),
+    "lancedb": ("uibk_embedding.adapters.lancedb:LanceDBStore", "lancedb"),
 }
 
 
@@ -58,8 +59,9 @@ def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -
 
     ``create=False`` opens a store that exists and creates nothing: for a backend that keeps its
     store in a local folder or file (``exact``, ``plaid``, ``warp``, ``qdrant`` with ``path=``,
-    ``qdrant-edge``, ``milvus-lite``) a ``path`` that does not exist, or holds no store of that
-    backend (for ``qdrant`` and ``milvus-lite``: no such collection), raises
+    ``qdrant-edge``, ``milvus-lite``, ``lancedb`` with a local ``uri`` or ``path``) a ``path``
+    that does not exist, or holds no store of that backend (for ``qdrant`` and ``milvus-lite``:
+    no such collection; for ``lancedb``: no such ``table``), raises
     :class:`~uibk_embedding.errors.StoreNotFound` naming the path and the backend, before the
     store class runs, so nothing is created or changed. Without a ``path`` those backends would
     make a new store in memory or a temporary folder, so ``create=False`` refuses that too. A
@@ -118,6 +120,10 @@ def require_store(backend: str, options: dict[str, Any]) -> None:
         if any(options.get(k) is not None for k in ("url", "host", "client")) \
                 or options.get("location") not in (None, ":memory:"):
             return  # a server: QdrantStore(create=False) refuses a missing collection itself
+    if backend == "lancedb":
+        if "://" in str(options.get("uri") or ""):
+            return  # object storage: LanceDBStore(create=False) refuses a missing table itself
+        options = {**options, "path": options.get("path", options.get("uri"))}
     path = options.get("path")
     if path is None:
         raise StoreNotFound(f"no store to read: the {backend} backend without path= would make a new, "
@@ -247,5 +253,16 @@ def _milvus_lite(path: Path, options: dict[str, Any]) -> str | None:
     return None
 
 
+def _lancedb(path: Path, options: dict[str, Any]) -> str | None:
+    if not path.is_dir():
+        return "the path is not a folder"
+    table = options.get("table", "uibk")
+    if not (path / f"{table}.lance" / "_versions").is_dir():
+        have = sorted(p.name[: -len(".lance")] for p in path.glob("*.lance"))
+        return f"it has no LanceDB table {table!r} (it has {have})"
+    return None
+
+
 _CHECKS = {"exact": _exact, "plaid": _engine("plaid"), "warp": _engine("warp"), "qdrant": _qdrant_local,
-           "qdrant-edge": _qdrant_edge, "milvus-lite": _milvus_lite}
+           "qdrant-edge": _qdrant_edge, "milvus-lite": _milvus_lite,
+           "lancedb": _lancedb}

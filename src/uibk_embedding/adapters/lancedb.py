@@ -1,0 +1,321 @@
+"""LanceDB: the embedded, file-based engine (local folders or object storage), MaxSim natively.
+
+One table per store, columns:
+
+* ``id`` (string) and ``vectors``, the tagged list as a multivector
+  (``list<fixed_size_list<float32, 128>>``);
+* ``metadata``: the metadata dict as one JSON text (given back exactly as written);
+* ``_uibk_eq``, ``_uibk_has`` (lists of strings) and ``_uibk_num`` (a Lance JSON column): what
+  filters read, derived from the metadata on write. ``_uibk_eq`` holds one token per scalar
+  field value (field, type, value: ``True`` never equals ``1``, ``1`` equals ``1.0``),
+  ``_uibk_has`` one per present field (``$exists``), ``_uibk_num`` the numeric fields. Tokens
+  and keys are BLAKE2 digests (hex), so the SQL ``where`` sent to LanceDB never holds a user
+  string: only digests, numbers formatted from validated floats, and ids quoted with every
+  ``'`` doubled. Ranges compare as float64 (exact for integers up to 2**53).
+
+The format record sits in the table's schema metadata (``uibk_embedding``); an existing table
+is validated (columns, types, record) and never altered. Search, ``mode="exact"`` (default): a
+flat MaxSim scan with metric ``dot`` (LanceDB's ``_distance`` is ``rows - MaxSim``; ``cosine``
+would re-normalise the slot rows); ``mode="index"``: ``candidates`` documents from an IVF index
+(:meth:`LanceDBStore.create_index`, metric ``cosine``, the only one LanceDB indexes multivectors
+with; ``nprobes``, ``refine_factor``), rows not yet indexed searched flat. Either way the hits'
+lists come back with the search and are scored in float64 here (exact MaxSim, and the
+explanation without a second read). Each upsert (``merge_insert`` on ``id``) and delete is one
+LanceDB commit: all or nothing.
+
+Example
+-------
+>>> import numpy as np, tempfile
+>>> from uibk_embedding.testing import make_list
+>>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
+>>> with LanceDBStore(d, table="docs") as s:
+...     s.upsert(["a", "b"], [make_list(s.format, rng, 5), make_list(s.format, rng, 7)],
+...              [{"ok": True}, {"ok": 1}])
+...     [h.id for h in s.search(make_list(s.format, rng, 4), k=5, filter={"ok": True})]
+['a']
+>>> LanceDBStore(d, table="docs").count()      # persisted
+2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uibk_embedding._optional import require
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
+from uibk_embedding.adapters.filters import OPERATORS, RANGES, And, Condition, Node, Not, Or
+from uibk_embedding.errors import CollectionMismatch, StoreNotFound
+from uibk_embedding.rank import rerank
+from uibk_embedding.tagged import DIM, TaggedFormat, decompose
+
+RECORD_KEY = b"uibk_embedding"
+MODES = ("exact", "index")
+_SQL_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def digest(*parts: Any) -> str:
+    """The hex token a field (and a typed value) is filtered by.
+
+    >>> digest("lang", "s", "en") == digest("lang", "s", "en") != digest("lang", "s", "de")
+    True
+    """
+    return hashlib.blake2b(json.dumps(parts, ensure_ascii=False).encode(), digest_size=16).hexdigest()
+
+
+def value_token(field: str, v: Any) -> str | None:
+    """The equality token of a scalar value (None for lists, dicts and null, which equal nothing).
+
+    >>> value_token("n", 1) == value_token("n", 1.0) != value_token("n", True)
+    True
+    """
+    if isinstance(v, bool):
+        return digest(field, "b", v)
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return digest(field, "n", str(int(v)))
+    if isinstance(v, float):
+        return digest(field, "n", repr(v))
+    return digest(field, "s", v) if isinstance(v, str) else None
+
+
+def quote(text: str) -> str:
+    """An SQL string literal: every ``'`` doubled (LanceDB's SQL reads backslashes literally).
+
+    >>> print(quote("x' OR '1'='1"))
+    'x'' OR ''1''=''1'
+    """
+    return "'" + text.replace("'", "''") + "'"
+
+
+def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
+    """The LanceDB ``where`` of parsed filter conditions (two-valued: a missing field makes a
+    comparison false and its negation true).
+
+    >>> from uibk_embedding.adapters.filters import parse_filter
+    >>> filter_sql(parse_filter({"n": {"$gte": 2}}))  # doctest: +ELLIPSIS
+    "(COALESCE(json_get_float(_uibk_num, '...') >= 2.0, false))"
+    """
+    if isinstance(nodes, tuple):
+        return "(" + " AND ".join(filter_sql(n) for n in nodes) + ")" if nodes else "TRUE"
+    if isinstance(nodes, And):
+        return filter_sql(nodes.children)
+    if isinstance(nodes, Or):
+        return "(" + " OR ".join(filter_sql(c) for c in nodes.children) + ")"
+    if isinstance(nodes, Not):
+        return f"(NOT {filter_sql(nodes.child)})"
+    n: Condition = nodes
+    if n.op == "$exists":
+        sql = f"array_has(_uibk_has, '{digest(n.field)}')"
+        return sql if n.values[0] else f"(NOT {sql})"
+    if n.op in RANGES:
+        return (f"COALESCE(json_get_float(_uibk_num, '{digest(n.field)}') {_SQL_RANGE[n.op]} "
+                f"{float(n.values[0])!r}, false)")
+    tokens = ", ".join(f"'{value_token(n.field, v)}'" for v in n.values)
+    sql = f"array_has_any(_uibk_eq, [{tokens}])"
+    return sql if n.op in ("$eq", "$in") else f"(NOT {sql})"
+
+
+class LanceDBStore(MultiVectorStore):
+    """Tagged multivectors in the LanceDB table ``table`` of the database at ``uri`` (a folder,
+    or ``s3://...`` and the like; None: a temporary folder, removed on :meth:`close`).
+
+    Parameters
+    ----------
+    uri (or path): the database; table: the table name (created when missing, unless
+        ``create=False``: then :class:`~uibk_embedding.errors.StoreNotFound`).
+    format: the tagged format (recorded in the table's schema metadata).
+    mode: "exact" (flat MaxSim, default) or "index" (IVF candidates, exact rerank).
+    candidates, nprobes, refine_factor: the index mode's defaults (documents reranked per query,
+        IVF partitions probed, LanceDB's own refine). All four are also per-query options.
+
+    >>> s = LanceDBStore()
+    >>> s.backend, s.exact, s.count()
+    ('lancedb', True, 0)
+    >>> s.close()
+    """
+
+    backend = "lancedb"
+    filter_operators = frozenset(OPERATORS)
+    search_options = ("mode", "candidates", "nprobes", "refine_factor")
+
+    def __init__(self, uri: str | os.PathLike | None = None, *, table: str = "uibk",
+                 path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
+                 mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
+                 create: bool = True) -> None:
+        self._ldb = require("lancedb", "lancedb", "the LanceDB adapter")
+        self._pa = require("pyarrow", "lancedb", "the LanceDB adapter")
+        super().__init__(format)
+        if uri is not None and path is not None:
+            raise TypeError("give uri or path (the same: where the database is), not both")
+        self._defaults = self._options(mode=mode, candidates=candidates, nprobes=nprobes,
+                                       refine_factor=refine_factor)
+        self.exact = mode == "exact"
+        self._tmp = uri is None and path is None
+        where = tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path)
+        self.uri, self.table = str(where), table
+        local = "://" not in self.uri
+        if not create and local and not (Path(self.uri) / f"{table}.lance").is_dir():
+            raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
+        self._db = self._ldb.connect(self.uri)
+        if table in self._db.list_tables().tables:
+            self._tbl = self._db.open_table(table)
+            self.format = self._validate(format)
+        elif not create:
+            raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
+        else:
+            record = {"backend": self.backend, "version": 1, "format": self.format.to_stored()}
+            schema = self._schema().with_metadata({RECORD_KEY: json.dumps(record).encode()})
+            self._tbl = self._db.create_table(table, schema=schema)
+
+    def _schema(self) -> Any:
+        pa = self._pa
+        return pa.schema([pa.field("id", pa.string(), nullable=False),
+                          pa.field("vectors", pa.list_(pa.list_(pa.float32(), DIM))),
+                          pa.field("metadata", pa.string()), pa.field("_uibk_eq", pa.list_(pa.string())),
+                          pa.field("_uibk_has", pa.list_(pa.string())), pa.field("_uibk_num", pa.json_())])
+
+    def _validate(self, requested: TaggedFormat | None) -> TaggedFormat:
+        schema, where = self._tbl.schema, f"LanceDB table {self.table!r} at {self.uri}"
+        problems = []
+        for want in self._schema():
+            got = schema.field(want.name) if want.name in schema.names else None
+            if got is None:
+                problems.append(f"it has no column {want.name!r}")
+            elif want.name == "_uibk_num":
+                if (got.metadata or {}).get(b"ARROW:extension:name") != b"lance.json":
+                    problems.append(f"column '_uibk_num' is {got.type}, needs a Lance JSON column")
+            elif not got.type.equals(want.type):
+                problems.append(f"column {want.name!r} is {got.type}, needs {want.type}")
+        extra = [n for n in schema.names if n not in self._schema().names]
+        if extra:
+            problems.append(f"it has columns uibk-embedding does not write: {extra}")
+        record = json.loads((schema.metadata or {}).get(RECORD_KEY, b"null"))
+        if not isinstance(record, dict) or record.get("backend") != self.backend:
+            problems.append("its schema metadata holds no uibk-embedding record (not written by this store)")
+        if problems:
+            raise CollectionMismatch(f"{where} does not fit uibk-embedding: {'; '.join(problems)}. "
+                                     "The table was not changed.")
+        return settle_format(TaggedFormat.from_stored(record["format"]), requested, where)
+
+    def _options(self, **given: Any) -> dict[str, Any]:
+        opts = {**getattr(self, "_defaults", {}), **given}
+        if opts["mode"] not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {opts['mode']!r}")
+        for name in ("candidates", "nprobes", "refine_factor"):
+            v = opts[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        return opts
+
+    # -- writes ---------------------------------------------------------------------------
+    def _arrow(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> Any:
+        pa = self._pa
+        offsets = np.concatenate([[0], np.cumsum([len(v) for v in vectors])]).astype(np.int32)
+        flat = pa.array(np.concatenate(vectors).astype(np.float32, copy=False).ravel())
+        lists = pa.ListArray.from_arrays(pa.array(offsets), pa.FixedSizeListArray.from_arrays(flat, DIM))
+        eq = [[t for f, v in m.items() if (t := value_token(f, v))] for m in metadata]
+        has = [[digest(f) for f, v in m.items() if v is not None and v != []] for m in metadata]
+        num = [json.dumps({digest(f): v for f, v in m.items()
+                           if isinstance(v, int | float) and not isinstance(v, bool)}) for m in metadata]
+        return pa.table([pa.array(ids, pa.string()), lists,
+                         pa.array([json.dumps(m, ensure_ascii=False) for m in metadata], pa.string()),
+                         pa.array(eq, pa.list_(pa.string())), pa.array(has, pa.list_(pa.string())),
+                         pa.array(num, pa.json_())], schema=self._schema())
+
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        (self._tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+         .execute(self._arrow(ids, vectors, metadata)))
+
+    def _delete(self, ids: list[str]) -> None:
+        self._tbl.delete(f"id IN ({', '.join(map(quote, ids))})")
+
+    def _delete_where(self, conditions: tuple[Node, ...]) -> int:
+        return int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows)
+
+    def count(self) -> int:
+        return int(self._tbl.count_rows())
+
+    # -- reads ----------------------------------------------------------------------------
+    def _rows(self, where: str, columns: list[str], batch_size: int | None = None) -> Any:
+        query = self._tbl.search().where(where).select(columns).limit(None)
+        return query.to_batches(batch_size) if batch_size else query.to_arrow()
+
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        for batch in self._rows(filter_sql(conditions), ["id", "metadata"], batch_size):
+            if batch.num_rows:
+                yield list(zip(batch["id"].to_pylist(), map(json.loads, batch["metadata"].to_pylist()),
+                               strict=True))
+
+    def _get(self, ids: list[str]) -> list[Record]:
+        found: dict[str, Record] = {}
+        unique = list(dict.fromkeys(ids))
+        for i in range(0, len(unique), 512):
+            rows = self._rows(f"id IN ({', '.join(map(quote, unique[i:i + 512]))})",
+                              ["id", "vectors", "metadata"])
+            for x, vec, md in zip(rows["id"].to_pylist(), _lists(rows["vectors"]),
+                                  rows["metadata"].to_pylist(), strict=True):
+                found[x] = Record(x, vec, json.loads(md))
+        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
+                for x in ids if x in found]
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
+        return self._answer(query, k, conditions, False, **options)
+
+    def _search_explained(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
+                          **options: Any) -> list[Hit]:
+        return self._answer(query, k, conditions, True, **options)
+
+    def _answer(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool,
+                **given: Any) -> list[Hit]:
+        opts = self._options(**given)
+        search = self._tbl.search(q, vector_column_name="vectors").where(filter_sql(conditions),
+                                                                         prefilter=True)
+        if opts["mode"] == "exact":
+            search = search.distance_type("dot").bypass_vector_index().limit(k)
+        else:
+            search = (search.distance_type("cosine").nprobes(opts["nprobes"])
+                      .refine_factor(opts["refine_factor"]).limit(max(k, opts["candidates"])))
+        rows = search.select(["id", "vectors", "metadata", "_distance"]).to_arrow()
+        lists = _lists(rows["vectors"])
+        ids, mds = rows["id"].to_pylist(), rows["metadata"].to_pylist()
+        hits = []
+        for i, score in rerank(q, lists, k, dtype=np.float64):
+            hit = Hit(ids[i], finite_score(score), json.loads(mds[i]))
+            if explain:
+                hit.decomposition = decompose(q, lists[i], self.format)
+            hits.append(hit)
+        return hits
+
+    def create_index(self, *, index_type: str = "IVF_FLAT", num_partitions: int | None = None,
+                     **options: Any) -> None:
+        """Build (or rebuild) the IVF index on ``vectors`` (metric cosine) for ``mode="index"``;
+        ``options`` go to LanceDB's ``create_index``. Rows added later are searched flat until
+        :meth:`optimize` adds them to the index."""
+        self._tbl.create_index(metric="cosine", vector_column_name="vectors", index_type=index_type,
+                               num_partitions=num_partitions, **options)
+
+    def optimize(self) -> None:
+        """LanceDB's ``optimize``: compact files, add new rows to the index, drop old versions."""
+        self._tbl.optimize()
+
+    def close(self) -> None:
+        """Drop the table handle (a temporary database is deleted)."""
+        self._tbl = self._db = None
+        if getattr(self, "_tmp", False):
+            shutil.rmtree(self.uri, ignore_errors=True)
+
+
+def _lists(column: Any) -> list[np.ndarray]:
+    """A multivector column as one ``(n, 128)`` float32 array per row."""
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    flat = column.values.values.to_numpy(zero_copy_only=False).reshape(-1, DIM)
+    offsets = column.offsets.to_numpy()
+    return np.split(flat[offsets[0]:offsets[-1]].copy(), offsets[1:-1] - offsets[0]) if len(column) else []
