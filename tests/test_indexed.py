@@ -222,13 +222,13 @@ def _ordered_store(tmp_path, n=64, **options):
     seqs = sorted(s._id_of)
     ranking = sorted(seqs, key=lambda i: -maxsim(q, vecs[seqs.index(i)]))
     scored: list[int] = []
-    real = s._scores
+    real = s._fetch
 
-    def counting(queries, keys):
+    def counting(keys):  # the rerank's reads of stored lists
         scored.append(len(keys))
-        return real(queries, keys)
+        return real(keys)
 
-    s._scores = counting
+    s._fetch = counting
     return s, q, ranking, scored
 
 
@@ -393,3 +393,25 @@ def test_a_store_of_another_engine_is_refused_untouched(tmp_path):
         with pytest.raises(CollectionMismatch, match=r"backend 'scan'"):
             make(path)
         assert _listing(path) == before
+
+
+def test_explain_decomposes_the_reranked_lists_without_a_second_read(tmp_path):
+    """explain=True: the hits, scores and order of a plain search, each decomposed from the list
+    the rerank read (no ``get``), equal to ``explain`` of that hit; also with rerank off."""
+    s = ScanEngine(tmp_path / "s", min_index_vectors=8, candidates=8)
+    try:
+        s.upsert([f"d{i}" for i in range(64)], docs_for(11, 64, rows=6))
+        q = docs_for(12, 1, rows=5)[0]
+        reads: list[list[str]] = []
+        get = s._get
+        s._get = lambda xs: reads.append(xs) or get(xs)  # counts reads; the store is real
+        for options in ({}, {"rerank": False}):
+            plain = s.search(q, k=4, **options)
+            hits = s.search(q, k=4, explain=True, **options)
+            assert reads == []
+            assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]
+            for h in hits:
+                assert h.decomposition == s.explain(q, h.id)
+            reads.clear()
+    finally:
+        s.close()

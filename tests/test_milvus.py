@@ -165,12 +165,54 @@ def test_budget_small_is_approximate_but_scores_exact(tmp_path, real_data):
     """With a tiny budget and exact=False, every returned score is still exact MaxSim."""
     ref = ExactStore()
     ref.upsert(real_data.doc_ids[:80], real_data.docs[:80])
-    with open_milvus_lite(path=tmp_path / "m.db", candidates=2, index_type="FLAT") as s:
+    with open_milvus_lite(path=tmp_path / "m.db", rows_per_vector=2, index_type="FLAT") as s:
         s.upsert(real_data.doc_ids[:80], real_data.docs[:80])
         q = real_data.queries[3]
         exact = ref.scores(q, dtype=np.float64)
         for h in s.search(q, k=10):
             assert h.score == pytest.approx(exact[h.id], rel=1e-6)
+
+
+def test_rows_per_vector_is_the_token_rows_pool_and_candidates_its_old_name(tmp_path, real_data):
+    """On token rows the pool option counts rows per query vector: ``rows_per_vector``; the old
+    spelling ``candidates`` still works (store and per query) with a DeprecationWarning. The
+    embedding-list layout keeps ``candidates`` (documents) and has no ``rows_per_vector``."""
+    ids, docs = real_data.doc_ids[:40], real_data.docs[:40]
+    with pytest.warns(DeprecationWarning, match="candidates is deprecated; use rows_per_vector"):
+        old = open_milvus_lite(path=tmp_path / "old.db", candidates=3)
+    with old, open_milvus_lite(path=tmp_path / "new.db", rows_per_vector=3) as new:
+        assert old.rows_per_vector == new.rows_per_vector == old.candidates == 3
+        for s in (old, new):
+            s.upsert(ids, docs)
+        q = real_data.queries[1]
+        want = [(h.id, h.score) for h in new.search(q, k=5)]
+        assert [(h.id, h.score) for h in old.search(q, k=5)] == want
+        with pytest.warns(DeprecationWarning, match="candidates is deprecated"):
+            assert [(h.id, h.score) for h in new.search(q, k=5, candidates=3)] == want
+        assert [(h.id, h.score) for h in new.search(q, k=5, rows_per_vector=3)] == want
+        with pytest.raises(TypeError, match="give rows_per_vector or candidates"):
+            new.search(q, k=5, rows_per_vector=3, candidates=3)
+        with pytest.raises(ValueError, match=r"rows_per_vector must be an int in 1\.\.16384, got 0"):
+            new.search(q, k=5, rows_per_vector=0)
+
+
+def test_explain_decomposes_the_rescored_lists_without_a_second_read(lite, real_data):
+    """explain=True: each hit decomposed from the list the rescoring fetched (no fetch after the
+    search), equal to ``explain`` of that hit."""
+    lite.upsert(real_data.doc_ids[:40], real_data.docs[:40])
+    q = real_data.queries[2]
+    plain = lite.search(q, k=5)
+    calls: list[int] = []
+    fetch = lite._fetch
+    lite._fetch = lambda ids, **kw: calls.append(len(ids)) or fetch(ids, **kw)  # counts reads; real store
+    hits = lite.search(q, k=5, explain=True)
+    n_search = len(calls)
+    lite.search(q, k=5)
+    assert n_search == len(calls) - n_search  # the same reads as a plain search
+    lite._fetch = fetch
+    assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]
+    for h in hits:
+        assert h.decomposition == lite.explain(q, h.id)
 
 
 def test_embedding_list_refused_on_lite(tmp_path):

@@ -79,3 +79,15 @@ def test_an_existing_store_opens_for_reading(tmp_path, backend):
         s.upsert(["a"], [doc])
     with open_store(backend, create=False, **opts) as s:
         assert s.count() == 1 and s.backend == backend
+
+
+@pytest.mark.parametrize("backend", ["exact", "plaid", "warp"])
+def test_an_unknown_option_is_refused_with_the_valid_ones(tmp_path, backend):
+    """A misspelt constructor option (``pth=``) names itself and lists the options the backend
+    takes, before anything is created; so does an unknown search option."""
+    with pytest.raises(TypeError, match=r"got unknown option\(s\) pth; it takes path, format, "):
+        open_store(backend, pth=tmp_path / "s")
+    assert not list(tmp_path.iterdir())
+    with open_store(backend, path=tmp_path / "s") as store:
+        with pytest.raises(TypeError, match=r"search\(\) got unknown option\(s\) candidate; it takes "):
+            store.search(make_list(TaggedFormat(), np.random.default_rng(0), 4), k=1, candidate=5)

@@ -25,7 +25,7 @@ def test_explain_decomposes_the_fetched_lists_without_a_second_fetch():
         return {x: stored[x] for x in keys}
 
     ids = list(stored)
-    hits = rerank_candidates(q, ids, fetch, k=4, first=8, piece=8, explain=fmt)
+    hits = rerank_candidates(q, [(x, None) for x in ids], fetch, k=4, first=8, piece=8, explain=fmt)
     assert sorted(asked) == sorted(ids)  # every candidate fetched exactly once
     ref = rerank(q, [stored[x][0] for x in ids], 4, dtype=np.float64)
     assert [h.id for h in hits] == [ids[i] for i, _ in ref]
@@ -33,7 +33,7 @@ def test_explain_decomposes_the_fetched_lists_without_a_second_fetch():
     for h in hits:
         assert h.decomposition == decompose(q, stored[h.id][0], fmt)
         assert h.metadata == stored[h.id][1]
-    assert all(h.decomposition is None for h in rerank_candidates(q, ids, fetch, k=4))
+    assert all(h.decomposition is None for h in rerank_candidates(q, [(x, None) for x in ids], fetch, k=4))
 
 
 def test_bounds_stop_fetching_once_the_kth_score_reaches_the_next_bound():
@@ -42,14 +42,14 @@ def test_bounds_stop_fetching_once_the_kth_score_reaches_the_next_bound():
     ids = list(stored)
     scores = {ids[i]: s for i, s in rerank(q, [stored[x][0] for x in ids], len(ids), dtype=np.float64)}
     order = sorted(stored, key=lambda x: -scores[x])
-    bounds = {x: scores[x] + 0.01 for x in order}  # a true bound, in descending order
+    cands = [(x, scores[x] + 0.01) for x in order]  # a true bound, in descending order
     asked: list[str] = []
 
     def fetch(keys):
         asked.extend(keys)
         return {x: stored[x] for x in keys}
 
-    hits = rerank_candidates(q, order, fetch, k=2, bounds=bounds, first=2, piece=2)
+    hits = rerank_candidates(q, cands, fetch, k=2, first=2, piece=2)
     assert [h.id for h in hits] == order[:2]
     assert len(asked) < len(order)
 
@@ -66,23 +66,30 @@ def test_bad_rerank_options_are_refused_by_name(options, error, name):
     assert check_rerank_options(np.bool_(False), 5, 50) == (False, 5, 50)
 
 
-def test_deepened_rerank_grows_while_the_best_lie_deep_and_scores_each_key_once():
-    from uibk_embedding.adapters.rerank import deepened_rerank
+def test_the_pool_grows_while_the_best_lie_deep_and_fetches_each_key_once():
+    fmt, rng = TaggedFormat(), np.random.default_rng(5)
+    stored, q = _stored(fmt, rng, 41), make_list(fmt, rng, 5)
+    ids = list(stored)
+    exact = {ids[i]: s for i, s in rerank(q, [stored[x][0] for x in ids], len(ids), dtype=np.float64)}
+    worst_first = sorted(ids[1:], key=lambda x: exact[x])  # the engine's order: the reverse of exact
+    asked: list[list[str]] = []
 
-    exact = {f"e{i}": float(i) for i in range(40)}  # the engine's order is the reverse of exact
-    exact["p"] = -1.0
-    calls: list[list[str]] = []
+    def fetch(keys):
+        asked.append(list(keys))
+        return {x: stored[x] for x in keys}
 
-    def score(keys):
-        calls.append(list(keys))
-        return np.array([exact[x] for x in keys])
+    def run(cands, **kw):
+        asked.clear()
+        hits = rerank_candidates(q, [(x, None) for x in cands], fetch, k=3, pool=5, **kw)
+        return hits, [x for piece in asked for x in piece]
 
-    cands = [f"e{i}" for i in range(40)]
-    keys, scores = deepened_rerank(score, cands, ["p", "e0"], k=3, pool=5)
-    assert keys == ["p", *cands]  # 5 -> 10 -> 20 -> 40: the best always lay deepest
-    assert sum(map(len, calls)) == len(keys) == len(set(keys))  # a pending key the engine named: once
-    assert list(scores) == [exact[x] for x in keys]
-    keys, _ = deepened_rerank(score, cands[::-1], [], k=3, pool=5)
-    assert keys == cands[::-1][:5]  # the best lead the engine's order: no growth
-    keys, _ = deepened_rerank(score, cands, [], k=3, pool=5, limit=12)
-    assert keys == cands[:12]
+    hits, fetched = run(worst_first, head=[ids[0], worst_first[0]])
+    # 5 -> 10 -> 20 -> 40: the best always lay deepest; a head key the engine named: fetched once
+    assert fetched == [ids[0], *worst_first]
+    best = sorted(ids, key=lambda x: -exact[x])[:3]
+    assert [h.id for h in hits] == best
+    assert [h.score for h in hits] == pytest.approx([exact[x] for x in best], abs=1e-12)
+    _, fetched = run(worst_first[::-1])
+    assert fetched == worst_first[::-1][:5]  # the best lead the engine's order: no growth
+    _, fetched = run(worst_first[:12])  # the caller's limit: 12 candidates
+    assert fetched == worst_first[:12]

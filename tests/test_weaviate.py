@@ -315,6 +315,27 @@ def test_live_distance_is_negated_maxsim(live_store):
 
 
 @live
+@pytest.mark.parametrize("rerank", [False, True])
+def test_live_explain_reads_the_vectors_once(live_store, rerank):
+    """explain=True: each hit decomposed from the vectors the search returned (no ``get``
+    afterwards), equal to ``explain`` of that hit; with and without the exact rerank."""
+    fmt, rng = TaggedFormat(), np.random.default_rng(4)
+    docs = [make_list(fmt, rng, int(n)) for n in rng.integers(4, 30, size=20)]
+    live_store.upsert([f"d{i}" for i in range(20)], docs)
+    q = make_list(fmt, rng, 9)
+    plain = live_store.search(q, k=5, rerank=rerank)
+    reads: list[list[str]] = []
+    get = live_store._get
+    live_store._get = lambda xs: reads.append(xs) or get(xs)  # counts reads; the store is real
+    hits = live_store.search(q, k=5, rerank=rerank, explain=True)
+    live_store._get = get
+    assert reads == []
+    assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]
+    for h in hits:
+        assert h.decomposition == live_store.explain(q, h.id)
+
+
+@live
 def test_live_existing_collection_never_changed():
     import weaviate
     from weaviate.classes.config import Configure, VectorDistances

@@ -38,7 +38,7 @@ import math
 import os
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -280,6 +280,23 @@ def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: in
     return out
 
 
+def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is a positive int (or 0 / None if allowed):
+    the one check of every count option (``candidates``, ``batch_size``, ``m``, ...).
+
+    >>> check_positive("batch_size", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size must be a positive int, got 0
+    """
+    if value is None and allow_none:
+        return
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
+
+
 def validate_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
@@ -301,6 +318,40 @@ def _refuse_when_closed(method: Any) -> Any:
             raise StoreInUse(f"this {type(self).__name__} ({self._location()}) is closed; "
                              f"{method.__name__}() needs an open store: open it again")
         return method(self, *args, **kwargs)
+
+    setattr(wrapper, _CHECKED, True)
+    return wrapper
+
+
+def unknown_options(where: str, given: Iterable[str], valid: Sequence[str]) -> None:
+    """``TypeError`` naming the ``given`` option names that are not ``valid`` and listing the
+    valid ones: the one message of every unknown constructor or search option.
+
+    >>> unknown_options("ExactStore()", ["pth"], ["path", "format"])
+    Traceback (most recent call last):
+    ...
+    TypeError: ExactStore() got unknown option(s) pth; it takes path, format
+    """
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise TypeError(f"{where} got unknown option(s) {', '.join(unknown)}; "
+                        f"it takes {', '.join(valid) or 'no options'}")
+
+
+def _checking_options(init: Any) -> Any:
+    """A constructor that refuses an unknown keyword with the list of its options (one that
+    forwards ``**kwargs`` is left to the constructor it forwards them to)."""
+    params = list(inspect.signature(init).parameters.values())[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return init
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    public = [x for x in named if not x.startswith("_")]
+
+    @functools.wraps(init)
+    def wrapper(self: MultiVectorStore, *args: Any, **kwargs: Any) -> None:
+        if not set(kwargs) <= set(named):
+            unknown_options(f"{type(self).__name__}()", kwargs, public)
+        init(self, *args, **kwargs)
 
     setattr(wrapper, _CHECKED, True)
     return wrapper
@@ -356,6 +407,9 @@ class MultiVectorStore(ABC):
         """Wrap the subclass's public methods (and its mixins') so that a closed store refuses
         them, and its ``close`` so that it marks the store closed (once)."""
         super().__init_subclass__(**kwargs)
+        init = vars(cls).get("__init__")
+        if init is not None and not getattr(init, _CHECKED, False):
+            cls.__init__ = _checking_options(init)  # type: ignore[method-assign]
         for klass in cls.__mro__:
             if klass in (MultiVectorStore, ABC, object):
                 continue
@@ -435,8 +489,7 @@ class MultiVectorStore(ABC):
         read from the engine ``batch_size`` at a time. The order is the engine's; a document
         written or deleted while the scan runs may or may not be listed."""
         conds = self._parse_filter(filter)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_positive("batch_size", batch_size)
         for page in self._scan(conds, batch_size):
             if self._store_closed:  # closed while the caller iterates
                 raise StoreInUse(f"this {type(self).__name__} ({self._location()}) was closed during scan()")
@@ -484,11 +537,7 @@ class MultiVectorStore(ABC):
 
     def _given_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The per-query options that were given (not None), refusing undeclared names."""
-        unknown = sorted(set(options) - set(self.search_options))
-        if unknown:
-            takes = ", ".join(self.search_options) or "no options"
-            raise TypeError(f"{type(self).__name__}.search() got unknown option(s) "
-                            f"{', '.join(unknown)}; it takes {takes}")
+        unknown_options(f"{type(self).__name__}.search()", options, self.search_options)
         return {name: v for name, v in options.items() if v is not None}
 
     @_refuse_when_closed

@@ -29,13 +29,13 @@ in-place update (dirty set first, the engine's files fsync'd before ``dirty=0`` 
 engine error rebuilds). A dirty store is rebuilt on open; when that fails it opens without an
 index (searches exact) and the next write tries again.
 
-Search is one template: the engine proposes candidates, best first, and the store scores the
-first ``candidates`` of them with exact MaxSim on their stored vectors (:meth:`IndexedStore._scores`),
-then twice as many while the best ``k`` reach past half of those scored, up to
-``candidates_limit`` (:meth:`IndexedStore._deepened`; ``rerank``/``candidates``/``candidates_limit``,
-per store and per query). Stores (or filtered subsets) no larger than the pool, and stores
-without an index, are scored exactly; pending documents are scored beside the engine's
-candidates.
+Search is one template: the engine proposes candidates, best first, and
+:func:`~uibk_embedding.adapters.rerank.rerank_candidates` scores the first ``candidates`` of them
+with exact MaxSim (float32) on their stored vectors (:meth:`IndexedStore._fetch`), then twice as
+many while the best ``k`` reach past half of those scored, up to ``candidates_limit``
+(``rerank``/``candidates``/``candidates_limit``, per store and per query). Stores (or filtered
+subsets) no larger than the pool, and stores without an index, are scored exactly
+(:meth:`IndexedStore._exact`); pending documents are scored beside the engine's candidates.
 
 The engine interface
 --------------------
@@ -61,7 +61,7 @@ documents the engine still holds. :class:`ScanEngine` below is a complete engine
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.tagged import TaggedFormat
+>>> from uibk_embedding.tagged import TaggedFormat, decompose
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
 >>> store = ScanEngine(candidates=2, min_index_vectors=8)   # a temporary directory
@@ -109,14 +109,15 @@ from uibk_embedding.adapters.base import (
     Hit,
     MultiVectorStore,
     Record,
+    check_positive,
     finite_score,
     settle_format,
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
-from uibk_embedding.adapters.rerank import Reranking, deepened_rerank
+from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
-from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.tagged import TaggedFormat, decompose
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
 
 DB_NAME = "store.sqlite"
@@ -203,16 +204,6 @@ def centroid_heuristic(n_vectors: int) -> int:
     return 2 ** int(np.floor(np.log2(16 * np.sqrt(max(1, n_vectors)))))
 
 
-def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_none: bool = False) -> None:
-    """``ValueError`` naming ``name`` unless ``value`` is a positive int (or 0 / None if allowed)."""
-    if value is None and allow_none:
-        return
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
-
-
 class IndexedStore(Reranking, MultiVectorStore):
     """A file-backed store whose engine index proposes candidates (see the module docstring).
 
@@ -230,7 +221,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         Deprecated name of ``candidates``.
     candidates_limit:
         The pool may grow per query up to this many candidates: it doubles while the best ``k``
-        of the rerank reach past half of the candidates scored (:meth:`_deepened`). ``None``: the
+        of the rerank reach past half of the candidates scored (:func:`.rerank_candidates`). ``None``: the
         engine's default (:attr:`default_candidates_limit`; no growth when that is None too).
         Also per query: ``search(..., candidates_limit=)``.
     min_index_vectors:
@@ -822,21 +813,11 @@ class IndexedStore(Reranking, MultiVectorStore):
             lo = hi
         return out
 
-    def _limit(self, candidates_limit: int | None) -> int:
-        """The most candidates a query may rerank (its ``candidates_limit``, else the store's;
-        0 when neither is set: the pool stays at ``candidates``)."""
-        check_positive("candidates_limit", candidates_limit, allow_none=True)
-        limit = self.candidates_limit if candidates_limit is None else candidates_limit
-        return limit or 0
-
-    def _deepened(self, q: np.ndarray, cands: list[int], pending: list[int], k: int,
-                  pool: int) -> list[Hit]:
-        """Exact rerank of the engine's candidates ``cands`` (best first, at most the pool
-        limit) and of the ``pending`` documents, with the growing pool of
-        :func:`~uibk_embedding.adapters.rerank.deepened_rerank`. Ties: the lower seq."""
-        seqs, scores = deepened_rerank(lambda keys: self._scores([q], keys)[0], cands, pending, k, pool)
-        order = np.argsort(np.asarray(seqs), kind="stable")  # ties: the lower seq
-        return [self._hit(seqs[order[i]], float(scores[order[i]])) for i in top_k(scores[order], k)]
+    def _fetch(self, keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict[str, Any]]]:
+        """The engine contract's ``fetch``: the stored lists of ``keys`` (seqs) in the vector
+        file's own dtype (views of one gathered block) and their metadata (not copied)."""
+        mat, off = self._gather(keys, self._vf.dtype.type)
+        return {s: (mat[off[i]:off[i + 1]], self._meta[s]) for i, s in enumerate(keys)}
 
     def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
         """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
@@ -856,10 +837,17 @@ class IndexedStore(Reranking, MultiVectorStore):
                 **options: Any) -> list[Hit]:
         return self._search_batch([query], k, conditions, **options)[0]
 
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
+                          **options: Any) -> list[Hit]:
+        return self._search_batch([q], k, conditions, explain=True, **options)[0]
+
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-                      candidates_limit: int | None = None, **options: Any) -> list[list[Hit]]:
+                      candidates_limit: int | None = None, explain: bool = False,
+                      **options: Any) -> list[list[Hit]]:
         rerank, pool = self._pool(k, **options)
-        limit = max(pool, self._limit(candidates_limit)) if rerank else pool
+        check_rerank_options(candidates_limit=candidates_limit)
+        limit = self.candidates_limit if candidates_limit is None else candidates_limit
+        limit = max(pool, limit or 0) if rerank else pool
         with self._lock:
             self._check_open()
             self._before_search(rerank)
@@ -877,23 +865,37 @@ class IndexedStore(Reranking, MultiVectorStore):
                 if live is not None and n_indexed < len(self._id_of) - len(self._pending):
                     subset = [s for s in live if s not in self._pending] if pending else live
             everyone = (lambda: list(self._id_of)) if live is None else (lambda: live)
-            if not n_indexed or (rerank and n_indexed <= pool):
-                return self._exact(queries, everyone(), k)
+            if not n_indexed or (rerank and n_indexed <= pool):  # native exact path: a scan
+                return self._explained(queries, self._exact(queries, everyone(), k), explain)
             # the engine may still return removed documents: ask for that many more
             top = limit + (len(self._dead) if subset is None else 0)
             found = self._engine_candidates(queries, top, subset)
             out = []
             for q, cands in zip(queries, found, strict=True):
                 cands = [(s, sc) for s, sc in cands if s in self._id_of][:limit]
-                if rerank and len(cands) < min(k, n_indexed):  # the engine came up short: score all
-                    out.append(self._exact([q], everyone(), k)[0])
+                if len(cands) < min(k, n_indexed):  # the engine came up short
+                    hits = self._exact([q], everyone(), k)[0] if rerank else self._fill_short(
+                        q, cands, everyone(), k)
+                    out.append(self._explained([q], [hits], explain)[0])
                 elif rerank:
-                    out.append(self._deepened(q, [s for s, _ in cands], pending, k, pool))
-                elif len(cands) < min(k, n_indexed):
-                    out.append(self._fill_short(q, cands, everyone(), k))
+                    hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
+                                             head=pending, dtype=np.float32,
+                                             explain=self.format if explain else None)
+                    out.append([Hit(self._id_of[h.id], h.score, json.loads(json.dumps(h.metadata)),
+                                    h.decomposition) for h in hits])
                 else:
-                    out.append([self._hit(s, sc) for s, sc in cands[:k]])
+                    out.append(self._explained([q], [[self._hit(s, sc) for s, sc in cands[:k]]], explain)[0])
             return out
+
+    def _explained(self, queries: list[np.ndarray], hits: list[list[Hit]], explain: bool) -> list[list[Hit]]:
+        """Hits of a path that did not fetch their lists (an exact scan, the engine's own
+        scores), explained from the vector file when ``explain``."""
+        if explain:
+            for q, row in zip(queries, hits, strict=True):
+                for h in row:
+                    h.decomposition = decompose(q, self._vf.read(self._start[self._seq_of[h.id]],
+                                                                 self._rows[self._seq_of[h.id]]), self.format)
+        return hits
 
     # -- housekeeping ----------------------------------------------------------------------
     def disk_usage(self) -> dict[str, int]:
@@ -1002,4 +1004,4 @@ class ScanEngine(IndexedStore):
 
 
 __all__ = ["DB_NAME", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS", "IndexedStore", "ScanEngine",
-           "centroid_heuristic", "check_positive", "default_memory_budget", "fix_mmap_threshold"]
+           "centroid_heuristic", "default_memory_budget", "fix_mmap_threshold"]

@@ -7,12 +7,13 @@ hands construction to the class of the layout asked for, each in its own module:
 (``"embedding_list"``). Import them through :mod:`uibk_embedding.adapters.milvus`, which
 registers both. Here: the filter expressions, the connection and server version, creating or
 validating the collections and the store's marker, the metadata rows, ``count``/``scan``/``get``,
-the one search entry point (``candidates`` per query) and the exact rescoring of candidates with
+the one search entry point (its pool option per query) and the exact rescoring of candidates with
 its consistency rule (a list is never older than the rows that nominated it).
 
 A layout implements: ``_names`` (its collections), ``_expected_fields`` and ``_build_schema``,
 ``_write`` (an upsert after the shared checks), ``_fetch`` (stored lists by id) and
-``_search_one`` (candidates for one query, then :meth:`MilvusStore._rescore`); optionally
+``_search_one`` (candidates for one query, then :meth:`MilvusStore._rescore`, which hands them
+to :func:`~uibk_embedding.adapters.rerank.rerank_candidates`); optionally
 ``_check_server``, ``_doc_filter``, ``_marker``/``_write_marker``, ``_index_problems`` and
 ``repair``.
 """
@@ -30,12 +31,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, renamed_option
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
-from uibk_embedding.tagged import TaggedFormat, decompose
+from uibk_embedding.tagged import TaggedFormat
 
 LAYOUTS = ("token_rows", "embedding_list")
 MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call
@@ -178,9 +179,11 @@ class MilvusStore(MultiVectorStore):
     uri: ``http://host:19530`` for a server, or a local ``*.db`` path for Milvus Lite.
     collection: base name; ``token_rows`` uses ``<collection>_rows`` and ``<collection>_docs``.
     layout: ``"token_rows"`` (every Milvus) or ``"embedding_list"`` (Milvus >= 2.6.4).
-    candidates: nearest rows taken per query vector (``token_rows``) or documents rescored
-        (``embedding_list``). Larger = better recall, slower. Also a per-query option:
-        ``search(q, k, candidates=256)``.
+    rows_per_vector: (``token_rows``) nearest rows taken per query vector; the documents owning
+        them are rescored. Larger = better recall, slower. Also a per-query option:
+        ``search(q, k, rows_per_vector=256)``. ``candidates`` is its deprecated name there.
+    candidates: (``embedding_list``) documents rescored, as on every other backend; also per
+        query: ``search(q, k, candidates=256)``.
     exact: guarantee exact top-k (``token_rows`` with ``index_type="FLAT"`` only).
     index_type, index_params, search_params: the row index (``"HNSW"`` by default, M=16,
         efConstruction=200; ``ef`` = max(candidates, 64) at search time).
@@ -197,7 +200,9 @@ class MilvusStore(MultiVectorStore):
     backend = "milvus"
     filter_operators = frozenset(OPERATORS)
     exact = False
-    search_options = ("candidates",)  # per query: the candidate pool (see Parameters)
+    search_options: ClassVar[tuple[str, ...]] = ("candidates",)  # per query (see Parameters)
+    pool_option: ClassVar[str] = "candidates"
+    """The name of this layout's pool option: ``candidates`` (documents) or ``rows_per_vector``."""
     layout: ClassVar[str] = ""  # set by each layout class
     supports_exact: ClassVar[bool] = False  # whether exact=True can be proven by this layout
     _docs_suffix: ClassVar[str] = "_docs"  # the documents collection: <collection><suffix>
@@ -224,7 +229,8 @@ class MilvusStore(MultiVectorStore):
         collection: str = "uibk",
         *,
         layout: str | None = None,
-        candidates: int = DEFAULT_CANDIDATES,
+        candidates: int | None = None,
+        rows_per_vector: int | None = None,
         exact: bool = False,
         index_type: str = "HNSW",
         index_params: dict | None = None,
@@ -246,7 +252,7 @@ class MilvusStore(MultiVectorStore):
                 f"collection name {collection!r}: use letters, digits and underscores, "
                 "starting with a letter or underscore (at most 201 characters)"
             )
-        candidates = self._check_candidates(candidates)
+        pool = self._given_pool(candidates, rows_per_vector, stacklevel=4)
         index_type = index_type.upper()
         if exact and (not self.supports_exact or index_type != "FLAT"):
             raise ValueError(
@@ -255,7 +261,7 @@ class MilvusStore(MultiVectorStore):
             )
         self.uri = uri
         self.collection = collection
-        self.candidates = candidates
+        setattr(self, self.pool_option, DEFAULT_CANDIDATES if pool is None else pool)
         self.exact = exact  # instance value: this store's guarantee
         self.index_type = index_type
         self.index_params = dict(index_params if index_params is not None else
@@ -276,12 +282,21 @@ class MilvusStore(MultiVectorStore):
         self.docs_name = f"{collection}{self._docs_suffix}"
         self._open_or_create(format)
 
-    @staticmethod
-    def _check_candidates(candidates: Any) -> int:
-        if isinstance(candidates, bool) or not isinstance(candidates, int) or not (
-                1 <= candidates <= MAX_LIMIT):
-            raise ValueError(f"candidates must be an int in 1..{MAX_LIMIT}, got {candidates!r}")
-        return candidates
+    def _given_pool(self, candidates: Any, rows_per_vector: Any, stacklevel: int = 3) -> int | None:
+        """The pool option given (None: not given), under this layout's name
+        (:attr:`pool_option`): ``candidates`` is the deprecated spelling of ``rows_per_vector``
+        on ``token_rows``; ``rows_per_vector`` is refused on ``embedding_list``."""
+        name = self.pool_option
+        if name == "rows_per_vector":
+            n = renamed_option(name, rows_per_vector, "candidates", candidates, stacklevel=stacklevel + 1)
+        elif rows_per_vector is not None:
+            raise TypeError(f"rows_per_vector is an option of layout='token_rows'; the {self.layout!r} "
+                            "layout takes candidates (documents rescored)")
+        else:
+            n = candidates
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LIMIT):
+            raise ValueError(f"{name} must be an int in 1..{MAX_LIMIT}, got {n!r}")
+        return n
 
     # -- connection ------------------------------------------------------------------------
     @staticmethod
@@ -561,42 +576,33 @@ class MilvusStore(MultiVectorStore):
                 for x in ids if x in found]
 
     @serialized
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                candidates: int | None = None) -> list[Hit]:
-        return self._search_batch([query], k, conditions, candidates=candidates)[0]
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
+        return self._search_batch([query], k, conditions, **options)[0]
 
     @serialized
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-                      candidates: int | None = None) -> list[list[Hit]]:
-        n = self.candidates if candidates is None else self._check_candidates(candidates)
-        return [self._search_one(q, k, conditions, {}, n) for q in queries]
+                      candidates: int | None = None, rows_per_vector: int | None = None,
+                      explain: bool = False) -> list[list[Hit]]:
+        n = self._given_pool(candidates, rows_per_vector, stacklevel=5)
+        n = getattr(self, self.pool_option) if n is None else n
+        return [self._search_one(q, k, conditions, n, explain) for q in queries]
 
     @serialized
     def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          candidates: int | None = None) -> list[Hit]:
-        """The rescoring already fetched every hit's list: decompose from those, no second read."""
-        cache: dict[str, _Stored | None] = {}
-        n = self.candidates if candidates is None else self._check_candidates(candidates)
-        hits = self._search_one(q, k, conditions, cache, n)
-        missing = [h.id for h in hits if cache.get(h.id) is None]
-        if missing:
-            cache.update(self._fetch(missing))
-        for h in hits:
-            stored = cache.get(h.id)
-            if stored is not None:
-                h.decomposition = decompose(q, stored[0], self.format)
-        return hits
+                          **options: Any) -> list[Hit]:
+        """The rescoring decomposes the hits from the lists it fetched: no second read."""
+        return self._search_batch([q], k, conditions, explain=True, **options)[0]
 
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                    cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
-        """One query with a candidate pool of ``candidates``; ``cache`` collects the lists
-        fetched for the rescoring."""
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
+                    explain: bool) -> list[Hit]:
+        """One query with this layout's pool option ``pool`` (:attr:`pool_option`); ``explain``
+        is passed on to :meth:`_rescore`."""
         raise NotImplementedError
 
     def _rescore(self, q: np.ndarray, ids: Sequence[str], k: int, conditions: tuple[Node, ...],
                  cache: dict[str, _Stored | None] | None = None,
                  upper: dict[str, float] | None = None,
-                 seen: dict[str, int] | None = None) -> tuple[list[Hit], float]:
+                 seen: dict[str, int] | None = None, explain: bool = False) -> tuple[list[Hit], float]:
         """Exact MaxSim over ``ids`` (fetched in pieces); the hits and the k-th score.
 
         With ``upper`` (score upper bounds, ``ids`` in descending bound order) rescoring stops
@@ -604,7 +610,7 @@ class MilvusStore(MultiVectorStore):
         enter the top k. With ``seen`` (the row versions the search returned) lists are read
         without waiting for the consistency point; any list older than its rows, or not found,
         is read again with the collection's consistency, so a list is never staler than the
-        rows that nominated it."""
+        rows that nominated it. ``explain``: each hit decomposed from the list fetched for it."""
         cache = {} if cache is None else cache
 
         def fetch(chunk: Sequence[str]) -> dict[str, tuple[np.ndarray, dict]]:
@@ -623,8 +629,10 @@ class MilvusStore(MultiVectorStore):
             return {x: (s[0], s[1]) for x, s in found.items() if matches(s[1], conditions)}  # type: ignore[index]
 
         # small first fetches when bounds can stop early
-        hits = rerank_candidates(q, ids, fetch, k, bounds=upper, bound_slack=_BOUND_SLACK,
-                                 first=64 if upper is not None else 512)
+        cands = [(x, None if upper is None else upper[x]) for x in ids]
+        hits = rerank_candidates(q, cands, fetch, k, bound_slack=_BOUND_SLACK,
+                                 first=64 if upper is not None else 512,
+                                 explain=self.format if explain else None)
         return hits, (hits[-1].score if len(hits) >= k else -math.inf)
 
     # -- maintenance -----------------------------------------------------------------------

@@ -102,15 +102,15 @@ class MilvusEmbeddingListStore(MilvusStore):
                 out[r["doc_id"]] = (vec, json.loads(r["meta"]), 0)
         return out
 
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                    cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
+                    explain: bool) -> list[Hit]:
         """Milvus' own MaxSim search names ``max(k, candidates)`` documents; rescored exactly."""
         emb = _pymilvus().EmbeddingList(q, dim=DIM)
         res = self.client.search(self.docs_name, data=[emb], anns_field="vectors[v]",
-                                 limit=max(k, candidates), filter=filter_expression(conditions),
+                                 limit=max(k, pool), filter=filter_expression(conditions),
                                  output_fields=["doc_id"],
                                  search_params={"metric_type": "MAX_SIM_IP",
                                                 "params": dict(self.search_params)},
                                  timeout=self.timeout)
         ids = [h["entity"]["doc_id"] for h in res[0]]
-        return self._rescore(q, ids, k, conditions, cache)[0]
+        return self._rescore(q, ids, k, conditions, explain=explain)[0]

@@ -9,7 +9,7 @@ A base64 part decodes ~100x faster than an ``ARRAY<FLOAT>`` (whose ``max_capacit
 caps at 4096 floats, 32 vectors) and holds twice as many vectors.
 
 A search sends every query vector (slots included) to the row index, takes the union of the
-documents owning the ``candidates`` nearest rows of each query vector, fetches their lists and
+documents owning the ``rows_per_vector`` nearest rows of each query vector, fetches their lists and
 rescores them with exact MaxSim, best score bound first (a candidate's bound takes, per query
 vector, its best returned row or else the last returned score), stopping once the k-th exact
 score reaches the next bound. ``exact=True`` (with ``index_type="FLAT"``) proves the top-k with
@@ -69,6 +69,13 @@ class MilvusTokenRowsStore(MilvusStore):
 
     layout: ClassVar[str] = "token_rows"
     supports_exact: ClassVar[bool] = True
+    pool_option: ClassVar[str] = "rows_per_vector"
+    search_options: ClassVar[tuple[str, ...]] = ("rows_per_vector", "candidates")  # candidates: deprecated
+
+    @property
+    def candidates(self) -> int:
+        """Deprecated name of :attr:`rows_per_vector` on this layout."""
+        return self.rows_per_vector
 
     # -- schema ----------------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -215,17 +222,18 @@ class MilvusTokenRowsStore(MilvusStore):
         return out
 
     # -- search ----------------------------------------------------------------------------
-    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                    cache: dict[str, _Stored | None], candidates: int) -> list[Hit]:
+    def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
+                    explain: bool) -> list[Hit]:
         expr = filter_expression(conditions)
-        depth = min(max(candidates, 1), MAX_LIMIT)
+        depth = min(max(pool, 1), MAX_LIMIT)
+        cache: dict[str, _Stored | None] = {}  # lists fetched at a shallower depth: not read again
         while True:
             upper, seen, bound, complete = self._row_candidates(q, depth, expr)
-            hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen)
+            hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen, explain)
             if not self.exact or complete or (len(hits) == k and kth >= bound):
                 return hits
             if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
-                return self._rescore(q, self._all_ids(expr), k, conditions, cache)[0]
+                return self._rescore(q, self._all_ids(expr), k, conditions, cache, explain=explain)[0]
             depth = min(depth * 4, MAX_LIMIT)
 
     def _row_candidates(self, q: np.ndarray, depth: int,

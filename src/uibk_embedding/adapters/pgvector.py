@@ -68,13 +68,20 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    check_positive,
+    finite_score,
+    settle_format,
+)
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or
-from uibk_embedding.adapters.rerank import rerank_candidates
+from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
 from uibk_embedding.maxsim import maxsim_scores, top_k
-from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, dense_vector
+from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 SCHEMA_VERSION = 1
 DENSE_DIM = N_SLOTS * (DIM - 1)  # 381
@@ -242,7 +249,7 @@ class PgVectorStore(MultiVectorStore):
                              "starting with a letter or underscore (at most 40 characters)")
         for name, v in (("candidates", candidates), ("m", m), ("ef_construction", ef_construction),
                         ("batch_size", batch_size)):
-            self._check_positive(name, v)
+            check_positive(name, v)
         self.table = table
         self.exact = bool(exact)  # instance value: this store's guarantee
         self.candidates = candidates
@@ -270,12 +277,6 @@ class PgVectorStore(MultiVectorStore):
         except BaseException:
             self.close()
             raise
-
-    @staticmethod
-    def _check_positive(name: str, v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-        return v
 
     def _connect(self) -> Any:
         psycopg = _psycopg()
@@ -591,21 +592,16 @@ class PgVectorStore(MultiVectorStore):
 
     def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
-        """Candidate searches decompose from the lists the rerank fetched (no second read); the
-        hits of an exact scan are explained from a ``get``."""
+        """Both paths decompose the hits from the lists the search read (no second read)."""
         exact, pool, ef = self._search_params(exact, candidates)
-        hits = self._call(lambda: self._search_all([q], k, conditions, exact, pool, ef, explain=True))[0]
-        missing = [h for h in hits if h.decomposition is None]
-        if missing:
-            self._explain(q, missing)
-        return hits
+        return self._call(lambda: self._search_all([q], k, conditions, exact, pool, ef, explain=True))[0]
 
     def _search_params(self, exact: bool | None, candidates: int | None) -> tuple[bool, int, int]:
         """``(exact, pool, ef_search)`` of one search: the per-query options over the store's."""
         exact = self.exact if exact is None else bool(exact)
         if candidates is None:
             return exact, self.candidates, self.ef_search
-        pool = self._check_positive("candidates", candidates)
+        pool = check_rerank_options(candidates=candidates)[1]
         return exact, pool, min(self._ef_search_given if self._ef_search_given is not None else max(pool, 40),
                                 1000)
 
@@ -617,19 +613,21 @@ class PgVectorStore(MultiVectorStore):
                 out[i] = self._search_candidates(q, k, conditions, candidates, ef_search, explain)
         rest = [i for i in range(len(queries)) if i not in out]
         if rest:  # exact mode, or token-only queries: one scan for all of them
-            for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions),
+            for i, hits in zip(rest, self._search_exact([queries[i] for i in rest], k, conditions, explain),
                                strict=True):
                 out[i] = hits
         return [out[i] for i in range(len(queries))]
 
-    def _search_exact(self, queries: list[np.ndarray], k: int,
-                      conditions: tuple[Node, ...]) -> list[list[Hit]]:
+    def _search_exact(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
+                      explain: bool = False) -> list[list[Hit]]:
         """Every document passing the filter, in write order, scored in pieces (float32, as the
         exact store scores); a running top-k per query (earlier documents first, so ties keep
         write order as the exact store does). One snapshot (REPEATABLE READ) for the scan and
-        the winners' metadata; lists arrive as raw bytes (a binary cursor)."""
+        the winners' metadata; lists arrive as raw bytes (a binary cursor). ``explain``: the
+        winners' lists are kept from the scan and decomposed (no second read)."""
         where, params = filter_sql(conditions)
         best: list[tuple[np.ndarray, list[str]]] = [(np.zeros(0, np.float32), []) for _ in queries]
+        kept: dict[str, bytes] = {}  # with explain: the lists of the winners so far
         with self.conn.transaction():
             self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             with self.conn.cursor(name=f"uibk_scan_{id(self)}", binary=True) as cur:
@@ -646,11 +644,19 @@ class PgVectorStore(MultiVectorStore):
                         keep = top_k(pool, k)
                         ids = ids0 + chunk
                         best[qi] = (pool[keep], [ids[j] for j in keep])
+                    if explain:
+                        kept.update(rows)
+                        kept = {x: kept[x] for _, winners in best for x in winners}
             winners = list(dict.fromkeys(x for _, ids in best for x in ids))
             meta = dict(self.conn.execute(self._q("SELECT id, metadata::text FROM {t} WHERE id = ANY(%s)"),
                                           (winners,)).fetchall()) if winners else {}
-        return [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
+        hits = [[Hit(x, finite_score(sc), json.loads(meta[x])) for sc, x in zip(*b, strict=True)]
                 for b in best]
+        for q, row in zip(queries, hits if explain else [], strict=False):
+            for h in row:
+                v = kept[h.id]
+                h.decomposition = decompose(q, _from_bytes(v, len(v) // (4 * DIM)), self.format)
+        return hits
 
     def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                            candidates: int, ef_search: int, explain: bool = False) -> list[Hit]:
@@ -675,10 +681,10 @@ class PgVectorStore(MultiVectorStore):
             # fewer than asked: a table or filtered subset smaller than the budget, an iterative
             # scan that reached hnsw.max_scan_tuples, or pgvector < 0.8 filtering after its index
             # scan; the subset is scored exactly (never a short, post-filtered top-k)
-            return self._search_exact([q], k, conditions)[0]
+            return self._search_exact([q], k, conditions, explain)[0]
         # the candidates came with their lists: the rerank's fetch is a lookup, in one piece
         stored = {x: (_from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
-        return rerank_candidates(q, [r[0] for r in rows], lambda ids: {x: stored[x] for x in ids}, k,
+        return rerank_candidates(q, [(r[0], None) for r in rows], lambda ids: {x: stored[x] for x in ids}, k,
                                  first=len(rows), explain=self.format if explain else None)
 
     # -- maintenance -----------------------------------------------------------------------

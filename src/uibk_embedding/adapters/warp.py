@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import renamed_option
-from uibk_embedding.adapters.indexed import IndexedStore, centroid_heuristic, check_positive
+from uibk_embedding.adapters.base import check_positive, renamed_option
+from uibk_embedding.adapters.indexed import IndexedStore, centroid_heuristic
 from uibk_embedding.errors import EngineError, call_engine
 from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import file_name

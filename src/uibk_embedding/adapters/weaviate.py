@@ -64,7 +64,7 @@ from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
-from uibk_embedding.tagged import DIM, TaggedFormat
+from uibk_embedding.tagged import DIM, TaggedFormat, decompose
 
 DEFAULT_COLLECTION = "UibkEmbedding"
 VECTOR_NAME = "uibk"
@@ -703,10 +703,12 @@ class WeaviateStore(MultiVectorStore):
         return int(self._collection.aggregate.over_all(total_count=True).total_count or 0)
 
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                rerank: bool | None = None, candidates: int | None = None) -> list[Hit]:
+                rerank: bool | None = None, candidates: int | None = None,
+                explain: bool = False) -> list[Hit]:
         MetadataQuery = _wv().classes.query.MetadataQuery
-        pool = self.candidates if candidates is None else check_rerank_options(candidates=candidates)[1]
-        rerank = self.rerank if rerank is None else bool(rerank)
+        rerank, pool, _ = check_rerank_options(rerank, candidates)
+        pool = self.candidates if pool is None else pool
+        rerank = self.rerank if rerank is None else rerank
         limit = max(k, pool or 4 * k) if rerank else k
         res = self._collection.query.near_vector(
             near_vector=query.astype(np.float32).tolist(),
@@ -715,16 +717,26 @@ class WeaviateStore(MultiVectorStore):
             filters=to_weaviate_filter(conditions),
             return_metadata=MetadataQuery(distance=True),
             return_properties=[PROP_ID, PROP_METADATA],
-            include_vector=[self.vector_name] if rerank else False,
+            include_vector=[self.vector_name] if rerank or explain else False,
         )
         found = [(*self._id_and_metadata(obj), obj) for obj in res.objects]
         if not rerank:
-            return [Hit(doc_id, distance_to_score(obj.metadata.distance), md)
+            hits = [Hit(doc_id, distance_to_score(obj.metadata.distance), md)
                     for doc_id, md, obj in found][:k]
+            if explain:
+                for h, (_, _, obj) in zip(hits, found, strict=False):
+                    h.decomposition = decompose(query, self._vectors_of(obj), self.format)
+            return hits
         # the candidates came with their vectors: the rerank's fetch is a lookup, in one piece
         stored = {doc_id: (self._vectors_of(obj), md) for doc_id, md, obj in found}
-        return rerank_candidates(query, [doc_id for doc_id, _, _ in found],
-                                 lambda ids: {x: stored[x] for x in ids}, k, first=max(1, len(found)))
+        return rerank_candidates(query, [(doc_id, None) for doc_id, _, _ in found],
+                                 lambda ids: {x: stored[x] for x in ids}, k, first=max(1, len(found)),
+                                 explain=self.format if explain else None)
+
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
+                          **options: Any) -> list[Hit]:
+        """The search returns the hits' vectors: each hit is decomposed from them (no second read)."""
+        return self._search(q, k, conditions, explain=True, **options)
 
     def close(self) -> None:
         """Close the connection if the store opened it (a given ``client`` stays open)."""

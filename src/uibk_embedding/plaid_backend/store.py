@@ -59,17 +59,16 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit
+from uibk_embedding.adapters.base import Hit, check_positive
 from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold: its old home)
     DB_NAME,
     MMAP_THRESHOLD,
     IndexedStore,
     centroid_heuristic,
-    check_positive,
     fix_mmap_threshold,
 )
+from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, EngineError, call_engine
-from uibk_embedding.rank import rerank as exact_rerank
 from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import VectorFile
 
@@ -479,10 +478,15 @@ class PlaidStore(IndexedStore):
         decompressed vectors (what PLAID scores), so ``k >= count`` returns every document."""
         have = {s for s, _ in cands}
         missing = [s for s in seqs if s not in have]
-        positions = np.searchsorted(self._positions(), missing).tolist()
-        embs = engine_call("get_embeddings", self._fp.get_embeddings, positions)
-        extra = [(missing[i], s) for i, s in exact_rerank(q, [e.float().numpy() for e in embs], k)]
-        return [self._hit(s, sc) for s, sc in sorted(cands + extra, key=lambda t: -t[1])[:k]]
 
+        def fetch(keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict]]:
+            positions = np.searchsorted(self._positions(), keys).tolist()
+            embs = engine_call("get_embeddings", self._fp.get_embeddings, positions)
+            return {s: (e.float().numpy(), {}) for s, e in zip(keys, embs, strict=True)}
+
+        extra = rerank_candidates(q, [(s, None) for s in missing], fetch, k, first=max(1, len(missing)),
+                                  dtype=np.float32)
+        pairs = cands + [(h.id, h.score) for h in extra]
+        return [self._hit(s, sc) for s, sc in sorted(pairs, key=lambda t: -t[1])[:k]]
 
 __all__ = ["BUILD_DEFAULTS", "PlaidEngineError", "PlaidStore", "centroid_heuristic", "engine_call"]
