@@ -386,7 +386,14 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
     for r in rows:
         r["ratio_to_fastest_outside"] = (round(r["p50_ms"] / fastest_outside, 3)
                                          if fastest_outside else None)
+    from importlib import metadata
+
+    versions = {}
+    for dist in ("numpy", "torch", "numba", "maxsim-cpu", "qdrant-edge-py"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
     return {"n_docs": len(offsets) - 1, "doc_rows": len(mat), "query_rows": q_rows, "queries": runs,
+            "versions": versions,
             "float32_rounding_bound": float(f"{max(bounds):.3g}"), "rows": rows, "skipped": skipped,
             "loadavg_before": load_before, "loadavg_after": load_after}
 
@@ -404,7 +411,8 @@ def engines_markdown(e: dict, threads: int | None) -> str:
              "",
              f"Load average before / after: {' '.join(e['loadavg_before'])} / {' '.join(e['loadavg_after'])}"
              " (shared machine: preliminary). float32 rounding bound (a priori): "
-             f"{e['float32_rounding_bound']}.",
+             f"{e['float32_rounding_bound']}. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in e.get("versions", {}).items()) + ".",
              "",
              "| engine | p50 ms | p95 ms | / fastest outside | top-10 = float64 | max abs error |",
              "|---|---:|---:|---:|---:|---:|"]
