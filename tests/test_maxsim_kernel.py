@@ -124,3 +124,29 @@ def test_rerank_of_float16_documents_scores_their_widening(dtype):
     got = rerank(q, docs16, k=10, dtype=dtype)
     wide = rerank(q, [d.astype(dtype) for d in docs16], k=10, dtype=dtype)
     assert got == wide
+
+
+def test_benchmark_engines_table_runs_and_checks_accuracy(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "maxsim_kernel.py"
+    spec = importlib.util.spec_from_file_location("maxsim_kernel_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": str(i), "title": "", "text": "w " * (i % 7 + 1)}) + "\n"
+                              for i in range(40)))
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    engines = "kernel_f32,kernel_f16rows,numpy_one_gemm,torch_blocked_f32"
+    assert bench.main(["--engines", engines, "--corpus", str(corpus), "--rows", "300", "--runs", "2",
+                       "--shape", "0", "--json", str(out), "--md", str(md)]) == 0
+    res = json.loads(out.read_text())["engines"]
+    assert res["n_docs"] == 40 and abs(res["doc_rows"] - 300) <= 40  # lengths rounded per document
+    rows = {r["engine"]: r for r in res["rows"]}
+    assert set(rows) == set(engines.split(","))
+    for r in rows.values():
+        assert r["top10_equal"] == "2/2" and r["max_abs_error"] <= res["float32_rounding_bound"]
+    assert rows["numpy_one_gemm"]["ratio_to_fastest_outside"] == 1.0
+    assert "| kernel_f16rows |" in md.read_text()
