@@ -1,9 +1,10 @@
 """Scale on one machine: build, disk, peak memory, latency and recall of the local engines
 (exact store, PLAID, WARP), and the search settings, rerank and profile of an index it built.
 
-One script for what ``scale.py``, ``plaid_scale.py``, ``warp_scale.py`` and ``scale_sweep.py``
-measured before. NPL is encoded once (``encode``, resumable: ``/tmp/npl-vectors.npz``) and grown
-with noisy copies (:func:`uibk_embedding.apps.compare.synthetic_corpus`, generated in chunks of
+One script for what ``scale.py``, ``plaid_scale.py``, ``warp_scale.py``, ``scale_sweep.py`` and
+``plaid_recall.py`` measured before. NPL is encoded once (``encode``, resumable:
+``/tmp/npl-vectors.npz``; ``--collection`` another of the shared collections) and grown with noisy
+copies (:func:`uibk_embedding.apps.compare.synthetic_corpus`, generated in chunks of
 ``--chunk`` documents, chunk ``c`` from seed ``c``, so every engine gets the same documents and no
 process holds the whole collection). The stores live in ``--work`` as ``{engine}-{docs}``.
 
@@ -32,8 +33,9 @@ Subcommands:
   against the exact store's top 10 (cached as ``exact-{docs}.top10.json``), p50/p95 latency
   (median of ``--runs`` per query), identical top 10s; with ``--time-exact`` the exact store is
   timed query by query beside each setting (interleaved, so both see the same machine: the
-  latency ratio); with ``--raw-scores N`` how the engine's raw scores of its top ``N`` relate to
-  exact MaxSim. Appends JSON lines to ``--out``.
+  latency ratio); ``--score-error`` the hits' scores against exact MaxSim; ``--dense-weight``
+  queries with their slots scaled (no re-index); with ``--raw-scores N`` how the engine's raw
+  scores of its top ``N`` relate to exact MaxSim. Appends JSON lines to ``--out``.
 * ``rerank`` (PLAID): the exact rerank of ``--candidates`` documents from the memory-mapped vector
   file against reading the same documents' float16 blobs from SQLite (schema 1's path).
 * ``profile`` (PLAID, WARP): where one query's time goes: the engine's candidate call, the exact
@@ -62,6 +64,11 @@ What the removed scripts measured, and how to get it now:
   ``sweep --engine warp --settings '{"rerank": false}' '{"n_rerank": 100}' '{"n_rerank": 100,
   "nprobe": 8}' --time-exact --raw-scores 100``;
 * ``scale_sweep.py``: ``sweep`` (one round: ``--runs 1``, the default).
+* ``plaid_recall.py cranfield npl --rerank 10 100 --weights 1 4`` (recall, score error, latency
+  per rerank pool and dense weight, on real collections): per collection ``encode --collection
+  cranfield --vectors /tmp/cranfield-vectors.npz``, ``run --docs 1398 --engines exact,plaid
+  --vectors ...``, then ``sweep --engine plaid --time-exact --score-error --dense-weight 1 4
+  --settings '{"rerank": false}' '{"n_rerank": 10}' '{"n_rerank": 100}'``.
 
 The synthetic documents beyond NPL's 11,426 come from other seeds than in the old scripts
 (``plaid_scale.py`` used one seed for all, ``warp_scale.py`` seed = size), so figures above NPL's
@@ -522,7 +529,7 @@ def cmd_encode(args: argparse.Namespace) -> None:
         return
     parts = out.with_suffix(".parts")
     parts.mkdir(parents=True, exist_ok=True)
-    coll = load_beir(datasets_dir() / "npl")
+    coll = load_beir(datasets_dir() / args.collection)
     texts = [d.full_text for d in coll.corpus]
     enc = load_encoder()
     t0 = time.perf_counter()
@@ -563,14 +570,17 @@ def _built(args: argparse.Namespace, engine: str) -> Path:
     return path
 
 
-def exact_top10(work: Path, docs: int, queries: list[np.ndarray]) -> list[list[str]]:
-    """The exact store's top 10 of each query, cached next to the stores."""
-    cache = work / f"exact-{docs}.top10.json"
+def exact_top10(work: Path, docs: int, queries: list[np.ndarray], tag: str = "",
+                exact: Any = None) -> list[list[str]]:
+    """The exact store's top 10 of each query, cached next to the stores (``tag``: of queries
+    changed, e.g. ``-w4`` for another dense weight; ``exact``: the store, already open)."""
+    cache = work / f"exact-{docs}{tag}.top10.json"
     top = json.loads(cache.read_text()) if cache.exists() else None
     if top is None or len(top) != len(queries):
-        exact = _open("exact", work / f"exact-{docs}")
-        top = [[h.id for h in exact.search(q, k=10)] for q in queries]
-        exact.close()
+        store = exact or _open("exact", work / f"exact-{docs}")
+        top = [[h.id for h in store.search(q, k=10)] for q in queries]
+        if exact is None:
+            store.close()
         cache.write_text(json.dumps(top))
     return top
 
@@ -587,14 +597,15 @@ def _append(out: str, row: dict[str, Any]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _median_ms(store: Any, q: np.ndarray, runs: int, gap: float) -> tuple[float, list[str]]:
+def _median_ms(store: Any, q: np.ndarray, runs: int, gap: float) -> tuple[float, list[str], list]:
+    """The median latency (ms) of ``runs`` searches at k = 10, the ids and the hits."""
     times, hits = [], []
     for _ in range(runs):
         time.sleep(gap)  # let the previous call's BLAS / OpenMP threads settle
         t = time.perf_counter()
         hits = store.search(q, k=10)
         times.append((time.perf_counter() - t) * 1000)
-    return float(np.median(times)), [h.id for h in hits]
+    return float(np.median(times)), [h.id for h in hits], hits
 
 
 def _raw_scores(store: Any, queries: list[np.ndarray], depth: int) -> dict[str, float]:
@@ -615,42 +626,55 @@ def _raw_scores(store: Any, queries: list[np.ndarray], depth: int) -> dict[str, 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """Search settings of a built store against the exact store's top 10."""
+    from uibk_embedding.apps.evaluation import with_dense_weight
+
     work = Path(args.work)
-    queries = queries_of(args.vectors, args.queries)
     path = _built(args, args.engine)
-    top = exact_top10(work, args.docs, queries)
-    exact = _open("exact", _built(args, "exact")) if args.time_exact else None
-    for text in args.settings:
-        setting: dict[str, Any] = json.loads(text)
-        store = _open(args.engine, path, **setting)
-        store.search(queries[0], k=10)
-        if exact is not None:
-            exact.search(queries[0], k=10)
-        lat, lat_exact, got = [], [], []
-        for q in queries:
-            if exact is not None:
-                lat_exact.append(_median_ms(exact, q, args.runs, args.gap)[0])
-            ms, ids = _median_ms(store, q, args.runs, args.gap)
-            lat.append(ms)
-            got.append(ids)
-        rec = recall(got, top)
-        row: dict[str, Any] = {
-            "docs": args.docs, "engine": args.engine, "setting": setting, "queries": len(queries),
-            "runs": args.runs, "recall@10_vs_exact": round(float(np.mean(rec)), 4),
-            "recall@10_min": round(min(rec), 2),
-            "identical_top10": sum(g == t for g, t in zip(got, top, strict=True)), **_p50_p95(lat)}
-        if lat_exact:
-            row["exact_p50_ms"] = round(float(np.percentile(lat_exact, 50)), 2)
-            row["p50_ratio"] = round(row["p50_ms"] / row["exact_p50_ms"], 3)
-            row["median_latency_ratio_vs_exact"] = round(
-                float(np.median(np.array(lat) / np.array(lat_exact))), 4)
-        if args.raw_scores:
-            row["raw_score_vs_maxsim"] = _raw_scores(store, queries, args.raw_scores)
-        store.close()
-        row["load_average"] = _load_average()
-        _append(args.out, row)
+    exact = _open("exact", _built(args, "exact")) if args.time_exact or args.score_error else None
+    for w in args.dense_weight:
+        queries = [q if w == 1 else with_dense_weight(q, w) for q in queries_of(args.vectors, args.queries)]
+        top = exact_top10(work, args.docs, queries, "" if w == 1 else f"-w{w:g}", exact)
+        truth = [exact.scores(q) for q in queries] if args.score_error and exact is not None else []
+        for text in args.settings:
+            _sweep_setting(args, path, exact, queries, top, truth, w, json.loads(text))
     if exact is not None:
         exact.close()
+
+
+def _sweep_setting(args: argparse.Namespace, path: Path, exact: Any, queries: list[np.ndarray],
+                   top: list[list[str]], truth: list[dict[str, float]], w: float,
+                   setting: dict[str, Any]) -> None:
+    store = _open(args.engine, path, **setting)
+    store.search(queries[0], k=10)
+    if exact is not None:
+        exact.search(queries[0], k=10)
+    lat, lat_exact, got, errs = [], [], [], []
+    for i, q in enumerate(queries):
+        if args.time_exact:
+            lat_exact.append(_median_ms(exact, q, args.runs, args.gap)[0])
+        ms, ids, hits = _median_ms(store, q, args.runs, args.gap)
+        lat.append(ms)
+        got.append(ids)
+        if truth:  # the hits' scores against exact MaxSim (float32 originals)
+            errs += [abs(h.score - truth[i][h.id]) / abs(truth[i][h.id]) for h in hits]
+    rec = recall(got, top)
+    row: dict[str, Any] = {
+        "docs": args.docs, "engine": args.engine, "setting": setting, "dense_weight": w,
+        "queries": len(queries), "runs": args.runs, "recall@10_vs_exact": round(float(np.mean(rec)), 4),
+        "recall@10_min": round(min(rec), 2),
+        "identical_top10": sum(g == t for g, t in zip(got, top, strict=True)), **_p50_p95(lat)}
+    if lat_exact:
+        row["exact_p50_ms"] = round(float(np.percentile(lat_exact, 50)), 2)
+        row["p50_ratio"] = round(row["p50_ms"] / row["exact_p50_ms"], 3)
+        row["median_latency_ratio_vs_exact"] = round(float(np.median(np.array(lat) / np.array(lat_exact))), 4)
+    if errs:
+        row["score_err_mean"] = float(f"{np.mean(errs):.2e}")
+        row["score_err_max"] = float(f"{np.max(errs):.2e}")
+    if args.raw_scores:
+        row["raw_score_vs_maxsim"] = _raw_scores(store, queries, args.raw_scores)
+    store.close()
+    row["load_average"] = _load_average()
+    _append(args.out, row)
 
 
 def cmd_rerank(args: argparse.Namespace) -> None:
@@ -763,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--vectors", default="/tmp/npl-vectors.npz")
     e.add_argument("--chunk", type=int, default=500)
     e.add_argument("--budget-s", type=float, default=480)
+    e.add_argument("--collection", default="npl", help="a shared BEIR collection (npl, cranfield, ...)")
     for name in ("sweep", "rerank", "profile"):
         c = sub.add_parser(name)
         c.add_argument("--vectors", default="/tmp/npl-vectors.npz")
@@ -780,6 +805,10 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--gap", type=float, default=0.02, help="pause before each timed call (s)")
     sw.add_argument("--raw-scores", type=int, default=0, metavar="N",
                     help="also compare the engine's raw scores of its top N with exact MaxSim")
+    sw.add_argument("--score-error", action="store_true",
+                    help="relative error of the hits' scores against exact MaxSim (the exact store's)")
+    sw.add_argument("--dense-weight", type=float, nargs="+", default=[1.0],
+                    help="query dense weights (the query's slots scaled, no re-index)")
     sub.choices["rerank"].add_argument("--candidates", type=int, default=100)
     sub.choices["profile"].add_argument("--setting", default="{}", help="JSON object of store options")
     for name in ("load", "build", "update", "search", "run"):

@@ -152,12 +152,20 @@ def test_scale_plaid_smoke(tmp_path, rng):
     assert row["recall@10_vs_exact"] == 1.0  # 60 documents <= the rerank pool: exact
     sweep = tmp_path / "sweep.jsonl"
     assert mod.main(["sweep", *stores, "--engine", "plaid", "--out", str(sweep), "--time-exact", "--gap", "0",
-                     "--raw-scores", "20", "--settings", "{}",
+                     "--raw-scores", "20", "--score-error", "--dense-weight", "1", "4", "--settings", "{}",
                      '{"n_ivf_probe": 1, "n_full_scores": 64, "rerank": false}']) == 0
     swept = [json.loads(x) for x in sweep.read_text().splitlines()]
-    assert [r["setting"] for r in swept] == [{}, {"n_ivf_probe": 1, "n_full_scores": 64, "rerank": False}]
-    assert swept[0]["recall@10_vs_exact"] == 1.0 and swept[0]["identical_top10"] == 3
+    no_rerank = {"n_ivf_probe": 1, "n_full_scores": 64, "rerank": False}
+    assert [(r["dense_weight"], r["setting"]) for r in swept] == [
+        (1, {}), (1, no_rerank), (4, {}), (4, no_rerank)]
+    for r in (swept[0], swept[2]):  # 60 documents <= the rerank pool: exact, scores as the exact store's
+        assert r["recall@10_vs_exact"] == 1.0 and r["identical_top10"] == 3
+        # PLAID reranks on float16 originals, the exact store on float32: each component rounds by
+        # at most 2**-11 relative, so a MaxSim sum of products moves by < 1e-3 (measured: 2.8e-5)
+        assert r["score_err_max"] < 1e-3
+    assert swept[1]["score_err_max"] > swept[0]["score_err_max"]  # PLAID's compressed scores
     assert swept[0]["exact_p50_ms"] > 0 and swept[0]["raw_score_vs_maxsim"]["median_ratio"] > 0
+    assert (tmp_path / "w" / "exact-60-w4.top10.json").exists()
     runs = [*stores, "--runs", "1", "--out", str(tmp_path / "more.jsonl")]
     assert mod.main(["rerank", *runs, "--candidates", "20"]) == 0
     assert mod.main(["profile", *runs, "--engine", "plaid"]) == 0
