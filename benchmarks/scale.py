@@ -56,19 +56,19 @@ What the removed scripts measured, and how to get it now:
   ``sweep --engine plaid --settings '{}' --time-exact --runs 3 --gap 0.2``;
 * ``plaid_scale.py sweep --probe 4 --full 256 --rerank 0 50``: ``sweep --engine plaid --settings
   '{"n_ivf_probe": 4, "n_full_scores": 256, "rerank": false}' '{"n_ivf_probe": 4,
-  "n_full_scores": 256, "n_rerank": 50}' --time-exact``;
+  "n_full_scores": 256, "candidates": 50}' --time-exact``;
 * ``plaid_scale.py rerank`` and ``profile``: ``rerank`` and ``profile --engine plaid``;
 * ``warp_scale.py build`` (staged: create, then engine ``add``): ``run --engines exact,warp
   --add N`` (``build_s``, ``update_s``, ``update_chunk_s``, ``update_rebuilt``);
 * ``warp_scale.py query`` (grid of rerank pools and ``nprobe``, raw score vs MaxSim):
-  ``sweep --engine warp --settings '{"rerank": false}' '{"n_rerank": 100}' '{"n_rerank": 100,
+  ``sweep --engine warp --settings '{"rerank": false}' '{"candidates": 100}' '{"candidates": 100,
   "nprobe": 8}' --time-exact --raw-scores 100``;
 * ``scale_sweep.py``: ``sweep`` (one round: ``--runs 1``, the default).
 * ``plaid_recall.py cranfield npl --rerank 10 100 --weights 1 4`` (recall, score error, latency
   per rerank pool and dense weight, on real collections): per collection ``encode --collection
   cranfield --vectors /tmp/cranfield-vectors.npz``, ``run --docs 1398 --engines exact,plaid
   --vectors ...``, then ``sweep --engine plaid --time-exact --score-error --dense-weight 1 4
-  --settings '{"rerank": false}' '{"n_rerank": 10}' '{"n_rerank": 100}'``.
+  --settings '{"rerank": false}' '{"candidates": 10}' '{"candidates": 100}'``.
 
 The synthetic documents beyond NPL's 11,426 come from other seeds than in the old scripts
 (``plaid_scale.py`` used one seed for all, ``warp_scale.py`` seed = size), so figures above NPL's
