@@ -230,6 +230,10 @@ def test_embedding_list_refused_on_standalone_2_3(standalone):
 def test_exact_needs_flat_index(tmp_path):
     with pytest.raises(ValueError, match="exact=True needs"):
         open_milvus_lite(path=tmp_path / "m.db", exact=True, index_type="HNSW")
+    with pytest.raises(ValueError, match="batch_rows must be a positive int, got 0"):
+        MilvusStore(uri="http://127.0.0.1:9", batch_rows=0)  # refused before connecting
+    with pytest.raises(TypeError, match=r"Store\(\) got unknown option\(s\) colection; it takes uri, "):
+        MilvusStore(uri="http://127.0.0.1:9", colection="x")
 
 
 def test_unreachable_uri_fails_fast_with_clear_error():

@@ -397,3 +397,10 @@ def test_index_is_rebuilt_when_the_store_has_doubled(tmp_path):
     for bad in (1.0, 0, True, "2"):
         with pytest.raises(ValueError, match="rebuild_growth"):
             PlaidStore(tmp_path / "q", rebuild_growth=bad)
+
+
+@pytest.mark.parametrize(("option", "value"), [("nbits", -1), ("kmeans_niters", 2.5), ("seed", True)])
+def test_a_bad_build_option_is_refused_by_name_before_anything_is_written(tmp_path, option, value):
+    with pytest.raises(ValueError, match=rf"^{option} must be a non-negative int or None, got {value!r}$"):
+        PlaidStore(tmp_path / "p", **{option: value})
+    assert not (tmp_path / "p").exists()

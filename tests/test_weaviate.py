@@ -267,8 +267,10 @@ def test_store_refuses_unusable_arguments_before_connecting():
         wa.WeaviateStore("Docs", url="https://x.weaviate.cloud", cloud=True)
     with pytest.raises(ValueError, match="not both"):
         wa.WeaviateStore("Docs", url="http://a:8080", host="a")
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         wa.WeaviateStore("Docs", url="http://a:8080", batch_size=0)
+    with pytest.raises(ValueError, match="max_rows_per_request must be a positive int, got -1"):
+        wa.WeaviateStore("Docs", url="http://a:8080", max_rows_per_request=-1)
     for bad in (0, "10", True):  # the one rerank-option check every backend uses
         with pytest.raises(ValueError, match=f"candidates must be a positive int, got {bad!r}"):
             wa.WeaviateStore("Docs", url="http://a:8080", candidates=bad)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.base import MultiVectorStore, check_positive
 
 TEXT_KEY = "text"
 TITLE_KEY = "title"
@@ -78,8 +78,7 @@ def upsert_batches(
     """
     if vectors is None and (texts is None or encode is None):
         raise ValueError("give the vectors, or the texts and an encode function")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    check_positive("batch_size", batch_size)
     n = len(ids)
     disable = {True: False, False: True}.get(progress, None)  # type: ignore[arg-type]
     label = desc or f"indexing into {getattr(store, 'backend', type(store).__name__)}"

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, renamed_option
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, renamed_option
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
@@ -253,6 +253,7 @@ class MilvusStore(MultiVectorStore):
                 "starting with a letter or underscore (at most 201 characters)"
             )
         pool = self._given_pool(candidates, rows_per_vector, stacklevel=4)
+        check_positive("batch_rows", batch_rows)
         index_type = index_type.upper()
         if exact and (not self.supports_exact or index_type != "FLAT"):
             raise ValueError(

@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, finite_score
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
@@ -504,8 +504,8 @@ class WeaviateStore(MultiVectorStore):
         self._given_format = format
         if not isinstance(collection, str) or not collection:
             raise ValueError("collection must be a non-empty string")
-        if batch_size < 1 or max_rows_per_request < 1:
-            raise ValueError("batch_size and max_rows_per_request must be positive")
+        check_positive("batch_size", batch_size)
+        check_positive("max_rows_per_request", max_rows_per_request)
         check_rerank_options(candidates=candidates)
         self.vector_name = vector_name
         self.rerank, self.candidates = bool(rerank), candidates

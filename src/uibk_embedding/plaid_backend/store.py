@@ -292,9 +292,7 @@ class PlaidStore(IndexedStore):
     def _check_build_params(given: dict[str, Any]) -> None:
         for name in ("nbits", "kmeans_niters", "max_points_per_centroid", "n_samples_kmeans", "seed",
                      "n_centroids"):
-            v = given[name]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+            check_positive(name, given[name], allow_zero=True, allow_none=True)
         if given["n_centroids"] == 0:
             raise ValueError("n_centroids must be a positive int or None, got 0")
         if given["nbits"] is not None and given["nbits"] not in (1, 2, 4, 8):
