@@ -40,7 +40,7 @@ def _groups(i: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def cranfield():
+def cranfield_coll():
     root = datasets_dir() / "cranfield"
     if not root.exists():
         pytest.fail(f"test collection missing: {root} (set UIBK_DATASETS)")
@@ -61,7 +61,7 @@ def framework_results(encoder, store, query: str, dense_weight=None, group=None)
     li_filters = MetadataFilters(filters=[MetadataFilter(key="group", value=group)]) if group else None
     li_r = li.UIBKRetriever(encoder=encoder, store=store, similarity_top_k=K, dense_weight=dense_weight,
                             filters=li_filters)
-    li_hits = [(n.node.node_id, n.score) for n in li_r.retrieve(query)]
+    li_hits = [(n.node.node_id, n.node.metadata["score"]) for n in li_r.retrieve(query)]
     return lc_hits, li_hits
 
 
@@ -70,15 +70,15 @@ def assert_same(cli_hits, other, what):
     assert [s for _, s in other] == pytest.approx([s for _, s in cli_hits], rel=1e-6), what
 
 
-def test_exact_store_end_to_end_through_the_cli(cranfield, encoder, tmp_path, capsys):
+def test_exact_store_end_to_end_through_the_cli(cranfield_coll, encoder, tmp_path, capsys):
     corpus = tmp_path / "cranfield-200.jsonl"
     with corpus.open("w") as f:
-        for i, d in enumerate(cranfield.corpus[:N_DOCS]):
+        for i, d in enumerate(cranfield_coll.corpus[:N_DOCS]):
             f.write(json.dumps({"_id": d.id, "title": d.title, "text": d.text,
                                 "metadata": {"group": _groups(i)}}) + "\n")
     path = tmp_path / "store"
     assert cli.main(["index", str(corpus), "--backend", "exact", "--path", str(path), "--quiet"]) == 0
-    queries = list(cranfield.queries.values())[:2]
+    queries = list(cranfield_coll.queries.values())[:2]
     settings = [(queries[0], None, None), (queries[1], 2.5, None), (queries[1], None, "odd")]
     for q, w, group in settings:
         args = ["--backend", "exact", "--path", str(path)]
@@ -96,8 +96,9 @@ def test_exact_store_end_to_end_through_the_cli(cranfield, encoder, tmp_path, ca
         assert_same(ref, li_hits, f"LlamaIndex, query {q[:40]!r}, w={w}, group={group}")
     # the LangChain vector store reads the CLI's store as it is (text + metadata)
     with open_store("exact", path=path) as store:
-        doc = lc.UIBKVectorStore.from_existing_store(store, encoder).get_by_ids([cranfield.corpus[0].id])[0]
-        assert doc.page_content == cranfield.corpus[0].text and doc.metadata["group"] == "even"
+        first = cranfield_coll.corpus[0].id
+        doc = lc.UIBKVectorStore.from_existing_store(store, encoder).get_by_ids([first])[0]
+        assert doc.page_content == cranfield_coll.corpus[0].text and doc.metadata["group"] == "even"
 
 
 # -- every backend spec (the ``spec`` parameter of tests/conftest.py) ---------------------------
@@ -152,7 +153,7 @@ def test_llama_index_in_filter_matches_cli(real_data, encoder, capsys, monkeypat
     ref = cli_search(capsys, q, ["--filter", json.dumps({"n": {"$in": [1, 3]}})])
     lc_hits = [(d.id, d.metadata["score"]) for d in lc.UIBKRetriever(
         encoder=encoder, store=store, k=K, filter={"n": {"$in": [1, 3]}}).invoke(q)]
-    li_hits = [(n.node.node_id, n.score) for n in li.UIBKRetriever(
+    li_hits = [(n.node.node_id, n.node.metadata["score"]) for n in li.UIBKRetriever(
         encoder=encoder, store=store, similarity_top_k=K,
         filters=MetadataFilters(filters=[MetadataFilter(key="n", value=[1, 3], operator=FilterOperator.IN)]),
     ).retrieve(q)]

@@ -23,6 +23,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
 )
 
+from uibk_embedding.integrations.core import relevance
 from uibk_embedding.integrations.llama_index import (
     NoEmbedding,
     UIBKRetriever,
@@ -180,7 +181,9 @@ def test_retriever_end_to_end(encoder, vs):
     q = vs.core.encode_query("hypersonic heat transfer")
     for h in hits:
         d = vs.client.explain(q, h.node.node_id)
-        assert h.score == pytest.approx(d.total, rel=1e-5)
+        assert h.node.metadata["score"] == pytest.approx(d.total, rel=1e-5)
+        assert h.score == pytest.approx(relevance(q, d.total), abs=1e-6)  # the relevance scale
+        assert h.score == h.node.metadata["relevance"]
         assert h.node.metadata["token_part"] == pytest.approx(d.token_part, abs=1e-5)
         assert h.node.metadata["dense_part"] == pytest.approx(d.dense_part, abs=1e-5)
     # from encoder= + store=, with filters and a dense weight

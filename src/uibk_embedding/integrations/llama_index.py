@@ -6,8 +6,12 @@ vectors: :class:`UIBKVectorStore` therefore sets ``is_embedding_query=False`` an
 each node's text is kept in the store's metadata, next to LlamaIndex's node record, so nodes
 come back whole, and ``delete(ref_doc_id)`` removes every node of a source document.
 
-:class:`UIBKRetriever` returns ``NodeWithScore`` (the MaxSim score) whose node metadata holds
-``score``, ``token_part`` and ``dense_part`` (kept out of the LLM and embedding views).
+Scores are on the relevance scale of the LangChain wrapper
+(:func:`~uibk_embedding.integrations.core.relevance`, in [0, 1], 1 a perfect match whatever the
+query's length; start a threshold at 0.5): ``VectorStoreQueryResult.similarities`` and so every
+``NodeWithScore.score``, from :class:`UIBKRetriever` or ``index.as_retriever()``. The raw MaxSim
+score is in the node metadata as ``score``, beside ``token_part``, ``dense_part`` and
+``relevance`` (kept out of the LLM and embedding views).
 
 To use LlamaIndex's ``VectorStoreIndex`` / query engines on top, build the index with
 :func:`index_from_store`: it passes :class:`NoEmbedding` as the embed model, so no
@@ -365,8 +369,9 @@ class UIBKVectorStore(BasePydanticVectorStore):
         ``doc_ids`` and ``node_ids``. ``dense_weight=`` and ``retrieval_mode=`` (``"hybrid"``,
         ``"dense"``, ``"tokens"``: per query, no re-index) may be given as keywords (from a
         retriever: ``index.as_retriever(vector_store_kwargs={"retrieval_mode": "dense"})``).
-        Each node's metadata holds ``relevance`` in [0, 1] (the same function as LangChain's
-        relevance scores, :func:`~uibk_embedding.integrations.core.relevance`)."""
+        ``similarities`` are relevances in [0, 1] (the same function as LangChain's relevance
+        scores, :func:`~uibk_embedding.integrations.core.relevance`; same order as MaxSim); each
+        node's metadata holds the raw MaxSim ``score`` and its parts."""
         dense_weight = kwargs.pop("dense_weight", None)
         mode = kwargs.pop("retrieval_mode", None)
         explain = kwargs.pop("explain", True)
@@ -405,7 +410,7 @@ class UIBKVectorStore(BasePydanticVectorStore):
             hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain,
                                      retrieval_mode=mode)
         nodes = [self._to_node(h.id, h.text, h.metadata, h) for h in hits]
-        return VectorStoreQueryResult(nodes=nodes, similarities=[h.score for h in hits],
+        return VectorStoreQueryResult(nodes=nodes, similarities=[float(h.relevance or 0.0) for h in hits],
                                       ids=[h.id for h in hits])
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
@@ -432,16 +437,18 @@ class UIBKRetriever(BaseRetriever):
     ``store=`` (a store of ``uibk_embedding.open_store``). ``similarity_top_k``, ``filters``
     (``MetadataFilters``) and ``dense_weight`` follow LlamaIndex's names; ``retrieval_mode``
     (``"hybrid"``, ``"dense"``, ``"tokens"``) picks the heads per retriever. Each
-    ``NodeWithScore`` has the MaxSim score; its node metadata adds ``score``, ``token_part``
-    and ``dense_part``.
+    ``NodeWithScore.score`` is the hit's relevance in [0, 1], the LangChain wrapper's scale
+    (:func:`~uibk_embedding.integrations.core.relevance`); its node metadata adds the raw MaxSim
+    ``score``, ``token_part``, ``dense_part`` and ``relevance``.
 
     >>> import uibk_embedding as ue
     >>> from llama_index.core.schema import TextNode
     >>> store = ue.open_store("exact")
     >>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=store)
     >>> _ = vs.add([TextNode(id_=i, text=t) for i, t in [("w", "wing lift"), ("b", "bread")]])
-    >>> [n.node.node_id for n in UIBKRetriever(encoder=vs.core.encoder, store=store).retrieve("lift")]
-    ['w', 'b']
+    >>> hits = UIBKRetriever(encoder=vs.core.encoder, store=store).retrieve("wing lift")
+    >>> [n.node.node_id for n in hits], hits[0].score == hits[0].node.metadata["relevance"] == 1.0
+    (['w', 'b'], True)
     """
 
     def __init__(
