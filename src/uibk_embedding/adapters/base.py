@@ -81,6 +81,32 @@ def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: st
     return saved
 
 
+def record_problems(record: Any, requested: TaggedFormat | None, *, key: str, value: Any,
+                    schema: int | None = None) -> tuple[TaggedFormat | None, list[str]]:
+    """The one reopen check: ``record`` is the marker a store wrote where its engine keeps it (a
+    table comment, a collection description, a marker row): a dict whose ``key`` is ``value``
+    (who wrote it), with ``"schema"`` and ``"format"`` (:meth:`TaggedFormat.to_stored`).
+    Returns the saved format and what makes the store unusable with ``requested`` (empty: it
+    fits); the engine raises :class:`CollectionMismatch` with them, naming where it looked.
+
+    >>> saved = {"uibk": "pgvector", "schema": 1, "format": TaggedFormat().to_stored()}
+    >>> record_problems(saved, None, key="uibk", value="pgvector", schema=1)[1]
+    []
+    >>> record_problems({"uibk": "other"}, None, key="uibk", value="pgvector", schema=1)[1]
+    ["it was not created by this adapter as 'pgvector'"]
+    """
+    if not isinstance(record, Mapping) or record.get(key) != value:
+        return None, [f"it was not created by this adapter as {value!r}"]
+    if schema is not None and record.get("schema") != schema:
+        return None, [f"schema version {record.get('schema')} (this adapter writes {schema})"]
+    try:
+        saved = TaggedFormat.from_stored(record["format"])
+    except (KeyError, TypeError, ValueError) as e:
+        return None, [f"unreadable format record ({e})"]
+    problem = saved.conflict(requested)
+    return saved, [problem] if problem else []
+
+
 @dataclass
 class Hit:
     """One search result: ``id``, MaxSim ``score`` (as the backend computed it), ``metadata``,

@@ -803,15 +803,21 @@ class IndexedStore(Reranking, MultiVectorStore):
         assert self._vf is not None
         out = np.empty((len(queries), len(seqs)), dtype=np.float32)
         lo = 0
-        while lo < len(seqs):
-            hi, rows = lo, 0
-            while hi < len(seqs) and (hi == lo or rows + self._rows[seqs[hi]] <= SCORE_CHUNK_ROWS):
-                rows += self._rows[seqs[hi]]
-                hi += 1
-            mat, off = self._gather(seqs[lo:hi], self._vf.dtype.type)
-            out[:, lo:hi] = maxsim_scores(queries, mat, off)
-            lo = hi
+        with self._scoring():
+            while lo < len(seqs):
+                hi, rows = lo, 0
+                while hi < len(seqs) and (hi == lo or rows + self._rows[seqs[hi]] <= SCORE_CHUNK_ROWS):
+                    rows += self._rows[seqs[hi]]
+                    hi += 1
+                mat, off = self._gather(seqs[lo:hi], self._vf.dtype.type)
+                out[:, lo:hi] = maxsim_scores(queries, mat, off)
+                lo = hi
         return out
+
+    def _scoring(self) -> contextlib.AbstractContextManager:
+        """Held while stored vectors are scored (the rerank, an exact scan): engines that share
+        the cores with BLAS-heavy work limit its threads here."""
+        return contextlib.nullcontext()
 
     def _fetch(self, keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict[str, Any]]]:
         """The engine contract's ``fetch``: the stored lists of ``keys`` (seqs) in the vector
@@ -878,9 +884,10 @@ class IndexedStore(Reranking, MultiVectorStore):
                         q, cands, everyone(), k)
                     out.append(self._explained([q], [hits], explain)[0])
                 elif rerank:
-                    hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
-                                             head=pending, dtype=np.float32,
-                                             explain=self.format if explain else None)
+                    with self._scoring():
+                        hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
+                                                 head=pending, dtype=np.float32,
+                                                 explain=self.format if explain else None)
                     out.append([Hit(self._id_of[h.id], h.score, json.loads(json.dumps(h.metadata)),
                                     h.decomposition) for h in hits])
                 else:

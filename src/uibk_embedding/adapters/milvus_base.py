@@ -31,7 +31,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, renamed_option
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    check_positive,
+    record_problems,
+    renamed_option,
+)
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
@@ -394,20 +401,11 @@ class MilvusStore(MultiVectorStore):
         problems = self._field_problems(name, desc)
         if not problems:
             self.client.load_collection(name, timeout=max(self.timeout, 60))
-        if name == self.docs_name and not problems:
-            info = self._marker(desc)
-            if not isinstance(info, dict) or info.get("uibk") != self.layout:
-                problems.append(f"it was not created by this adapter with layout={self.layout!r}")
-            elif info.get("schema") != SCHEMA_VERSION:
-                problems.append(f"schema version {info.get('schema')} (this adapter writes "
-                                f"{SCHEMA_VERSION})")
-            else:
-                saved = TaggedFormat.from_stored(info["format"])
-                problem = saved.conflict(format)
-                if problem:
-                    problems.append(problem)
-                else:
-                    self.format = saved
+        if name == self.docs_name and not problems:  # the marker is the store's record
+            saved, problems = record_problems(self._marker(desc), format, key="uibk", value=self.layout,
+                                              schema=SCHEMA_VERSION)
+            if saved is not None and not problems:
+                self.format = saved
         if not problems:
             problems = self._index_problems(name)
         if problems:

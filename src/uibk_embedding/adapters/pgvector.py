@@ -74,7 +74,7 @@ from uibk_embedding.adapters.base import (
     Record,
     check_positive,
     finite_score,
-    settle_format,
+    record_problems,
 )
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or
@@ -391,11 +391,10 @@ class PgVectorStore(MultiVectorStore):
             info = json.loads(comment) if comment else None
         except ValueError:
             info = None
-        if not problems:
-            if not isinstance(info, dict) or info.get("uibk") != "pgvector":
-                problems.append("it was not created by this adapter (no uibk table comment)")
-            elif info.get("schema") != SCHEMA_VERSION:
-                problems.append(f"schema version {info.get('schema')} (this adapter writes {SCHEMA_VERSION})")
+        saved = None
+        if not problems:  # the table comment is the store's record
+            saved, problems = record_problems(info, format, key="uibk", value="pgvector",
+                                              schema=SCHEMA_VERSION)
         if not problems:
             opclasses = [r[0] for r in self.conn.execute(
                 "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
@@ -407,11 +406,8 @@ class PgVectorStore(MultiVectorStore):
             raise CollectionMismatch(
                 f"existing PostgreSQL table {self.table!r} does not fit this store: " + "; ".join(problems)
                 + ". It was left unchanged: use another table name or drop it yourself.")
-        try:
-            saved = TaggedFormat.from_stored(info["format"])  # type: ignore[index]
-        except (KeyError, TypeError, ValueError) as e:
-            raise CollectionMismatch(f"table {self.table!r}: unreadable format record ({e})") from None
-        self.format = settle_format(saved, format, f"PostgreSQL table {self.table!r}")
+        assert saved is not None
+        self.format = saved
 
     # -- transactions ----------------------------------------------------------------------
     def _check_open(self) -> None:

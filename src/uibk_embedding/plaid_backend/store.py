@@ -463,12 +463,11 @@ class PlaidStore(IndexedStore):
         self._fp.close()
 
     # -- scoring ---------------------------------------------------------------------------
-    def _scores(self, queries: list[np.ndarray], seqs: Sequence[int]) -> np.ndarray:
+    def _scoring(self) -> contextlib.AbstractContextManager:
         # one BLAS thread: these products are small, and a second OpenBLAS thread keeps
         # spinning after the call, taking a core from fast-plaid's next search (measured:
         # 10 ms engine search became 38 ms after a two-thread rerank on 2 cores)
-        with self._blas.limit(limits=1, user_api="blas"):
-            return super()._scores(queries, seqs)
+        return self._blas.limit(limits=1, user_api="blas")
 
     def _fill_short(self, q: np.ndarray, cands: list[tuple[int, float]], seqs: list[int],
                     k: int) -> list[Hit]:
