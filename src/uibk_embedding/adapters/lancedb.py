@@ -1,27 +1,19 @@
 """LanceDB: the embedded, file-based engine (local folders or object storage), MaxSim natively.
 
-One table per store, columns:
-
-* ``id`` (string) and ``vectors``, the tagged list as a multivector
-  (``list<fixed_size_list<float32, 128>>``);
-* ``metadata``: the metadata dict as one JSON text (given back exactly as written);
-* ``_uibk_eq``, ``_uibk_has`` (lists of strings) and ``_uibk_num`` (a Lance JSON column): what
-  filters read, derived from the metadata on write. ``_uibk_eq`` holds one token per scalar
-  field value (field, type, value: ``True`` never equals ``1``, ``1`` equals ``1.0``),
-  ``_uibk_has`` one per present field (``$exists``), ``_uibk_num`` the numeric fields. Tokens
-  and keys are BLAKE2 digests (hex), so the SQL ``where`` sent to LanceDB never holds a user
-  string: only digests, numbers formatted from validated floats, and ids quoted with every
-  ``'`` doubled. Ranges compare as float64 (exact for integers up to 2**53).
-
-The format record sits in the table's schema metadata (``uibk_embedding``); an existing table
-is validated (columns, types, record) and never altered. Search, ``mode="exact"`` (default): a
-flat MaxSim scan with metric ``dot`` (LanceDB's ``_distance`` is ``rows - MaxSim``; ``cosine``
-would re-normalise the slot rows); ``mode="index"``: ``candidates`` documents from an IVF index
-(:meth:`LanceDBStore.create_index`, metric ``cosine``, the only one LanceDB indexes multivectors
-with; ``nprobes``, ``refine_factor``), rows not yet indexed searched flat. Either way the hits'
-lists come back with the search and are scored in float64 here (exact MaxSim, and the
-explanation without a second read). Each upsert (``merge_insert`` on ``id``) and delete is one
-LanceDB commit: all or nothing.
+One table per store: ``id``, ``vectors`` (the tagged list, ``list<fixed_size_list<float32,
+128>>``), ``metadata`` (one JSON text, given back as written) and what filters read, derived on
+write: ``_uibk_eq`` (one token per scalar field value: field, type, value, so ``True`` never
+equals ``1`` and ``1`` equals ``1.0``), ``_uibk_has`` (present fields, for ``$exists``) and
+``_uibk_num`` (numeric fields, a Lance JSON column; ranges compare as float64, exact for
+integers up to 2**53). Tokens and keys are BLAKE2 digests, so the SQL ``where`` holds no user
+string: digests, numbers formatted from validated floats, and ids quoted with ``'`` doubled.
+The format record is in the table's schema metadata; an existing table is validated, never
+altered. ``mode="exact"`` (default): flat MaxSim with metric ``dot`` (``_distance`` is
+``rows - MaxSim``; ``cosine`` would re-normalise the query's slot rows). ``mode="index"``:
+``candidates`` documents from the IVF index (:meth:`LanceDBStore.create_index`; LanceDB indexes
+multivectors with ``cosine`` only), rows not yet indexed searched flat. The hits' lists come
+back with the search and are scored here in float64 (exact MaxSim; explanations without a
+second read). Each upsert (``merge_insert`` on ``id``) and delete is one LanceDB commit.
 
 Example
 -------
@@ -161,11 +153,10 @@ class LanceDBStore(MultiVectorStore):
         self._tmp = uri is None and path is None
         where = tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path)
         self.uri, self.table = str(where), table
-        local = "://" not in self.uri
-        if not create and local and not (Path(self.uri) / f"{table}.lance").is_dir():
-            raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
-        self._db = self._ldb.connect(self.uri)
-        if table in self._db.list_tables().tables:
+        # a local folder is looked at before connecting, which would create it
+        local_missing = "://" not in self.uri and not (Path(self.uri) / f"{table}.lance").is_dir()
+        self._db = None if local_missing and not create else self._ldb.connect(self.uri)
+        if self._db is not None and table in self._db.list_tables().tables:
             self._tbl = self._db.open_table(table)
             self.format = self._validate(format)
         elif not create:
@@ -194,8 +185,7 @@ class LanceDBStore(MultiVectorStore):
                     problems.append(f"column '_uibk_num' is {got.type}, needs a Lance JSON column")
             elif not got.type.equals(want.type):
                 problems.append(f"column {want.name!r} is {got.type}, needs {want.type}")
-        extra = [n for n in schema.names if n not in self._schema().names]
-        if extra:
+        if extra := [n for n in schema.names if n not in self._schema().names]:
             problems.append(f"it has columns uibk-embedding does not write: {extra}")
         record = json.loads((schema.metadata or {}).get(RECORD_KEY, b"null"))
         if not isinstance(record, dict) or record.get("backend") != self.backend:
@@ -209,13 +199,11 @@ class LanceDBStore(MultiVectorStore):
         opts = {**getattr(self, "_defaults", {}), **given}
         if opts["mode"] not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {opts['mode']!r}")
-        for name in ("candidates", "nprobes", "refine_factor"):
-            v = opts[name]
+        for name, v in ((n, opts[n]) for n in ("candidates", "nprobes", "refine_factor")):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         return opts
 
-    # -- writes ---------------------------------------------------------------------------
     def _arrow(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> Any:
         pa = self._pa
         offsets = np.concatenate([[0], np.cumsum([len(v) for v in vectors])]).astype(np.int32)
@@ -243,7 +231,6 @@ class LanceDBStore(MultiVectorStore):
     def count(self) -> int:
         return int(self._tbl.count_rows())
 
-    # -- reads ----------------------------------------------------------------------------
     def _rows(self, where: str, columns: list[str], batch_size: int | None = None) -> Any:
         query = self._tbl.search().where(where).select(columns).limit(None)
         return query.to_batches(batch_size) if batch_size else query.to_arrow()
@@ -266,14 +253,10 @@ class LanceDBStore(MultiVectorStore):
         return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
                 for x in ids if x in found]
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
-        return self._answer(query, k, conditions, False, **options)
+    def _search_explained(self, q: np.ndarray, k: int, conds: tuple[Node, ...], **options: Any) -> list[Hit]:
+        return self._search(q, k, conds, explain=True, **options)
 
-    def _search_explained(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          **options: Any) -> list[Hit]:
-        return self._answer(query, k, conditions, True, **options)
-
-    def _answer(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool,
+    def _search(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool = False,
                 **given: Any) -> list[Hit]:
         opts = self._options(**given)
         search = self._tbl.search(q, vector_column_name="vectors").where(filter_sql(conditions),
@@ -286,19 +269,14 @@ class LanceDBStore(MultiVectorStore):
         rows = search.select(["id", "vectors", "metadata", "_distance"]).to_arrow()
         lists = _lists(rows["vectors"])
         ids, mds = rows["id"].to_pylist(), rows["metadata"].to_pylist()
-        hits = []
-        for i, score in rerank(q, lists, k, dtype=np.float64):
-            hit = Hit(ids[i], finite_score(score), json.loads(mds[i]))
-            if explain:
-                hit.decomposition = decompose(q, lists[i], self.format)
-            hits.append(hit)
-        return hits
+        return [Hit(ids[i], finite_score(score), json.loads(mds[i]),
+                    decompose(q, lists[i], self.format) if explain else None)
+                for i, score in rerank(q, lists, k, dtype=np.float64)]
 
     def create_index(self, *, index_type: str = "IVF_FLAT", num_partitions: int | None = None,
                      **options: Any) -> None:
-        """Build (or rebuild) the IVF index on ``vectors`` (metric cosine) for ``mode="index"``;
-        ``options`` go to LanceDB's ``create_index``. Rows added later are searched flat until
-        :meth:`optimize` adds them to the index."""
+        """Build (or rebuild) the IVF index (cosine) for ``mode="index"``; ``options`` go to LanceDB's
+        ``create_index``. Rows added later are searched flat until :meth:`optimize` indexes them."""
         self._tbl.create_index(metric="cosine", vector_column_name="vectors", index_type=index_type,
                                num_partitions=num_partitions, **options)
 
@@ -316,6 +294,6 @@ class LanceDBStore(MultiVectorStore):
 def _lists(column: Any) -> list[np.ndarray]:
     """A multivector column as one ``(n, 128)`` float32 array per row."""
     column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    flat = column.values.values.to_numpy(zero_copy_only=False).reshape(-1, DIM)
+    flat = column.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, DIM)
     offsets = column.offsets.to_numpy()
     return np.split(flat[offsets[0]:offsets[-1]].copy(), offsets[1:-1] - offsets[0]) if len(column) else []
