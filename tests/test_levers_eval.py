@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uibk_embedding.apps.data import load_beir
 from uibk_embedding.encoder.projection import tagged_from_heads
 from uibk_embedding.testing import load_benchmark
 
@@ -22,8 +21,8 @@ def _part(dense, states, ids, lens):
             "n": np.asarray(lens, np.int64)}
 
 
-def test_default_setting_is_the_encoder(le, datasets):
-    coll = load_beir(datasets / "cranfield")
+def test_default_setting_is_the_encoder(le, cranfield):
+    coll = cranfield
     enc = le.pe._encoder()
     docs = [d.full_text for d in coll.corpus[:5]] + ["a, b; c."]
     queries = [*list(coll.queries.values())[:3], "flutter of panels " * 40]  # past the 64 cap

@@ -21,16 +21,13 @@ from uibk_embedding.integrations.core import (
     relevance,
 )
 from uibk_embedding.tagged import dense_vector
-from uibk_embedding.testing import datasets_dir
 
 QUERY = "boundary layer transition on a flat plate"
 
 
 @pytest.fixture(scope="module")
-def texts() -> list[str]:
-    from uibk_embedding.apps.data import read_corpus
-
-    docs = [d.full_text for d in read_corpus(datasets_dir() / "cranfield")[:60]]
+def texts(cranfield) -> list[str]:
+    docs = [d.full_text for d in cranfield.corpus[:60]]
     # two near-duplicates of one document: what MMR exists to avoid returning three times
     return [*docs, docs[0] + " (reprint)", docs[0] + " (second reprint)"]
 

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 
-from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import _fingerprint
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import (
@@ -21,11 +20,6 @@ from uibk_embedding.encoder.projection import (
     tagged_from_heads,
 )
 from uibk_embedding.tagged import BODY, N_SLOTS, decompose
-
-
-@pytest.fixture(scope="module")
-def cranfield(datasets):
-    return load_beir(datasets / "cranfield")
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +183,11 @@ def test_pca_from_heads_matches_fit(fitted, sample):
         pca_from_heads(None, [np.zeros((0, 384))])
 
 
-def test_cli_fit_projection(tmp_path, datasets, capsys):
+def test_cli_fit_projection(tmp_path, cranfield, capsys):
     from uibk_embedding.apps import cli
 
     corpus = tmp_path / "corpus.jsonl"
-    docs = load_beir(datasets / "cranfield").corpus[:400]
+    docs = cranfield.corpus[:400]
     corpus.write_text("".join(json.dumps({"_id": d.id, "text": d.title or d.text[:80]}) + "\n"
                               for d in docs))
     out = tmp_path / "enc"

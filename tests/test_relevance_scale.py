@@ -11,7 +11,6 @@ import pytest
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.integrations.core import RetrievalCore, hybrid_fraction, query_span, relevance
 from uibk_embedding.tagged import query_for_mode
-from uibk_embedding.testing import datasets_dir
 
 SHORT = "slipstream lift"
 LONG = ("an experimental study of the lift and drag of a wing immersed in the slipstream of a "
@@ -20,10 +19,8 @@ LONG = ("an experimental study of the lift and drag of a wing immersed in the sl
 
 
 @pytest.fixture(scope="module")
-def texts() -> list[str]:
-    from uibk_embedding.apps.data import read_corpus
-
-    return [d.full_text for d in read_corpus(datasets_dir() / "cranfield")[:80]]
+def texts(cranfield) -> list[str]:
+    return [d.full_text for d in cranfield.corpus[:80]]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@
   package (test extra), one server per test session, confined to 127.0.0.1 in a private network
   namespace with a temporary data directory, stopped by pid (SIGTERM, grace, SIGKILL) at exit.
   Each store gets its own collections; collections of earlier tests are dropped when the next
-  store is made, so the server holds at most one test's data at a time.
+  store is made, so the server holds at most one test's data at a time, beside the stores
+  shared read-only by several tests (made in folders named ``shared-*``).
 * ``milvus-live-*``: the server at ``$MILVUS_URI`` (skipped when unset): ``embedding_list``
   (Milvus >= 2.6.4, HNSW over MAX_SIM_IP: approximate) and ``token_rows``.
 """
@@ -35,19 +36,25 @@ def _lite(d: Path, **kw):
     return open_milvus_lite(path=d / "lite.db", exact=True, index_type="FLAT", **kw)
 
 
+_SHARED: set[str] = set()  # collections of stores shared by several tests (folders "shared-*")
+
+
 def _standalone(d: Path, fresh: bool, **kw):
     from uibk_embedding.adapters.milvus import MilvusStore
     from uibk_embedding.testing.milvus_server import LocalMilvusServer
 
     server = LocalMilvusServer.shared()
     name = _name(d, "conf")
+    if d.name.startswith("shared-"):
+        _SHARED.add(name)
     if fresh:  # drop earlier tests' collections: the server holds one test's data at a time
         from pymilvus import MilvusClient
 
         client = MilvusClient(uri=server.uri)
         try:
             for c in client.list_collections():
-                if c.startswith("conf_") and not c.startswith(name + "_"):
+                if c.startswith("conf_") and not c.startswith(name + "_") and \
+                        not any(c.startswith(s + "_") for s in _SHARED):
                     client.drop_collection(c)
         finally:
             client.close()

@@ -12,6 +12,7 @@
 
 from uibk_embedding.plaid_backend.store import PlaidStore
 from uibk_embedding.testing import BackendSpec
+from uibk_embedding.testing.specs import engine_indexed
 
 
 def _opts(**kw):
@@ -20,12 +21,13 @@ def _opts(**kw):
 
 SPECS = [
     BackendSpec("plaid-exact", make=lambda d: PlaidStore(d / "p", vector_dtype="float32", **_opts()),
-                reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="exact"),
+                reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="exact",
+                index_used=engine_indexed),
     BackendSpec("plaid", make=lambda d: PlaidStore(d / "p", **_opts()),
                 reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="approximate",
-                recall_floor=1.0, get_atol=1e-3),
+                recall_floor=1.0, get_atol=1e-3, index_used=engine_indexed),
     BackendSpec("plaid-norerank", make=lambda d: PlaidStore(d / "p", **_opts(rerank=False)),
                 reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(rerank=False, **kw)),
                 contract="approximate",
-                recall_floor=0.85, get_atol=1e-3),
+                recall_floor=0.85, get_atol=1e-3, index_used=engine_indexed),
 ]

@@ -2,7 +2,9 @@
 
 * ``warp``: the defaults (float16 originals, pending writes scored exactly until more than 256
   are buffered, exact rerank of the engine's top 200). The 200 real documents of the suite stay
-  below the buffer, so this spec checks the store's bookkeeping rather than the engine.
+  below the buffer (and within the rerank pool of 200), so this spec checks the store's
+  bookkeeping rather than the engine; the two specs below reach the engine, and the suite
+  asserts that they did (``index_used``: the engine index exists, nothing is pending).
 * ``warp-indexed``: every search flushes into the engine first (``buffer_size=0``) and reranks
   the engine's first 100 candidates (``n_rerank=100``; the pool then grows while the best 10
   reach past half of it, up to ``candidates_limit``), so the suite's 200 real documents go
@@ -18,6 +20,7 @@
 
 from uibk_embedding.adapters.warp import WarpStore
 from uibk_embedding.testing import BackendSpec
+from uibk_embedding.testing.specs import engine_indexed
 
 
 def _opts(**kw):
@@ -31,8 +34,8 @@ SPECS = [
     BackendSpec("warp-indexed",
                 make=lambda d: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100)),
                 reopen=lambda d, **kw: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100, **kw)),
-                contract="approximate", recall_floor=0.95, get_atol=1e-3),
+                contract="approximate", recall_floor=0.95, get_atol=1e-3, index_used=engine_indexed),
     BackendSpec("warp-norerank", make=lambda d: WarpStore(d / "w", **_opts(rerank=False)),
                 reopen=lambda d, **kw: WarpStore(d / "w", **_opts(rerank=False, **kw)),
-                contract="approximate", recall_floor=0.55, get_atol=1e-3),
+                contract="approximate", recall_floor=0.55, get_atol=1e-3, index_used=engine_indexed),
 ]

@@ -25,6 +25,19 @@ def store(spec: BackendSpec, tmp_path):
     s.close()
 
 
+@pytest.fixture(scope="module")
+def real_store(spec: BackendSpec, real_data, tmp_path_factory):
+    """The 200 real documents in one store of ``spec``, filled once per spec (``spec`` is
+    parametrised per module, see conftest) and shared by the tests that only search it: they
+    must not write to it."""
+    s = spec.make(tmp_path_factory.mktemp(f"shared-{spec.name}"))
+    try:
+        s.upsert(real_data.doc_ids, real_data.docs)
+        yield s
+    finally:
+        s.close()
+
+
 def reference_top(query, docs, ids, k, allowed=None):
     mat, off = pack(docs, dtype=np.float64)
     scores = maxsim_scores([query], mat, off, dtype=np.float64)[0]
@@ -78,24 +91,29 @@ def test_search_matches_exact_reference_random(spec, store, fmt, rng):
         check_ranking(spec, store.search(q, k=10), ref_ids, ref_scores, 10)
 
 
-def test_search_matches_exact_reference_real(spec, store, real_data):
-    store.upsert(real_data.doc_ids, real_data.docs)
+def test_search_matches_exact_reference_real(spec, real_store, real_data):
+    """Exact specs rank as exact MaxSim on every query; approximate ones reach their declared
+    recall@10 against it (their defaults' promise), and a spec meant to test an engine index
+    searched through it (``index_used``), not the exact scan small stores fall back to."""
     recalls = []
-    for q in real_data.queries[:12]:  # 12 queries keep the slow engines (Milvus Lite) in budget
+    for q in real_data.queries:
         ref_ids, ref_scores = reference_top(q, real_data.docs, real_data.doc_ids, 10)
-        hits = store.search(q, k=10)
+        hits = real_store.search(q, k=10)
         check_ranking(spec, hits, ref_ids, ref_scores, 10)
         recalls.append(len(set(ref_ids) & {h.id for h in hits}) / 10)
-    assert np.mean(recalls) >= spec.recall_floor, f"recall@10 vs exact {np.mean(recalls):.3f}"
+    assert np.mean(recalls) >= spec.recall_floor, (
+        f"{spec.name}: recall@10 vs exact {np.mean(recalls):.3f} over {len(recalls)} queries "
+        f"(lowest {min(recalls):.1f}), below its floor {spec.recall_floor}")
+    if spec.index_used is not None:
+        assert spec.index_used(real_store), f"{spec.name}: the searches never reached the engine index"
 
 
-def test_dense_weight_survives(spec, store, real_data):
+def test_dense_weight_survives(spec, real_store, real_data):
     """Scaled query slots (the query-time dense weight) change scores as exact MaxSim does."""
-    store.upsert(real_data.doc_ids, real_data.docs)
     q = real_data.queries[0].copy()
     q[:3] *= 8.0
     ref_ids, ref_scores = reference_top(q, real_data.docs, real_data.doc_ids, 10)
-    hits = store.search(q, k=10)
+    hits = real_store.search(q, k=10)
     check_ranking(spec, hits, ref_ids, ref_scores, 10)
     if spec.contract == "approximate":
         assert len(set(ref_ids[:5]) & {h.id for h in hits}) >= 3
@@ -168,13 +186,13 @@ def test_search_batch_equals_search(store, fmt, rng):
         assert [h.id for h in hits] == [h.id for h in single]
 
 
-def test_explain_decomposition(spec, store, real_data):
-    store.upsert(real_data.doc_ids[:50], real_data.docs[:50])
-    hits = store.search(real_data.queries[1], k=3, explain=True)
+def test_explain_decomposition(spec, real_store, real_data):
+    hits = real_store.search(real_data.queries[1], k=3, explain=True)
+    assert len(hits) == 3
     for h in hits:
         d = h.decomposition
         assert d is not None and d.separated
-        fmt = store.format
+        fmt = real_store.format
         assert d.total == pytest.approx(
             d.constant + fmt.beta * (d.token + fmt.lambda_ * d.dense_weight * d.dense), abs=1e-5)
         if spec.contract == "exact":
