@@ -146,3 +146,35 @@ def test_index_mode_recall_and_freshness(tmp_path, real_data, fmt, rng):
     assert s._tbl.index_stats(s._tbl.list_indices()[0].name).num_unindexed_rows == 0
     assert s.search(new[0], k=1)[0].id == "new-0"
     s.close()
+
+
+WRITER = """
+import sys, numpy as np
+from uibk_embedding.adapters.lancedb import LanceDBStore
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+fmt, rng, name = TaggedFormat(), np.random.default_rng(int(sys.argv[2])), sys.argv[2]
+with LanceDBStore(sys.argv[1], table="docs") as s:
+    for b in range(6):
+        ids = [f"{name}-{b}-{i}" for i in range(4)]
+        s.upsert(ids, [make_list(fmt, rng, 5) for _ in ids], [{"w": name}] * 4)
+        s.upsert([f"shared-{b}"], [make_list(fmt, rng, 5)], [{"w": name}])
+"""
+
+
+def test_two_processes_writing_one_table_are_both_kept(tmp_path):
+    """Two processes upsert into one table at the same time (distinct ids, and the same
+    ``shared-*`` ids): LanceDB's commits retry on conflict, so every write of both is kept."""
+    import subprocess
+    import sys
+
+    LanceDBStore(tmp_path, table="docs").close()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    with LanceDBStore(tmp_path, table="docs", create=False) as s:
+        assert s.count() == 2 * 6 * 4 + 6
+        assert {x for x, _ in s.scan({"w": "1"})} >= {f"1-{b}-{i}" for b in range(6) for i in range(4)}
+        assert len(s.get([f"shared-{b}" for b in range(6)])) == 6
