@@ -105,7 +105,7 @@ import sys
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from json.decoder import scanstring
 from json.scanner import NUMBER_RE
 from pathlib import Path
@@ -136,7 +136,6 @@ def public_model_name(name: str) -> str:
 
 
 _WS = re.compile(r"[ \t\n\r]*")
-_KEYS = ("kind", "texts", "dense_weight")
 _JSON_TYPES = {"{": "a JSON object", "[": "a JSON list", '"': "a string", "t": "a boolean", "f": "a boolean",
                "n": "null"}
 
@@ -177,60 +176,8 @@ def parse_request(body: bytes | bytearray, *, max_texts: int = 1024,
     ...     print(e.status, e)
     400 unknown key 'junk': a request takes only 'kind', 'texts' and 'dense_weight'
     """
-    try:
-        doc = body.decode(json.detect_encoding(body))
-    except (UnicodeDecodeError, LookupError) as e:
-        raise RequestRefused(400, f"the request body is not JSON ({e})") from None
-    try:
-        return _parse(doc, max_texts, max_text_chars)
-    except json.JSONDecodeError as e:  # a malformed string or number: its message, not its .doc
-        raise RequestRefused(400, f"the request body is not JSON ({e.msg} at character {e.pos})") from None
-
-
-def _parse(doc: str, max_texts: int, max_text_chars: int) -> tuple[str, list[str], float | None]:
-    def expect(pos: int, chars: str, what: str) -> int:
-        pos = _WS.match(doc, pos).end()
-        if doc[pos:pos + 1] not in tuple(chars):
-            raise RequestRefused(400, f"the request body is not JSON as expected: {what} at character "
-                                      f"{pos}, found {doc[pos:pos + 10]!r}")
-        return pos
-
-    got: dict[str, Any] = {}
-    pos = expect(0, "{", "a JSON object with 'kind' and 'texts'") + 1
-    if doc[_WS.match(doc, pos).end():].startswith("}"):
-        pos = _WS.match(doc, pos).end()
-    else:
-        while True:
-            pos = expect(pos, '"', "a key in double quotes")
-            key, pos = scanstring(doc, pos + 1, True)
-            if key not in _KEYS:
-                raise RequestRefused(400, f"unknown key {key[:40]!r}: a request takes only 'kind', 'texts' "
-                                          "and 'dense_weight'")
-            if key in got:
-                raise RequestRefused(400, f"the key {key!r} appears twice")
-            pos = _WS.match(doc, expect(pos, ":", "':'") + 1).end()
-            if key == "texts":
-                got[key], pos = _parse_texts(doc, pos, max_texts, max_text_chars)
-            elif key == "kind":
-                if doc[pos:pos + 1] != '"':
-                    raise RequestRefused(400, "'kind' must be 'documents' or 'queries', got "
-                                              f"{_json_type(doc, pos)}")
-                got[key], pos = scanstring(doc, pos + 1, True)
-            elif doc.startswith("null", pos):
-                got[key], pos = None, pos + 4
-            else:
-                number = NUMBER_RE.match(doc, pos)
-                if number is None:
-                    raise RequestRefused(400, "'dense_weight' must be a number or null, got "
-                                              f"{_json_type(doc, pos)}")
-                got[key], pos = float(number.group()), number.end()
-            pos = expect(pos, ",}", "',' or '}'")
-            if doc[pos] == "}":
-                break
-            pos += 1
-    if _WS.match(doc, pos + 1).end() != len(doc):
-        raise RequestRefused(400, "the request body is not JSON as expected: extra data at character "
-                                  f"{pos + 1}")
+    got = _read_object(body, {"kind": "'documents' or 'queries'", "texts": "a list of strings",
+                              "dense_weight": "a number or null"}, "texts", max_texts, max_text_chars)
     kind = got.get("kind")
     if kind not in ("documents", "queries"):
         raise RequestRefused(400, f"'kind' must be 'documents' or 'queries', got {kind!r}")
@@ -270,7 +217,9 @@ def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,
         pos = _WS.match(doc, pos + 1).end()
 
 
-_OPENAI_KEYS = ("input", "model", "encoding_format", "user", "dimensions")
+_OPENAI_KEYS = {"input": "a string or a list of strings", "model": "a string or null",
+                "encoding_format": "a string or null", "user": "a string or null",
+                "dimensions": "a number or null"}
 
 
 def parse_embeddings_request(body: bytes | bytearray, *, max_texts: int = 1024,
@@ -287,14 +236,7 @@ def parse_embeddings_request(body: bytes | bytearray, *, max_texts: int = 1024,
     ...
     uibk_embedding.encoder.server.RequestRefused: input[0] must be a string, got a number
     """
-    try:
-        doc = body.decode(json.detect_encoding(body))
-    except (UnicodeDecodeError, LookupError) as e:
-        raise RequestRefused(400, f"the request body is not JSON ({e})") from None
-    try:
-        got = _parse_object(doc, _OPENAI_KEYS, "input", max_texts, max_text_chars)
-    except json.JSONDecodeError as e:
-        raise RequestRefused(400, f"the request body is not JSON ({e.msg} at character {e.pos})") from None
+    got = _read_object(body, _OPENAI_KEYS, "input", max_texts, max_text_chars)
     if "input" not in got:
         raise RequestRefused(400, "'input' must be a string or a list of strings, got nothing")
     fmt = got.get("encoding_format") or "float"
@@ -303,16 +245,30 @@ def parse_embeddings_request(body: bytes | bytearray, *, max_texts: int = 1024,
     dims = got.get("dimensions")
     if dims is not None and dims != DENSE_DIM:
         raise RequestRefused(400, f"'dimensions' must be {DENSE_DIM} (the dense vector's size), got {dims:g}")
-    for k in ("model", "user"):
-        if got.get(k) is not None and not isinstance(got[k], str):
-            raise RequestRefused(400, f"'{k}' must be a string")
     return got["input"], got.get("model"), fmt
 
 
-def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
+def _read_object(body: bytes | bytearray, keys: Mapping[str, str], texts_key: str, max_texts: int,
+                 max_text_chars: int) -> dict[str, Any]:
+    """The one reader of both JSON bodies (``/encode``, ``/v1/embeddings``): one flat object of
+    ``keys`` (key -> what its value must be, said in the error), read left to right and refused
+    (:class:`RequestRefused`) at the first thing that does not fit, building no other Python
+    object. ``texts_key`` is a list of strings (:func:`_parse_texts`), or a single string when
+    ``keys`` says so; a value described as ``"a number..."`` is a number (or null when it says
+    so), any other a string (null when it says ``"or null"``); anything else is refused with its
+    JSON type."""
+    try:
+        doc = body.decode(json.detect_encoding(body))
+    except (UnicodeDecodeError, LookupError) as e:
+        raise RequestRefused(400, f"the request body is not JSON ({e})") from None
+    try:
+        return _parse_object(doc, keys, texts_key, max_texts, max_text_chars)
+    except json.JSONDecodeError as e:  # a malformed string or number: its message, not its .doc
+        raise RequestRefused(400, f"the request body is not JSON ({e.msg} at character {e.pos})") from None
+
+
+def _parse_object(doc: str, keys: Mapping[str, str], texts_key: str, max_texts: int,
                   max_text_chars: int) -> dict[str, Any]:
-    """One flat JSON object of ``keys``: ``texts_key`` a string or a list of strings (as
-    ``_parse_texts`` reads it), the others a string, a number or null."""
     def expect(pos: int, chars: str, what: str) -> int:
         pos = _WS.match(doc, pos).end()
         if doc[pos:pos + 1] not in tuple(chars):
@@ -320,6 +276,10 @@ def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
                                       f"{pos}, found {doc[pos:pos + 10]!r}")
         return pos
 
+    def refuse(key: str, pos: int) -> RequestRefused:
+        return RequestRefused(400, f"{key!r} must be {keys[key]}, got {_json_type(doc, pos)}")
+
+    names = [repr(k) for k in keys]
     got: dict[str, Any] = {}
     pos = expect(0, "{", f"a JSON object with {texts_key!r}") + 1
     if doc[_WS.match(doc, pos).end():].startswith("}"):
@@ -330,13 +290,14 @@ def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
             key, pos = scanstring(doc, pos + 1, True)
             if key not in keys:
                 raise RequestRefused(400, f"unknown key {key[:40]!r}: a request takes only "
-                                          + ", ".join(repr(k) for k in keys))
+                                          f"{', '.join(names[:-1])} and {names[-1]}")
             if key in got:
                 raise RequestRefused(400, f"the key {key!r} appears twice")
             pos = _WS.match(doc, expect(pos, ":", "':'") + 1).end()
-            if key == texts_key and doc[pos:pos + 1] == "[":
+            c, wants = doc[pos:pos + 1], keys[key]
+            if key == texts_key and c == "[":
                 got[key], pos = _parse_texts(doc, pos, max_texts, max_text_chars, texts_key)
-            elif doc[pos:pos + 1] == '"':
+            elif c == '"' and not wants.startswith(("a number", "a list")):
                 got[key], pos = scanstring(doc, pos + 1, True)
                 if key == texts_key:
                     got[key] = got[key][:max_text_chars]  # cut, as in _parse_texts
@@ -345,16 +306,13 @@ def _parse_object(doc: str, keys: Sequence[str], texts_key: str, max_texts: int,
                                                   "to encode")
                     got[key] = [got[key]]
             elif key == texts_key:
-                raise RequestRefused(400, f"{key!r} must be a string or a list of strings, got "
-                                          f"{_json_type(doc, pos)}")
-            elif doc.startswith("null", pos):
+                raise refuse(key, pos)
+            elif doc.startswith("null", pos) and wants.endswith("or null"):
                 got[key], pos = None, pos + 4
-            else:
-                number = NUMBER_RE.match(doc, pos)
-                if number is None:
-                    raise RequestRefused(400, f"{key!r} must be a string, a number or null, got "
-                                              f"{_json_type(doc, pos)}")
+            elif (number := NUMBER_RE.match(doc, pos)) is not None and wants.startswith("a number"):
                 got[key], pos = float(number.group()), number.end()
+            else:
+                raise refuse(key, pos)
             pos = expect(pos, ",}", "',' or '}'")
             if doc[pos] == "}":
                 break
