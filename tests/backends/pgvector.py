@@ -5,7 +5,9 @@
   folder, a Unix socket only, stopped when the test run's process exits, even by SIGKILL);
   every document passing the filter is scored exactly, so the contract is "exact".
 * ``pgvector-hnsw``: the same server, ``exact=False``: candidates from the dense HNSW index
-  (iterative index scans under filters), rescored exactly; contract "approximate".
+  (iterative index scans under filters), rescored exactly; contract "approximate". Recall@10
+  vs exact on the suite's 200 real documents and 25 queries measured 0.960 (lowest query 0.7):
+  the floor is the 0.95 its 64 candidates are meant to reach.
 * ``pgvector-live``: the server at ``$PG_DSN`` (skipped when unset), exact mode.
 
 Each test folder gets its own table (a name derived from the folder), so reopening finds it;
@@ -84,7 +86,7 @@ def _skip_local() -> str | None:
 SPECS = [
     BackendSpec("pgvector-exact", make=_local, reopen=_local, skip=_skip_local(), shared_writers=True),
     BackendSpec("pgvector-hnsw", make=_local_hnsw, reopen=_local_hnsw, contract="approximate",
-                recall_floor=0.9, skip=_skip_local(), shared_writers=True),
+                recall_floor=0.95, skip=_skip_local(), shared_writers=True),
     BackendSpec("pgvector-live", make=_live, reopen=_live, shared_writers=True,
                 skip=None if PG_DSN and HAVE_PSYCOPG else "PG_DSN is not set (a PostgreSQL server "
                 "with pgvector to test against)"),

@@ -7,7 +7,9 @@
   top 10 (recall floor 1.0), but float16 scores can swap near-ties (measured: 1 of 25 real
   queries at dense weight 8 had two hits swapped), so it claims no more.
 * ``plaid-norerank``: PLAID's own compressed scores; recall@10 vs exact on the suite's 200 real
-  documents measured 0.948 (lowest query 0.8) with nbits=4; the floor leaves room.
+  documents measured 0.948 (lowest query 0.8) with nbits=4, and 0.952 (lowest 0.8) over the
+  25 queries the suite uses now; the floor 0.9 leaves room for k-means varying by platform.
+* The suite asserts that all three searched through the PLAID index (``index_used``).
 """
 
 from uibk_embedding.plaid_backend.store import PlaidStore
@@ -29,5 +31,5 @@ SPECS = [
     BackendSpec("plaid-norerank", make=lambda d: PlaidStore(d / "p", **_opts(rerank=False)),
                 reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(rerank=False, **kw)),
                 contract="approximate",
-                recall_floor=0.85, get_atol=1e-3, index_used=engine_indexed),
+                recall_floor=0.9, get_atol=1e-3, index_used=engine_indexed),
 ]
