@@ -44,3 +44,20 @@ def test_open_spec_skips_for_a_missing_extra_only(tmp_path):
         open_spec(BackendSpec("needs-extra", make=needs_extra), tmp_path)
     with pytest.raises(ModuleNotFoundError, match=r"adapters\.gone"):
         open_spec(BackendSpec("broken", make=broken), tmp_path)
+
+
+def test_require_names_the_extra_only_when_the_package_is_missing(tmp_path, monkeypatch) -> None:
+    """``require`` says "install the extra" for a package that is not there, but an installed
+    package whose own import fails (something it needs is gone) is raised as it is: a broken
+    install must not read as a missing extra (and so never turn into a test skip)."""
+    from uibk_embedding._optional import require
+    from uibk_embedding.errors import MissingDependency
+
+    (tmp_path / "uibk_broken_pkg").mkdir()
+    (tmp_path / "uibk_broken_pkg" / "__init__.py").write_text("import uibk_gone_inner_module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError) as e:
+        require("uibk_broken_pkg", "serve")
+    assert e.value.name == "uibk_gone_inner_module" and not isinstance(e.value, MissingDependency)
+    with pytest.raises(MissingDependency, match=r"uibk-embedding\[serve\]"):
+        require("uibk_package_not_installed_xyz", "serve")

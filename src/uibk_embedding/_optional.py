@@ -21,7 +21,11 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
     """
     try:
         return importlib.import_module(module)
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        # only a missing package is "install the extra"; an installed one that fails to
+        # import (a broken build, an incompatible dependency) is raised as it is
+        if (e.name or "").split(".")[0] not in (module.split(".")[0], *OPTIONAL_MODULES):
+            raise
         what = purpose or f"this feature ({extra})"
         raise MissingDependency(
             f"{what} needs {module.split('.')[0]!r}: pip install 'uibk-embedding[{extra}]'"
