@@ -5,8 +5,8 @@ Subcommands::
     uibk-embed quickstart                      index a small built-in corpus, answer a query
     uibk-embed index DATA --backend B --path P  BEIR folder or JSONL file -> a store
     uibk-embed index DATA --backend milvus --option uri=... --ray [--ray-address A] [--workers N]
-    uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--json]
-    uibk-embed eval DATA [--backend B] [--dense-weight W] [--json]   in a temporary store
+    uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--retrieval-mode M] [--json]
+    uibk-embed eval DATA [--backend B] [--dense-weight W] [--retrieval-mode M] [--json]   in a temporary store
     uibk-embed eval DATA --path P [--create]    an existing store, read as it is (--create: build it)
     uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
     uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
@@ -51,11 +51,14 @@ from uibk_embedding.apps.evaluation import (
     encode_queries_for_store,
     index_into,
     run_eval,
+    with_dense_weight,
 )
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.projection import projection_id
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
+from uibk_embedding.metrics import evaluate
+from uibk_embedding.tagged import RETRIEVAL_MODES, query_for_mode
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -373,11 +376,12 @@ def cmd_search(args: argparse.Namespace) -> int:
         args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
     enc = _load_encoder(args)
     store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
-    q = enc.encode_queries([args.query], dense_weight=args.dense_weight)[0]
+    q = query_for_mode(enc.encode_queries([args.query], dense_weight=args.dense_weight)[0],
+                       args.retrieval_mode)
     hits = store.search(q, k=args.k, filter=flt, explain=True)
     if args.json:
         print(json.dumps({"query": args.query, "backend": args.backend,
-                          "hits": [h.as_dict() for h in hits]}))
+                          "retrieval_mode": args.retrieval_mode, "hits": [h.as_dict() for h in hits]}))
     else:
         _print_hits(hits)
     store.close()
@@ -484,16 +488,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           f"are not in the store at {_where(args.backend, opts)} (it holds "
                           f"{len(encoded.doc_ids)}); they cannot be found", file=sys.stderr)
             result = run_eval(coll, encoded, store, w)
+            if args.retrieval_mode != "hybrid":
+                result = _store_run_in_mode(result, coll, encoded, store, w, args.retrieval_mode)
         finally:
             store.close()
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['dataset']} on {result['backend']}, dense weight {w:g}")
-        print(f"{'head':<8}" + "".join(f"{m:>12}" for m in result["metrics"]["fused"]))
+        mode = args.retrieval_mode
+        said = "" if mode == "hybrid" else f", the store searched in {mode} mode"
+        print(f"{result['dataset']} on {result['backend']}, dense weight {w:g}{said}")
+        width = max(8, *(len(h) + 1 for h in result["metrics"]))
+        first = next(iter(result["metrics"].values()))
+        print(f"{'head':<{width}}" + "".join(f"{m:>12}" for m in first))
         for head, ms in result["metrics"].items():
-            print(f"{head:<8}" + "".join(f"{v:12.4f}" for v in ms.values()))
+            print(f"{head:<{width}}" + "".join(f"{v:12.4f}" for v in ms.values()))
     return 0
+
+
+def _store_run_in_mode(result: dict[str, Any], coll: Any, encoded: Any, store: Any, w: float,
+                       mode: str, k: int = 100) -> dict[str, Any]:
+    """``eval --retrieval-mode dense|tokens``: the store's own run with every query cut to that
+    mode (:func:`~uibk_embedding.tagged.query_for_mode`, no re-index) replaces the hybrid
+    ``fused`` run, under the key ``"MODE (store)"``; the exact ``dense`` and ``tokens`` heads stay
+    beside it (``dense (store)`` is slot MaxSim, each query slot's best document slot, so it may
+    rank a little differently from the ``dense`` head, the cosine of the concatenated slots)."""
+    qs = [query_for_mode(with_dense_weight(q, w), mode) for q in encoded.queries]
+    hits = store.search_batch(qs, k=k)
+    run = {qid: [h.id for h in hs] for qid, hs in zip(encoded.query_ids, hits, strict=True)}
+    metrics = {f"{mode} (store)": evaluate(run, coll.qrels)}
+    metrics.update((head, m) for head, m in result["metrics"].items() if head != "fused")
+    return {**result, "retrieval_mode": mode, "metrics": metrics}
 
 
 def _where(backend: str, opts: dict[str, Any]) -> str:
@@ -571,6 +596,8 @@ def _delegate(module: str, func: str = "main"):
     return run
 
 
+_MODE_HELP = ("hybrid (default: slots and tokens), dense (the query's slot rows only) or tokens (its "
+              "token rows only), per query, no re-index")
 _W_HELP = ("the query-time dense weight w (positive; default: the encoder's own, 4 for the embedded "
            "model): the query slots are scaled by w, no re-indexing")
 
@@ -658,6 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dense-weight", type=_dense_weight, default=None, help=_W_HELP)
     sp.add_argument("--filter", default=None,
                     help='a metadata filter as JSON, e.g. {"lang": "en"} or {"year": {"$gte": 1960}}')
+    sp.add_argument("--retrieval-mode", choices=RETRIEVAL_MODES, default="hybrid", help=_MODE_HELP)
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     common(sp)
     sp.set_defaults(func=cmd_search)
@@ -675,6 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="test",
                     help="the qrels split to score (qrels/SPLIT.tsv; default test)")
     sp.add_argument("--dense-weight", type=_dense_weight, default=None, help=_W_HELP)
+    sp.add_argument("--retrieval-mode", choices=RETRIEVAL_MODES, default="hybrid",
+                    help=_MODE_HELP + "; dense or tokens: the store's run in that mode replaces fused")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--no-cache", action="store_true", help="do not cache encoded vectors")
     common(sp)

@@ -13,7 +13,9 @@ share of identical top-10s, and of the documents both top-10s hold, the share of
 MaxSim's order), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
 
 Every backend and the exact reference score the queries at one dense weight, ``--dense-weight``
-(default: the encoder's own, as ``search`` and ``eval``); the report states it.
+(default: the encoder's own, as ``search`` and ``eval``), and in one retrieval mode,
+``--retrieval-mode`` (``hybrid`` by default; ``dense`` or ``tokens`` cut every query to its slot
+or token rows, :func:`~uibk_embedding.tagged.query_for_mode`, no re-index); the report states both.
 
 Backends are taken by registry name (``--backends exact,plaid,qdrant-edge``; ``all``: every
 registered one; default: the local ones, :data:`~uibk_embedding.apps.compare_options.LOCAL_BACKENDS`);
@@ -86,7 +88,7 @@ from uibk_embedding.apps.compare_worker import (
 from uibk_embedding.apps.data import DataError, load_beir
 from uibk_embedding.apps.evaluation import encode_collection, with_dense_weight
 from uibk_embedding.encoder import load_encoder
-from uibk_embedding.tagged import N_SLOTS, infer_format
+from uibk_embedding.tagged import N_SLOTS, RETRIEVAL_MODES, infer_format, query_for_mode
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -236,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the query-time dense weight w every backend and the exact reference score at "
                         "(default: the encoder's own, 4 for the embedded model, as search and eval); "
                         "the report states it")
+    p.add_argument("--retrieval-mode", choices=RETRIEVAL_MODES, default="hybrid",
+                   help="hybrid (default), dense (the queries' slot rows only) or tokens (their token rows "
+                        "only), for every backend and the exact reference, no re-index; the report states it")
     p.add_argument("--option", action="append", default=[], metavar="LABEL:KEY=VALUE",
                    help="backend option (JSON value), repeatable")
     p.add_argument("--out", default="compare-out", help="folder for compare.json, compare.md, PNGs")
@@ -291,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         encoder = load_encoder(args.encoder)
         w = args.dense_weight if args.dense_weight is not None else float(encoder.dense_weight)
         enc = encode_collection(encoder, coll, use_cache=not args.no_cache)  # queries at w = 1
-        enc.queries = [with_dense_weight(q, w) for q in enc.queries]
+        mode = args.retrieval_mode
+        enc.queries = [query_for_mode(with_dense_weight(q, w), mode) for q in enc.queries]
         if args.max_docs:
             enc.doc_ids, enc.docs = enc.doc_ids[: args.max_docs], enc.docs[: args.max_docs]
         if args.max_queries:
@@ -314,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str("report")
         key = str(len(enc.doc_ids)) if not sizes else str(max(int(k) for k in per_size))
         report = {"dataset": coll.name, "n_docs": int(key), "n_queries": len(enc.query_ids),
-                  "k": K, "dense_weight": w, "backends": per_size[key]}
+                  "k": K, "dense_weight": w, "retrieval_mode": mode, "backends": per_size[key]}
         if sizes:
             report["scale"] = per_size
         (out / "compare.json").write_text(json.dumps(report, indent=2))
-        md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries, dense weight {w:g}\n",
+        md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries, dense weight {w:g}, "
+              f"retrieval mode {mode}\n",
               markdown_table(per_size[key])]
         if sizes:
             md.append("\n### Latency p50 (ms) by collection size\n")

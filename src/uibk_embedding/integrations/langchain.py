@@ -11,9 +11,14 @@ returns :class:`UIBKDenseEmbeddings`, the encoder's dense head as a plain ``Embe
   ``similarity_search`` / ``similarity_search_with_score`` (the MaxSim score), ``from_texts``,
   ``from_existing_store`` (e.g. a store indexed by ``uibk-embed index``), async variants
   (LangChain's default executor) and ``as_retriever``.
-* :class:`UIBKRetriever`: ``k``, ``filter`` and ``dense_weight`` as fields or per call
-  (``invoke(query, k=3)``); every returned Document carries ``score``, ``token_part`` and
+* :class:`UIBKRetriever`: ``k``, ``filter``, ``dense_weight`` and ``retrieval_mode`` as fields or
+  per call (``invoke(query, k=3)``); every returned Document carries ``score``, ``token_part`` and
   ``dense_part`` in its metadata: one hybrid search, explained.
+
+``retrieval_mode`` (langchain-qdrant's word): ``"hybrid"`` (default: slots and tokens),
+``"dense"`` (the query's slot rows only) or ``"tokens"`` (its token rows only), chosen per
+store, per retriever or per query (``similarity_search(q, retrieval_mode="dense")``), with no
+re-index (:func:`~uibk_embedding.tagged.query_for_mode`).
 
 Filters: ``{"field": value}``, ``{"field": {"$in": [...]}}``, ``{"$and": [...]}``; other
 operators are refused with an error naming them.
@@ -46,12 +51,13 @@ from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
     DEFAULT_TEXT_KEY,
+    NEVER_MATCHES,
     RetrievalCore,
     ScoredText,
     StoredText,
     translate_langchain_filter,
 )
-from uibk_embedding.tagged import dense_vector
+from uibk_embedding.tagged import check_retrieval_mode, dense_vector
 
 require("langchain_core", "langchain", "the LangChain integration")
 
@@ -68,7 +74,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator  # noqa: E4
 
 __all__ = ["UIBKDenseEmbeddings", "UIBKRetriever", "UIBKVectorStore"]
 
-SEARCH_KWARGS = ("k", "filter", "dense_weight", "fetch_k", "lambda_mult", "score_threshold")
+SEARCH_KWARGS = ("k", "filter", "dense_weight", "fetch_k", "lambda_mult", "score_threshold", "retrieval_mode")
 SEARCH_TYPES = ("similarity", "mmr", "similarity_score_threshold")
 
 
@@ -147,6 +153,13 @@ class UIBKVectorStore(VectorStore):
     store: a store of ``uibk_embedding.open_store(...)``, any backend.
     text_key: metadata key holding the page content in the store (``"text"``).
     dense_weight: default query-time dense weight (``None``: the encoder's default).
+    retrieval_mode: default ``"hybrid"``, ``"dense"`` or ``"tokens"``; every search also takes
+        ``retrieval_mode=`` for that query only.
+
+    >>> import uibk_embedding as ue
+    >>> vs = UIBKVectorStore.from_texts(["wing lift", "bread"], ids=["w", "b"])
+    >>> [d.id for d in vs.similarity_search("lift of a wing", k=1, retrieval_mode="tokens")]
+    ['w']
     """
 
     def __init__(
@@ -158,6 +171,7 @@ class UIBKVectorStore(VectorStore):
         collection_name: str | None = None,
         text_key: str = DEFAULT_TEXT_KEY,
         dense_weight: float | None = None,
+        retrieval_mode: str = "hybrid",
     ) -> None:
         if store is None:
             if client is None:
@@ -167,7 +181,8 @@ class UIBKVectorStore(VectorStore):
         elif client is not None or collection_name is not None:
             raise TypeError("give store=, or client= with collection_name=, not both")
         self.core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
-                                  text_key=text_key, dense_weight=dense_weight)
+                                  text_key=text_key, dense_weight=dense_weight,
+                                  retrieval_mode=retrieval_mode)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -197,6 +212,7 @@ class UIBKVectorStore(VectorStore):
         encoder: Any = None,
         text_key: str = DEFAULT_TEXT_KEY,
         dense_weight: float | None = None,
+        retrieval_mode: str = "hybrid",
         **options: Any,
     ) -> UIBKVectorStore:
         """Open a store that exists, creating nothing (langchain-qdrant's constructor).
@@ -223,7 +239,8 @@ class UIBKVectorStore(VectorStore):
         encoder = _encoder_argument(embedding, encoder)
         name, opts = _store_target(backend, collection_name, path, url, client, options)
         store = open_store(name, create=False, **opts)
-        vs = cls(encoder=encoder, store=store, text_key=text_key, dense_weight=dense_weight)
+        vs = cls(encoder=encoder, store=store, text_key=text_key, dense_weight=dense_weight,
+                 retrieval_mode=retrieval_mode)
         first = next(iter(vs.core.store.scan(None)), None)
         if first is not None and text_key not in first[1]:
             raise ValueError(
@@ -263,7 +280,8 @@ class UIBKVectorStore(VectorStore):
             raise TypeError("give store=, or backend= / path= / url= / client= / collection_name=, "
                             "not both")
         if store is None and any(x is not None for x in where):
-            opts = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("text_key", "dense_weight")}
+            own = ("text_key", "dense_weight", "retrieval_mode")
+            opts = {k: kwargs.pop(k) for k in list(kwargs) if k not in own}
             name, opts = _store_target(backend, collection_name, path, url, client, opts)
             store = open_store(name, **opts)
         encoder = _encoder_argument(embedding, encoder)
@@ -319,9 +337,9 @@ class UIBKVectorStore(VectorStore):
             self.core.delete(list(ids))
         else:
             translated = translate_langchain_filter(flt)
-            if translated is not None and not isinstance(translated, dict):
+            if translated is NEVER_MATCHES:
                 return True  # the filter can match nothing
-            self.core.delete_where(translated or {})
+            self.core.delete_where(translated if translated is not None else {})
         return True
 
     # -- reading -----------------------------------------------------------------------------
@@ -332,20 +350,23 @@ class UIBKVectorStore(VectorStore):
     def _search(self, query: str, k: int, filter: dict | None, dense_weight: float | None,
                 explain: bool, **kwargs: Any) -> list[ScoredText]:
         threshold = kwargs.pop("score_threshold", None)
+        mode = kwargs.pop("retrieval_mode", None)
         if kwargs:
             raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
         if threshold is None:
             return self.core.search(query, k, translate_langchain_filter(filter),
-                                    dense_weight=dense_weight, explain=explain)
+                                    dense_weight=dense_weight, explain=explain, retrieval_mode=mode)
         _check_threshold(threshold)
         pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
-                                                dense_weight=dense_weight, score_threshold=threshold)
+                                                dense_weight=dense_weight, score_threshold=threshold,
+                                                retrieval_mode=mode)
         return [t for t, _ in pairs]
 
     def similarity_search(self, query: str, k: int = 4, filter: dict | None = None,
                           dense_weight: float | None = None, **kwargs: Any) -> list[Document]:
-        """The ``k`` best documents for ``query`` (metadata exactly as stored). With
-        ``score_threshold=`` (a relevance in [0, 1], :func:`~uibk_embedding.integrations.core.relevance`;
+        """The ``k`` best documents for ``query`` (metadata exactly as stored); ``retrieval_mode=``
+        (``"hybrid"``, ``"dense"``, ``"tokens"``) for this query only. With ``score_threshold=``
+        (a relevance in [0, 1], :func:`~uibk_embedding.integrations.core.relevance`;
         start with 0.5) only those at or above it."""
         return [_document(t) for t in self._search(query, k, filter, dense_weight, False, **kwargs)]
 
@@ -361,11 +382,11 @@ class UIBKVectorStore(VectorStore):
 
     def similarity_search_with_explanation(
         self, query: str, k: int = 4, filter: dict | None = None,
-        dense_weight: float | None = None,
+        dense_weight: float | None = None, retrieval_mode: str | None = None,
     ) -> list[Document]:
-        """Like ``similarity_search``, with ``score``, ``token_part`` and ``dense_part`` added to
-        each Document's metadata (what :class:`UIBKRetriever` returns)."""
-        hits = self._search(query, k, filter, dense_weight, True)
+        """Like ``similarity_search``, with ``score``, ``token_part``, ``dense_part`` and
+        ``relevance`` added to each Document's metadata (what :class:`UIBKRetriever` returns)."""
+        hits = self._search(query, k, filter, dense_weight, True, retrieval_mode=retrieval_mode)
         return [_document(t, t.explanation()) for t in hits]
 
     def similarity_search_by_vector(self, embedding: list[float], k: int = 4,
@@ -378,7 +399,7 @@ class UIBKVectorStore(VectorStore):
 
     def _similarity_search_with_relevance_scores(
         self, query: str, k: int = 4, filter: dict | None = None, dense_weight: float | None = None,
-        **kwargs: Any,
+        retrieval_mode: str | None = None, **kwargs: Any,
     ) -> list[tuple[Document, float]]:
         """``(document, relevance)``: the MaxSim score over the largest score the query can
         reach, in [0, 1] (:func:`~uibk_embedding.integrations.core.relevance`); LangChain's
@@ -386,12 +407,13 @@ class UIBKVectorStore(VectorStore):
         if kwargs:
             raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
         pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
-                                                dense_weight=dense_weight)
+                                                dense_weight=dense_weight, retrieval_mode=retrieval_mode)
         return [(_document(t), r) for t, r in pairs]
 
     def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20,
                                       lambda_mult: float = 0.5, filter: dict | None = None,
-                                      dense_weight: float | None = None, **kwargs: Any) -> list[Document]:
+                                      dense_weight: float | None = None, retrieval_mode: str | None = None,
+                                      **kwargs: Any) -> list[Document]:
         """``k`` documents by maximal marginal relevance among the ``fetch_k`` best: relevance is
         the normalised MaxSim score, the similarity between two documents the cosine of their
         dense heads (:meth:`~uibk_embedding.integrations.core.RetrievalCore.mmr_search`);
@@ -399,7 +421,7 @@ class UIBKVectorStore(VectorStore):
         if kwargs:
             raise TypeError(f"unexpected search arguments: {', '.join(sorted(kwargs))}")
         hits = self.core.mmr_search(query, k, fetch_k, lambda_mult, translate_langchain_filter(filter),
-                                    dense_weight=dense_weight)
+                                    dense_weight=dense_weight, retrieval_mode=retrieval_mode)
         return [_document(t) for t in hits]
 
     def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4,
@@ -415,7 +437,7 @@ class UIBKVectorStore(VectorStore):
         """A :class:`UIBKRetriever` over this store. ``search_type``: ``"similarity"`` (default),
         ``"mmr"`` (``search_kwargs`` ``fetch_k``, ``lambda_mult``) or
         ``"similarity_score_threshold"`` (``search_kwargs`` ``score_threshold`` in [0, 1]);
-        ``search_kwargs`` may also hold ``k``, ``filter`` and ``dense_weight``."""
+        ``search_kwargs`` may also hold ``k``, ``filter``, ``dense_weight`` and ``retrieval_mode``."""
         tags = kwargs.pop("tags", None) or []
         tags.extend(self._get_retriever_tags())
         return UIBKRetriever(vectorstore=self, tags=tags, **kwargs)
@@ -425,9 +447,10 @@ class UIBKRetriever(BaseRetriever):
     """LangChain retriever over a uibk store: hybrid MaxSim search, explained.
 
     Build it from ``encoder=`` and ``store=`` (or ``vectorstore=`` a :class:`UIBKVectorStore`).
-    ``k``, ``filter`` and ``dense_weight`` are fields, may come in ``search_kwargs``, and may be
-    given per call: ``retriever.invoke("query", k=3)``. Each Document's metadata holds the
-    stored metadata plus ``score`` (MaxSim), ``token_part`` and ``dense_part``.
+    ``k``, ``filter``, ``dense_weight`` and ``retrieval_mode`` (``"hybrid"``, ``"dense"``,
+    ``"tokens"``; ``None``: the vector store's default) are fields, may come in ``search_kwargs``,
+    and may be given per call: ``retriever.invoke("query", k=3, retrieval_mode="dense")``. Each
+    Document's metadata holds the stored metadata plus ``score`` (MaxSim), ``token_part`` and ``dense_part``.
 
     >>> import uibk_embedding as ue
     >>> store = ue.open_store("exact")
@@ -444,8 +467,9 @@ class UIBKRetriever(BaseRetriever):
     store: Any = None
     vectorstore: UIBKVectorStore | None = None
     k: int = 4
-    filter: dict[str, Any] | None = None
+    filter: Any = None  # a dict of the filter language, or a native Qdrant Filter (Qdrant stores)
     dense_weight: float | None = None
+    retrieval_mode: str | None = None
     search_type: str = "similarity"
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
     text_key: str = DEFAULT_TEXT_KEY
@@ -479,6 +503,9 @@ class UIBKRetriever(BaseRetriever):
         if self.store is None:
             self.store = self._core.store
         translate_langchain_filter(self.filter)  # refuse a bad filter now, not at query time
+        for mode in (self.retrieval_mode, self.search_kwargs.get("retrieval_mode")):
+            if mode is not None:
+                check_retrieval_mode(mode)
         return self
 
     def _params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -486,7 +513,8 @@ class UIBKRetriever(BaseRetriever):
         if unknown:
             raise TypeError(f"unexpected arguments {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
         p = {"k": self.k, "filter": self.filter, "dense_weight": self.dense_weight,
-             "fetch_k": 20, "lambda_mult": 0.5, "score_threshold": None}
+             "fetch_k": 20, "lambda_mult": 0.5, "score_threshold": None,
+             "retrieval_mode": self.retrieval_mode}
         p.update(self.search_kwargs)
         p.update(kwargs)
         return p
@@ -496,15 +524,18 @@ class UIBKRetriever(BaseRetriever):
     ) -> list[Document]:
         p = self._params(kwargs)
         flt = translate_langchain_filter(p["filter"])
+        mode = p["retrieval_mode"]
         if self.search_type == "mmr":
             hits = self._core.mmr_search(query, p["k"], p["fetch_k"], p["lambda_mult"], flt,
-                                         dense_weight=p["dense_weight"])
+                                         dense_weight=p["dense_weight"], retrieval_mode=mode)
             return [_document(t, t.explanation()) for t in hits]
         if self.search_type == "similarity_score_threshold":
             pairs = self._core.search_with_relevance(query, p["k"], flt, dense_weight=p["dense_weight"],
-                                                     score_threshold=p["score_threshold"])
+                                                     score_threshold=p["score_threshold"],
+                                                     retrieval_mode=mode)
             return [_document(t, {**t.explanation(), "relevance": r}) for t, r in pairs]
-        hits = self._core.search(query, p["k"], flt, dense_weight=p["dense_weight"], explain=True)
+        hits = self._core.search(query, p["k"], flt, dense_weight=p["dense_weight"], explain=True,
+                                 retrieval_mode=mode)
         return [_document(t, t.explanation()) for t in hits]
 
 
