@@ -65,6 +65,7 @@ from uibk_embedding.adapters.qdrant_filters import (
     LISTS_KEY,
     json_key,
     list_fields,
+    native_conditions,
     to_qdrant_filter,
 )
 from uibk_embedding.adapters.redo import RedoLog
@@ -188,6 +189,16 @@ class _QdrantBase(MultiVectorStore):
 
     def _filter(self, conditions: tuple[Node, ...]) -> Any:
         return to_qdrant_filter(self.dialect, conditions)
+
+    def _parse_filter(self, filter: Any) -> tuple[Node, ...]:
+        """The filter language (the base class's parsing), or a native Qdrant ``Filter`` of this
+        engine (``qdrant_client.models.Filter``; on Edge ``qdrant_edge.Filter``) passed through
+        to the engine untranslated (:class:`~uibk_embedding.adapters.qdrant_filters.NativeFilter`).
+        Searches, ``scan`` and ``delete(filter=...)`` all take it."""
+        native = native_conditions(filter, self.dialect, self.backend)
+        if native is not None:
+            return native  # type: ignore[return-value]
+        return super()._parse_filter(filter)
 
     # -- writes: one point layout and one batch loop for both engines ----------------------------
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:

@@ -182,14 +182,81 @@ def _node(d: Dialect, n: Node) -> Any:
     return eq if n.op in ("$eq", "$in") else d.filter(must_not=[eq])
 
 
+# -- native filters: a Qdrant Filter object given as filter=, passed through untranslated --------
+NATIVE_FILTER_TYPES = {"client": "qdrant_client.models.Filter", "edge": "qdrant_edge.Filter"}
+
+
+def native_filter_kind(obj: Any) -> str | None:
+    """``"client"`` for a ``qdrant_client.models.Filter``, ``"edge"`` for a ``qdrant_edge.Filter``,
+    else None; imports neither package (a filter of one exists only when it is installed).
+
+    >>> native_filter_kind({"lang": "en"}) is None
+    True
+    >>> from qdrant_client import models
+    >>> native_filter_kind(models.Filter(must=[models.FieldCondition(
+    ...     key="lang", match=models.MatchValue(value="en"))]))
+    'client'
+    """
+    cls = type(obj)
+    if cls.__name__ != "Filter":
+        return None
+    top = cls.__module__.split(".")[0]
+    return {"qdrant_client": "client", "qdrant_edge": "edge"}.get(top)
+
+
+@dataclass(frozen=True)
+class NativeFilter:
+    """A Qdrant ``Filter`` of the store's own engine, given as ``filter=`` and passed to the
+    engine as it is (as llama-index's ``qdrant_filters`` does): the conditions tuple the Qdrant
+    stores carry instead of parsed conditions. It is Qdrant's own matching, not the filter
+    language's (a condition on a list-valued field matches any element; Edge matches no booleans)."""
+
+    filter: Any
+
+
+def native_conditions(filter: Any, dialect: str, backend: str) -> tuple[NativeFilter] | None:
+    """``(NativeFilter(filter),)`` when ``filter`` is a Qdrant ``Filter`` of ``dialect``; None when
+    it is no Qdrant filter (parse it as the filter language); a ``TypeError`` naming the type to
+    give when it is the other Qdrant engine's."""
+    kind = native_filter_kind(filter)
+    if kind is None:
+        return None
+    if kind != dialect:
+        raise TypeError(
+            f"the {backend} backend takes a native {NATIVE_FILTER_TYPES[dialect]}, got a "
+            f"{NATIVE_FILTER_TYPES[kind]}; give that type, or a dict of the filter language")
+    return (NativeFilter(filter),)
+
+
+def native_filter_refused(filter: Any, backend: str) -> None:
+    """A ``TypeError`` when ``filter`` is a native Qdrant ``Filter`` and ``backend`` is not a
+    Qdrant backend (for callers before the store, e.g. the framework integrations).
+
+    >>> from qdrant_client import models
+    >>> native_filter_refused(models.Filter(must=[]), "exact")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: a native Qdrant filter (qdrant_client.models.Filter) works only on the qdrant and ...
+    """
+    kind = native_filter_kind(filter)
+    if kind is not None and backend not in ("qdrant", "qdrant-edge"):
+        raise TypeError(
+            f"a native Qdrant filter ({NATIVE_FILTER_TYPES[kind]}) works only on the qdrant and "
+            f"qdrant-edge backends, not on {backend}: give a dict of the filter language, "
+            'e.g. {"lang": "en"}')
+
+
 def to_qdrant_filter(dialect: str, conditions: tuple[Node, ...]) -> Any:
     """Parsed filter ``conditions`` as one Qdrant ``Filter`` in ``dialect`` ("client" or
-    "edge"; None for no conditions)."""
+    "edge"; None for no conditions); a :class:`NativeFilter` is its filter, untranslated."""
     if not conditions:
         return None
+    if len(conditions) == 1 and isinstance(conditions[0], NativeFilter):
+        return conditions[0].filter
     d = DIALECTS[dialect]()
     return d.filter(must=[_node(d, c) for c in conditions])
 
 
-__all__ = ["BOOLS_KEY", "DIALECTS", "LISTS_KEY", "bool_token", "json_key", "list_fields", "split_values",
+__all__ = ["BOOLS_KEY", "DIALECTS", "LISTS_KEY", "NativeFilter", "bool_token", "json_key", "list_fields",
+           "native_conditions", "native_filter_kind", "native_filter_refused", "split_values",
            "to_qdrant_filter"]

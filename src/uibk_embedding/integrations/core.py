@@ -46,6 +46,7 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import Filter, parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
+from uibk_embedding.adapters.qdrant_filters import native_filter_kind, native_filter_refused
 from uibk_embedding.encoder.base import Encoder, validate_texts
 from uibk_embedding.rank import rerank
 from uibk_embedding.tagged import (
@@ -149,21 +150,23 @@ def hybrid_fraction(query: np.ndarray, score: float) -> float:
 # The monotone map from hybrid_fraction to relevance, piecewise linear through these knots
 # (x: hybrid fraction, y: relevance). Printed by `python benchmarks/relevance.py calibrate`,
 # which fits them on paragraphs of Python standard-library docstrings (not an evaluation
-# collection): a paragraph's first sentence against the rest of its paragraph (related) and
-# against the best of 50 random other paragraphs (off-topic). The 0.5 knot is the equal-error
-# point (as many related pairs below as off-topic best matches above, about 35% each: the two
-# overlap); gibberish queries reach 0.24-0.37. Results: benchmarks/results/relevance.md.
-RELEVANCE_KNOTS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.253, 0.25), (0.505, 0.5), (1.0, 1.0))
+# collection, never qrels): a paragraph's first sentence against the rest of its paragraph
+# (related) and against the best of 50 random other paragraphs (off-topic). The 0.5 knot is the
+# off-topic best matches' 90th percentile, so nine off-topic queries in ten have their best
+# document below 0.5 (the equal-error point, 0.505, left a third above); the two overlap, so about
+# 40% of the related pairs reach 0.5 there. Gibberish queries reach 0.24-0.37 (relevance below
+# 0.32). Results: benchmarks/results/relevance.md.
+RELEVANCE_KNOTS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.296, 0.25), (0.592, 0.5), (1.0, 1.0))
 
 
 def relevance(query: np.ndarray, score: float) -> float:
     """A MaxSim score as a relevance in [0, 1]: :func:`hybrid_fraction` through the fixed
     monotone map :data:`RELEVANCE_KNOTS`. 1 is a perfect match whatever the query's length;
-    gibberish falls below 0.5, and so does the best document of about two thirds of off-topic
-    queries (calibrated on non-evaluation text, ``benchmarks/relevance.py``; related and
-    off-topic pairs overlap, benchmarks/results/relevance.md). Computed from the query alone,
-    so the same on every backend, and the same query's documents keep their order. Start with a
-    threshold of 0.5; 0.6 for precision.
+    gibberish falls below 0.5, and so does the best document of nine off-topic queries in ten
+    (calibrated on non-evaluation text, ``benchmarks/relevance.py``; related and off-topic
+    pairs overlap, benchmarks/results/relevance.md says what each threshold keeps on Cranfield
+    and NPL). Computed from the query alone, so the same on every backend, and the same query's
+    documents keep their order. Start with a threshold of 0.5.
 
     >>> from uibk_embedding.tagged import TaggedFormat
     >>> q = TaggedFormat().build(np.eye(3, 127), np.eye(5, 127, 3))
@@ -338,8 +341,7 @@ class RetrievalCore:
         k = validate_k(k)
         if filter is NEVER_MATCHES:
             return []
-        if filter is not None:
-            parse_filter(filter)  # type: ignore[arg-type]
+        self._check_filter(filter)
         q = self.encode_query(query, dense_weight, retrieval_mode)
         return self._hits(q, k, filter, explain)
 
@@ -387,8 +389,7 @@ class RetrievalCore:
 
     def _hits(self, q: np.ndarray, k: int, filter: Filter | _NeverMatches | None,
               explain: bool) -> list[ScoredText]:
-        if filter is not None:
-            parse_filter(filter)  # type: ignore[arg-type]
+        self._check_filter(filter)
         hits = self.store.search(q, k=k, filter=filter, explain=explain)  # type: ignore[arg-type]
         return [ScoredText(**vars(self._stored(h.id, h.metadata)), score=float(h.score),
                            decomposition=h.decomposition, relevance=relevance(q, float(h.score)))
@@ -415,6 +416,16 @@ class RetrievalCore:
         return out
 
     # -- helpers ---------------------------------------------------------------------------
+    def _check_filter(self, filter: Any) -> None:
+        """The filter language, checked; or a native Qdrant ``Filter``, which only a Qdrant store
+        takes (passed through to it; a clear ``TypeError`` on any other backend)."""
+        if filter is None:
+            return
+        if native_filter_kind(filter) is not None:
+            native_filter_refused(filter, self.store.backend)
+            return
+        parse_filter(filter)
+
     def _stored(self, id: str, metadata: Mapping[str, Any]) -> StoredText:
         md = dict(metadata)
         text = md.pop(self.text_key, "")
@@ -427,7 +438,9 @@ def translate_langchain_filter(filter: Mapping[str, Any] | None) -> Filter | Non
 
     The dict style of LangChain's Qdrant, Chroma and PGVector stores is the language itself:
     ``{"field": value}``, ``$eq $ne $gt $gte $lt $lte $in $nin $exists``, ``$and $or $not``.
-    Other operators (``$like``, ``$contains``, ``$between`` ...) are refused by name.
+    Other operators (``$like``, ``$contains``, ``$between`` ...) are refused by name. A native
+    Qdrant ``Filter`` (``qdrant_client.models.Filter``) is returned as it is: a Qdrant store runs
+    it untranslated, every other backend refuses it with a clear error.
 
     >>> translate_langchain_filter({"$and": [{"lang": "en"}, {"year": {"$gte": 2023}}]})
     {'$and': [{'lang': 'en'}, {'year': {'$gte': 2023}}]}
@@ -438,6 +451,8 @@ def translate_langchain_filter(filter: Mapping[str, Any] | None) -> Filter | Non
     """
     if filter is None:
         return None
+    if native_filter_kind(filter) is not None:
+        return filter  # type: ignore[return-value]
     if not isinstance(filter, Mapping):
         raise TypeError(f"filter must be a dict, got {type(filter).__name__}")
     parse_filter(filter)
