@@ -253,3 +253,32 @@ def test_a_text_query_says_to_encode_it_first() -> None:
     store = ExactStore()
     with pytest.raises(TypeError, match=r"got a string \('some text'\).*encode it first"):
         store.search("some text")
+
+
+@pytest.mark.parametrize("where", ["memory", "float32", "float16"])
+def test_explain_decomposes_from_the_scored_rows_without_a_second_read(tmp_path, where):
+    """``search(explain=True)`` takes each hit's decomposition from the rows it scored: ``_get``
+    is never called, and every decomposition equals the one of the stored vectors (read with
+    ``get`` afterwards), also with a filter and after a delete."""
+    from uibk_embedding.tagged import decompose
+
+    path = None if where == "memory" else tmp_path / "s"
+    s = ExactStore(path=path, vector_dtype=None if where == "memory" else where)
+    docs = _docs(30, seed=5)
+    s.upsert([f"d{i}" for i in range(30)], docs, [{"n": i % 3} for i in range(30)])
+    s.delete(["d0", "d1"])
+    q = make_list(FMT, np.random.default_rng(9), 6)
+    reads = []
+    real_get = s._get
+    s._get = lambda ids: reads.append(ids) or real_get(ids)
+    for flt in (None, {"n": 1}):
+        hits = s.search(q, k=5, filter=flt, explain=True)
+        assert not reads, f"search(explain=True) read the hits again through _get: {reads}"
+        plain = s.search(q, k=5, filter=flt)
+        assert [(h.id, h.score, h.metadata) for h in hits] == [(h.id, h.score, h.metadata) for h in plain]
+        assert len(hits) == 5 and all(h.decomposition is not None for h in hits)
+        del s._get
+        stored = {r.id: r.vectors for r in s.get([h.id for h in hits])}
+        assert [h.decomposition for h in hits] == [decompose(q, stored[h.id], FMT) for h in hits]
+        s._get = lambda ids: reads.append(ids) or real_get(ids)
+    s.close()

@@ -55,11 +55,11 @@ import numpy as np
 
 from uibk_embedding._durable import TMP_PREFIX, atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, settle_format
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, settle_format
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
-from uibk_embedding.tagged import DIM, TaggedFormat
+from uibk_embedding.tagged import DIM, Decomposition, TaggedFormat, decompose
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
 
 _OP = re.compile(r"^(\d{12})\.npz$")
@@ -199,6 +199,8 @@ class ExactStore(MultiVectorStore):
         if path is None and vector_dtype == "float16":
             raise ValueError("an in-memory ExactStore keeps float32 rows; vector_dtype='float16' "
                              "needs a path (the rows are then memory-mapped from a file)")
+        check_positive("max_chunk_bytes", max_chunk_bytes)
+        check_positive("compact_every", compact_every)
         self._lock = threading.Lock()
         self._state = _empty_state()
         self.max_chunk_bytes = max_chunk_bytes
@@ -521,19 +523,32 @@ class ExactStore(MultiVectorStore):
     def _search_batch(
         self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...]
     ) -> list[list[Hit]]:
+        st, ranked = self._ranked(queries, k, conditions)
+        return [[self._hit(st, i, row) for i in idx] for idx, row in ranked]
+
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...]) -> list[Hit]:
+        """``_search`` with each hit's decomposition taken from the rows the search scored (the
+        same view of the buffer or memory map: no second read through ``get``)."""
+        st, ranked = self._ranked([q], k, conditions)
+        idx, row = ranked[0]
+        return [self._hit(st, i, row, decompose(q, st.buf[st.offsets[i]:st.offsets[i + 1]], self.format))
+                for i in idx]
+
+    def _ranked(self, queries: list[np.ndarray], k: int,
+                conditions: tuple[Node, ...]) -> tuple[_State, list[tuple[np.ndarray, np.ndarray]]]:
+        """One consistent view and, per query, the slots of its top ``k`` and its scores row."""
         st = self._state  # one consistent snapshot for the whole call
         if st.n_docs == 0:
-            return [[] for _ in queries]
+            return st, [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in queries]
         ok = self._candidates(st, conditions)
         scores = maxsim_scores(queries, st.buf[: st.n_rows], st.offsets,
                                max_chunk_bytes=self.max_chunk_bytes)
         scores[:, ~ok] = -np.inf
-        out = []
-        for row in scores:
-            idx = top_k(row, k)
-            out.append([Hit(st.ids[i], float(row[i]), json.loads(json.dumps(st.metadata[i])))
-                        for i in idx])
-        return out
+        return st, [(top_k(row, k), row) for row in scores]
+
+    @staticmethod
+    def _hit(st: _State, i: int, row: np.ndarray, decomposition: Decomposition | None = None) -> Hit:
+        return Hit(st.ids[i], float(row[i]), json.loads(json.dumps(st.metadata[i])), decomposition)
 
     def scores(self, query: np.ndarray, *, dtype: type = np.float32) -> dict[str, float]:
         """MaxSim of ``query`` against every stored document (for tests and evaluation)."""
