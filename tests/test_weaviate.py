@@ -189,7 +189,7 @@ def _prop(name, dtype, tok="field", filterable=True):
 
 
 def _config(distance=wc.VectorDistances.DOT, aggregation="maxSim", multi=True, vectorizer="none",
-            muvera=None, props=None, tenants=False, name="uibk"):
+            muvera=None, props=None, tenants=False, name="uibk", description=None):
     hnsw = wc._VectorIndexConfigHNSW(
         multi_vector=wc._MultiVectorConfig(encoding=muvera, aggregation=aggregation) if multi else None,
         quantizer=None, cleanup_interval_seconds=300, distance_metric=distance, dynamic_ef_min=100,
@@ -203,7 +203,7 @@ def _config(distance=wc.VectorDistances.DOT, aggregation="maxSim", multi=True, v
         props = [_prop("uibk_id", wc.DataType.TEXT), _prop("uibk_metadata", wc.DataType.TEXT, None, False),
                  _prop("uibk_terms", wc.DataType.TEXT_ARRAY)]
     return wc._CollectionConfig(
-        name="Docs", description=None, generative_config=None, inverted_index_config=None,
+        name="Docs", description=description, generative_config=None, inverted_index_config=None,
         multi_tenancy_config=wc._MultiTenancyConfig(enabled=tenants, auto_tenant_creation=False,
                                                     auto_tenant_activation=False),
         object_ttl_config=None, properties=props, references=[], replication_config=None,
@@ -239,6 +239,22 @@ def test_existing_collection_accepted():
 def test_existing_collection_mismatch_is_named(kw, opts, message):
     problems = wa.collection_problems(_config(**kw), **opts)
     assert any(message in p for p in problems), problems
+
+
+def test_the_format_record_of_the_description_is_checked():
+    """The description ``collection_spec`` writes is the store's record (base.record_problems): a
+    different format or an unreadable record is named; a description holding no record (a
+    collection made without ``collection_spec``) has no format to conflict with."""
+    fmt, other = TaggedFormat(), TaggedFormat(beta=TaggedFormat().beta / 2)
+    recorded = _config(description=wa.collection_spec(format=fmt)["description"])
+    assert wa.collection_problems(recorded, format=fmt) == []
+    assert wa.saved_format(recorded) == fmt
+    assert any(f"beta={other.beta}" in p for p in wa.collection_problems(recorded, format=other))
+    broken = _config(description=json.dumps({wa.FORMAT_MARKER: {"beta": "x"}}))
+    assert any("unreadable format record" in p for p in wa.collection_problems(broken, format=fmt))
+    for unrecorded in (None, "my documents", json.dumps({"owner": "me"})):
+        assert wa.collection_problems(_config(description=unrecorded), format=other) == []
+        assert wa.saved_format(_config(description=unrecorded)) is None
 
 
 def test_muvera_off_requested_on_muvera_collection():

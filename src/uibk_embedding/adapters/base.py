@@ -81,11 +81,14 @@ def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: st
     return saved
 
 
-def record_problems(record: Any, requested: TaggedFormat | None, *, key: str, value: Any,
-                    schema: int | None = None) -> tuple[TaggedFormat | None, list[str]]:
+def record_problems(
+    record: Any, requested: TaggedFormat | None, *, key: str | None, value: Any = None,
+    schema: int | None = None, format_key: str = "format",
+) -> tuple[TaggedFormat | None, list[str]]:
     """The one reopen check: ``record`` is the marker a store wrote where its engine keeps it (a
     table comment, a collection description, a marker row): a dict whose ``key`` is ``value``
-    (who wrote it), with ``"schema"`` and ``"format"`` (:meth:`TaggedFormat.to_stored`).
+    (who wrote it; ``key=None``: the engine records no writer), with ``"schema"`` and
+    ``format_key`` (:meth:`TaggedFormat.to_stored`).
     Returns the saved format and what makes the store unusable with ``requested`` (empty: it
     fits); the engine raises :class:`CollectionMismatch` with them, naming where it looked.
 
@@ -94,13 +97,15 @@ def record_problems(record: Any, requested: TaggedFormat | None, *, key: str, va
     []
     >>> record_problems({"uibk": "other"}, None, key="uibk", value="pgvector", schema=1)[1]
     ["it was not created by this adapter as 'pgvector'"]
+    >>> print(*record_problems({"fmt": {"beta": "x"}}, None, key=None, format_key="fmt")[1])
+    unreadable format record (could not convert string to float: 'x')
     """
-    if not isinstance(record, Mapping) or record.get(key) != value:
+    if not isinstance(record, Mapping) or (key is not None and record.get(key) != value):
         return None, [f"it was not created by this adapter as {value!r}"]
     if schema is not None and record.get("schema") != schema:
         return None, [f"schema version {record.get('schema')} (this adapter writes {schema})"]
     try:
-        saved = TaggedFormat.from_stored(record["format"])
+        saved = TaggedFormat.from_stored(record[format_key])
     except (KeyError, TypeError, ValueError) as e:
         return None, [f"unreadable format record ({e})"]
     problem = saved.conflict(requested)

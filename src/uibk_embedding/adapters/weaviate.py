@@ -59,7 +59,14 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, finite_score
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    check_positive,
+    finite_score,
+    record_problems,
+)
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
@@ -313,11 +320,22 @@ def collection_spec(name: str = DEFAULT_COLLECTION, *, vector_name: str = VECTOR
 
 
 def saved_format(config: Any) -> TaggedFormat | None:
-    """The tagged format recorded in a collection's description (None: none recorded)."""
+    """The tagged format recorded in a collection's description (None: none recorded, or not
+    readable: :func:`collection_problems` names that)."""
+    return _format_record(config, None)[0]
+
+
+def _format_record(config: Any, format: TaggedFormat | None) -> tuple[TaggedFormat | None, list[str]]:
+    """:func:`~uibk_embedding.adapters.base.record_problems` on the record in the collection's
+    description. A collection whose description holds no record (one created without
+    :func:`collection_spec`) is accepted: it has no format to conflict with."""
     try:
-        return TaggedFormat.from_stored(json.loads(config.description or "")[FORMAT_MARKER])
-    except (ValueError, TypeError, KeyError):
-        return None
+        record = json.loads(config.description or "")
+    except ValueError:
+        record = None
+    if not isinstance(record, Mapping) or FORMAT_MARKER not in record:
+        return None, []
+    return record_problems(record, format, key=None, format_key=FORMAT_MARKER)
 
 
 def _enum_value(x: Any) -> Any:
@@ -332,11 +350,7 @@ def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
     ``muvera=None`` accepts either; ``True``/``False``/a dict demand MUVERA on/off.
     The collection is never changed: the caller reports these problems.
     """
-    problems = []
-    saved = saved_format(config)
-    problem = saved.conflict(format) if saved is not None else None
-    if problem:
-        problems.append(problem)
+    problems = _format_record(config, format)[1]
     if getattr(config.multi_tenancy_config, "enabled", False):
         problems.append("multi-tenancy is enabled (the store does not pass tenants)")
     named = config.vector_config or {}
