@@ -16,7 +16,11 @@ def test_quickstart(capsys):
     assert "score = constant" in out and "token part" in out and "dense part" in out
 
 
-def test_index_then_search(tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["exact", "lancedb"])
+def test_index_then_search(backend, tmp_path, capsys):
+    """Index into a folder, then search it (the backend detected from the folder)."""
+    if backend != "exact":
+        pytest.importorskip(backend)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("\n".join(json.dumps(d) for d in [
         {"_id": "d1", "text": "the lift of a wing in a propeller slipstream", "metadata": {"lang": "en"}},
@@ -24,7 +28,7 @@ def test_index_then_search(tmp_path, capsys):
         {"_id": "d3", "text": "Auftrieb eines Flügels im Propellerstrahl", "metadata": {"lang": "de"}},
     ]) + "\n")
     store = tmp_path / "store"
-    assert main(["index", str(corpus), "--path", str(store), "--quiet"]) == 0
+    assert main(["index", str(corpus), "--backend", backend, "--path", str(store), "--quiet"]) == 0
     assert "indexed 3 documents" in capsys.readouterr().out
     assert main(["search", "wing lift in a slipstream", "--path", str(store), "--json", "-k", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -54,6 +58,7 @@ def test_eval_json_limit_small(datasets, capsys):
         (["index", "{missing}.jsonl", "--path", "{tmp}/uibk-never-written"], "cannot read"),
         (["index", "{missing}.jsonl"], "would index into memory"),
         (["index", "x.jsonl", "--backend", "qdrant"], r"--option url=URL \(a server\)"),
+        (["index", "x.jsonl", "--backend", "lancedb"], r"without --path DIR or --option uri=URI"),
         (["search", "q", "--filter", "{not json"], "not valid JSON"),
     ],
 )

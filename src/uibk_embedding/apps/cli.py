@@ -100,7 +100,7 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
 # the option that says where each backend keeps what it indexes; without one of them the store
 # lives in memory or a temporary folder and is gone when `uibk-embed index` returns
 _PLACE = {"exact": ("path",), "plaid": ("path",), "warp": ("path",), "qdrant-edge": ("path",),
-          "milvus-lite": ("path",), "qdrant": ("path", "url", "host", "client")}
+          "milvus-lite": ("path",), "qdrant": ("path", "url", "host", "client"), "lancedb": ("path", "uri")}
 
 
 def _has_a_place(backend: str, opts: dict[str, Any]) -> bool:
@@ -115,7 +115,8 @@ def _require_a_place(backend: str, opts: dict[str, Any]) -> None:
     if _has_a_place(backend, opts):
         return
     names = _PLACE[backend]
-    hint = "--path DIR" if names == ("path",) else "--path DIR (local mode) or --option url=URL (a server)"
+    hint = ("--path DIR" if names == ("path",) else "--path DIR (local mode) or --option url=URL (a server)"
+            if "url" in names else "--path DIR or --option uri=URI")
     raise SystemExit(f"uibk-embed index: the {backend} backend without {hint} would index into memory "
                      "and throw it all away when the command ends; say where the store lives")
 
