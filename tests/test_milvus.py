@@ -194,6 +194,12 @@ def test_rows_per_vector_is_the_token_rows_pool_and_candidates_its_old_name(tmp_
             new.search(q, k=5, rows_per_vector=3, candidates=3)
         with pytest.raises(ValueError, match=r"rows_per_vector must be an int in 1\.\.16384, got 0"):
             new.search(q, k=5, rows_per_vector=0)
+        with pytest.warns(DeprecationWarning, match="candidates is deprecated"):
+            old.candidates = 4  # the old attribute (benchmarks/milvus_budget.py sets it) still sets the pool
+        assert old.rows_per_vector == 4
+        with pytest.raises(ValueError, match=r"rows_per_vector must be an int in 1\.\.16384, got 0"), \
+                pytest.warns(DeprecationWarning):
+            old.candidates = 0
 
 
 def test_explain_decomposes_the_rescored_lists_without_a_second_read(lite, real_data):

@@ -14,10 +14,11 @@ own module over the shared :class:`~uibk_embedding.adapters.milvus_base.MilvusSt
     an ``ARRAY<FLOAT>`` (whose ``max_capacity`` Milvus caps at 4096 floats, 32 vectors) and holds
     twice as many vectors.
     A search sends every query vector (slots included) to the row index, takes the union of the
-    documents owning the ``candidates`` nearest rows of each query vector, fetches their lists and
-    rescores them with exact MaxSim, best score bound first (a candidate's bound takes, per query
-    vector, its best returned row or else the last returned score), stopping once the k-th exact
-    score reaches the next bound. Scores are therefore always exact MaxSim; the ranking is exact
+    documents owning the ``rows_per_vector`` nearest rows of each query vector (``candidates`` is
+    its deprecated name on this layout), fetches their lists and rescores them with exact
+    MaxSim, best score bound first (a candidate's bound takes, per query vector, its best
+    returned row or else the last returned score), stopping once the k-th exact score reaches
+    the next bound. Scores are therefore always exact MaxSim; the ranking is exact
     when the candidate union contains the true top-k and the row search is exhaustive. Only the
     row search waits for ``Strong`` consistency; lists are read without waiting and re-read if
     older than the rows that nominated them.

@@ -193,7 +193,7 @@ class MilvusStore(MultiVectorStore):
         query: ``search(q, k, candidates=256)``.
     exact: guarantee exact top-k (``token_rows`` with ``index_type="FLAT"`` only).
     index_type, index_params, search_params: the row index (``"HNSW"`` by default, M=16,
-        efConstruction=200; ``ef`` = max(candidates, 64) at search time).
+        efConstruction=200; ``ef`` = max(rows_per_vector, 64) at search time).
     token, timeout: connection options; ``timeout`` (seconds) bounds connecting and each call.
     format: the tagged format; stored with the collection and checked on reopen.
     batch_rows: vectors per insert call; ``show_progress`` draws a bar over insert batches.

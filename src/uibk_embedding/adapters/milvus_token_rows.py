@@ -74,8 +74,15 @@ class MilvusTokenRowsStore(MilvusStore):
 
     @property
     def candidates(self) -> int:
-        """Deprecated name of :attr:`rows_per_vector` on this layout."""
+        """Deprecated name of :attr:`rows_per_vector` on this layout (setting it warns)."""
         return self.rows_per_vector
+
+    @candidates.setter
+    def candidates(self, value: int) -> None:
+        n = self._given_pool(value, None, stacklevel=3)  # DeprecationWarning; 1..16,384 checked
+        if n is None:
+            raise ValueError("rows_per_vector must be an int, got None")
+        self.rows_per_vector = n
 
     # -- schema ----------------------------------------------------------------------------
     def _names(self) -> list[str]:
