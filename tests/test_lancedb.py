@@ -178,3 +178,49 @@ def test_two_processes_writing_one_table_are_both_kept(tmp_path):
         assert s.count() == 2 * 6 * 4 + 6
         assert {x for x, _ in s.scan({"w": "1"})} >= {f"1-{b}-{i}" for b in range(6) for i in range(4)}
         assert len(s.get([f"shared-{b}" for b in range(6)])) == 6
+
+
+def test_index_mode_builds_and_refreshes_its_index_itself(tmp_path, fmt, rng):
+    """``mode="index"``: no index below ``index_min_rows`` rows; the write that reaches it builds
+    the index; new rows stay pending (searched flat) until a write leaves more than
+    ``reindex_share`` of the rows unindexed, which optimizes. Exact mode never builds one."""
+    docs = [make_list(fmt, rng, 6) for _ in range(30)]
+    ids = [f"d{i}" for i in range(30)]
+    with LanceDBStore(tmp_path, table="i", mode="index", index_min_rows=20, reindex_share=0.25) as s:
+        s.upsert(ids[:19], docs[:19])
+        assert not s.has_index and s.n_pending == 19
+        s.upsert(ids[19:20], docs[19:20])
+        assert s.has_index and s.n_pending == 0
+        s.upsert(ids[20:25], docs[20:25])  # 5 unindexed of 25: not past the share
+        assert s.n_pending == 5 and s.search(docs[22], k=1)[0].id == "d22"
+        s.upsert(ids[25:27], docs[25:27])  # 7 of 27: past it
+        assert s.n_pending == 0 and s.search(docs[26], k=1)[0].id == "d26"
+        s.delete(["d26"])
+        assert s.count() == 26 and "d26" not in {h.id for h in s.search(docs[26], k=5)}
+    with LanceDBStore(tmp_path, table="e", index_min_rows=5) as s:
+        s.upsert(ids, docs)
+        assert not s.has_index
+    with pytest.raises(ValueError, match="reindex_share must be in"):
+        LanceDBStore(tmp_path, table="x", reindex_share=1.0)
+    with pytest.raises(ValueError, match="index_min_rows must be a positive int"):
+        LanceDBStore(tmp_path, table="x", index_min_rows=0)
+
+
+def test_a_failing_index_upkeep_warns_and_never_fails_the_write(tmp_path, fmt, rng, monkeypatch):
+    """Fault injection (LanceDB's index build made to raise, as a commit conflict with another
+    writer would): the upsert is kept and searchable flat, a RuntimeWarning names the problem,
+    and the next write builds the index."""
+    docs = [make_list(fmt, rng, 6) for _ in range(6)]
+    with LanceDBStore(tmp_path, table="f", mode="index", index_min_rows=5) as s:
+        table_type = type(s._tbl)
+
+        def conflict(self, *a, **kw):
+            raise RuntimeError("Commit conflict for version 3")
+
+        with monkeypatch.context() as m:
+            m.setattr(table_type, "create_index", conflict)
+            with pytest.warns(RuntimeWarning, match="index upkeep failed .*Commit conflict"):
+                s.upsert([f"d{i}" for i in range(5)], docs[:5])
+        assert s.count() == 5 and not s.has_index and s.search(docs[3], k=1)[0].id == "d3"
+        s.upsert(["d5"], docs[5:])
+        assert s.has_index and s.n_pending == 0 and s.search(docs[5], k=1)[0].id == "d5"

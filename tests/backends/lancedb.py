@@ -1,9 +1,11 @@
 """LanceDB (in-process, files in the test folder): the flat exact mode, and the IVF index mode
 (candidates from an IVF_FLAT index, exact rerank; contract "approximate").
 
-The index mode's spec builds no index itself (the suites fill stores after ``make``): LanceDB
-then searches the unindexed rows flat, which the index path must also answer correctly; the
-index proper is measured in tests/test_lancedb.py.
+The index mode's spec lets the store keep its index (built once the table holds 64 rows, and
+every write that leaves a row unindexed optimizes: ``reindex_share=0``), so the suite's 200
+real documents are searched through the index, and the suite asserts that they were
+(``index_used``: the index exists, no row is pending). Smaller stores of the other tests stay
+below 64 rows and are searched flat, which the index mode must answer correctly too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 from pathlib import Path
 
 from uibk_embedding.testing import BackendSpec
+from uibk_embedding.testing.specs import engine_indexed
 
 HAVE_LANCEDB = importlib.util.find_spec("lancedb") is not None
 SKIP = None if HAVE_LANCEDB else "lancedb (the lancedb extra) is not installed"
@@ -24,11 +27,11 @@ def _exact(d: Path, **kw):
 
 
 def _index(d: Path, **kw):
-    return _exact(d, mode="index", **kw)
+    return _exact(d, mode="index", index_min_rows=64, reindex_share=0.0, **kw)
 
 
 SPECS = [
     BackendSpec("lancedb-exact", make=_exact, reopen=_exact, skip=SKIP, shared_writers=True),
     BackendSpec("lancedb-index", make=_index, reopen=_index, contract="approximate", recall_floor=0.95,
-                skip=SKIP, shared_writers=True),
+                skip=SKIP, shared_writers=True, index_used=engine_indexed),
 ]

@@ -1,19 +1,13 @@
 """LanceDB: the embedded, file-based engine (local folders or object storage), MaxSim natively.
 
-One table per store: ``id``, ``vectors`` (the tagged list, ``list<fixed_size_list<float32,
-128>>``), ``metadata`` (one JSON text, given back as written) and what filters read, derived on
-write: ``_uibk_eq`` (one token per scalar field value: field, type, value, so ``True`` never
-equals ``1`` and ``1`` equals ``1.0``), ``_uibk_has`` (present fields, for ``$exists``) and
-``_uibk_num`` (numeric fields, a Lance JSON column; ranges compare as float64, exact for
-integers up to 2**53). Tokens and keys are BLAKE2 digests, so the SQL ``where`` holds no user
-string: digests, numbers formatted from validated floats, and ids quoted with ``'`` doubled.
-The format record is in the table's schema metadata; an existing table is validated, never
-altered. ``mode="exact"`` (default): flat MaxSim with metric ``dot`` (``_distance`` is
-``rows - MaxSim``; ``cosine`` would re-normalise the query's slot rows). ``mode="index"``:
-``candidates`` documents from the IVF index (:meth:`LanceDBStore.create_index`; LanceDB indexes
-multivectors with ``cosine`` only), rows not yet indexed searched flat. The hits' lists come
-back with the search and are scored here in float64 (exact MaxSim; explanations without a
-second read). Each upsert (``merge_insert`` on ``id``) and delete is one LanceDB commit.
+One table per store (``id``, ``vectors``, ``metadata`` as JSON text, and the filter columns
+``_uibk_eq``/``_uibk_has``/``_uibk_num`` of BLAKE2 digests, so the SQL ``where`` holds no user
+string; docs/lancedb.md), the format record in its schema metadata; an existing table is
+validated, never altered. ``mode="exact"`` (default): flat MaxSim (metric ``dot``).
+``mode="index"``: ``candidates`` documents from an IVF_FLAT cosine index kept by the store
+(built at ``index_min_rows`` rows, ``optimize()`` past ``reindex_share`` unindexed; upkeep that
+fails warns, the write stands), unindexed rows searched flat. Hits are scored here in float64
+(exact MaxSim). Each upsert (``merge_insert`` on ``id``) and delete is one LanceDB commit.
 
 Example
 -------
@@ -36,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,9 +119,9 @@ class LanceDBStore(MultiVectorStore):
     uri (or path): the database; table: the table name (created when missing, unless
         ``create=False``: then :class:`~uibk_embedding.errors.StoreNotFound`).
     format: the tagged format (recorded in the table's schema metadata).
-    mode: "exact" (flat MaxSim, default) or "index" (IVF candidates, exact rerank).
-    candidates, nprobes, refine_factor: the index mode's defaults (documents reranked per query,
-        IVF partitions probed, LanceDB's own refine). All four are also per-query options.
+    mode: "exact" (flat MaxSim, default) or "index" (IVF candidates, exact rerank); candidates,
+        nprobes, refine_factor: its defaults (documents reranked, IVF partitions probed, LanceDB's
+        refine), all four also per-query options; index_min_rows, reindex_share: its index upkeep.
 
     >>> s = LanceDBStore()
     >>> s.backend, s.exact, s.count()
@@ -141,15 +136,17 @@ class LanceDBStore(MultiVectorStore):
     def __init__(self, uri: str | os.PathLike | None = None, *, table: str = "uibk",
                  path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
                  mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
-                 create: bool = True) -> None:
+                 index_min_rows: int = 2048, reindex_share: float = 0.1, create: bool = True) -> None:
         self._ldb = require("lancedb", "lancedb", "the LanceDB adapter")
         self._pa = require("pyarrow", "lancedb", "the LanceDB adapter")
         super().__init__(format)
         if uri is not None and path is not None:
             raise TypeError("give uri or path (the same: where the database is), not both")
         self._defaults = self._options(mode=mode, candidates=candidates, nprobes=nprobes,
-                                       refine_factor=refine_factor)
-        self.exact = mode == "exact"
+                                       refine_factor=refine_factor, index_min_rows=index_min_rows)
+        self.exact, self.index_min_rows, self.reindex_share = mode == "exact", index_min_rows, reindex_share
+        if not 0 <= reindex_share < 1:
+            raise ValueError(f"reindex_share must be in [0, 1), got {reindex_share!r}")
         self._tmp = uri is None and path is None
         where = tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path)
         self.uri, self.table = str(where), table
@@ -199,7 +196,7 @@ class LanceDBStore(MultiVectorStore):
         opts = {**getattr(self, "_defaults", {}), **given}
         if opts["mode"] not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {opts['mode']!r}")
-        for name, v in ((n, opts[n]) for n in ("candidates", "nprobes", "refine_factor")):
+        for name, v in ((n, opts[n]) for n in ("candidates", "nprobes", "refine_factor", "index_min_rows")):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         return opts
@@ -221,12 +218,41 @@ class LanceDBStore(MultiVectorStore):
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         (self._tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
          .execute(self._arrow(ids, vectors, metadata)))
+        self._mean_rows = float(np.mean([len(v) for v in vectors]))  # for the index's partitions
+        self._upkeep()
 
     def _delete(self, ids: list[str]) -> None:
-        self._tbl.delete(f"id IN ({', '.join(map(quote, ids))})")
+        self._upkeep(self._tbl.delete(f"id IN ({', '.join(map(quote, ids))})"))
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
-        return int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows)
+        return self._upkeep(int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows))
+
+    def _upkeep(self, result: Any = None) -> Any:
+        """Index mode, after a write's commit (``result`` passed through): build the index at
+        ``index_min_rows`` rows, optimize past ``reindex_share`` unindexed; a failure only warns."""
+        try:
+            if not self.exact and not self.has_index and self.count() >= self.index_min_rows:
+                # partitions: about the square root of the token rows (docs/lancedb.md)
+                self.create_index(num_partitions=int(np.sqrt(self.count() * getattr(self, "_mean_rows", 0)))
+                                  or None)
+            elif not self.exact and self.has_index and self.n_pending > self.reindex_share * self.count():
+                self.optimize()
+        except Exception as e:  # the rows are stored; the next write tries again
+            warnings.warn(f"LanceDB table {self.table!r} at {self.uri}: index upkeep failed ({e}); the "
+                          "rows are stored and searched flat until a later write updates the index",
+                          RuntimeWarning, stacklevel=3)
+        return result
+
+    @property
+    def has_index(self) -> bool:
+        """Whether the table has its vector index (``mode="index"`` builds it itself)."""
+        return bool(self._tbl.list_indices())
+
+    @property
+    def n_pending(self) -> int:
+        """Rows the index does not hold yet (searched flat; all rows when there is no index)."""
+        idx = self._tbl.list_indices()
+        return self._tbl.index_stats(idx[0].name).num_unindexed_rows if idx else self.count()
 
     def count(self) -> int:
         return int(self._tbl.count_rows())
@@ -258,7 +284,7 @@ class LanceDBStore(MultiVectorStore):
 
     def _search(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool = False,
                 **given: Any) -> list[Hit]:
-        opts = self._options(**given)
+        opts = self._options(**given)  # index_min_rows is no search option: the base refuses it
         search = self._tbl.search(q, vector_column_name="vectors").where(filter_sql(conditions),
                                                                          prefilter=True)
         if opts["mode"] == "exact":
@@ -275,8 +301,8 @@ class LanceDBStore(MultiVectorStore):
 
     def create_index(self, *, index_type: str = "IVF_FLAT", num_partitions: int | None = None,
                      **options: Any) -> None:
-        """Build (or rebuild) the IVF index (cosine) for ``mode="index"``; ``options`` go to LanceDB's
-        ``create_index``. Rows added later are searched flat until :meth:`optimize` indexes them."""
+        """Build (or rebuild) the IVF index (cosine); ``options`` go to LanceDB's ``create_index``
+        (``mode="index"`` builds one itself)."""
         self._tbl.create_index(metric="cosine", vector_column_name="vectors", index_type=index_type,
                                num_partitions=num_partitions, **options)
 
