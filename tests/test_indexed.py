@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from uibk_embedding._sqlite_state import connect, state_set, stored_state, transaction
-from uibk_embedding.adapters.indexed import ScanEngine
+from uibk_embedding.adapters.indexed import DEFAULT_MIN_INDEX_VECTORS, ScanEngine
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
@@ -81,7 +81,7 @@ def test_plaid_store_with_the_previous_state_keys_opens(tmp_path):
     from uibk_embedding.plaid_backend.store import PlaidStore
 
     def make(p):
-        return PlaidStore(p, nbits=2, kmeans_niters=1, num_threads=1)
+        return PlaidStore(p, nbits=2, kmeans_niters=1, num_threads=1, min_index_vectors=64)
 
     path, vecs = tmp_path / "p", docs_for(1, 40)
     ids = [f"d{i}" for i in range(40)]
@@ -284,9 +284,10 @@ def _engine(name: str):
 
 @pytest.mark.parametrize("engine", ["scan", "plaid", "warp"])
 def test_a_store_deleted_below_min_index_vectors_searches_exactly(tmp_path, engine):
-    """Every engine: deletes that take the store under ``min_index_vectors`` drop the index (its
-    folder, and WARP's pids); the store answers the exact MaxSim top k, before and after a
-    reopen, and ``rebuild()`` of 2 documents keeps it that way."""
+    """Every engine: deletes that take the store under ``min_index_vectors`` and under half the
+    vectors its index was built from drop the index (its folder, and WARP's pids); the store
+    answers the exact MaxSim top k, before and after a reopen, and ``rebuild()`` of 2 documents
+    keeps it that way."""
     from uibk_embedding.maxsim import maxsim
 
     make, path = _engine(engine), tmp_path / "s"
@@ -295,11 +296,11 @@ def test_a_store_deleted_below_min_index_vectors_searches_exactly(tmp_path, engi
     s.upsert(ids, vecs)
     s.flush()
     assert s.has_index
-    s.delete(ids[:5])  # 7 x 23 = 161 < 200
+    s.delete(ids[:7])  # 5 x 23 = 115 < 200, and < 138 (half of 276)
     s.flush()
     assert not s.has_index and stored_state(path, "index_dir") == ""
-    stored = {x: s.get([x])[0].vectors for x in ids[5:]}
-    queries = [vecs[6], *docs_for(21, 2)]
+    stored = {x: s.get([x])[0].vectors for x in ids[7:]}
+    queries = [vecs[8], *docs_for(21, 2)]
 
     def exact_hits(store) -> None:
         for q in queries:
@@ -316,13 +317,71 @@ def test_a_store_deleted_below_min_index_vectors_searches_exactly(tmp_path, engi
         warnings.simplefilter("error", RuntimeWarning)  # nothing to repair
         s = make(path, min_index_vectors=200)
     try:
-        assert s.count() == 7 and not s.has_index
+        assert s.count() == 5 and not s.has_index
         exact_hits(s)
-        s.delete(ids[5:10])
+        s.delete(ids[7:10])
         stored = {x: stored[x] for x in ids[10:]}
         s.rebuild()  # 2 documents
         assert not s.has_index and s.count() == 2
         exact_hits(s)
+    finally:
+        s.close()
+
+
+def _assert_exact_top(store, stored: dict[str, np.ndarray], queries: list[np.ndarray], k: int = 4) -> None:
+    """``store`` answers every query with the exact MaxSim top ``k`` of ``stored`` (ids in order)."""
+    from uibk_embedding.maxsim import maxsim
+
+    for q in queries:
+        want = sorted(stored, key=lambda x: -maxsim(q, stored[x]))[:k]
+        assert [h.id for h in store.search(q, k=k)] == want
+
+
+@pytest.mark.parametrize("engine", ["scan", "plaid", "warp"])
+def test_the_crossover_below_it_no_index_crossing_builds_one_and_an_index_is_kept(tmp_path, engine):
+    """Every engine, issue #43: with the default ``min_index_vectors`` (the measured crossover) a
+    small store builds no index and answers the exact top k, and ``stats()`` says so; a store that
+    reaches its threshold builds the index; a folder indexed under a lower threshold, reopened
+    with the default, keeps its index (updated by later writes) until it holds fewer than half
+    the vectors it was built from."""
+    make, path = _engine(engine), tmp_path / "s"
+    vecs, ids = docs_for(30, 12), [f"d{i}" for i in range(12)]  # 23 vectors each
+    queries = [vecs[3], *docs_for(31, 2)]
+    with make(tmp_path / "default") as s:
+        s.upsert(ids, vecs)
+        s.flush()
+        assert s.min_index_vectors == DEFAULT_MIN_INDEX_VECTORS > 12 * 23
+        assert not s.has_index and not list((tmp_path / "default").glob(f"{s.index_prefix}*"))
+        st = s.stats()
+        assert (st["search"], st["vectors"], st["has_index"]) == ("exact", 276, False)
+        assert "below min_index_vectors" in st["reason"]
+        _assert_exact_top(s, dict(zip(ids, vecs, strict=True)), queries)
+
+    s = make(path, min_index_vectors=200)
+    s.upsert(ids[:8], vecs[:8])  # 184 vectors < 200
+    s.flush()
+    assert not s.has_index and s.stats()["search"] == "exact"
+    s.upsert(ids[8:10], vecs[8:10])  # 230: crosses it
+    s.flush()
+    assert s.has_index and s.stats()["search"] == "index" and s.n_pending == 0
+    assert "at least min_index_vectors=200" in s.stats()["reason"]
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to repair or rebuild
+        s = make(path)  # the default threshold, far above the 230 vectors
+    try:
+        st = s.stats()
+        assert s.has_index and st["search"] == "index" and "built from 230 vectors" in st["reason"]
+        s.upsert(ids[10:], vecs[10:])  # an update of the kept index
+        s.flush()
+        assert s.has_index and s.n_pending == 0
+        s.delete(ids[:6])  # 6 x 23 = 138 >= 115 (half of 230): kept
+        s.flush()
+        assert s.has_index and s.stats()["search"] == "index"
+        s.delete(ids[6:8])  # 4 x 23 = 92 < 115: dropped, exact scan
+        s.flush()
+        assert not s.has_index and stored_state(path, "index_dir") == "" and s.stats()["search"] == "exact"
+        _assert_exact_top(s, {x: v for x, v in zip(ids, vecs, strict=True) if x in ids[8:]}, queries)
     finally:
         s.close()
 

@@ -27,7 +27,7 @@ from uibk_embedding.plaid_backend.store import PlaidEngineError, PlaidStore, eng
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 
-CHEAP = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1}
+CHEAP = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1, "min_index_vectors": 64}
 
 
 def docs_for(seed: int, n: int, rows: int = 20) -> list[np.ndarray]:
@@ -71,7 +71,7 @@ _CHILD = textwrap.dedent("""
     def batch(b):
         rng = np.random.default_rng(100 + b)
         return [f"b{b}-{j}" for j in range(8)], [make_list(TaggedFormat(), rng, 20) for _ in range(8)]
-    s = PlaidStore(path, nbits=2, kmeans_niters=1, num_threads=1, start_from_scratch=5)
+    s = PlaidStore(path, nbits=2, kmeans_niters=1, num_threads=1, start_from_scratch=5, min_index_vectors=64)
     ids, vecs = batch(0)
     s.upsert(ids, vecs)
     if mode == "inside-update":   # die after fast-plaid rewrote its files, before the store is clean
@@ -153,7 +153,7 @@ def test_kill_at_a_random_moment_of_a_write_loop(tmp_path):
 def test_dense_weight_survives_without_rerank(tmp_path):
     """fast-plaid does not normalise query vectors: scaled slots scale their contribution."""
     vecs = docs_for(2, 30)
-    s = PlaidStore(tmp_path / "p", rerank=False, nbits=4, kmeans_niters=1, num_threads=1)
+    s = PlaidStore(tmp_path / "p", rerank=False, **{**CHEAP, "nbits": 4})
     s.upsert([f"d{i}" for i in range(30)], vecs)
     q = make_list(TaggedFormat(), np.random.default_rng(3), 10)
     base = {h.id: h.score for h in s.search(q, k=30)}
@@ -200,7 +200,7 @@ def test_builds_are_reproducible(tmp_path):
 
 
 def test_tiny_store_has_no_index_and_is_exact(tmp_path):
-    with PlaidStore(tmp_path / "p", min_index_vectors=64, rerank=False, **CHEAP) as s:
+    with PlaidStore(tmp_path / "p", rerank=False, **CHEAP) as s:
         one = make_list(TaggedFormat(), np.random.default_rng(6), 1)  # 4 rows: too few for PLAID
         s.upsert(["one"], [one])
         assert not s.has_index
@@ -268,7 +268,7 @@ def test_schema_1_store_is_converted_on_open(tmp_path):
     (p / "vectors-000001.f16").write_bytes(b"\1" * 1000)  # a conversion killed half-way
     with pytest.warns(RuntimeWarning, match="from schema 1"), \
             pytest.warns(RuntimeWarning, match="is missing"):
-        s = PlaidStore(p, num_threads=1)  # (schema 1 had no index yet: it is built now)
+        s = PlaidStore(p, num_threads=1, min_index_vectors=64)  # (schema 1 had no index: built now)
     try:
         assert s.count() == 12 and s.has_index
         for r, v in zip(s.get([f"d{i}" for i in range(12)]), vecs, strict=True):

@@ -257,13 +257,14 @@ def _assert_exact(store: WarpStore, stored: dict[str, np.ndarray], queries: list
 
 
 def test_deletes_below_min_index_vectors_drop_the_index_and_search_exactly(tmp_path):
-    """A store whose deletes take it under ``min_index_vectors`` (the default, 256) answers from
+    """A store whose deletes take it under ``min_index_vectors`` (256 here) and under half the
+    vectors its index was built from answers from
     its exact scan: the flush drops the engine index and every pid with it (it used to raise
     ``zip() argument 2 is longer`` on every flush, also after a reopen), the reopened store
     searches exactly, and it builds an index again once it grows past the threshold."""
     vecs = docs_for(11, 20)  # 20 x 23 = 460 vectors
     ids = [f"d{i}" for i in range(20)]
-    s = WarpStore(tmp_path / "w", nbits=2, kmeans_niters=1, buffer_size=0)
+    s = WarpStore(tmp_path / "w", nbits=2, kmeans_niters=1, buffer_size=0, min_index_vectors=256)
     s.upsert(ids, vecs)
     s.flush()
     assert s.has_index and stored_state(tmp_path / "w", "index_dir") == "warp-000001"
@@ -277,7 +278,7 @@ def test_deletes_below_min_index_vectors_drop_the_index_and_search_exactly(tmp_p
     s.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # nothing to repair
-        s = WarpStore(tmp_path / "w", buffer_size=0)
+        s = WarpStore(tmp_path / "w", buffer_size=0, min_index_vectors=256)
     try:
         assert s.count() == 8 and not s.has_index
         s.flush()

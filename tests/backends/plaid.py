@@ -18,7 +18,9 @@ from uibk_embedding.testing.specs import engine_indexed
 
 
 def _opts(**kw):
-    return {"num_threads": 1, **kw}
+    # below the default crossover (DEFAULT_MIN_INDEX_VECTORS) a store searches exactly: a low
+    # threshold so the suite's 200 documents go through the PLAID index (index_used)
+    return {"num_threads": 1, "min_index_vectors": 64, **kw}
 
 
 SPECS = [

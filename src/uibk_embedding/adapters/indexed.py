@@ -23,7 +23,8 @@ the calls into its index. The store keeps, in its folder:
 A write appends the vectors, then commits the rows (and, for ``sync_on_write`` engines, the
 *dirty* flag) in one transaction; the documents are then *pending* (not in the index) and the
 ones they replaced *dead* (still in the index). :meth:`IndexedStore.flush` brings the index in
-line: a rebuild when there is no index yet, the store is below ``min_index_vectors``, no indexed
+line: a rebuild when there is no index yet, the store wants none (below ``min_index_vectors``;
+:meth:`IndexedStore.stats`), no indexed
 document is left or it grew past ``rebuild_growth`` times the vectors of the last build; else an
 in-place update (dirty set first, the engine's files fsync'd before ``dirty=0`` commits; an
 engine error rebuilds). A dirty store is rebuilt on open; when that fails it opens without an
@@ -125,6 +126,10 @@ LOCK_NAME = "store.lock"
 SQL_CHUNK = 900  # bound parameters per statement (SQLite's default limit is 999)
 SCORE_CHUNK_ROWS = 1 << 18
 """Stored rows read at a time when documents are scored exactly (64 MiB of float16 rows)."""
+DEFAULT_MIN_INDEX_VECTORS = 1_000_000
+"""The default ``min_index_vectors`` of an engine that measured none
+(:attr:`IndexedStore.default_min_index_vectors`; PLAID's): the crossover, in stored vectors,
+below which the exact scan answered no slower than the index (benchmarks/results/crossover.md)."""
 #: State keys older stores wrote, and the one name they have now.
 RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
                 "trained_vectors": "built_vectors"}
@@ -225,7 +230,15 @@ class IndexedStore(Reranking, MultiVectorStore):
         engine's default (:attr:`default_candidates_limit`; no growth when that is None too).
         Also per query: ``search(..., candidates_limit=)``.
     min_index_vectors:
-        Below this many stored vectors no index is built and search is exact.
+        The crossover: below this many stored vectors no index is built and search is the
+        exact scan (:meth:`stats` says which path answers and why). ``None``: the engine's
+        measured :attr:`default_min_index_vectors` (below it the scan answered no slower than
+        the index, benchmarks/results/crossover.md, and a build costs minutes). A store that
+        reaches it builds its index at that write (``sync_on_write`` engines, PLAID) or at the
+        next flush or search (WARP). A store that has an index keeps it (updated, rebuilt)
+        until it holds fewer than ``min_index_vectors`` *and* fewer than half the vectors the
+        index was built from, so stores indexed under a lower threshold (older versions, or
+        the option) keep their index, and a store at the line does not build and drop by turns.
     vector_compact_fraction:
         When deleted or overwritten documents' rows exceed this fraction of the vector file
         (and ``vector_compact_min_rows``), the live rows are copied into a new generation.
@@ -249,6 +262,8 @@ class IndexedStore(Reranking, MultiVectorStore):
     index_prefix: ClassVar[str] = "index-"
     schema_version: ClassVar[int] = 1
     search_options: ClassVar[tuple[str, ...]] = (*Reranking.search_options, "candidates_limit")
+    default_min_index_vectors: ClassVar[int] = DEFAULT_MIN_INDEX_VECTORS
+    """The engine's crossover in stored vectors, the default ``min_index_vectors``."""
     default_candidates_limit: ClassVar[int | None] = None
     """The engine's default ``candidates_limit`` (None: the pool never grows past ``candidates``)."""
     build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": "float16"}
@@ -264,7 +279,8 @@ class IndexedStore(Reranking, MultiVectorStore):
     def __init__(
         self, path: str | os.PathLike | None, format: TaggedFormat | None, given: dict[str, Any], *,
         rerank: bool = True, candidates: int | None = None, n_rerank: int | None = None,
-        default_candidates: int = 100, candidates_limit: int | None = None, min_index_vectors: int = 64,
+        default_candidates: int = 100, candidates_limit: int | None = None,
+        min_index_vectors: int | None = None,
         vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = None, growth_name: str = "rebuild_growth", device: str = "cpu",
         memory_budget: int | None = None,
@@ -273,7 +289,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         self._init_reranking(rerank, candidates, n_rerank, default_candidates)
         check_positive("candidates_limit", candidates_limit, allow_none=True)
         self.candidates_limit = candidates_limit or self.default_candidates_limit
-        check_positive("min_index_vectors", min_index_vectors)
+        check_positive("min_index_vectors", min_index_vectors, allow_none=True)
         vcf = vector_compact_fraction
         if isinstance(vcf, bool) or not isinstance(vcf, (int, float)) or not 0 < vcf <= 1:
             raise ValueError(f"vector_compact_fraction must be in (0, 1], got {vcf!r}")
@@ -282,7 +298,7 @@ class IndexedStore(Reranking, MultiVectorStore):
                                            or not rebuild_growth > 1):
             raise ValueError(f"{growth_name} must be a number > 1 or None, got {rebuild_growth!r}")
         self._check_build_params(given)
-        self.min_index_vectors = min_index_vectors
+        self.min_index_vectors = min_index_vectors or self.default_min_index_vectors
         self.vector_compact_fraction = float(vcf)
         self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
         self.device = device
@@ -350,6 +366,46 @@ class IndexedStore(Reranking, MultiVectorStore):
     def has_index(self) -> bool:
         """Whether an engine index exists (False for empty or tiny stores, searched exactly)."""
         return self._index is not None
+
+    def _wants_index(self) -> bool:
+        """Whether the store should have an engine index: it holds at least ``min_index_vectors``
+        vectors, or it has one (``index_dir``) and still holds at least half the vectors it was
+        built from (see ``min_index_vectors``)."""
+        n = self._n_vectors
+        kept = bool(self._index_dir) and n > 0 and 2 * n >= self._built_vectors
+        return n >= self.min_index_vectors or kept
+
+    def stats(self) -> dict[str, Any]:
+        """Which path answers searches, and why: ``documents``, ``vectors`` (stored, live),
+        ``min_index_vectors``, ``has_index``, ``pending`` (documents not in the index, scored
+        exactly beside it), ``search`` (``"index"``: the engine proposes candidates;
+        ``"exact"``: every document is scored, the exact scan) and ``reason`` (one sentence).
+        With rerank on, a store or filtered subset no larger than the rerank pool is scored
+        exactly even with an index.
+
+        >>> s = ScanEngine(min_index_vectors=10)
+        >>> s.stats()["search"], s.stats()["reason"]
+        ('exact', 'the store holds 0 vectors, below min_index_vectors=10: no index is built')
+        >>> s.close()
+        """
+        with self._lock:
+            self._check_open()
+            n, limit = self._n_vectors, self.min_index_vectors
+            if self._index is not None:
+                why = (f"the store holds {n} vectors, at least min_index_vectors={limit}" if n >= limit else
+                       f"its index was built from {self._built_vectors} vectors and it still holds {n}, "
+                       f"at least half of them (below min_index_vectors={limit})")
+                reason = f"{why}: the {self.engine_name} index proposes candidates"
+            elif self._index_dir or self._dirty:
+                reason = f"the {self.engine_name} index could not be opened or rebuilt: the exact scan"
+            elif n >= limit:
+                reason = (f"the store holds {n} vectors, at least min_index_vectors={limit}: the index "
+                          "is built at the next flush or search")
+            else:
+                reason = f"the store holds {n} vectors, below min_index_vectors={limit}: no index is built"
+            return {"documents": len(self._id_of), "vectors": n, "min_index_vectors": limit,
+                    "has_index": self._index is not None, "pending": len(self._pending),
+                    "search": "index" if self._index is not None else "exact", "reason": reason}
 
     @property
     def n_pending(self) -> int:
@@ -421,10 +477,10 @@ class IndexedStore(Reranking, MultiVectorStore):
             reason = f"it was built by {engine}, this is {mine}"
         elif self._index_dir:
             reason = self._open_index()
-        elif self.sync_on_write and self._n_vectors >= self.min_index_vectors:
+        elif self.sync_on_write and self._wants_index():
             reason = "it is missing"
         if reason is not None:
-            if self._index_dir or (self.sync_on_write and self._n_vectors >= self.min_index_vectors):
+            if self._index_dir or (self.sync_on_write and self._wants_index()):
                 warnings.warn(f"rebuilding the {self.label} index at {self.path} from the stored vectors: "
                               f"{reason}", RuntimeWarning, stacklevel=4)
             if engine != mine:
@@ -536,12 +592,12 @@ class IndexedStore(Reranking, MultiVectorStore):
 
     def _rebuild(self) -> None:
         """Build a fresh index from the stored vectors into a new folder, then switch to it (the
-        refs of every live document are set in the same transaction). Below
-        ``min_index_vectors`` the switch is to no index: no document keeps a ref, every one is
+        refs of every live document are set in the same transaction). When the store wants no
+        index (:meth:`_wants_index`) the switch is to no index: no document keeps a ref, every one is
         pending (searched exactly), and the old index folder goes."""
         gen = self._generation + 1
         live = list(self._id_of)
-        name = f"{self.index_prefix}{gen:06d}" if self._n_vectors >= self.min_index_vectors else ""
+        name = f"{self.index_prefix}{gen:06d}" if self._wants_index() else ""
         handle, refs = None, []
         indexed = live if name else []  # the documents ``refs`` numbers, in the same order
         if name:
@@ -606,12 +662,12 @@ class IndexedStore(Reranking, MultiVectorStore):
         if not self._pending and not self._dead and not self._dirty:
             return
         if self._index is None:
-            if self._n_vectors >= self.min_index_vectors or self._dirty:
+            if self._wants_index() or self._dirty:
                 self._rebuild()
             return
         growth = self.rebuild_growth
         grown = growth is not None and self._n_vectors > growth * self._built_vectors
-        if self._n_vectors < self.min_index_vectors or len(self._pending) == len(self._id_of) or grown:
+        if not self._wants_index() or len(self._pending) == len(self._id_of) or grown:
             self._rebuild()
             return
         try:
@@ -1010,5 +1066,5 @@ class ScanEngine(IndexedStore):
         self._index = None
 
 
-__all__ = ["DB_NAME", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS", "IndexedStore", "ScanEngine",
-           "centroid_heuristic", "default_memory_budget", "fix_mmap_threshold"]
+__all__ = ["DB_NAME", "DEFAULT_MIN_INDEX_VECTORS", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS",
+           "IndexedStore", "ScanEngine", "centroid_heuristic", "default_memory_budget", "fix_mmap_threshold"]

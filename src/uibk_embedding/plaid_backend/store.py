@@ -17,8 +17,9 @@ stored vectors on the next open.
 Searching asks PLAID for candidates and, with ``rerank=True`` (the default), rescores them
 with exact MaxSim on the stored vectors. fast-plaid does not normalise query vectors, so the
 query-time dense weight (scaled query slots) also works without rerank. Collections with
-fewer than ``min_index_vectors`` vectors have no PLAID index (fast-plaid cannot train its
-codec on a handful of vectors) and are searched exactly; with rerank on, so are collections
+fewer than ``min_index_vectors`` vectors (the measured crossover: below it the exact scan is
+no slower than PLAID, benchmarks/results/crossover.md) have no PLAID index and are searched
+exactly; with rerank on, so are collections
 (or filtered subsets) no larger than the rerank pool, since reranking all of them *is*
 exact search.
 
@@ -28,7 +29,7 @@ Example
 >>> from uibk_embedding.tagged import TaggedFormat
 >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
 >>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
->>> store = PlaidStore(nbits=2, num_threads=1)          # a temporary directory
+>>> store = PlaidStore(nbits=2, num_threads=1, min_index_vectors=64)   # a temporary directory
 >>> docs = [mk(30) for _ in range(4)]
 >>> store.upsert(["a", "b", "c", "d"], docs, [{"lang": "en"}, {}, {"lang": "de"}, {}])
 >>> store.has_index, store.count()
@@ -206,7 +207,16 @@ class PlaidStore(IndexedStore):
         fast-plaid update parameters: new documents buffered before centroids are extended,
         and the index size below which an update rebuilds the index (engine defaults 100, 999).
     min_index_vectors:
-        Below this many stored vectors no PLAID index is built and search is exact.
+        The crossover: below this many stored vectors no PLAID index is built and search is
+        the exact scan; the write that reaches it builds the index (:meth:`stats` says which
+        path answers and why). Default (``None``)
+        :data:`~uibk_embedding.adapters.indexed.DEFAULT_MIN_INDEX_VECTORS` (1,000,000), measured:
+        the exact scan answered faster than PLAID on Cranfield (277,428 vectors: a 230 s build,
+        4x slower searches), on NPL (582,526) and on 54k random vectors (at 161k PLAID was
+        faster only with recall@10 0.29); PLAID was faster at 1.44M (0.24x exact), and a build
+        costs minutes (benchmarks/results/crossover.md). A store
+        that has an index keeps it until it falls below this *and* below half the vectors it
+        was built from (older stores keep theirs).
     num_threads:
         ``torch.set_num_threads`` (process-wide) when given. Under CPU contention libtorch's
         threads can stall each other (one query took 2.2 s instead of 35 ms); 1 avoids that.
@@ -252,7 +262,7 @@ class PlaidStore(IndexedStore):
         search_batch_size: int = 2000,
         buffer_size: int = 100,
         start_from_scratch: int = 999,
-        min_index_vectors: int = 64,
+        min_index_vectors: int | None = None,
         num_threads: int | None = None,
         device: str = "cpu",
         vector_compact_fraction: float = 0.5,
