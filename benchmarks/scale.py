@@ -780,6 +780,79 @@ def cmd_profile(args: argparse.Namespace) -> None:
     _append(args.out, out)
 
 
+def crossover_corpus(n_docs: int, seed: int = 0) -> tuple[list[str], list[np.ndarray]]:
+    """``n_docs`` random documents in the tagged format, NPL-like lengths: token counts drawn
+    around NPL's mean of 51 vectors per document (uniform 20..82), unit token rows, 3 random
+    dense slices. Random vectors: no cluster structure, so an index finds no shortcut that real
+    text gives it; the latency of the exact scan does not depend on the values."""
+    from uibk_embedding.tagged import TaggedFormat
+
+    fmt, rng = TaggedFormat(), np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        u = rng.normal(size=(int(rng.integers(20, 83)), 127)).astype(np.float32)
+        docs.append(fmt.build(rng.normal(size=(3, 127)), u / np.linalg.norm(u, axis=1, keepdims=True)))
+    return [f"d{i}" for i in range(n_docs)], docs
+
+
+def cmd_crossover(args: argparse.Namespace) -> None:
+    """Exact scan vs PLAID vs WARP query latency at a few sizes: where an index starts to pay.
+
+    Per size: one PLAID store answering from its exact scan (``min_index_vectors`` above the
+    store: the path a file-backed store takes below its crossover), one PLAID and one WARP store
+    with their index (``min_index_vectors=1``), default search settings; the build time of each
+    index; then every query at k = 10 on every store, engines interleaved query by query (order
+    rotated), ``--runs`` runs each; per store the p50/p95 over queries of the per-query medians.
+    The load average is read before and after each size."""
+    from uibk_embedding.adapters.warp import WarpStore
+    from uibk_embedding.plaid_backend.store import PlaidStore
+    from uibk_embedding.tagged import TaggedFormat
+
+    fmt, rng = TaggedFormat(), np.random.default_rng(12345)
+    queries = []
+    for _ in range(args.queries):
+        u = rng.normal(size=(32, 127)).astype(np.float32)
+        queries.append(fmt.build(rng.normal(size=(3, 127)), u / np.linalg.norm(u, axis=1, keepdims=True)))
+    for n_docs in args.docs:
+        ids, docs = crossover_corpus(n_docs)
+        n_vectors = int(sum(len(d) for d in docs))
+        with tempfile.TemporaryDirectory(prefix="uibk-crossover-", dir=args.work or None) as tmp:
+            stores: dict[str, Any] = {}
+            build_s: dict[str, float] = {}
+            load_before = Path("/proc/loadavg").read_text().split()[:3]
+            for name, cls, opts in [("scan", PlaidStore, {"min_index_vectors": 2**62, "num_threads": 2}),
+                                    ("plaid", PlaidStore, {"min_index_vectors": 1, "num_threads": 2}),
+                                    ("warp", WarpStore, {"min_index_vectors": 1, "buffer_size": 0})]:
+                store = cls(Path(tmp) / name, **opts)
+                t = time.perf_counter()
+                for lo in range(0, n_docs, args.chunk):
+                    store.upsert(ids[lo:lo + args.chunk], docs[lo:lo + args.chunk])
+                store.flush()
+                build_s[name] = round(time.perf_counter() - t, 2)
+                assert store.has_index == (name != "scan"), name
+                stores[name] = store
+            names = list(stores)
+            per: dict[str, list[float]] = {n: [] for n in names}
+            agree: dict[str, list[float]] = {n: [] for n in names}
+            for i, q in enumerate(queries):
+                order = names[i % len(names):] + names[:i % len(names)]
+                tops = {}
+                for name in order:
+                    ms, top, _ = _median_ms(stores[name], q, args.runs, args.gap)
+                    per[name].append(ms)
+                    tops[name] = top
+                for name in names:
+                    agree[name].append(len(set(tops[name]) & set(tops["scan"])) / 10)
+            for store in stores.values():
+                store.close()
+        row = {"docs": n_docs, "vectors": n_vectors, "queries": len(queries), "runs": args.runs,
+               "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
+               "load_s": build_s,
+               **{f"{n}_{k}": v for n in names for k, v in _p50_p95(per[n]).items()},
+               **{f"{n}_recall10_vs_scan": round(float(np.mean(agree[n])), 3) for n in names}}
+        _append(args.out, row)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -835,9 +908,17 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--engine", choices=ENGINES, required=True)
             c.add_argument("--docs", type=int, required=True)
             c.add_argument("--rebuild", action="store_true", help="build: rebuild an existing index")
+    co = sub.add_parser("crossover", help="exact scan vs PLAID vs WARP latency at a few sizes")
+    co.add_argument("--docs", type=int, nargs="+", default=[1000, 3000, 10000])
+    co.add_argument("--queries", type=int, default=30)
+    co.add_argument("--runs", type=int, default=3, help="timed runs per query and store")
+    co.add_argument("--gap", type=float, default=0.02, help="pause before each timed call (s)")
+    co.add_argument("--chunk", type=int, default=1000, help="documents per upsert")
+    co.add_argument("--work", default="", help="parent of the temporary stores (default: the system's)")
+    co.add_argument("--out", default="", help="JSON lines file the rows are appended to")
     args = p.parse_args(argv)
-    later = {"run": cmd_run, "encode": cmd_encode, "sweep": cmd_sweep, "rerank": cmd_rerank,
-             "profile": cmd_profile}
+    later = {"run": cmd_run, "crossover": cmd_crossover, "encode": cmd_encode, "sweep": cmd_sweep,
+             "rerank": cmd_rerank, "profile": cmd_profile}
     if args.cmd in later:
         later[args.cmd](args)
         return 0
