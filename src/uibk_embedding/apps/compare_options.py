@@ -54,6 +54,7 @@ DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "qdrant": _url_or("QDRANT_URL", "url", {"collection": "uibk"}),  # else local mode on disk
     "qdrant-edge": lambda d: {"path": str(d)},
     "milvus-lite": lambda d: {"path": str(d / "milvus.db")},
+    "lancedb": lambda d: {"path": str(d)},  # exact mode (flat MaxSim) unless --option mode=index
     "milvus": _milvus,
     "pgvector": _pgvector,
     "weaviate": _weaviate,
@@ -62,7 +63,7 @@ DEFAULT_OPTIONS: dict[str, Callable[[Path], dict[str, Any]]] = {
 gets ``path=<its folder>`` when its constructor takes a ``path``, else nothing."""
 
 
-LOCAL_BACKENDS = ("exact", "plaid", "warp", "qdrant", "qdrant-edge", "milvus-lite")
+LOCAL_BACKENDS = ("exact", "plaid", "warp", "qdrant", "qdrant-edge", "milvus-lite", "lancedb")
 """The backends that run inside the worker process with nothing else to start or reach: the default
 of ``uibk-embed compare --backends``. ``qdrant`` counts only in local mode (``QDRANT_URL`` unset);
 ``milvus``, ``pgvector`` and ``weaviate`` need a server (or start one) and run only when named."""
