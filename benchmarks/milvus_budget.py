@@ -114,13 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
               f"{1000 * statistics.median(exact_lat):.1f} ms/query", file=sys.stderr, flush=True)
         rows = []
         for budget in [int(b) for b in args.budgets.split(",")]:
-            store.candidates = budget
+            store.rows_per_vector = budget
             lat, res = timed_search(store, enc.queries, args.k, args.repeats)
             recall = float(np.mean([len(set(a) & set(b)) / len(b)
                                     for a, b in zip(res, exact_res, strict=True)]))
-            rows.append({"candidates": budget, "recall@10_vs_exact": round(recall, 4),
+            rows.append({"rows_per_vector": budget, "recall@10_vs_exact": round(recall, 4),
                          "median_latency_ms": round(1000 * statistics.median(lat), 2)})
-            print(f"candidates={budget}: {rows[-1]}", file=sys.stderr, flush=True)
+            print(f"rows_per_vector={budget}: {rows[-1]}", file=sys.stderr, flush=True)
         engine = f"milvus {store.server_version} ({'standalone' if server else 'Lite'}, {args.index} rows)"
         store.close()
     finally:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "dataset": coll.name + (f" (first {args.docs} docs)" if args.docs else ""),
         "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
-        "queries": len(enc.queries), "engine": engine, "default_candidates": DEFAULT_CANDIDATES,
+        "queries": len(enc.queries), "engine": engine, "default_rows_per_vector": DEFAULT_CANDIDATES,
         "exact_store": {"build_s": round(exact_build, 2),
                         "median_latency_ms": round(1000 * statistics.median(exact_lat), 2)},
         "milvus": {"build_s": round(milvus_build, 2), "budgets": rows},
@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"{engine}")
     print(f"build: exact store {out['exact_store']['build_s']} s, milvus {out['milvus']['build_s']} s; "
           f"exact store median latency {out['exact_store']['median_latency_ms']} ms/query\n")
-    print("| candidates per query vector | recall@10 vs exact | median latency (ms/query) |")
+    print("| rows_per_vector (rows per query vector) | recall@10 vs exact | median latency (ms/query) |")
     print("|---:|---:|---:|")
     for r in rows:
-        mark = " (default)" if r["candidates"] == DEFAULT_CANDIDATES else ""
-        print(f"| {r['candidates']}{mark} | {r['recall@10_vs_exact']:.4f} | {r['median_latency_ms']} |")
+        mark = " (default)" if r["rows_per_vector"] == DEFAULT_CANDIDATES else ""
+        print(f"| {r['rows_per_vector']}{mark} | {r['recall@10_vs_exact']:.4f} | {r['median_latency_ms']} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return out
