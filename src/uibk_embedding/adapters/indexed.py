@@ -364,7 +364,8 @@ class IndexedStore(Reranking, MultiVectorStore):
 
     @property
     def has_index(self) -> bool:
-        """Whether an engine index exists (False for empty or tiny stores, searched exactly)."""
+        """Whether an engine index exists (False below ``min_index_vectors``: searched exactly;
+        :meth:`stats` says why)."""
         return self._index is not None
 
     def _wants_index(self) -> bool:
