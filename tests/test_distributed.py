@@ -1,6 +1,7 @@
 """Distributed indexing (uibk_embedding.apps.distributed) on a real local Ray cluster into the real
-Milvus standalone server: the same store as single-process indexing, exactly once when Ray
-retries a batch whose actor was SIGKILLed, resume without re-encoding, and bad rows reported.
+Milvus standalone server (and PostgreSQL + pgvector, and a LanceDB folder): the same store as
+single-process indexing, exactly once when Ray retries a batch whose actor was SIGKILLed, resume
+without re-encoding, and bad rows reported.
 
 Data: the first 150 Cranfield documents (corpus.jsonl order) and the first 10 queries; one
 Ray cluster (2 CPUs) and one Milvus server for the whole module.
@@ -174,6 +175,29 @@ def test_two_actors_index_pgvector_like_one_process(ray_cluster, corpus, doc_ids
     assert_same_store(got, reference, doc_ids, vector_bound, queries)
 
 
+def test_two_actors_index_lancedb_like_one_process(ray_cluster, corpus, doc_ids, reference, queries,
+                                                  vector_bound, tmp_path, capsys):
+    """`uibk-embed index --ray --workers 2` into one LanceDB folder in index mode (the two
+    actors commit to one table at once; the index is built by their writes once it holds 64
+    rows) = the single-process Milvus store: the same documents, vectors within the encoder's
+    batching noise, the same exact rankings (searched flat, ``mode="exact"`` per query)."""
+    pytest.importorskip("lancedb")
+    where = tmp_path / "lance"
+    opts = ["--option", f"uri={where}", "--option", "table=dist_lance", "--option", "mode=index",
+            "--option", "index_min_rows=64"]
+    assert cli.main(["index", str(corpus), "--backend", "lancedb", "--quiet", "--batch-size", str(BATCH),
+                     "--ray", "--workers", "2", *opts]) == 0
+    out = capsys.readouterr().out
+    assert f"indexed {N_DOCS} documents into lancedb with 2 Ray worker process(es)" in out
+    with open_store("lancedb", uri=where, table="dist_lance", create=False) as store:
+        assert store.has_index, "the actors' writes never built the index"
+        listed = [x for x, _ in store.scan()]
+        vecs = {r.id: (r.vectors, r.metadata) for r in store.get(listed)}
+        hits = [[(h.id, h.score) for h in store.search(q, k=10, mode="exact")] for q in queries]
+        got = (vecs, hits, store.count(), listed)
+    assert_same_store(got, reference, doc_ids, vector_bound, queries)
+
+
 def test_killed_actor_leaves_each_document_once_then_resume_encodes_nothing(
         ray_cluster, milvus_uri, corpus, doc_ids, reference, queries, vector_bound, tmp_path):
     log, marker = tmp_path / "encoded.log", tmp_path / "killed.pid"
@@ -256,6 +280,8 @@ def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, cor
 def test_stores_one_process_only_are_refused():
     with pytest.raises(SystemExit, match="lives inside one process"):
         cli.main(["index", "x.jsonl", "--backend", "exact", "--ray"])
+    with pytest.raises(SystemExit, match="backend 'lancedb' needs uri="):
+        cli.main(["index", "x.jsonl", "--backend", "lancedb", "--ray"])
     with pytest.raises(SystemExit, match="a Milvus Lite"):
         cli.main(["index", "x.jsonl", "--backend", "milvus", "--option", "uri=/tmp/x.db", "--ray"])
     with pytest.raises(SystemExit, match="--workers needs --ray"):

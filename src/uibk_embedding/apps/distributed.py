@@ -9,10 +9,11 @@ vectors never travel back to the driver, only one small row of counters per batc
 driver draws its progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
 
 Exactly once, under retries
-    Upserts overwrite by id (Qdrant points, Milvus write versions), so a batch that Ray runs
-    again after its actor died writes the same ids again: no duplicate, no gap. The actors are
-    created with ``max_restarts=retries`` and ``max_task_retries=retries`` (Ray Data's own
-    default is unbounded; a batch that kills its actor every time would then loop forever).
+    Upserts overwrite by id (Qdrant points, Milvus write versions, LanceDB ``merge_insert``), so
+    a batch that Ray runs again after its actor died writes the same ids again: no duplicate, no
+    gap. The actors are created with ``max_restarts=retries`` and ``max_task_retries=retries``
+    (Ray Data's own default is unbounded; a batch that kills its actor every time would then
+    loop forever).
     ``resume=True`` lists the ids already stored (``store.scan()``) and the actors skip them
     before encoding.
 
@@ -24,7 +25,10 @@ Bad input
     :attr:`DistributedResult.bad`.
 
 Stores: a server that several processes write to: ``qdrant`` with ``url=``, ``milvus`` with an
-``http(s)://`` ``uri=``, ``weaviate``, ``pgvector`` with ``dsn=``. In-process and single-writer
+``http(s)://`` ``uri=``, ``weaviate``, ``pgvector`` with ``dsn=``; or ``lancedb`` with ``uri=``
+(or ``path=``), a folder every worker reaches (local disk for a one-machine cluster, a shared
+file system or ``s3://...`` for several machines): LanceDB's commits retry on conflict, so
+actors writing one table at once each keep their rows. In-process and single-writer
 stores (``exact``, ``plaid``, ``warp``, ``qdrant-edge``, ``milvus-lite``, Qdrant local mode) are
 refused with the reason.
 
@@ -65,7 +69,7 @@ from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError
 from uibk_embedding.tagged import TaggedFormat
 
-SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector")
+SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector", "lancedb")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
 
 
@@ -127,8 +131,8 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
     if backend not in SHARED_BACKENDS:
         raise ValueError(
             f"backend {backend!r} lives inside one process; Ray workers need a server several "
-            "processes can write to: qdrant (url=...), milvus (uri=http://...), weaviate or "
-            "pgvector (dsn=...)")
+            "processes can write to: qdrant (url=...), milvus (uri=http://...), weaviate, "
+            "pgvector (dsn=...) or lancedb (uri=a folder every worker reaches)")
     if backend == "qdrant" and not options.get("url") and not options.get("host"):
         raise ValueError("backend 'qdrant' needs url=http://host:6333 for Ray workers (local mode, "
                          "location=/path=, is one process only)")
@@ -139,6 +143,9 @@ def check_backend(backend: str, options: Mapping[str, Any]) -> None:
     if backend == "pgvector" and not options.get("dsn"):
         raise ValueError("backend 'pgvector' needs dsn=... for Ray workers (each opens its own "
                          "connection; a connection= object lives in one process)")
+    if backend == "lancedb" and not (options.get("uri") or options.get("path")):
+        raise ValueError("backend 'lancedb' needs uri=... (a folder or s3://... every Ray worker "
+                         "reaches) for Ray workers (without it each opens its own temporary database)")
 
 
 # -- input ------------------------------------------------------------------------------------
