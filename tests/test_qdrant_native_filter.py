@@ -67,16 +67,21 @@ def test_langchain_passes_a_native_filter_to_qdrant(core):
     assert vs.get_by_ids(["bread"]) == []
 
 
-@pytest.mark.parametrize("backend", ["exact"])
+@pytest.mark.parametrize("backend", ["exact", "lancedb"])
 def test_every_other_backend_refuses_a_native_filter(tmp_path, encoder, backend):
+    if backend != "exact":
+        pytest.importorskip(backend)
     store = open_store(backend, path=str(tmp_path / backend), format=encoder.format)
     c = RetrievalCore(encoder, store)
     c.add_texts([t for t, _ in TEXTS.values()], [m for _, m in TEXTS.values()], ids=list(TEXTS))
     said = f"works only on the qdrant and qdrant-edge backends, not on {backend}"
     with pytest.raises(TypeError, match=said):
         c.search("bread", filter=field_is("topic", "food"))
-    with pytest.raises(TypeError, match="must be a mapping"):  # the store itself refuses it too
-        store.search(c.encode_query("bread"), filter=field_is("topic", "food"))
+    for call in (lambda f: store.search(c.encode_query("bread"), filter=f),  # the store itself too
+                 lambda f: store.delete(filter=f), lambda f: list(store.scan(f))):
+        with pytest.raises(TypeError, match=said):
+            call(field_is("topic", "food"))
+    assert store.count() == len(TEXTS)
     store.close()
 
 

@@ -50,6 +50,7 @@ from uibk_embedding.adapters.filters import (
     Node,
     check_int,
     check_text,
+    native_filter_refused,
     operators,
     parse_filter,
 )
@@ -557,7 +558,9 @@ class MultiVectorStore(ABC):
         return self._search_batch(qs, k, conds, **opts) if qs else []
 
     def _parse_filter(self, filter: Filter | None) -> tuple[Node, ...]:
-        """``parse_filter``, refusing operators this backend does not translate."""
+        """``parse_filter``, refusing operators this backend does not translate (and a native
+        Qdrant filter, which only the Qdrant backends take)."""
+        native_filter_refused(filter, self.backend)
         conds = parse_filter(filter)
         missing = operators(conds) - self.filter_operators
         if missing:

@@ -359,3 +359,42 @@ def matches(metadata: Mapping[str, Any] | None, conditions: tuple[Node, ...]) ->
     every backend's native translation is tested against)."""
     md = metadata or {}
     return all(_holds(md, c) for c in conditions)
+
+
+NATIVE_FILTER_TYPES = {"client": "qdrant_client.models.Filter", "edge": "qdrant_edge.Filter"}
+
+
+def native_filter_kind(obj: Any) -> str | None:
+    """``"client"`` for a ``qdrant_client.models.Filter``, ``"edge"`` for a ``qdrant_edge.Filter``,
+    else None; imports neither package (a filter of one exists only when it is installed).
+
+    >>> native_filter_kind({"lang": "en"}) is None
+    True
+    >>> from qdrant_client import models
+    >>> native_filter_kind(models.Filter(must=[models.FieldCondition(
+    ...     key="lang", match=models.MatchValue(value="en"))]))
+    'client'
+    """
+    cls = type(obj)
+    if cls.__name__ != "Filter":
+        return None
+    top = cls.__module__.split(".")[0]
+    return {"qdrant_client": "client", "qdrant_edge": "edge"}.get(top)
+
+
+def native_filter_refused(filter: Any, backend: str) -> None:
+    """A ``TypeError`` when ``filter`` is a native Qdrant ``Filter`` and ``backend`` is not a
+    Qdrant backend (for callers before the store, e.g. the framework integrations).
+
+    >>> from qdrant_client import models
+    >>> native_filter_refused(models.Filter(must=[]), "exact")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: a native Qdrant filter (qdrant_client.models.Filter) works only on the qdrant and ...
+    """
+    kind = native_filter_kind(filter)
+    if kind is not None and backend not in ("qdrant", "qdrant-edge"):
+        raise TypeError(
+            f"a native Qdrant filter ({NATIVE_FILTER_TYPES[kind]}) works only on the qdrant and "
+            f"qdrant-edge backends, not on {backend}: give a dict of the filter language, "
+            'e.g. {"lang": "en"}')

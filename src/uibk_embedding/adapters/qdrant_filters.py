@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from uibk_embedding.adapters.base import RESERVED_PREFIX
-from uibk_embedding.adapters.filters import And, Node, Not, Or
+from uibk_embedding.adapters.filters import (
+    NATIVE_FILTER_TYPES,
+    And,
+    Node,
+    Not,
+    Or,
+    native_filter_kind,
+    native_filter_refused,
+)
 
 LISTS_KEY = f"{RESERVED_PREFIX}_lists"
 BOOLS_KEY = f"{RESERVED_PREFIX}_bools"
@@ -183,27 +191,6 @@ def _node(d: Dialect, n: Node) -> Any:
 
 
 # -- native filters: a Qdrant Filter object given as filter=, passed through untranslated --------
-NATIVE_FILTER_TYPES = {"client": "qdrant_client.models.Filter", "edge": "qdrant_edge.Filter"}
-
-
-def native_filter_kind(obj: Any) -> str | None:
-    """``"client"`` for a ``qdrant_client.models.Filter``, ``"edge"`` for a ``qdrant_edge.Filter``,
-    else None; imports neither package (a filter of one exists only when it is installed).
-
-    >>> native_filter_kind({"lang": "en"}) is None
-    True
-    >>> from qdrant_client import models
-    >>> native_filter_kind(models.Filter(must=[models.FieldCondition(
-    ...     key="lang", match=models.MatchValue(value="en"))]))
-    'client'
-    """
-    cls = type(obj)
-    if cls.__name__ != "Filter":
-        return None
-    top = cls.__module__.split(".")[0]
-    return {"qdrant_client": "client", "qdrant_edge": "edge"}.get(top)
-
-
 @dataclass(frozen=True)
 class NativeFilter:
     """A Qdrant ``Filter`` of the store's own engine, given as ``filter=`` and passed to the
@@ -226,24 +213,6 @@ def native_conditions(filter: Any, dialect: str, backend: str) -> tuple[NativeFi
             f"the {backend} backend takes a native {NATIVE_FILTER_TYPES[dialect]}, got a "
             f"{NATIVE_FILTER_TYPES[kind]}; give that type, or a dict of the filter language")
     return (NativeFilter(filter),)
-
-
-def native_filter_refused(filter: Any, backend: str) -> None:
-    """A ``TypeError`` when ``filter`` is a native Qdrant ``Filter`` and ``backend`` is not a
-    Qdrant backend (for callers before the store, e.g. the framework integrations).
-
-    >>> from qdrant_client import models
-    >>> native_filter_refused(models.Filter(must=[]), "exact")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    TypeError: a native Qdrant filter (qdrant_client.models.Filter) works only on the qdrant and ...
-    """
-    kind = native_filter_kind(filter)
-    if kind is not None and backend not in ("qdrant", "qdrant-edge"):
-        raise TypeError(
-            f"a native Qdrant filter ({NATIVE_FILTER_TYPES[kind]}) works only on the qdrant and "
-            f"qdrant-edge backends, not on {backend}: give a dict of the filter language, "
-            'e.g. {"lang": "en"}')
 
 
 def to_qdrant_filter(dialect: str, conditions: tuple[Node, ...]) -> Any:
