@@ -212,7 +212,7 @@ def _plaid_store(path: Path, **kw):
     pytest.importorskip("fast_plaid")
     from uibk_embedding.plaid_backend.store import PlaidStore
 
-    return PlaidStore(path, num_threads=1, rerank=False, nbits=2, **kw)
+    return PlaidStore(path, num_threads=1, rerank=False, nbits=2, **{"min_index_vectors": 64, **kw})
 
 
 def test_plaid_search_never_reads_an_index_that_lost_sync(tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_plaid_kmeans_tiles_follow_the_budget(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fpm, "FastKMeans", recording)
     for budget, want in [(2**22, 1024), (2**40, 51_200)]:
-        s = PlaidStore(tmp_path / str(budget), num_threads=1, memory_budget=budget)
+        s = PlaidStore(tmp_path / str(budget), num_threads=1, memory_budget=budget, min_index_vectors=64)
         s.upsert([str(i) for i in range(60)], _docs(60))
         assert s.has_index
         s.close()

@@ -93,7 +93,7 @@ def _plaid(path, **kw):
     pytest.importorskip("fast_plaid")
     from uibk_embedding.plaid_backend.store import PlaidStore
 
-    return PlaidStore(path, nbits=2, kmeans_niters=1, num_threads=1, **kw)
+    return PlaidStore(path, nbits=2, kmeans_niters=1, num_threads=1, **{"min_index_vectors": 64, **kw})
 
 
 def _warp(path, **kw):
