@@ -83,6 +83,22 @@ def test_v1_embeddings_is_the_openai_shape_with_the_dense_vector(client, local):
     np.testing.assert_allclose(v, dense_vector(tagged[0]), atol=1e-5)
 
 
+def test_the_openai_python_client_reads_v1_embeddings(client, local):
+    """The real ``openai`` client (its default base64 encoding, its auth header) against the
+    app, through the in-process transport: what any OpenAI-client tool sees."""
+    openai = pytest.importorskip("openai", reason="the openai client is a test dependency only")
+    oai = openai.OpenAI(api_key=KEY, base_url="http://testserver/v1", http_client=client, max_retries=0)
+    got = oai.embeddings.create(model="uibk", input=TEXTS)
+    want = [dense_vector(t) for t in local.encode_documents(TEXTS)]
+    assert [d.index for d in got.data] == [0, 1]
+    for d, w in zip(got.data, want, strict=True):
+        np.testing.assert_allclose(np.asarray(d.embedding, np.float32), w, atol=1e-5)
+    bad = openai.OpenAI(api_key="wrong" * 4, base_url="http://testserver/v1", http_client=client,
+                        max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.embeddings.create(model="uibk", input=TEXTS)
+
+
 @pytest.mark.parametrize(("body", "status", "message"), [
     ({"input": [1, 2]}, 400, "input[0] must be a string"),
     ({"input": []}, 200, None),
