@@ -33,13 +33,14 @@ import numpy as np
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 """Hard upper bound on the memory of one similarity block (``query rows x document rows``)."""
 BLOCK_BYTES = 2 * 2**20
-"""Target size of one similarity block (``query rows x document rows`` float32): of the order of
-the L2 cache, so the segment max reads the block the matrix product has just written while it is
-still close. Measured on 2 cores (AMD EPYC, ``lscpu``: 1 MiB L2 per core, 2 MiB in all;
-``benchmarks/maxsim_kernel.py``, docs/benchmarks.md section 4): 2 MiB blocks run 1.2-1.3x faster
-than the 16 MiB blocks used before on one thread (1.03-1.18x with two BLAS threads), for one query
-and for batches; smaller blocks lose to the per-call overhead of the product, larger ones to cache
-misses in the reductions (256 KiB-2 MiB were level within the noise of a loaded machine, #43)."""
+"""Target size of one similarity block (``query rows x document rows`` float32): of the order of the
+L2 cache, so the segment max reads the block the matrix product has just written while it is still
+close. Measured on 2 cores (AMD EPYC, ``lscpu``: 1 MiB L2 per core, 2 MiB in all;
+``benchmarks/maxsim_kernel.py``, benchmarks/results/benchmarks-log.md section 4): 2 MiB blocks run
+1.2-1.3x faster than the 16 MiB blocks used before on one thread (1.03-1.18x with two BLAS
+threads), for one query and for batches; smaller blocks lose to the per-call overhead of the
+product, larger ones to cache misses in the reductions (256 KiB-2 MiB were level within the noise
+of a loaded machine, #43)."""
 MIN_BLOCK_ROWS = 512
 """Fewest document rows per block (amortises the per-block call overhead for wide queries)."""
 

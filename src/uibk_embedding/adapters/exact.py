@@ -71,7 +71,7 @@ _SNAP = re.compile(r"^snapshot-(\d{12})\.npz$")
 DEFAULT_VECTOR_DTYPE = "float32"
 """What a new persisted store keeps its rows as (``vector_dtype=``; in memory: float32). Not
 float16: converting float16 rows for the float32 product made a search 2-4x slower
-(docs/memory.md, measured at 30,000 documents)."""
+(benchmarks/results/memory-log.md, measured at 30,000 documents)."""
 REPACK_FRACTION = 0.3
 """Dead rows above this share of all rows (and more than 64 dead documents) are dropped: packed
 in memory, or copied out of the vector file into its next generation at the next write."""

@@ -179,7 +179,7 @@ CPU_COMPRESSION_BATCH = 256
 against 8,192 float16 centroids on an AVX2-only AMD EPYC, 2 threads, medians of 7: 3.3 s in
 batches of 256, 6.2 s of 1,024, 11.0 s of 16,384 (float32: 0.5 s); a 3,000-document build took
 84 s with 256, 101 s with 1,024 and 135 s with 16,384, writing identical codes
-(``benchmarks/results/fp16-gemm-amd-avx2.json``, docs/memory.md)."""
+(``benchmarks/results/fp16-gemm-amd-avx2.json``, benchmarks/results/memory-log.md)."""
 
 
 def warp_memory_options(budget: int, device: str = "cpu") -> dict[str, int]:
