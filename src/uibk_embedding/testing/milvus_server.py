@@ -160,26 +160,6 @@ class LocalMilvusServer:
     _shared_lock = threading.Lock()
 
     @classmethod
-    def prestart_shared(cls) -> threading.Thread:
-        """Start the :meth:`shared` server in a background thread and return at once, so that it
-        boots (a minute of mostly waiting on its own processes) while the caller does other work;
-        the first :meth:`shared` call then waits for it. A start that fails here is tried again
-        by that call, which raises the error.
-
-        >>> LocalMilvusServer.prestart_shared().join()  # doctest: +SKIP
-        """
-
-        def run() -> None:
-            try:
-                cls.shared()
-            except Exception:  # shared() raises it again where the server is needed
-                pass
-
-        thread = threading.Thread(target=run, name="uibk-milvus-prestart", daemon=True)
-        thread.start()
-        return thread
-
-    @classmethod
     def shared(cls) -> LocalMilvusServer:
         """One server per process, started on first use and stopped when the process exits."""
         import atexit

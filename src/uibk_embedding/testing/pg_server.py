@@ -217,25 +217,6 @@ class LocalPostgresServer:
     _shared_lock = threading.Lock()
 
     @classmethod
-    def prestart_shared(cls) -> threading.Thread:
-        """Start the :meth:`shared_dsn` server in a background thread and return at once (it boots
-        while the caller does other work; the first :meth:`shared_dsn` call waits for it). A start
-        that fails here is tried again by that call, which raises the error.
-
-        >>> LocalPostgresServer.prestart_shared().join()  # doctest: +SKIP
-        """
-
-        def run() -> None:
-            try:
-                cls.shared_dsn()
-            except Exception:  # shared_dsn() raises it again where the server is needed
-                pass
-
-        thread = threading.Thread(target=run, name="uibk-pg-prestart", daemon=True)
-        thread.start()
-        return thread
-
-    @classmethod
     def shared_dsn(cls) -> str:
         """The DSN of one server per *owner*: ``$UIBK_PG_SERVER_OWNER`` (a pid that child processes
         inherit, so a test's subprocesses use the test run's server) or this process. The first
