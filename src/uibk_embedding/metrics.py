@@ -15,7 +15,7 @@ Both are averaged over the queries that have at least one relevant document.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -25,32 +25,38 @@ def _judged(qrels: Qrels) -> list[str]:
     return [q for q, rel in qrels.items() if any(v > 0 for v in rel.values())]
 
 
-def ndcg_at_k(run: Run, qrels: Qrels, k: int) -> float:
-    """Mean nDCG@k over judged queries (a query missing from ``run`` scores 0)."""
+def _mean_over_judged(run: Run, qrels: Qrels, k: int,
+                      per_query: Callable[[list[str], Mapping[str, int]], float]) -> float:
+    """``per_query(top k of the run, judgments)`` averaged over the judged queries (a query
+    missing from ``run`` has an empty top k)."""
     qs = _judged(qrels)
     if not qs:
         raise ValueError("no query has a relevant document")
     total = 0.0
     for q in qs:
-        rel = qrels[q]
-        ranked = list(run.get(q, ()))[:k]
+        total += per_query(list(run.get(q, ()))[:k], qrels[q])
+    return total / len(qs)
+
+
+def ndcg_at_k(run: Run, qrels: Qrels, k: int) -> float:
+    """Mean nDCG@k over judged queries (a query missing from ``run`` scores 0)."""
+
+    def ndcg(ranked: list[str], rel: Mapping[str, int]) -> float:
         dcg = sum(max(rel.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked))
         ideal = sorted((v for v in rel.values() if v > 0), reverse=True)[:k]
-        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-        total += dcg / idcg
-    return total / len(qs)
+        return dcg / sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+
+    return _mean_over_judged(run, qrels, k, ndcg)
 
 
 def recall_at_k(run: Run, qrels: Qrels, k: int) -> float:
     """Mean recall@k over judged queries."""
-    qs = _judged(qrels)
-    if not qs:
-        raise ValueError("no query has a relevant document")
-    total = 0.0
-    for q in qs:
-        relevant = {d for d, v in qrels[q].items() if v > 0}
-        total += len(relevant.intersection(list(run.get(q, ()))[:k])) / len(relevant)
-    return total / len(qs)
+
+    def recall(ranked: list[str], rel: Mapping[str, int]) -> float:
+        relevant = {d for d, v in rel.items() if v > 0}
+        return len(relevant.intersection(ranked)) / len(relevant)
+
+    return _mean_over_judged(run, qrels, k, recall)
 
 
 def evaluate(run: Run, qrels: Qrels) -> dict[str, float]:
