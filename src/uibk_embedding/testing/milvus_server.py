@@ -31,21 +31,35 @@ def user_namespaces_available() -> bool:
         return False
 
 
-def pump(a: Any, b: Any) -> None:
-    """Copy bytes from socket ``a`` to ``b`` until either side closes, then shut both down."""
+def shutdown_sockets(*socks: Any) -> None:
+    """Shut each socket down both ways; one that is already closed or not connected is skipped.
+
+    >>> import socket
+    >>> a, b = socket.socketpair()
+    >>> shutdown_sockets(a, b)
+    >>> a.recv(1), b.recv(1)
+    (b'', b'')
+    >>> c = socket.socket(); c.close(); shutdown_sockets(c)   # closed: skipped
+    >>> a.close(); b.close()
+    """
     import socket
 
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def pump(a: Any, b: Any) -> None:
+    """Copy bytes from socket ``a`` to ``b`` until either side closes, then shut both down."""
     try:
         while data := a.recv(65536):
             b.sendall(data)
     except OSError:
         pass
     finally:
-        for x in (a, b):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shutdown_sockets(a, b)
 
 
 class LocalMilvusServer:
