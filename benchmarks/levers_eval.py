@@ -165,21 +165,12 @@ def load_full(folder: Path) -> dict:
     """The cached heads of one collection (refuses an incomplete cache): for ``docs``,
     ``queries``, ``queries-expand``, ``queries-expand-attend``: ``dense`` (n, D), ``mat``
     (all positions), ``off``, ``ids``, ``n`` (length without expansion)."""
-    meta = json.loads((folder / "meta.json").read_text())
-    parts = []
-    for c in range(meta["n_chunks"]):
-        p = folder / f"docs-{c:04d}.npz"
-        if not p.exists():
-            raise SystemExit(f"{folder}: chunk {c} is missing; run `cache` again")
-        parts.append(_load(p))
-    offs, base = [np.zeros(1, np.int64)], 0
-    for p in parts:
-        offs.append(p["tok_off"][1:] + base)
-        base += int(p["tok_off"][-1])
+    meta, parts = pe.load_doc_chunks(folder, _load)
     out = {"doc_ids": meta["doc_ids"], "query_ids": meta["query_ids"], "ident": meta["ident"],
            "docs": {"dense": np.concatenate([p["dense"] for p in parts]),
                     "mat": np.concatenate([p["tok_mat"] for p in parts]),
-                    "off": np.concatenate(offs), "ids": np.concatenate([p["ids"] for p in parts]),
+                    "off": pe.join_offsets([p["tok_off"] for p in parts]),
+                    "ids": np.concatenate([p["ids"] for p in parts]),
                     "n": np.concatenate([p["n_text"] for p in parts])}}
     for name in ("queries", "queries-expand", "queries-expand-attend"):
         z = _load(folder / f"{name}.npz")
@@ -527,10 +518,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("cache", help="one forward pass per collection, all positions (resumable)")
-    c.add_argument("data", nargs="+")
-    c.add_argument("--chunk", type=int, default=500)
-    c.add_argument("--budget-s", type=float, default=480.0)
+    c = pe.add_cache_parser(sub, "one forward pass per collection, all positions (resumable)")
     e = sub.add_parser("eval", help="score every lever setting and the own-corpus fits")
     e.add_argument("data", nargs="+")
     e.add_argument("--levers", type=lambda t: t.split(","), default=None)

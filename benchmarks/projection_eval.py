@@ -49,10 +49,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
 from uibk_embedding.tagged import TaggedFormat
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = Path(os.environ.get("UIBK_PROJECTION_CACHE", "/tmp/uibk-projection-cache"))
@@ -158,25 +161,37 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_heads(folder: Path) -> dict:
-    """The cached heads of one collection: dense (n, D), token matrix + offsets, for docs and
-    queries, and the ids (refuses an incomplete cache)."""
+def load_doc_chunks(folder: Path, load: Callable[[Path], T]) -> tuple[dict, list[T]]:
+    """``meta.json`` of a cached collection and its document chunks, each read by ``load``
+    (refuses an incomplete cache)."""
     meta = json.loads((folder / "meta.json").read_text())
     parts = []
     for c in range(meta["n_chunks"]):
         p = folder / f"docs-{c:04d}.npz"
         if not p.exists():
             raise SystemExit(f"{folder}: chunk {c} is missing; run `cache` again")
-        parts.append(_load_chunk(p))
+        parts.append(load(p))
+    return meta, parts
+
+
+def join_offsets(offsets: list[np.ndarray]) -> np.ndarray:
+    """The token offsets of chunks laid end to end (each chunk's offsets start at 0)."""
+    offs, base = [np.zeros(1, np.int64)], 0
+    for off in offsets:
+        offs.append(off[1:] + base)
+        base += int(off[-1])
+    return np.concatenate(offs)
+
+
+def load_heads(folder: Path) -> dict:
+    """The cached heads of one collection: dense (n, D), token matrix + offsets, for docs and
+    queries, and the ids (refuses an incomplete cache)."""
+    meta, parts = load_doc_chunks(folder, _load_chunk)
     dense = np.concatenate([p[0] for p in parts])
     mat = np.concatenate([p[1] for p in parts])
-    offs, base = [np.zeros(1, np.int64)], 0
-    for p in parts:
-        offs.append(p[2][1:] + base)
-        base += int(p[2][-1])
     qd, qm, qo = _load_chunk(folder / "queries.npz")
     return {"doc_ids": meta["doc_ids"], "query_ids": meta["query_ids"], "ident": meta["ident"],
-            "doc_dense": dense, "doc_mat": mat, "doc_off": np.concatenate(offs),
+            "doc_dense": dense, "doc_mat": mat, "doc_off": join_offsets([p[2] for p in parts]),
             "q_dense": qd, "q_mat": qm, "q_off": qo}
 
 
@@ -344,13 +359,19 @@ def cmd_ship(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("cache", help="run the forward pass once, cache the heads (resumable)")
+def add_cache_parser(sub: Any, help: str) -> argparse.ArgumentParser:
+    """The ``cache`` subcommand: the collections, documents per chunk, the time budget."""
+    c = sub.add_parser("cache", help=help)
     c.add_argument("data", nargs="+")
     c.add_argument("--chunk", type=int, default=500)
     c.add_argument("--budget-s", type=float, default=480.0)
+    return c
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = add_cache_parser(sub, "run the forward pass once, cache the heads (resumable)")
     e = sub.add_parser("eval", help="score every projection on the cached heads")
     e.add_argument("data", nargs="+")
     e.add_argument("--dense-weight", type=float, default=None)
