@@ -17,6 +17,7 @@ import inspect
 import json
 import os
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,15 @@ def _sqlite_rows(db: Path, sql: str, args: tuple = ()) -> list | None:
         con.close()
 
 
+def _lacks(what: str, name: str, have: Iterable[str]) -> str:
+    """Why a store file or folder is refused: it holds ``what`` by other names than ``name``.
+
+    >>> _lacks("collection", "uibk", ["papers", "notes"])
+    "it has no collection 'uibk' (it has ['notes', 'papers'])"
+    """
+    return f"it has no {what} {name!r} (it has {sorted(have)})"
+
+
 def _exact(path: Path, options: dict[str, Any]) -> str | None:
     if not path.is_dir():
         return "the path is not a folder"
@@ -224,7 +234,7 @@ def _qdrant_local(path: Path, options: dict[str, Any]) -> str | None:
         return "the folder holds no Qdrant local-mode meta.json"
     collection = options.get("collection", "uibk")
     if collection not in (meta.get("collections") or {}):
-        return f"it has no collection {collection!r} (it has {sorted(meta.get('collections') or {})})"
+        return _lacks("collection", collection, meta.get("collections") or {})
     return None
 
 
@@ -248,8 +258,8 @@ def _milvus_lite(path: Path, options: dict[str, Any]) -> str | None:
         return "the file is not a Milvus Lite database"
     names = {r[0] for r in rows}
     if f"{collection}_docs" not in names:  # the token_rows layout: <name>_rows and <name>_docs
-        have = sorted(n[: -len("_docs")] for n in names if isinstance(n, str) and n.endswith("_docs"))
-        return f"it has no collection {collection!r} (it has {have})"
+        return _lacks("collection", collection,
+                      (n[: -len("_docs")] for n in names if isinstance(n, str) and n.endswith("_docs")))
     return None
 
 
@@ -258,8 +268,7 @@ def _lancedb(path: Path, options: dict[str, Any]) -> str | None:
         return "the path is not a folder"
     table = options.get("table", "uibk")
     if not (path / f"{table}.lance" / "_versions").is_dir():
-        have = sorted(p.name[: -len(".lance")] for p in path.glob("*.lance"))
-        return f"it has no LanceDB table {table!r} (it has {have})"
+        return _lacks("LanceDB table", table, (p.name[: -len(".lance")] for p in path.glob("*.lance")))
     return None
 
 
