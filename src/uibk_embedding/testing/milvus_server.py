@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from uibk_embedding._optional import require
+from uibk_embedding.testing.server_process import LocalServer, wait_for_ready
 
 
 def user_namespaces_available() -> bool:
@@ -62,7 +63,7 @@ def pump(a: Any, b: Any) -> None:
         shutdown_sockets(a, b)
 
 
-class LocalMilvusServer:
+class LocalMilvusServer(LocalServer):
     """The real ``milvus run standalone`` server from the ``milvus`` PyPI package (2.3.x), local only.
 
     That binary listens on every interface whatever its config says, so it runs inside a private
@@ -102,13 +103,10 @@ class LocalMilvusServer:
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         log.close()
         ready = os.path.join(self._base, "ready")
-        deadline = time.monotonic() + self.startup_timeout
-        while not os.path.exists(ready):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                tail = open(os.path.join(self._base, "launcher.log"), errors="replace").read()[-2000:]
-                self.stop()
-                raise RuntimeError(f"the Milvus standalone server did not start:\n{tail}")
-            time.sleep(0.2)
+        if not wait_for_ready(ready, self._proc, self.startup_timeout, 0.2):
+            tail = open(os.path.join(self._base, "launcher.log"), errors="replace").read()[-2000:]
+            self.stop()
+            raise RuntimeError(f"the Milvus standalone server did not start:\n{tail}")
         self.pid = int(open(ready).read().split()[0])
         self._listener = socket.create_server(("127.0.0.1", 0))
         port = self._listener.getsockname()[1]
@@ -162,13 +160,6 @@ class LocalMilvusServer:
         if self._base:
             shutil.rmtree(self._base, ignore_errors=True)
             self._base = ""
-
-    def __enter__(self) -> LocalMilvusServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     _shared: LocalMilvusServer | None = None
     _shared_lock = threading.Lock()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding._optional import require
+from uibk_embedding.testing.server_process import LocalServer, wait_for_ready
 
 PORT = 5432  # only names the socket file (.s.PGSQL.5432): the server opens no TCP port
 OWNER_ENV = "UIBK_PG_SERVER_OWNER"
@@ -145,7 +146,7 @@ def _serve(base: Path, owner: int, leftovers: list[str]) -> None:
             Path(f"{base}.log").unlink(missing_ok=True)
 
 
-class LocalPostgresServer:
+class LocalPostgresServer(LocalServer):
     """A real PostgreSQL + pgvector server in a temporary folder (see the module docstring).
 
     ``dsn`` (after :meth:`start`) is a libpq connection string over the server's Unix socket.
@@ -176,15 +177,12 @@ class LocalPostgresServer:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)  # not in the test's process group: Ctrl-C reaches us first
         ready = Path(self.base) / "ready.json"
-        deadline = time.monotonic() + self.startup_timeout
-        while not ready.exists():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                log = Path(f"{self.base}.log")
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-                log.unlink(missing_ok=True)
-                self.stop()
-                raise RuntimeError(f"the local PostgreSQL server did not start:\n{tail}")
-            time.sleep(0.05)
+        if not wait_for_ready(ready, self._proc, self.startup_timeout, 0.05):
+            log = Path(f"{self.base}.log")
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            log.unlink(missing_ok=True)
+            self.stop()
+            raise RuntimeError(f"the local PostgreSQL server did not start:\n{tail}")
         info = json.loads(ready.read_text())
         self.dsn, self.pid = info["dsn"], int(info["pid"])
         return self.dsn
@@ -204,13 +202,6 @@ class LocalPostgresServer:
             shutil.rmtree(self.base, ignore_errors=True)
             Path(f"{self.base}.log").unlink(missing_ok=True)
         self.base, self.dsn, self.pid = "", "", None
-
-    def __enter__(self) -> LocalPostgresServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     _shared: LocalPostgresServer | None = None
     _shared_dsn = ""
