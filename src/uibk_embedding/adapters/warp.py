@@ -37,11 +37,10 @@ scored exactly.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.tagged import TaggedFormat
->>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
->>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> from uibk_embedding.testing import make_list
 >>> store = WarpStore(buffer_size=0, min_index_vectors=32)   # a temporary directory
->>> docs = [mk(30) for _ in range(4)]
+>>> rng = np.random.default_rng(0)
+>>> docs = [make_list(store.format, rng, 30) for _ in range(4)]
 >>> store.upsert(["a", "b", "c", "d"], docs, [{"lang": "en"}, {}, {"lang": "de"}, {}])
 >>> [h.id for h in store.search(docs[2], k=2, filter={"lang": "de"})]
 ['c']

@@ -26,11 +26,10 @@ exact search.
 Example
 -------
 >>> import numpy as np
->>> from uibk_embedding.tagged import TaggedFormat
->>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
->>> mk = lambda n: fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+>>> from uibk_embedding.testing import make_list
 >>> store = PlaidStore(nbits=2, num_threads=1, min_index_vectors=64)   # a temporary directory
->>> docs = [mk(30) for _ in range(4)]
+>>> rng = np.random.default_rng(0)
+>>> docs = [make_list(store.format, rng, 30) for _ in range(4)]
 >>> store.upsert(["a", "b", "c", "d"], docs, [{"lang": "en"}, {}, {"lang": "de"}, {}])
 >>> store.has_index, store.count()
 (True, 4)
