@@ -115,12 +115,11 @@ def test_remote_is_byte_identical_to_in_process(server, local):
 
 
 CLIENT = textwrap.dedent("""
-    import sys, time
+    import sys
     from uibk_embedding.encoder.remote import RemoteEncoder
-    url, start = sys.argv[1], float(sys.argv[2])
-    enc = RemoteEncoder(url)
-    while time.time() < start:
-        time.sleep(0.01)
+    enc = RemoteEncoder(sys.argv[1])
+    print("ready", flush=True)  # imported and set up: wait for the go (a barrier, no fixed sleep)
+    assert sys.stdin.readline() == "go\\n"
     for i in range(12):
         out = enc.encode_documents([f"flow over a wing {i} {j}" for j in range(4)])
         assert len(out) == 4
@@ -130,10 +129,16 @@ CLIENT = textwrap.dedent("""
 
 def test_two_client_processes_are_batched_by_one_server(server):
     before = httpx.get(server + "/stats").json()
-    start = time.time() + 20  # both clients import and connect first, then start together
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, server, str(start)],
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, server], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
+    # both clients import and set up first (each says "ready"), then both start at once
+    for p in procs:
+        line = p.stdout.readline()
+        assert line == "ready\n", line + p.communicate(timeout=60)[0]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     after = httpx.get(server + "/stats").json()
