@@ -8,6 +8,14 @@ import pytest
 from uibk_embedding import maxsim as M
 
 
+@pytest.fixture(params=["fused", "blas"], autouse=True)
+def kernel(request, monkeypatch):
+    if request.param == "blas":
+        monkeypatch.setattr(M, "_LIB", None)
+    elif M.kernel() != "fused":
+        pytest.skip("the fused kernel is not built here (test_maxsim_kernel.py checks where it must be)")
+
+
 def _docs(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[np.ndarray]:
     out = []
     for length in rng.integers(lo, hi + 1, n):

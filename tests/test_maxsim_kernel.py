@@ -1,7 +1,10 @@
-"""The exact MaxSim kernel's paths (#43): float16 rows, query batches, odd and 1-row documents,
-negative similarities, against float64 MaxSim and an a-priori float32 rounding bound."""
+"""The exact MaxSim kernels' paths (#43): float16 rows, query batches, odd and 1-row documents,
+negative similarities, against float64 MaxSim and an a-priori float32 rounding bound. Every test
+runs on both kernels (the fused C kernel and the numpy/BLAS one)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,61 @@ import torch
 from uibk_embedding import maxsim as M
 
 DIM = 128
+
+
+@pytest.fixture(params=["fused", "blas"], autouse=True)
+def kernel(request, monkeypatch):
+    if request.param == "blas":
+        monkeypatch.setattr(M, "_LIB", None)
+    elif M.kernel() != "fused":
+        pytest.skip("the fused kernel is not built here (test_fused_kernel_is_built_where_the_cpu_runs_it)")
+    return request.param
+
+
+def _cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return set()
+    return {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
+
+
+def test_fused_kernel_is_built_where_the_cpu_runs_it(kernel):
+    # the package builds the C kernel at install; on an x86-64 CPU with AVX2, FMA and F16C it must
+    # be what scores float32 (so CI exercises it), never a silent fallback to numpy
+    if kernel == "blas":
+        assert M.kernel() == "blas"
+    elif {"avx2", "fma", "f16c"} <= _cpu_flags():
+        assert M.kernel() == "fused"
+
+
+def test_scores_do_not_depend_on_the_thread_count(kernel, monkeypatch):
+    # each document is scored whole by one thread in one order: bitwise the same for any split
+    rng = np.random.default_rng(17)
+    docs = [_unit(rng, int(n)) for n in rng.integers(1, 80, 3000)]
+    mat, off = M.pack(docs)
+    queries = [_unit(rng, 32), _unit(rng, 3), _unit(rng, 17)]
+    monkeypatch.setattr(M, "THREADS", 1)
+    one = M.maxsim_scores(queries, mat, off)
+    for threads in (2, 3, 7):
+        monkeypatch.setattr(M, "THREADS", threads)
+        np.testing.assert_array_equal(M.maxsim_scores(queries, mat, off), one)
+
+
+@pytest.mark.parametrize("dim", [1, 5, 130])
+def test_any_width_and_many_query_rows(kernel, dim):
+    # widths that are no multiple of the vector width; 3 x 40 query rows pad to 128 (8 blocks)
+    rng = np.random.default_rng(18)
+    docs = [rng.standard_normal((int(n), dim)).astype(np.float32) for n in rng.integers(1, 60, 120)]
+    queries = [rng.standard_normal((40, dim)).astype(np.float32) for _ in range(3)]
+    mat, off = M.pack(docs)
+    got = M.maxsim_scores(queries, mat, off)
+    ref = np.array([[M.maxsim(q, d) for d in docs] for q in queries])
+    u = np.finfo(np.float32).eps / 2
+    n = dim + 40
+    for qi, q in enumerate(queries):  # the a-priori bound of _bound, for these widths
+        bound = n * u / (1 - n * u) * np.linalg.norm(q, axis=1).sum() * max(
+            np.linalg.norm(d, axis=1).max() for d in docs)
+        assert np.abs(got[qi] - ref[qi]).max() <= bound
 
 
 def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -59,7 +117,7 @@ def test_float16_rows_match_float64_reference_within_bound(blocks):
     np.testing.assert_array_equal(got, M.maxsim_scores(queries, mat16.astype(np.float32), off))
 
 
-def test_batch_equals_one_query_at_a_time(blocks):
+def test_batch_equals_one_query_at_a_time(blocks, kernel):
     rng = np.random.default_rng(12)
     docs = _collection(rng)
     mat, off = M.pack(docs)
@@ -73,6 +131,8 @@ def test_batch_equals_one_query_at_a_time(blocks):
         # both are within the rounding bound of the reference, so within twice it of each other
         assert np.abs(batch[qi] - ref).max() <= bound and np.abs(one - ref).max() <= bound
         np.testing.assert_array_equal(M.top_k(batch[qi], 10), M.top_k(ref, 10))
+        if kernel == "fused":  # each query row is its own lane: a batch changes no bit of a score
+            np.testing.assert_array_equal(batch[qi], one)
 
 
 def test_negative_similarities_and_one_row_documents(blocks):

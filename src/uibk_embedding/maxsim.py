@@ -1,18 +1,24 @@
 """Exact MaxSim: the reference every backend is checked against.
 
 ``MaxSim(q, d) = sum_i max_j q_i . d_j``. Documents of different lengths are packed into one
-``(total_rows, dim)`` matrix with row offsets; the maximum over each document's rows is a
-segment reduction (``np.maximum.reduceat``) over exactly its own rows, so no padding row can
-ever win (the same as masking with ``-inf``; never zero padding, docs/engines.md#pitfalls). Work is chunked
-over documents so memory stays bounded (``max_chunk_bytes``) whatever the collection size: each
-block is one float32 BLAS product ``(query vectors x document rows)`` of about the size of a
-core's L2 cache, a segment max along its contiguous rows (read back while still in cache) and a
-sum over each query's vectors, so the kernel runs at 0.9x the speed of the bare matrix products
-of the same shape (one thread); a batch of queries is stacked into one left operand
-(``benchmarks/maxsim_kernel.py``). A document matrix of
-another dtype (float16 rows, or float32 rows on the float64 path) is converted block by block into
-one reused buffer, never as a whole, with torch's vectorised copy (F16C/AVX-512): ~20x faster than
-numpy's ``astype`` for float16, which made float16 rows ~2x slower than float32 rows before.
+``(total_rows, dim)`` matrix with row offsets; the maximum runs over exactly each document's own
+rows, so no padding row can ever win (the same as masking with ``-inf``; never zero padding,
+docs/engines.md#pitfalls).
+
+Two kernels compute the same scores:
+
+- **fused** (``_maxsim_kernel.c``, built with the package; AVX2 + FMA + F16C, checked at run time):
+  register-blocked products whose max over a document's rows is taken while they are still in
+  registers, so the ``(query vectors x document rows)`` product matrix is never written to memory;
+  float16 rows are widened in a 24 KiB buffer on the fly (no slower than float32 rows: half the
+  bytes to read); documents are split across the cores (:data:`THREADS`). Used for float32 scores
+  whenever it is built and the CPU has those instructions (:func:`kernel`).
+- **blas** (numpy): per cache-sized block one float32 BLAS product, ``np.maximum.reduceat`` over
+  each document's rows and a sum per query. Used for ``dtype=np.float64`` (the reference the
+  tests compare with), and for float32 where the fused kernel is not available.
+
+``benchmarks/maxsim_kernel.py`` measures both against the outside MaxSim kernels
+(benchmarks/results/maxsim_kernel.md).
 
 Example
 -------
@@ -26,6 +32,10 @@ Example
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +53,13 @@ product, larger ones to cache misses in the reductions (256 KiB-2 MiB were level
 of a loaded machine, #43)."""
 MIN_BLOCK_ROWS = 512
 """Fewest document rows per block (amortises the per-block call overhead for wide queries)."""
+THREADS: int | None = None
+"""Threads of the fused kernel: ``None`` uses every core this process may run on (or the
+``UIBK_MAXSIM_THREADS`` environment variable); small scans always run on the calling thread."""
+_PARALLEL_WORK = 1 << 18
+"""Document rows x query rows below which one thread scans (a thread start costs ~0.1 ms)."""
+_CHUNK_ROWS = 48  # CHUNK in _maxsim_kernel.c: its per-thread buffer holds this many rows
+_QUERY_BLOCK = 16  # QB in _maxsim_kernel.c
 
 
 def pack(lists: Sequence[np.ndarray], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -79,23 +96,53 @@ def maxsim_scores(
 ) -> np.ndarray:
     """Scores of every query against every packed document: shape ``(n_queries, n_docs)``.
 
-    ``dtype=np.float64`` gives the high-precision path used by tests.
+    ``dtype=np.float64`` gives the high-precision path used by tests; float32 runs the fused
+    kernel when :func:`kernel` says it is available (float32 or float16 rows).
+
+    >>> import numpy as np
+    >>> mat, off = pack([np.eye(2, dtype=np.float32), np.ones((1, 2), np.float32)])
+    >>> maxsim_scores([np.eye(2, dtype=np.float32)], mat, off).tolist()
+    [[2.0, 2.0]]
     """
     n_docs = len(doc_offsets) - 1
     if len(queries) == 0:
         return np.zeros((0, n_docs), dtype=dtype)
     qmat, qoff = pack(queries, dtype=dtype)
-    out = np.empty((len(queries), n_docs), dtype=dtype)
+    if n_docs and qmat.shape[1] != doc_matrix.shape[1]:
+        raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {doc_matrix.shape[1]}")
+    offsets = np.ascontiguousarray(doc_offsets, dtype=np.int64)
+    lib = _fused() if dtype == np.float32 and doc_matrix.dtype in (np.float32, np.float16) else None
+    if lib is None or n_docs == 0 or doc_matrix.ndim != 2:
+        return _blas_scores(qmat, qoff, doc_matrix, offsets, n_docs, dtype, max_chunk_bytes)
+    if doc_matrix.flags.c_contiguous:
+        return _fused_scores(lib, qmat, qoff, doc_matrix, offsets)
+    # a strided view: contiguous copies of bounded blocks of whole documents. A document's score
+    # does not depend on which block or thread computes it, so this equals scoring a copy.
+    out = np.empty((len(queries), n_docs), dtype=np.float32)
+    rows_budget = max(1, max_chunk_bytes // (doc_matrix.itemsize * max(1, doc_matrix.shape[1])))
+    start = 0
+    while start < n_docs:
+        r0 = offsets[start]
+        stop = min(max(int(np.searchsorted(offsets, r0 + rows_budget, side="right")) - 1, start + 1), n_docs)
+        block = np.ascontiguousarray(doc_matrix[r0:offsets[stop]])
+        out[:, start:stop] = _fused_scores(lib, qmat, qoff, block, offsets[start:stop + 1] - r0)
+        start = stop
+    return out
+
+
+def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, offsets: np.ndarray,
+                 n_docs: int, dtype: type, max_chunk_bytes: int) -> np.ndarray:
+    """:func:`maxsim_scores` with BLAS products and ``np.maximum.reduceat`` (the blas kernel)."""
+    out = np.empty((len(qoff) - 1, n_docs), dtype=dtype)
     if n_docs == 0:
         return out
-    offsets = np.asarray(doc_offsets, dtype=np.int64)
     itemsize = np.dtype(dtype).itemsize
     row_bytes = itemsize * max(1, qmat.shape[0])
     # cache-sized blocks, never above the memory bound, never below one document
     rows_budget = max(1, min(max(BLOCK_BYTES // row_bytes, MIN_BLOCK_ROWS), max_chunk_bytes // row_bytes))
     convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
     buffer = np.empty((0, doc_matrix.shape[1]), dtype=dtype)
-    single = len(queries) == 1
+    single = len(qoff) == 2
     start_doc = 0
     while start_doc < n_docs:
         r0 = offsets[start_doc]
@@ -118,6 +165,94 @@ def maxsim_scores(
             out[:, start_doc:end_doc] = np.add.reduceat(best, qoff[:-1], axis=0)
         start_doc = end_doc
     return out
+
+
+_LIB: ctypes.CDLL | bool | None = False  # False: not looked up yet
+
+
+def _fused() -> ctypes.CDLL | None:
+    """The fused kernel's library, or ``None`` when it is not built or this CPU lacks AVX2/FMA/F16C."""
+    global _LIB
+    if _LIB is False:
+        _LIB = None
+        # built with the package (optional: without a C compiler the blas kernel serves)
+        spec = importlib.util.find_spec("uibk_embedding._maxsim_kernel")
+        if spec is None or spec.origin is None:
+            return None
+        try:
+            lib = ctypes.CDLL(spec.origin)
+        except OSError:
+            return None
+        if lib.uibk_maxsim_supported():
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            lib.uibk_maxsim.argtypes = [ptr, i64, i64, ptr, ctypes.c_int, ptr, i64, i64, ptr, i64, ptr,
+                                        i64, ptr]
+            lib.uibk_maxsim.restype = ctypes.c_int
+            _LIB = lib
+    return _LIB  # type: ignore[return-value]
+
+
+def kernel() -> str:
+    """Which kernel computes float32 scores here: ``"fused"`` or ``"blas"`` (see the module doc).
+
+    >>> kernel() in ("fused", "blas")
+    True
+    """
+    return "fused" if _fused() is not None else "blas"
+
+
+def _thread_count() -> int:
+    if THREADS is not None:
+        return max(1, THREADS)
+    env = os.environ.get("UIBK_MAXSIM_THREADS")
+    if env:
+        return max(1, int(env))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray,
+                  offsets: np.ndarray) -> np.ndarray:
+    """:func:`maxsim_scores` with the fused kernel, documents split across threads by rows.
+
+    ctypes releases the GIL for the call, so the threads run at once; each gets its own work
+    buffer and a disjoint range of documents (and so of output columns).
+    """
+    n_docs, dim = len(offsets) - 1, doc_matrix.shape[1]
+    rows = qmat.shape[0]
+    rpad = -(-rows // _QUERY_BLOCK) * _QUERY_BLOCK
+    qt = np.zeros((dim, rpad), dtype=np.float32)
+    qt[:, :rows] = qmat.T
+    out = np.empty((len(qoff) - 1, n_docs), dtype=np.float32)
+    first, last = int(offsets[0]), int(offsets[-1])
+    threads = min(_thread_count(), n_docs, max(1, (last - first) * rpad // _PARALLEL_WORK))
+    # balanced by rows, not documents: thread t takes the documents starting in its share of rows
+    bounds = np.searchsorted(offsets, np.linspace(first, last, threads + 1), side="left")
+    bounds[0], bounds[-1] = 0, n_docs
+    f16 = int(doc_matrix.dtype == np.float16)
+
+    codes: list[int] = []
+
+    def scan(d0: int, d1: int) -> None:
+        work = np.empty(rpad + _CHUNK_ROWS * dim, dtype=np.float32)
+        codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, f16,
+                                     offsets.ctypes.data, d0, d1, qoff.ctypes.data, len(qoff) - 1,
+                                     out.ctypes.data, n_docs, work.ctypes.data))
+
+    # one thread per share; the calling thread scans the first (ranges are disjoint, never empty)
+    workers = [threading.Thread(target=scan, args=(int(bounds[t]), int(bounds[t + 1])), daemon=True)
+               for t in range(1, threads) if bounds[t] < bounds[t + 1]]
+    for w in workers:
+        w.start()
+    try:
+        if bounds[0] < bounds[1]:
+            scan(0, int(bounds[1]))
+    finally:
+        for w in workers:
+            w.join()
+    if any(codes):
+        raise RuntimeError(f"the fused MaxSim kernel refused its arguments (codes {codes})")
+    return out
+
 
 def _convert_into(block: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``block`` converted to ``out``'s dtype, written into ``out`` (same shape), which is returned.

@@ -1,0 +1,139 @@
+/* Exact MaxSim over packed documents, fused: the max over a document's rows is taken while the
+ * products are still in registers, so the (query rows x document rows) product matrix is never
+ * written to memory (numpy's GEMM + maximum.reduceat writes it and reads it back).
+ *
+ * Built as the extension module uibk_embedding._maxsim_kernel (an empty module, so that importing
+ * it finds the file) and called through ctypes by uibk_embedding/maxsim.py:
+ *   uibk_maxsim_supported()  1 when this CPU has AVX2 + FMA + F16C (checked at run time, so the
+ *                             library builds with the compiler's default flags on any x86-64);
+ *   uibk_maxsim(...)          scores of documents [d0, d1) against every query (see below).
+ * Other CPUs (and other architectures, where this file compiles to the stub at the bottom) use
+ * the numpy path in maxsim.py.
+ *
+ * Micro-kernel: 6 document rows x 16 query rows in 12 AVX2 accumulators, one broadcast of each
+ * row's value per dimension (the classic register-blocked GEMM shape, FMA-bound). Query rows are
+ * given transposed and zero-padded to a multiple of 16 (qt: dim x rpad); padded rows are never
+ * summed. float16 rows are widened with F16C into a small per-thread buffer, CHUNK rows at a time.
+ * Groups of fewer than 6 rows repeat their last row, which cannot change a maximum.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define QB 16    /* query rows per block: two 8-float registers */
+#define RB 6     /* document rows per micro-kernel call */
+#define CHUNK 48 /* document rows converted / visited per query block (48 x 128 floats = 24 KiB) */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+
+int uibk_maxsim_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+/* maxes of 6 rows (r[0..5]) against one 16-row query block, folded into m[0..1] */
+TARGET static inline void group6(const float *const r[RB], int64_t dim, const float *qt,
+                                 int64_t rpad, __m256 *m0, __m256 *m1) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
+    __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
+    __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
+    __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+    __m256 a40 = _mm256_setzero_ps(), a41 = _mm256_setzero_ps();
+    __m256 a50 = _mm256_setzero_ps(), a51 = _mm256_setzero_ps();
+    const float *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5];
+    for (int64_t k = 0; k < dim; k++) {
+        const __m256 q0 = _mm256_loadu_ps(qt + k * rpad), q1 = _mm256_loadu_ps(qt + k * rpad + 8);
+        __m256 b;
+        b = _mm256_broadcast_ss(r0 + k); a00 = _mm256_fmadd_ps(b, q0, a00); a01 = _mm256_fmadd_ps(b, q1, a01);
+        b = _mm256_broadcast_ss(r1 + k); a10 = _mm256_fmadd_ps(b, q0, a10); a11 = _mm256_fmadd_ps(b, q1, a11);
+        b = _mm256_broadcast_ss(r2 + k); a20 = _mm256_fmadd_ps(b, q0, a20); a21 = _mm256_fmadd_ps(b, q1, a21);
+        b = _mm256_broadcast_ss(r3 + k); a30 = _mm256_fmadd_ps(b, q0, a30); a31 = _mm256_fmadd_ps(b, q1, a31);
+        b = _mm256_broadcast_ss(r4 + k); a40 = _mm256_fmadd_ps(b, q0, a40); a41 = _mm256_fmadd_ps(b, q1, a41);
+        b = _mm256_broadcast_ss(r5 + k); a50 = _mm256_fmadd_ps(b, q0, a50); a51 = _mm256_fmadd_ps(b, q1, a51);
+    }
+    a00 = _mm256_max_ps(_mm256_max_ps(a00, a10), _mm256_max_ps(a20, a30));
+    a01 = _mm256_max_ps(_mm256_max_ps(a01, a11), _mm256_max_ps(a21, a31));
+    *m0 = _mm256_max_ps(*m0, _mm256_max_ps(a00, _mm256_max_ps(a40, a50)));
+    *m1 = _mm256_max_ps(*m1, _mm256_max_ps(a01, _mm256_max_ps(a41, a51)));
+}
+
+TARGET static void widen(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* Scores of documents [d0, d1) (rows offsets[d]..offsets[d+1] of docs, dim wide, float32 or,
+ * when f16 != 0, IEEE float16) against nq queries whose rows are qoff[q]..qoff[q+1] of the
+ * transposed, padded query matrix qt (dim x rpad, rpad a multiple of 16). out[q * out_stride + d]
+ * receives the sum over query q's rows of the max over document d's rows; a document without
+ * rows scores -inf. work holds rpad + CHUNK * dim floats. Returns 0, or -1 when rpad is not a
+ * multiple of 16. Pure computation: safe to call from several threads on disjoint [d0, d1). */
+TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int f16,
+                       const int64_t *offsets, int64_t d0, int64_t d1, const int64_t *qoff,
+                       int64_t nq, float *out, int64_t out_stride, float *work) {
+    if (rpad % QB != 0) return -1;
+    float *maxes = work, *buf = work + rpad;
+    const float *rows32 = (const float *)docs;
+    const uint16_t *rows16 = (const uint16_t *)docs;
+    for (int64_t d = d0; d < d1; d++) {
+        const int64_t start = offsets[d], stop = offsets[d + 1];
+        if (stop <= start) {
+            for (int64_t q = 0; q < nq; q++) out[q * out_stride + d] = -__builtin_inff();
+            continue;
+        }
+        for (int64_t i = 0; i < rpad; i++) maxes[i] = -__builtin_inff();
+        for (int64_t c = start; c < stop; c += CHUNK) {
+            const int64_t n = (stop - c < CHUNK) ? stop - c : CHUNK;
+            const float *rows;
+            if (f16) {
+                widen(rows16 + c * dim, buf, n * dim);
+                rows = buf;
+            } else {
+                rows = rows32 + c * dim;
+            }
+            for (int64_t qb = 0; qb < rpad; qb += QB) {
+                __m256 m0 = _mm256_loadu_ps(maxes + qb), m1 = _mm256_loadu_ps(maxes + qb + 8);
+                for (int64_t g = 0; g < n; g += RB) {
+                    const float *r[RB];
+                    for (int t = 0; t < RB; t++) r[t] = rows + ((g + t < n) ? g + t : n - 1) * dim;
+                    group6(r, dim, qt + qb, rpad, &m0, &m1);
+                }
+                _mm256_storeu_ps(maxes + qb, m0);
+                _mm256_storeu_ps(maxes + qb + 8, m1);
+            }
+        }
+        for (int64_t q = 0; q < nq; q++) {
+            double s = 0.0;
+            for (int64_t i = qoff[q]; i < qoff[q + 1]; i++) s += maxes[i];
+            out[q * out_stride + d] = (float)s;
+        }
+    }
+    return 0;
+}
+
+#else /* not x86-64 with GCC/Clang: maxsim.py keeps its numpy path */
+
+int uibk_maxsim_supported(void) { return 0; }
+
+int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int f16,
+                const int64_t *offsets, int64_t d0, int64_t d1, const int64_t *qoff, int64_t nq,
+                float *out, int64_t out_stride, float *work) {
+    (void)qt; (void)rpad; (void)dim; (void)docs; (void)f16; (void)offsets; (void)d0; (void)d1;
+    (void)qoff; (void)nq; (void)out; (void)out_stride; (void)work;
+    return -1;
+}
+
+#endif
+
+static struct PyModuleDef kernel_module = {
+    PyModuleDef_HEAD_INIT, "_maxsim_kernel",
+    "Fused exact MaxSim (AVX2/FMA/F16C), called through ctypes by uibk_embedding.maxsim.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__maxsim_kernel(void) { return PyModule_Create(&kernel_module); }
