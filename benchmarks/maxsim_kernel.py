@@ -3,12 +3,12 @@
 For each shape (documents x vectors per document, query vectors) it times, interleaved in one
 process and repeated ``--runs`` times (medians reported):
 
-* ``kernel``: :func:`uibk_embedding.maxsim.maxsim_scores` for one query (matrix product in
-  cache-sized blocks + segment max per document + sum over query vectors);
-* ``previous``: the same kernel with the block size it had before the blocks were sized for the
-  L2 cache (16 MiB similarity blocks of at least 4,096 document rows);
-* ``gemm_same_shape``: the bare matrix products the kernel runs (``q @ block.T`` over the same
-  blocks), nothing else: what the segment reductions cost on top;
+* ``kernel``: :func:`uibk_embedding.maxsim.maxsim_scores` as the library runs it (the fused C
+  kernel where it is built, :func:`uibk_embedding.maxsim.kernel`);
+* ``previous``: the blas kernel (numpy: a matrix product per cache-sized block, a segment max per
+  document and a sum over query vectors), which served every float32 score before the fused one;
+* ``gemm_same_shape``: the bare matrix products the blas kernel runs (``q @ block.T`` over the
+  same blocks), nothing else: what the segment reductions cost on top;
 * ``gemm_square``: a square float32 ``n x n @ n x n`` product of about the same FLOPs: the
   machine's BLAS rate.
 
@@ -21,12 +21,12 @@ gives the latency of one query as the collection grows (prefixes of the largest 
 over ``--runs`` different queries, engines interleaved query by query) on one collection of random
 unit vectors whose document lengths follow NPL's (``--corpus``: the whitespace word count of each
 document scaled so the rows sum to ``--rows``, NPL's 582,526 encoded vectors), each engine's
-top-10 compared with a float64 reference and its largest score error measured next to the
-a-priori float32 rounding bound (``gamma_(dim+m) * sum_i |q_i| * max_j |d_j|``). Engines: this
-kernel on float32 and float16 rows, numpy's one GEMM + ``maximum.reduceat``, blocked ``torch.mm``
-(float32 and bfloat16), a numba loop, maxsim-cpu and Qdrant Edge's exact scan (the last three
-when importable; ``--extra-path`` adds a folder with them to ``sys.path``). ``cat /proc/loadavg``
-is recorded before and after; on a shared machine the figures are preliminary.
+top-10 compared with a float64 reference and its largest score error measured next to the a-priori
+float32 rounding bound (``gamma_(dim+m) * sum_i |q_i| * max_j |d_j|``). Engines: the library's
+kernel and the blas kernel on float32 and float16 rows, numpy's one GEMM + ``maximum.reduceat``,
+blocked ``torch.mm`` (float32 and bfloat16), a numba loop, maxsim-cpu and Qdrant Edge's exact scan
+(the last three when importable; ``--extra-path`` adds a folder with them to ``sys.path``). ``cat
+/proc/loadavg`` is recorded before and after; on a shared machine the figures are preliminary.
 
 Usage::
 
@@ -81,16 +81,13 @@ def _gemm_same_shape(q: np.ndarray, mat: np.ndarray, offsets: np.ndarray) -> Non
         q @ mat[r0:r0 + rows].T
 
 
-PREVIOUS_BLOCK_BYTES, PREVIOUS_MIN_BLOCK_ROWS = 16 * 2**20, 4096
-
-
-def _previous(qs: list[np.ndarray], mat: np.ndarray, offsets: np.ndarray) -> None:
-    saved = M.BLOCK_BYTES, M.MIN_BLOCK_ROWS
-    M.BLOCK_BYTES, M.MIN_BLOCK_ROWS = PREVIOUS_BLOCK_BYTES, PREVIOUS_MIN_BLOCK_ROWS
+def _blas(qs: list[np.ndarray], mat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """:func:`maxsim_scores` on the blas kernel (the fused one set aside for the call)."""
+    saved, M._LIB = M._LIB, None
     try:
-        M.maxsim_scores(qs, mat, offsets)
+        return M.maxsim_scores(qs, mat, offsets)
     finally:
-        M.BLOCK_BYTES, M.MIN_BLOCK_ROWS = saved
+        M._LIB = saved
 
 
 def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int, n_queries: int = 1) -> dict:
@@ -104,7 +101,7 @@ def bench_shape(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int, n_
     b = rng.standard_normal((n, n)).astype(np.float32)
     fns = {
         "kernel": lambda: M.maxsim_scores(qs, mat, offsets),
-        "previous": lambda: _previous(qs, mat, offsets),
+        "previous": lambda: _blas(qs, mat, offsets),
         "gemm_same_shape": lambda: _gemm_same_shape(q, mat, offsets),
         "gemm_square": lambda: a @ b,
     }
@@ -155,6 +152,7 @@ def _limit_threads(n: int | None):
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(n)  # torch's own pool (the conversion copy, the torch engines)
+    M.THREADS = n  # the fused kernel's threads
     return threadpool_limits(n)
 
 
@@ -317,6 +315,10 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
                 calls[name] = lambda q: M.maxsim_scores([q], mat, offsets)[0]
             elif name == "kernel_f16rows":
                 calls[name] = lambda q: M.maxsim_scores([q], mat16, offsets)[0]
+            elif name == "blas_f32":
+                calls[name] = lambda q: _blas([q], mat, offsets)[0]
+            elif name == "blas_f16rows":
+                calls[name] = lambda q: _blas([q], mat16, offsets)[0]
             elif name == "numpy_one_gemm":
                 calls[name] = lambda q: _numpy_one_gemm(q, mat, offsets)
             elif name == "torch_blocked_f32":
@@ -362,7 +364,7 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
             if qi == 0:
                 continue  # warm-up (numba compiles, caches fill)
             times[name].append(dt)
-            r = ref16 if name == "kernel_f16rows" else ref
+            r = ref16 if name.endswith("f16rows") else ref
             if name == "qdrant_edge":
                 ids = [i for i, _ in got]
                 err = max(abs(sc - r[i]) for i, sc in got)
@@ -400,8 +402,8 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
 
 OUTSIDE = ("numpy_one_gemm", "maxsim_cpu", "qdrant_edge")
 """Outside exact MaxSim engines the aim compares with (torch and numba variants are candidates)."""
-ENGINES = ("kernel_f32", "kernel_f16rows", "numpy_one_gemm", "torch_blocked_f32", "torch_blocked_bf16",
-           "numba_fused", "maxsim_cpu", "qdrant_edge")
+ENGINES = ("kernel_f32", "kernel_f16rows", "blas_f32", "blas_f16rows", "numpy_one_gemm", "torch_blocked_f32",
+           "torch_blocked_bf16", "numba_fused", "maxsim_cpu", "qdrant_edge")
 
 
 def engines_markdown(e: dict, threads: int | None) -> str:
@@ -456,7 +458,8 @@ def shapes_markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=None, help="runs per shape / queries per engine (5; 10 quick)")
-    p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: BLAS's own)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="BLAS, torch and fused-kernel threads (default: each its own, all cores)")
     p.add_argument("--scale", default=None, help="collection sizes (10000,20000,50000,100000)")
     p.add_argument("--small", action="store_true", help="tiny shapes (CI smoke run)")
     p.add_argument("--shape", action="append", default=[], metavar="DOCS,MIN,MAX,QROWS,NQ",
@@ -492,9 +495,11 @@ def main(argv: list[str] | None = None) -> int:
                   (max(sizes), 30, 60, 32, 1)]
     if args.shape:
         shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape if s != "0"]
-    result: dict = {"threads": args.threads, "block_bytes": M.BLOCK_BYTES, "blas": _blas_info(),
+    result: dict = {"threads": args.threads, "kernel": M.kernel(), "block_bytes": M.BLOCK_BYTES,
+                    "blas": _blas_info(),
                     "shapes": [], "scaling": []}
-    print(f"BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB", flush=True)
+    print(f"kernel: {M.kernel()}; BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB",
+          flush=True)
     result["engines"] = None
     with _limit_threads(args.threads):
         if engines:
@@ -519,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"kernel {r['gflops']['kernel']} GFLOP/s, gemm same shape "
                   f"{r['gflops']['gemm_same_shape']}, square gemm {r['gflops']['gemm_square']} -> "
                   f"ratio {r['ratio_vs_gemm_square']} (vs same shape {r['ratio_vs_gemm_same_shape']}; "
-                  f"{r['speedup_vs_previous']}x the previous kernel)", flush=True)
+                  f"{r['speedup_vs_previous']}x the blas kernel)", flush=True)
         if cache:
             mat, off = next(iter(cache.values()))
             result["scaling"] = bench_scaling(mat, off, sizes, 32, args.runs)
@@ -530,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.md, "w") as f:
             command = " ".join(argv if argv is not None else sys.argv[1:])
             f.write(f"# Exact MaxSim kernel (`python benchmarks/maxsim_kernel.py {command}`)\n\n"
-                    f"BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB\n\n")
+                    f"Kernel: {result['kernel']}; BLAS: {result['blas']}; similarity block "
+                    f"{M.BLOCK_BYTES >> 10} KiB\n\n")
             if result["engines"]:
                 f.write(engines_markdown(result["engines"], args.threads) + "\n")
             f.write(md)
