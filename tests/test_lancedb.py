@@ -68,6 +68,12 @@ def test_a_table_with_our_columns_but_another_type_or_no_record_is_refused(tmp_p
     lancedb.connect(tmp_path).create_table("narrow", schema=narrow)
     with pytest.raises(CollectionMismatch, match=r"column 'vectors' is list<.*64.*needs list<.*128"):
         LanceDBStore(tmp_path, table="narrow")
+    i = good.get_field_index("id")  # written before ids were declared the primary key
+    no_key = good.set(i, pa.field("id", pa.string(), nullable=False))
+    lancedb.connect(tmp_path).create_table("no_key", schema=no_key)
+    with pytest.raises(CollectionMismatch, match="column 'id' is not declared the primary key"):
+        LanceDBStore(tmp_path, table="no_key")
+    assert not lancedb.connect(tmp_path).open_table("no_key").schema.field("id").metadata
 
 
 def test_the_format_record_is_in_the_schema_metadata(tmp_path, fmt):
@@ -149,22 +155,29 @@ def test_index_mode_recall_and_freshness(tmp_path, real_data, fmt, rng):
 
 
 WRITER = """
-import sys, numpy as np
+import pathlib, sys, time, numpy as np
 from uibk_embedding.adapters.lancedb import LanceDBStore
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
-fmt, rng, name = TaggedFormat(), np.random.default_rng(int(sys.argv[2])), sys.argv[2]
-with LanceDBStore(sys.argv[1], table="docs") as s:
-    for b in range(6):
+fmt, rng, name, where = TaggedFormat(), np.random.default_rng(int(sys.argv[2])), sys.argv[2], sys.argv[1]
+with LanceDBStore(where, table="docs") as s:
+    (pathlib.Path(where) / f"ready-{name}").touch()  # both start writing together
+    while len(list(pathlib.Path(where).glob("ready-*"))) < 2:
+        time.sleep(0.01)
+    for b in range(ROUNDS):
+        s.upsert([f"shared-{b}-{j}" for j in range(3)], [make_list(fmt, rng, 5) for _ in range(3)],
+                 [{"w": name}] * 3)
         ids = [f"{name}-{b}-{i}" for i in range(4)]
         s.upsert(ids, [make_list(fmt, rng, 5) for _ in ids], [{"w": name}] * 4)
-        s.upsert([f"shared-{b}"], [make_list(fmt, rng, 5)], [{"w": name}])
-"""
+""".replace("ROUNDS", "12")
 
 
 def test_two_processes_writing_one_table_are_both_kept(tmp_path):
-    """Two processes upsert into one table at the same time (distinct ids, and the same
-    ``shared-*`` ids): LanceDB's commits retry on conflict, so every write of both is kept."""
+    """Two processes upsert into one table at the same time (started together; distinct ids, and
+    the same ``shared-*`` ids, which both insert as new): every write of both is kept and each
+    shared id is stored once. ``id`` is declared the table's primary key, so LanceDB sees two
+    inserts of one id as a conflict and retries the later one as an update; without the
+    declaration it commits both (6 to 15 duplicate rows in each of 3 runs, measured here)."""
     import subprocess
     import sys
 
@@ -175,9 +188,10 @@ def test_two_processes_writing_one_table_are_both_kept(tmp_path):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
     with LanceDBStore(tmp_path, table="docs", create=False) as s:
-        assert s.count() == 2 * 6 * 4 + 6
-        assert {x for x, _ in s.scan({"w": "1"})} >= {f"1-{b}-{i}" for b in range(6) for i in range(4)}
-        assert len(s.get([f"shared-{b}" for b in range(6)])) == 6
+        ids = [x for x, _ in s.scan()]
+        assert len(ids) == len(set(ids)) == s.count() == 2 * 12 * 4 + 12 * 3
+        assert {x for x, _ in s.scan({"w": "1"})} >= {f"1-{b}-{i}" for b in range(12) for i in range(4)}
+        assert len(s.get([f"shared-{b}-{j}" for b in range(12) for j in range(3)])) == 36
 
 
 def test_index_mode_builds_and_refreshes_its_index_itself(tmp_path, fmt, rng):
@@ -224,3 +238,36 @@ def test_a_failing_index_upkeep_warns_and_never_fails_the_write(tmp_path, fmt, r
         assert s.count() == 5 and not s.has_index and s.search(docs[3], k=1)[0].id == "d3"
         s.upsert(["d5"], docs[5:])
         assert s.has_index and s.n_pending == 0 and s.search(docs[5], k=1)[0].id == "d5"
+
+
+def test_index_mode_keeps_its_index_current_through_updates_and_deletes(tmp_path, fmt, rng):
+    """After every write in index mode the index holds exactly the live rows (indexed + pending
+    == count: no entry of a deleted or overwritten row is left), an overwritten document is
+    found by its new list with its new exact score and no longer by its old one, deleted ones
+    are never returned, and a write past ``reindex_share`` leaves nothing pending."""
+    from uibk_embedding.maxsim import maxsim_scores, pack
+
+    docs = [make_list(fmt, rng, 6) for _ in range(40)]
+    ids = [f"d{i}" for i in range(40)]
+
+    def held(s) -> tuple[int, int]:
+        stats = s._tbl.index_stats(s._tbl.list_indices()[0].name)
+        return stats.num_indexed_rows, stats.num_unindexed_rows
+
+    with LanceDBStore(tmp_path, table="i", mode="index", index_min_rows=20, reindex_share=0.25) as s:
+        s.upsert(ids[:30], docs[:30])
+        assert held(s) == (30, 0)
+        new = make_list(fmt, rng, 6)
+        s.upsert(["d3"], [new])  # an overwrite: the old row leaves the index, the new one is pending
+        assert held(s) == (29, 1) and s.count() == 30
+        hit = s.search(new, k=1)[0]
+        assert hit.id == "d3"
+        assert hit.score == pytest.approx(float(maxsim_scores([new], *pack([new]), dtype=np.float64)[0][0]),
+                                          abs=1e-9)  # both float64; 1e-15 apart measured
+        assert "d3" not in [h.id for h in s.search(docs[3], k=3)]
+        s.delete(["d4", "d5"])
+        assert held(s) == (27, 1) and s.count() == 28
+        assert not {"d4", "d5"} & {h.id for q in docs[4:6] for h in s.search(q, k=10)}
+        s.upsert(ids[30:], docs[30:])  # 11 of 38 pending: past the share, optimized
+        assert held(s) == (38, 0)
+        assert [s.search(docs[i], k=1)[0].id for i in (0, 30, 39)] == ["d0", "d30", "d39"]

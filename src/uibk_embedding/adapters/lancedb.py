@@ -1,26 +1,10 @@
 """LanceDB: the embedded, file-based engine (local folders or object storage), MaxSim natively.
 
-One table per store (``id``, ``vectors``, ``metadata`` as JSON text, and the filter columns
-``_uibk_eq``/``_uibk_has``/``_uibk_num`` of BLAKE2 digests, so the SQL ``where`` holds no user
-string; docs/lancedb.md), the format record in its schema metadata; an existing table is
-validated, never altered. ``mode="exact"`` (default): flat MaxSim (metric ``dot``).
-``mode="index"``: ``candidates`` documents from an IVF_FLAT cosine index kept by the store
-(built at ``index_min_rows`` rows, ``optimize()`` past ``reindex_share`` unindexed; upkeep that
-fails warns, the write stands), unindexed rows searched flat. Hits are scored here in float64
-(exact MaxSim). Each upsert (``merge_insert`` on ``id``) and delete is one LanceDB commit.
-
-Example
--------
->>> import numpy as np, tempfile
->>> from uibk_embedding.testing import make_list
->>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
->>> with LanceDBStore(d, table="docs") as s:
-...     s.upsert(["a", "b"], [make_list(s.format, rng, 5), make_list(s.format, rng, 7)],
-...              [{"ok": True}, {"ok": 1}])
-...     [h.id for h in s.search(make_list(s.format, rng, 4), k=5, filter={"ok": True})]
-['a']
->>> LanceDBStore(d, table="docs").count()      # persisted
-2
+One table per store (example: :class:`LanceDBStore`): ``id`` (declared the primary key, so two
+writers inserting one id conflict and retry), ``vectors``, ``metadata`` (JSON text) and the filter
+columns ``_uibk_eq``/``_uibk_has``/``_uibk_num`` of BLAKE2 digests, so the SQL ``where`` holds no
+user string (docs/lancedb.md); the format record in its schema metadata. An existing table is
+validated, never altered. Each upsert (``merge_insert`` on ``id``) and delete is one commit.
 """
 
 from __future__ import annotations
@@ -32,20 +16,23 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, finite_score, settle_format
-from uibk_embedding.adapters.filters import OPERATORS, RANGES, And, Condition, Node, Not, Or
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, record_problems
+from uibk_embedding.adapters.filters import OPERATORS, RANGES, And, Condition, Node, Not, Or, is_number
+from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, StoreNotFound
-from uibk_embedding.rank import rerank
-from uibk_embedding.tagged import DIM, TaggedFormat, decompose
+from uibk_embedding.maxsim import pack
+from uibk_embedding.tagged import DIM, TaggedFormat
 
 RECORD_KEY = b"uibk_embedding"
-MODES = ("exact", "index")
+PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}  # concurrent inserts of one id conflict
+_LISTED = ("id", "vectors", "metadata")
 _SQL_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
@@ -64,13 +51,11 @@ def value_token(field: str, v: Any) -> str | None:
     >>> value_token("n", 1) == value_token("n", 1.0) != value_token("n", True)
     True
     """
-    if isinstance(v, bool):
-        return digest(field, "b", v)
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return digest(field, "n", str(int(v)))
-    if isinstance(v, float):
-        return digest(field, "n", repr(v))
-    return digest(field, "s", v) if isinstance(v, str) else None
+    if isinstance(v, bool | str):
+        return digest(field, "b" if isinstance(v, bool) else "s", v)
+    if is_number(v):  # 1 and 1.0 are one number
+        return digest(field, "n", str(int(v)) if float(v).is_integer() else repr(v))
+    return None
 
 
 def quote(text: str) -> str:
@@ -90,24 +75,20 @@ def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
     >>> filter_sql(parse_filter({"n": {"$gte": 2}}))  # doctest: +ELLIPSIS
     "(COALESCE(json_get_float(_uibk_num, '...') >= 2.0, false))"
     """
-    if isinstance(nodes, tuple):
+    if isinstance(nodes, tuple | And):
+        nodes = nodes if isinstance(nodes, tuple) else nodes.children
         return "(" + " AND ".join(filter_sql(n) for n in nodes) + ")" if nodes else "TRUE"
-    if isinstance(nodes, And):
-        return filter_sql(nodes.children)
     if isinstance(nodes, Or):
         return "(" + " OR ".join(filter_sql(c) for c in nodes.children) + ")"
     if isinstance(nodes, Not):
         return f"(NOT {filter_sql(nodes.child)})"
     n: Condition = nodes
-    if n.op == "$exists":
-        sql = f"array_has(_uibk_has, '{digest(n.field)}')"
-        return sql if n.values[0] else f"(NOT {sql})"
     if n.op in RANGES:
         return (f"COALESCE(json_get_float(_uibk_num, '{digest(n.field)}') {_SQL_RANGE[n.op]} "
                 f"{float(n.values[0])!r}, false)")
-    tokens = ", ".join(f"'{value_token(n.field, v)}'" for v in n.values)
-    sql = f"array_has_any(_uibk_eq, [{tokens}])"
-    return sql if n.op in ("$eq", "$in") else f"(NOT {sql})"
+    sql = (f"array_has(_uibk_has, '{digest(n.field)}')" if n.op == "$exists" else
+           "array_has_any(_uibk_eq, [" + ", ".join(f"'{value_token(n.field, v)}'" for v in n.values) + "])")
+    return sql if n.op in ("$eq", "$in") or (n.op, *n.values) == ("$exists", True) else f"(NOT {sql})"
 
 
 class LanceDBStore(MultiVectorStore):
@@ -119,14 +100,23 @@ class LanceDBStore(MultiVectorStore):
     uri (or path): the database; table: the table name (created when missing, unless
         ``create=False``: then :class:`~uibk_embedding.errors.StoreNotFound`).
     format: the tagged format (recorded in the table's schema metadata).
-    mode: "exact" (flat MaxSim, default) or "index" (IVF candidates, exact rerank); candidates,
-        nprobes, refine_factor: its defaults (documents reranked, IVF partitions probed, LanceDB's
-        refine), all four also per-query options; index_min_rows, reindex_share: its index upkeep.
+    mode: "exact" (default: flat MaxSim, metric ``dot``) or "index": ``candidates`` documents from
+        an IVF_FLAT cosine index (``nprobes`` partitions probed, LanceDB's ``refine_factor``),
+        unindexed rows searched flat; all four also per-query options. Hits are scored here in
+        float64 (exact MaxSim, :func:`~uibk_embedding.adapters.rerank.rerank_candidates`).
+    index_min_rows, reindex_share: the index upkeep of mode "index": built at ``index_min_rows``
+        rows, ``optimize()`` past ``reindex_share`` unindexed (a failure warns; the write stands).
 
-    >>> s = LanceDBStore()
+    >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
+    >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
+    >>> with LanceDBStore(d, table="docs") as s:
+    ...     s.upsert(["a", "b"], [make_list(s.format, rng, 5), make_list(s.format, rng, 7)],
+    ...              [{"ok": True}, {"ok": 1}])
+    ...     [h.id for h in s.search(make_list(s.format, rng, 4), k=5, filter={"ok": True})]
+    ['a']
+    >>> s = LanceDBStore(d, table="docs")   # persisted
     >>> s.backend, s.exact, s.count()
-    ('lancedb', True, 0)
-    >>> s.close()
+    ('lancedb', True, 2)
     """
 
     backend = "lancedb"
@@ -137,8 +127,7 @@ class LanceDBStore(MultiVectorStore):
                  path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
                  mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
                  index_min_rows: int = 2048, reindex_share: float = 0.1, create: bool = True) -> None:
-        self._ldb = require("lancedb", "lancedb", "the LanceDB adapter")
-        self._pa = require("pyarrow", "lancedb", "the LanceDB adapter")
+        self._ldb, self._pa = (require(m, "lancedb", "the LanceDB adapter") for m in ("lancedb", "pyarrow"))
         super().__init__(format)
         if uri is not None and path is not None:
             raise TypeError("give uri or path (the same: where the database is), not both")
@@ -148,9 +137,8 @@ class LanceDBStore(MultiVectorStore):
         if not 0 <= reindex_share < 1:
             raise ValueError(f"reindex_share must be in [0, 1), got {reindex_share!r}")
         self._tmp = uri is None and path is None
-        where = tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path)
-        self.uri, self.table = str(where), table
-        # a local folder is looked at before connecting, which would create it
+        self.uri = str(tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path))
+        self.table = table  # a local folder is looked at before connecting, which would create it
         local_missing = "://" not in self.uri and not (Path(self.uri) / f"{table}.lance").is_dir()
         self._db = None if local_missing and not create else self._ldb.connect(self.uri)
         if self._db is not None and table in self._db.list_tables().tables:
@@ -159,16 +147,16 @@ class LanceDBStore(MultiVectorStore):
         elif not create:
             raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
         else:
-            record = {"backend": self.backend, "version": 1, "format": self.format.to_stored()}
-            schema = self._schema().with_metadata({RECORD_KEY: json.dumps(record).encode()})
-            self._tbl = self._db.create_table(table, schema=schema)
+            record = json.dumps({"backend": self.backend, "version": 1, "format": self.format.to_stored()})
+            self._tbl = self._db.create_table(table, schema=self._schema({RECORD_KEY: record}))
 
-    def _schema(self) -> Any:
+    def _schema(self, metadata: dict | None = None) -> Any:
         pa = self._pa
-        return pa.schema([pa.field("id", pa.string(), nullable=False),
+        return pa.schema([pa.field("id", pa.string(), nullable=False, metadata=PRIMARY_KEY),
                           pa.field("vectors", pa.list_(pa.list_(pa.float32(), DIM))),
                           pa.field("metadata", pa.string()), pa.field("_uibk_eq", pa.list_(pa.string())),
-                          pa.field("_uibk_has", pa.list_(pa.string())), pa.field("_uibk_num", pa.json_())])
+                          pa.field("_uibk_has", pa.list_(pa.string())), pa.field("_uibk_num", pa.json_())],
+                         metadata=metadata)
 
     def _validate(self, requested: TaggedFormat | None) -> TaggedFormat:
         schema, where = self._tbl.schema, f"LanceDB table {self.table!r} at {self.uri}"
@@ -182,38 +170,39 @@ class LanceDBStore(MultiVectorStore):
                     problems.append(f"column '_uibk_num' is {got.type}, needs a Lance JSON column")
             elif not got.type.equals(want.type):
                 problems.append(f"column {want.name!r} is {got.type}, needs {want.type}")
+            elif not (want.metadata or {}).items() <= (got.metadata or {}).items():
+                problems.append("column 'id' is not declared the primary key (writers may duplicate an id)")
         if extra := [n for n in schema.names if n not in self._schema().names]:
             problems.append(f"it has columns uibk-embedding does not write: {extra}")
-        record = json.loads((schema.metadata or {}).get(RECORD_KEY, b"null"))
+        try:
+            record = json.loads((schema.metadata or {}).get(RECORD_KEY, b"null"))
+        except ValueError:  # not JSON: not our record
+            record = None
+        saved, found = record_problems(record, requested, key="backend", value=self.backend)
         if not isinstance(record, dict) or record.get("backend") != self.backend:
-            problems.append("its schema metadata holds no uibk-embedding record (not written by this store)")
-        if problems:
-            raise CollectionMismatch(f"{where} does not fit uibk-embedding: {'; '.join(problems)}. "
+            found = ["its schema metadata holds no uibk-embedding record (not written by this store)"]
+        if problems or found:
+            raise CollectionMismatch(f"{where} does not fit uibk-embedding: {'; '.join(problems + found)}. "
                                      "The table was not changed.")
-        return settle_format(TaggedFormat.from_stored(record["format"]), requested, where)
+        return saved  # type: ignore[return-value]  # no problems: record_problems read the format
 
     def _options(self, **given: Any) -> dict[str, Any]:
         opts = {**getattr(self, "_defaults", {}), **given}
-        if opts["mode"] not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {opts['mode']!r}")
-        for name, v in ((n, opts[n]) for n in ("candidates", "nprobes", "refine_factor", "index_min_rows")):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if opts["mode"] not in ("exact", "index"):
+            raise ValueError(f"mode must be one of ('exact', 'index'), got {opts['mode']!r}")
+        for name in ("candidates", "nprobes", "refine_factor", "index_min_rows"):
+            check_positive(name, opts[name])
         return opts
 
     def _arrow(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> Any:
-        pa = self._pa
-        offsets = np.concatenate([[0], np.cumsum([len(v) for v in vectors])]).astype(np.int32)
-        flat = pa.array(np.concatenate(vectors).astype(np.float32, copy=False).ravel())
-        lists = pa.ListArray.from_arrays(pa.array(offsets), pa.FixedSizeListArray.from_arrays(flat, DIM))
-        eq = [[t for f, v in m.items() if (t := value_token(f, v))] for m in metadata]
-        has = [[digest(f) for f, v in m.items() if v is not None and v != []] for m in metadata]
-        num = [json.dumps({digest(f): v for f, v in m.items()
-                           if isinstance(v, int | float) and not isinstance(v, bool)}) for m in metadata]
-        return pa.table([pa.array(ids, pa.string()), lists,
-                         pa.array([json.dumps(m, ensure_ascii=False) for m in metadata], pa.string()),
-                         pa.array(eq, pa.list_(pa.string())), pa.array(has, pa.list_(pa.string())),
-                         pa.array(num, pa.json_())], schema=self._schema())
+        pa, (mat, off) = self._pa, pack(vectors)
+        vec = pa.ListArray.from_arrays(off.astype("i4"), pa.FixedSizeListArray.from_arrays(mat.ravel(), DIM))
+        return pa.Table.from_pydict({
+            "id": ids, "vectors": vec, "metadata": [json.dumps(m, ensure_ascii=False) for m in metadata],
+            "_uibk_eq": [[t for f, v in m.items() if (t := value_token(f, v))] for m in metadata],
+            "_uibk_has": [[digest(f) for f, v in m.items() if v is not None and v != []] for m in metadata],
+            "_uibk_num": [json.dumps({digest(f): v for f, v in m.items() if is_number(v)}) for m in metadata],
+        }, schema=self._schema())
 
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         (self._tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
@@ -228,14 +217,12 @@ class LanceDBStore(MultiVectorStore):
         return self._upkeep(int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows))
 
     def _upkeep(self, result: Any = None) -> Any:
-        """Index mode, after a write's commit (``result`` passed through): build the index at
-        ``index_min_rows`` rows, optimize past ``reindex_share`` unindexed; a failure only warns."""
+        """Index mode, after a write's commit (``result`` passed through): the class's index upkeep."""
         try:
-            if not self.exact and not self.has_index and self.count() >= self.index_min_rows:
-                # partitions: about the square root of the token rows (docs/lancedb.md)
-                self.create_index(num_partitions=int(np.sqrt(self.count() * getattr(self, "_mean_rows", 0)))
-                                  or None)
-            elif not self.exact and self.has_index and self.n_pending > self.reindex_share * self.count():
+            n = 0 if self.exact else self.count()
+            if n >= self.index_min_rows and not self.has_index:  # partitions: ~sqrt(token rows), docs
+                self.create_index(num_partitions=int(np.sqrt(n * getattr(self, "_mean_rows", 0))) or None)
+            elif n and self.has_index and self.n_pending > self.reindex_share * n:
                 self.optimize()
         except Exception as e:  # the rows are stored; the next write tries again
             warnings.warn(f"LanceDB table {self.table!r} at {self.uri}: index upkeep failed ({e}); the "
@@ -257,52 +244,39 @@ class LanceDBStore(MultiVectorStore):
     def count(self) -> int:
         return int(self._tbl.count_rows())
 
-    def _rows(self, where: str, columns: list[str], batch_size: int | None = None) -> Any:
-        query = self._tbl.search().where(where).select(columns).limit(None)
+    def _rows(self, where: str, columns: tuple[str, ...] = _LISTED, batch_size: int | None = None) -> Any:
+        query = self._tbl.search().where(where).select(list(columns)).limit(None)
         return query.to_batches(batch_size) if batch_size else query.to_arrow()
 
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        for batch in self._rows(filter_sql(conditions), ["id", "metadata"], batch_size):
-            if batch.num_rows:
-                yield list(zip(batch["id"].to_pylist(), map(json.loads, batch["metadata"].to_pylist()),
-                               strict=True))
+        for b in self._rows(filter_sql(conditions), ("id", "metadata"), batch_size):
+            if b.num_rows:
+                yield list(zip(b["id"].to_pylist(), map(json.loads, b["metadata"].to_pylist()), strict=True))
 
     def _get(self, ids: list[str]) -> list[Record]:
-        found: dict[str, Record] = {}
-        unique = list(dict.fromkeys(ids))
+        found, unique = {}, list(dict.fromkeys(ids))
         for i in range(0, len(unique), 512):
-            rows = self._rows(f"id IN ({', '.join(map(quote, unique[i:i + 512]))})",
-                              ["id", "vectors", "metadata"])
-            for x, vec, md in zip(rows["id"].to_pylist(), _lists(rows["vectors"]),
-                                  rows["metadata"].to_pylist(), strict=True):
-                found[x] = Record(x, vec, json.loads(md))
-        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
-                for x in ids if x in found]
-
-    def _search_explained(self, q: np.ndarray, k: int, conds: tuple[Node, ...], **options: Any) -> list[Hit]:
-        return self._search(q, k, conds, explain=True, **options)
+            found |= _found(self._rows(f"id IN ({', '.join(map(quote, unique[i:i + 512]))})"))
+        return [Record(x, found[x][0].copy(), json.loads(json.dumps(found[x][1]))) for x in ids if x in found]
 
     def _search(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool = False,
                 **given: Any) -> list[Hit]:
         opts = self._options(**given)  # index_min_rows is no search option: the base refuses it
-        search = self._tbl.search(q, vector_column_name="vectors").where(filter_sql(conditions),
-                                                                         prefilter=True)
+        search = self._tbl.search(q, "vectors").where(filter_sql(conditions), prefilter=True)
         if opts["mode"] == "exact":
             search = search.distance_type("dot").bypass_vector_index().limit(k)
         else:
             search = (search.distance_type("cosine").nprobes(opts["nprobes"])
                       .refine_factor(opts["refine_factor"]).limit(max(k, opts["candidates"])))
-        rows = search.select(["id", "vectors", "metadata", "_distance"]).to_arrow()
-        lists = _lists(rows["vectors"])
-        ids, mds = rows["id"].to_pylist(), rows["metadata"].to_pylist()
-        return [Hit(ids[i], finite_score(score), json.loads(mds[i]),
-                    decompose(q, lists[i], self.format) if explain else None)
-                for i, score in rerank(q, lists, k, dtype=np.float64)]
+        found = _found(search.select([*_LISTED, "_distance"]).to_arrow())  # _distance: Lance wants it
+        return rerank_candidates(q, [(x, None) for x in found], lambda _: found, k, first=max(len(found), 1),
+                                 explain=self.format if explain else None)  # exact MaxSim, float64
+
+    _search_explained = partialmethod(_search, explain=True)  # the hits' lists came with the search
 
     def create_index(self, *, index_type: str = "IVF_FLAT", num_partitions: int | None = None,
                      **options: Any) -> None:
-        """Build (or rebuild) the IVF index (cosine); ``options`` go to LanceDB's ``create_index``
-        (``mode="index"`` builds one itself)."""
+        """Build (or rebuild) the IVF index (cosine; ``options``: LanceDB's ``create_index``'s)."""
         self._tbl.create_index(metric="cosine", vector_column_name="vectors", index_type=index_type,
                                num_partitions=num_partitions, **options)
 
@@ -317,9 +291,10 @@ class LanceDBStore(MultiVectorStore):
             shutil.rmtree(self.uri, ignore_errors=True)
 
 
-def _lists(column: Any) -> list[np.ndarray]:
-    """A multivector column as one ``(n, 128)`` float32 array per row."""
-    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    flat = column.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, DIM)
-    offsets = column.offsets.to_numpy()
-    return np.split(flat[offsets[0]:offsets[-1]].copy(), offsets[1:-1] - offsets[0]) if len(column) else []
+def _found(rows: Any) -> dict[str, tuple[np.ndarray, dict]]:
+    """``{id: (tagged list as one (n, 128) float32 array, metadata)}`` of a table of :data:`_LISTED`."""
+    col = rows["vectors"].combine_chunks()
+    off, flat = col.offsets.to_numpy(), col.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, DIM)
+    lists = np.split(flat[off[0]:off[-1]].copy(), off[1:-1] - off[0]) if len(col) else []
+    return {x: (v, json.loads(m)) for x, v, m in zip(rows["id"].to_pylist(), lists,
+                                                     rows["metadata"].to_pylist(), strict=True)}
