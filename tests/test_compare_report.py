@@ -69,3 +69,41 @@ def test_compare_runs_lancedb_beside_exact(datasets, tmp_path):
                          "--quiet", "--threads", "1"]) == 0
     res = json.loads((out / "compare.json").read_text())["backends"]
     assert res["lancedb"]["recall@10_vs_exact"] == 1.0
+
+
+def test_compare_interleaved_runs_every_backend_in_one_process_side_by_side(datasets, tmp_path):
+    """``--interleave`` (the NPL side by side of docs/lancedb.md): every backend in this process,
+    the queries going round them, each query's latency the median of its passes; LanceDB exact
+    and its index mode (here indexed from 20 rows) beside the exact store. With a document and
+    query limit and no cached encoding, only that part of the collection is encoded."""
+    pytest.importorskip("lancedb")
+    import numpy as np
+
+    from uibk_embedding.apps.evaluation import cache_dir
+
+    out = tmp_path / "out"
+    argv = [str(datasets / "limit-small"), "--interleave", "--repeat", "2", "--max-docs", "30",
+            "--max-queries", "12", "--backends", "exact,lancedb-exact=lancedb,lancedb-index=lancedb",
+            "--option", "lancedb-index:mode=index", "--option", "lancedb-index:index_min_rows=20",
+            "--out", str(out), "--quiet"]
+    assert compare.main(argv) == 0
+    res = json.loads((out / "compare.json").read_text())
+    assert res["interleaved"] is True and res["repeat"] == 2 and res["n_docs"] == 30
+    assert "queries interleaved across the backends (median of 2 passes)" in \
+        (out / "compare.md").read_text().splitlines()[0]
+    for label in ("exact", "lancedb-exact", "lancedb-index"):
+        r = res["backends"][label]
+        assert "skipped" not in r, r
+        assert r["count"] == 30 and r["queries_run"] == 12 and r["index_bytes"] > 0
+        assert r["build_s"] > 0 and r["latency_ms_p95"] >= r["latency_ms_p50"] > 0
+        assert r["peak_rss_mb"] is None  # one process: no memory per backend
+    assert res["backends"]["lancedb-exact"]["recall@10_vs_exact"] == 1.0
+    assert res["backends"]["lancedb-index"]["recall@10_vs_exact"] >= 0.95
+    (cached,) = cache_dir().glob("*.npz")  # only the 30 documents were encoded
+    with np.load(cached) as z:
+        assert len(json.loads(str(z["doc_ids"]))) == 30
+
+
+def test_compare_interleaved_refuses_threads(tmp_path):
+    with pytest.raises(SystemExit, match="--threads caps the worker processes"):
+        compare.main([str(tmp_path), "--interleave", "--threads", "1"])

@@ -36,6 +36,21 @@ the document vectors the worker loads to index (``base_rss_mb``, measured before
 opened); the difference is what the backend itself used. A server child (local Milvus) is
 counted separately (``server_peak_rss_mb``); a remote server's memory is not visible.
 
+``--interleave`` runs every backend in ONE process instead (:func:`interleaved`): each store is
+built in turn, then the queries go round the stores (query i to every store before query i + 1,
+the stores' order rotating), ``--repeat`` passes, each query's latency the median of its passes;
+no store is timed alone on a machine another one left warm or busy. Peak memory is then not
+reported per backend, ``--timeout`` and ``--threads`` do not apply (set ``OMP_NUM_THREADS`` and
+the like in the environment), and backends that start a local server are skipped. The NPL
+side by side of docs/lancedb.md::
+
+    uibk-embed compare npl --interleave --repeat 5 --backends exact,warp,qdrant-edge,\
+        lancedb-exact=lancedb,lancedb-index=lancedb --option lancedb-index:mode=index
+
+``--max-docs`` / ``--max-queries`` take the first documents and queries of the encoded
+collection; when the whole collection is not in the encoding cache yet, only those are encoded
+(and cached on their own).
+
 ``--scale 10000,100000`` repeats the comparison on collections of those sizes: the real
 documents first, then synthetic ones made from them (:func:`synthetic_corpus`: each copy of a
 real document with noisy slot and token directions and a random tenth of its tokens dropped;
@@ -59,8 +74,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,7 +85,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from uibk_embedding.adapters.registry import BACKENDS
+from uibk_embedding.adapters.registry import BACKENDS, open_store
 from uibk_embedding.apps.cli import _dense_weight
 from uibk_embedding.apps.compare_metrics import K, exact_runs, rank_agreement, summarise
 from uibk_embedding.apps.compare_options import (
@@ -80,13 +97,14 @@ from uibk_embedding.apps.compare_options import (
 )
 from uibk_embedding.apps.compare_report import _fmt, markdown_table, plot, plot_scale
 from uibk_embedding.apps.compare_worker import (
+    _dir_bytes,
     _run_backend,
     _save_arrays,
     _worker_main,
     run_worker,
 )
-from uibk_embedding.apps.data import DataError, load_beir
-from uibk_embedding.apps.evaluation import encode_collection, with_dense_weight
+from uibk_embedding.apps.data import Collection, DataError, load_beir
+from uibk_embedding.apps.evaluation import _fingerprint, cache_dir, encode_collection, with_dense_weight
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.tagged import N_SLOTS, RETRIEVAL_MODES, infer_format, query_for_mode
 
@@ -98,6 +116,7 @@ __all__ = [
     "compare",
     "default_options",
     "exact_runs",
+    "interleaved",
     "main",
     "markdown_table",
     "plot",
@@ -190,19 +209,114 @@ def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dic
     return out
 
 
+def _store_bytes(store: Any, folder: Path) -> int | None:
+    """What the store takes on disk: a database's own size, else its folder (None: in memory)."""
+    if hasattr(store, "size_bytes"):
+        return int(store.size_bytes())
+    return _dir_bytes(folder) if folder.exists() and any(folder.iterdir()) else None
+
+
+def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
+                queries: Sequence[np.ndarray], backends: Sequence[tuple[str, str]],
+                options: dict[str, dict[str, Any]], workdir: Path, *, repeat: int = 1,
+                progress: Any = None) -> dict[str, dict[str, Any]]:
+    """Every ``(label, backend)`` in this process, side by side (``compare --interleave``): the
+    raw figures per label that :func:`~uibk_embedding.apps.compare_metrics.summarise` reads.
+
+    Each store is built in turn (``build_s``: upserts of 512 documents and one warm-up query,
+    which triggers lazy index builds). Then ``repeat`` passes over the queries: query ``i`` goes
+    to every store before query ``i + 1``, the stores' order rotated by one per query and pass,
+    and a query's latency is the median of its passes. Sizes on disk are read after the queries.
+    A store that fails to open, build or answer is reported as skipped with the reason.
+
+    >>> import numpy as np, tempfile
+    >>> from uibk_embedding.testing import make_list
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> fmt, rng = TaggedFormat(), np.random.default_rng(0)
+    >>> docs, qs = [make_list(fmt, rng, 6) for _ in range(5)], [make_list(fmt, rng, 4) for _ in range(3)]
+    >>> raw = interleaved([f"d{i}" for i in range(5)], docs, ["q0", "q1", "q2"], qs,
+    ...                   [("a", "exact"), ("b", "exact")], {}, Path(tempfile.mkdtemp()), repeat=3)
+    >>> [r.get("skipped") for r in raw.values()]
+    [None, None]
+    >>> raw["a"]["runs"] == raw["b"]["runs"], len(raw["b"]["latencies_s"]), raw["a"]["count"]
+    (True, 3, 5)
+    """
+    raw: dict[str, dict[str, Any]] = {}
+    stores: dict[str, tuple[Any, Path]] = {}
+    try:
+        for label, name in backends:
+            if progress is not None:
+                progress.set_postfix_str(f"{label}: build, {len(doc_ids):,} docs")
+            folder = workdir / "stores" / label
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                opts = {**default_options(name, folder), **options.get(label, {})}
+                if any(key.startswith("_") for key in opts):  # _local_server, _local_pg, ...
+                    raise _Skip("it starts a local server; run it without --interleave")
+                t0 = time.perf_counter()
+                store = open_store(name, **opts)
+                stores[label] = (store, folder)
+                open_s, t0 = time.perf_counter() - t0, time.perf_counter()
+                for i in range(0, len(docs), 512):
+                    store.upsert(doc_ids[i:i + 512], docs[i:i + 512])
+                upsert_s = time.perf_counter() - t0
+                store.search(queries[0], k=K)
+                raw[label] = {"open_s": open_s, "upsert_s": upsert_s, "build_s": time.perf_counter() - t0,
+                              "count": store.count(), "peak_rss_mb": None, "base_rss_mb": None}
+            except Exception as e:  # reported, as the worker reports it
+                why = str(e) if isinstance(e, _Skip) else f"failed: {type(e).__name__}: {e}"
+                raw[label] = {"skipped": why}
+        live = [label for label, _ in backends if "skipped" not in raw[label]]
+        lat: dict[str, list[list[float]]] = {label: [[] for _ in queries] for label in live}
+        runs: dict[str, dict[str, list[str]]] = {label: {} for label in live}
+        for p in range(max(1, repeat)):
+            if progress is not None:
+                progress.set_postfix_str(f"queries interleaved, pass {p + 1} of {max(1, repeat)}")
+            for i, (qid, q) in enumerate(zip(query_ids, queries, strict=True)):
+                shift = (i + p) % len(live) if live else 0
+                for label in live[shift:] + live[:shift]:
+                    if "skipped" in raw[label]:
+                        continue
+                    try:
+                        t1 = time.perf_counter()
+                        hits = stores[label][0].search(q, k=K)
+                        lat[label][i].append(time.perf_counter() - t1)
+                    except Exception as e:
+                        raw[label] = {"skipped": f"failed on query {qid}: {type(e).__name__}: {e}"}
+                        continue
+                    runs[label].setdefault(qid, [h.id for h in hits])
+        for label in live:
+            if "skipped" not in raw[label]:
+                store, folder = stores[label]
+                raw[label].update(runs=runs[label], latencies_s=[statistics.median(x) for x in lat[label]],
+                                  index_bytes=_store_bytes(store, folder))
+    finally:
+        for store, _ in stores.values():
+            store.close()
+        if progress is not None:
+            progress.update(len(backends))
+    return raw
+
+
 def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str],
             queries: Sequence[np.ndarray], qrels: dict[str, dict[str, int]],
             backends: Sequence[tuple[str, str]], options: dict[str, dict[str, Any]], *,
             repeat: int = 1, timeout: float = 3600.0, threads: int | None = None,
-            progress: Any = None, workdir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Run every ``(label, backend)`` in its own process on these vectors; figures per label."""
+            progress: Any = None, workdir: Path | None = None,
+            interleave: bool = False) -> dict[str, dict[str, Any]]:
+    """Run every ``(label, backend)`` in its own process on these vectors (with ``interleave``:
+    all in this process, :func:`interleaved`); figures per label."""
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="uibk-compare-")) if own else Path(workdir)  # type: ignore[arg-type]
     try:
-        arrays = work / "arrays"
-        _save_arrays(arrays, doc_ids, docs, query_ids, queries)
         raw: dict[str, dict[str, Any]] = {}
-        for label, name in backends:
+        arrays = work / "arrays"
+        if interleave:
+            raw = interleaved(doc_ids, docs, query_ids, queries, backends, options, work, repeat=repeat,
+                              progress=progress)
+        else:
+            _save_arrays(arrays, doc_ids, docs, query_ids, queries)
+        for label, name in ([] if interleave else backends):
             if progress is not None:
                 progress.set_postfix_str(f"{label}, {len(doc_ids):,} docs")
             folder = work / "stores" / label
@@ -227,6 +341,22 @@ def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str]
             shutil.rmtree(work, ignore_errors=True)
 
 
+def first_part(coll: Collection, max_docs: int | None, max_queries: int | None) -> Collection:
+    """The first ``max_docs`` documents and ``max_queries`` queries of ``coll`` (None: all), with
+    their judgments.
+
+    >>> from uibk_embedding.apps.data import Document
+    >>> c = Collection("c", [Document("d1", "a"), Document("d2", "b")], {"q1": "a", "q2": "b"},
+    ...                {"q1": {"d1": 1}, "q2": {"d2": 1}})
+    >>> part = first_part(c, 1, 1)
+    >>> [d.id for d in part.corpus], part.queries, part.qrels
+    (['d1'], {'q1': 'a'}, {'q1': {'d1': 1}})
+    """
+    queries = dict(list(coll.queries.items())[:max_queries])
+    return Collection(coll.name, coll.corpus[:max_docs], queries,
+                      {q: r for q, r in coll.qrels.items() if q in queries})
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="uibk-embed compare", description=__doc__.split("\n\n")[0])
     p.add_argument("data", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
@@ -247,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None, help="encoder folder (default: the embedded model)")
     p.add_argument("--split", default="test", help="the qrels split to score (default test)")
     p.add_argument("--repeat", type=int, default=1, help="timed passes over the queries")
+    p.add_argument("--interleave", action="store_true",
+                   help="every backend in this one process, the queries going round the backends (each "
+                        "query's latency: the median of its --repeat passes); no per-backend peak memory")
     p.add_argument("--max-docs", type=int, default=None, help="use the first N documents only")
     p.add_argument("--max-queries", type=int, default=None, help="use the first N queries only")
     p.add_argument("--scale", default=None,
@@ -279,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({int(x) for x in args.scale.split(",") if x.strip()}) if args.scale else []
     if any(n <= 0 for n in sizes):
         raise SystemExit("uibk-embed compare: --scale sizes must be positive")
+    if args.interleave and args.threads:
+        raise SystemExit("uibk-embed compare: --threads caps the worker processes, which --interleave "
+                         "does not start; set OMP_NUM_THREADS (and the like) in the environment instead")
 
     try:
         coll = load_beir(args.data, split=args.split)
@@ -294,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # the whole collection is encoded (and cached) once; subsets are taken from the vectors
         encoder = load_encoder(args.encoder)
+        if (args.max_docs or args.max_queries) and (args.no_cache or not (
+                cache_dir() / f"{coll.name}-{_fingerprint(encoder, coll)}.npz").exists()):
+            coll = first_part(coll, args.max_docs, args.max_queries)  # the whole is not encoded yet
         w = args.dense_weight if args.dense_weight is not None else float(encoder.dense_weight)
         enc = encode_collection(encoder, coll, use_cache=not args.no_cache)  # queries at w = 1
         mode = args.retrieval_mode
@@ -316,16 +455,19 @@ def main(argv: list[str] | None = None) -> int:
             per_size[str(len(ids))] = compare(ids, docs, enc.query_ids, enc.queries, coll.qrels,
                                               backends, options, repeat=args.repeat,
                                               timeout=args.timeout, threads=args.threads,
-                                              progress=bar)
+                                              progress=bar, interleave=args.interleave)
         bar.set_postfix_str("report")
         key = str(len(enc.doc_ids)) if not sizes else str(max(int(k) for k in per_size))
         report = {"dataset": coll.name, "n_docs": int(key), "n_queries": len(enc.query_ids),
-                  "k": K, "dense_weight": w, "retrieval_mode": mode, "backends": per_size[key]}
+                  "k": K, "dense_weight": w, "retrieval_mode": mode, "interleaved": args.interleave,
+                  "repeat": args.repeat, "backends": per_size[key]}
         if sizes:
             report["scale"] = per_size
         (out / "compare.json").write_text(json.dumps(report, indent=2))
         md = [f"## {coll.name}: {int(key):,} documents, {len(enc.query_ids)} queries, dense weight {w:g}, "
-              f"retrieval mode {mode}\n",
+              f"retrieval mode {mode}"
+              + (f", queries interleaved across the backends (median of {args.repeat} passes)"
+                 if args.interleave else "") + "\n",
               markdown_table(per_size[key])]
         if sizes:
             md.append("\n### Latency p50 (ms) by collection size\n")
