@@ -122,8 +122,28 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UIBK_CACHE", str(tmp_path / "uibk-cache"))
 
 
-def test_eval_and_compare_retrieval_mode(datasets, tmp_path, capsys, _cache):
-    data = str(datasets / "limit-small")
+N_LIMIT_QUERIES = 100
+
+
+@pytest.fixture
+def limit_subset(datasets, tmp_path) -> str:
+    """LIMIT-small (all 46 documents) with its first 100 queries and their qrels: what is tested
+    is that the mode reaches eval and compare, not the size of the query set (1,000)."""
+    src = datasets / "limit-small"
+    queries = (src / "queries.jsonl").read_text().splitlines()[:N_LIMIT_QUERIES]
+    keep = {json.loads(q)["_id"] for q in queries}
+    head, *rows = (src / "qrels" / "test.tsv").read_text().splitlines()
+    d = tmp_path / "limit-small"
+    (d / "qrels").mkdir(parents=True)
+    (d / "corpus.jsonl").write_text((src / "corpus.jsonl").read_text())
+    (d / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    (d / "qrels" / "test.tsv").write_text("\n".join([head, *(r for r in rows if r.split("\t")[0] in keep)])
+                                          + "\n")
+    return str(d)
+
+
+def test_eval_and_compare_retrieval_mode(limit_subset, tmp_path, capsys, _cache):
+    data = limit_subset
     runs = {}
     for mode in MODES:
         capsys.readouterr()
@@ -142,7 +162,7 @@ def test_eval_and_compare_retrieval_mode(datasets, tmp_path, capsys, _cache):
         assert compare.main([data, "--backends", "exact", "--out", str(out), "--quiet", "--threads", "1",
                              "--retrieval-mode", mode]) == 0
         res = json.loads((out / "compare.json").read_text())
-        assert res["retrieval_mode"] == mode
+        assert res["retrieval_mode"] == mode and res["n_queries"] == N_LIMIT_QUERIES
         assert f"retrieval mode {mode}" in (out / "compare.md").read_text().splitlines()[0]
         key = "fused" if mode == "hybrid" else f"{mode} (store)"
         assert res["backends"]["exact"]["ndcg@10"] == pytest.approx(
