@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from uibk_embedding.adapters.filters import OPERATORS, matches, operators, parse_filter
+from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import BackendSpec, make_list
 
 N_DOCS = 40
@@ -102,18 +103,35 @@ FIXED = [
 ]
 
 
-@pytest.fixture
-def filled(spec: BackendSpec, tmp_path, fmt):
-    store = spec.make(tmp_path)
+def _fill(spec: BackendSpec, where):
+    store = spec.make(where)
     r, rng = random.Random(7), np.random.default_rng(7)
     ids = [f"doc-{i}" for i in range(N_DOCS)]
-    docs = [make_list(fmt, rng, int(rng.integers(4, 12))) for _ in ids]
+    docs = [make_list(TaggedFormat(), rng, int(rng.integers(4, 12))) for _ in ids]
     md = [random_metadata(r) for _ in ids]
     store.upsert(ids, docs, md)
+    return store, dict(zip(ids, md, strict=True)), docs
+
+
+@pytest.fixture(scope="module")
+def filled_shared(spec: BackendSpec, tmp_path_factory):
+    """The filled store, made once per spec and shared by the tests that only read it (scan,
+    search, search_batch): they must not write to it."""
+    filled = _fill(spec, tmp_path_factory.mktemp(f"shared-filter-{spec.name}"))
     try:
-        yield store, dict(zip(ids, md, strict=True)), docs
+        yield filled
     finally:
-        store.close()
+        filled[0].close()
+
+
+@pytest.fixture
+def filled(spec: BackendSpec, tmp_path):
+    """A filled store of its own, for a test that writes to it."""
+    filled = _fill(spec, tmp_path)
+    try:
+        yield filled
+    finally:
+        filled[0].close()
 
 
 def cases() -> list[dict[str, Any]]:
@@ -126,8 +144,8 @@ def test_every_operator_is_generated():
     assert used == set(OPERATORS)
 
 
-def test_scan_and_search_return_exactly_the_matches(spec, filled, fmt):
-    store, stored, _docs = filled
+def test_scan_and_search_return_exactly_the_matches(spec, filled_shared, fmt):
+    store, stored, _docs = filled_shared
     supported = store.filter_operators
     q = make_list(fmt, np.random.default_rng(3), 6)
     checked = refused = 0
@@ -154,8 +172,8 @@ def test_scan_and_search_return_exactly_the_matches(spec, filled, fmt):
         assert refused == 0
 
 
-def test_search_batch_filters_like_search(spec, filled, fmt):
-    store, stored, _docs = filled
+def test_search_batch_filters_like_search(spec, filled_shared, fmt):
+    store, stored, _docs = filled_shared
     rng = np.random.default_rng(5)
     qs = [make_list(fmt, rng, 5) for _ in range(3)]
     for flt in [f for f in cases()[:40] if operators(parse_filter(f)) <= store.filter_operators]:
