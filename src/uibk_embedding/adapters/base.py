@@ -38,7 +38,7 @@ import math
 import os
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -84,33 +84,94 @@ def settle_format(saved: TaggedFormat, requested: TaggedFormat | None, where: st
 
 def record_problems(
     record: Any, requested: TaggedFormat | None, *, key: str | None, value: Any = None,
-    schema: int | None = None, format_key: str = "format",
+    schema: int | Collection[int] | None = None, format_key: str = "format", schema_key: str = "schema",
+    optional: bool = False,
 ) -> tuple[TaggedFormat | None, list[str]]:
-    """The one reopen check: ``record`` is the marker a store wrote where its engine keeps it (a
-    table comment, a collection description, a marker row): a dict whose ``key`` is ``value``
-    (who wrote it; ``key=None``: the engine records no writer), with ``"schema"`` and
-    ``format_key`` (:meth:`TaggedFormat.to_stored`).
+    """The one reopen check of every backend: ``record`` is the marker a store wrote where its
+    engine keeps it (a table comment, a collection description or metadata, a marker row, a
+    ``store.json``, a configuration row in SQLite), parsed to a dict (``None``: there is none, or it
+    could not be parsed). The engine says only what the record holds: ``key`` is ``value`` (who
+    wrote it; ``key=None``: the engine records no writer), ``schema_key`` is ``schema`` (the
+    version this library writes, or every version it reads; ``None``: not checked) and
+    ``format_key`` holds the tagged format (:meth:`TaggedFormat.to_stored`). ``optional``: a store
+    may hold no record at all (made before records were written, or by hand), which is accepted
+    and has no format to conflict with.
+
     Returns the saved format and what makes the store unusable with ``requested`` (empty: it
-    fits); the engine raises :class:`CollectionMismatch` with them, naming where it looked.
+    fits); the engine raises :class:`CollectionMismatch` with them, naming where it looked
+    (:func:`check_record` does both when the record is all an engine checks).
 
     >>> saved = {"uibk": "pgvector", "schema": 1, "format": TaggedFormat().to_stored()}
     >>> record_problems(saved, None, key="uibk", value="pgvector", schema=1)[1]
     []
     >>> record_problems({"uibk": "other"}, None, key="uibk", value="pgvector", schema=1)[1]
-    ["it was not created by this adapter as 'pgvector'"]
+    ["its record names uibk 'other', not 'pgvector'"]
+    >>> record_problems({**saved, "schema": 3}, None, key="uibk", value="pgvector", schema=(1, 2))[1]
+    ['its record has schema 3; this version of uibk-embedding reads schema 1 or 2']
     >>> print(*record_problems({"fmt": {"beta": "x"}}, None, key=None, format_key="fmt")[1])
     unreadable format record (could not convert string to float: 'x')
+    >>> record_problems(None, None, key="backend", value="exact", optional=True)
+    (None, [])
     """
-    if not isinstance(record, Mapping) or (key is not None and record.get(key) != value):
-        return None, [f"it was not created by this adapter as {value!r}"]
-    if schema is not None and record.get("schema") != schema:
-        return None, [f"schema version {record.get('schema')} (this adapter writes {schema})"]
+    if record is None and optional:
+        return None, []
+    if not isinstance(record, Mapping):
+        kind = f"a {value!r} store" if key is not None else "a store of this library"
+        return None, [f"it holds no readable record of {kind}"]
+    if key is not None and record.get(key) != value:
+        return None, [f"its record names {key} {record.get(key)!r}, not {value!r}"]
+    if schema is not None:
+        readable = [schema] if isinstance(schema, int) else sorted(schema)
+        if record.get(schema_key) not in readable:
+            return None, [f"its record has {schema_key} {record.get(schema_key)!r}; this version of "
+                          f"uibk-embedding reads {schema_key} {' or '.join(map(str, readable))}"]
     try:
         saved = TaggedFormat.from_stored(record[format_key])
     except (KeyError, TypeError, ValueError) as e:
         return None, [f"unreadable format record ({e})"]
     problem = saved.conflict(requested)
     return saved, [problem] if problem else []
+
+
+def check_record(
+    record: Any, requested: TaggedFormat | None, where: str, **holds: Any,
+) -> TaggedFormat | None:
+    """:func:`record_problems` for an engine whose record is all it checks on reopening (``holds``:
+    what the record holds, as there): the saved format (``None``: an ``optional`` record that is
+    absent), else :class:`CollectionMismatch` naming ``where`` the record is kept and every problem.
+
+    >>> check_record({"backend": "exact", "version": 2, "format": TaggedFormat(beta=0.8).to_stored()},
+    ...              None, "store.json", key="backend", value="exact", schema_key="version", schema=2).beta
+    0.8
+    >>> check_record({"backend": "warp"}, None, "store.json", key="backend", value="exact")
+    ...                                                      # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.CollectionMismatch: store.json does not fit this store: its record names ...
+    """
+    saved, problems = record_problems(record, requested, **holds)
+    if problems:
+        raise CollectionMismatch(f"{where} does not fit this store: {'; '.join(problems)}. "
+                                 "It was left unchanged.")
+    return saved
+
+
+def read_record(text: str | bytes | None) -> Any:
+    """A store record's JSON text parsed: ``None`` stays ``None`` (no record, which an
+    ``optional`` record may be), text that is not JSON comes back as it is, which
+    :func:`record_problems` names as unreadable (never taken for a missing record).
+
+    >>> read_record('{"schema": 1}'), read_record(None)
+    ({'schema': 1}, None)
+    >>> record_problems(read_record("{oops"), None, key=None, optional=True)[1]
+    ['it holds no readable record of a store of this library']
+    """
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @dataclass
@@ -341,14 +402,19 @@ def validate_k(k: Any) -> int:
 _CHECKED = "__uibk_refuses_when_closed__"
 
 
+def _closed_error(store: MultiVectorStore, what: str) -> StoreInUse:
+    """The one error of a call on a closed store, naming the store, where it is and the call."""
+    return StoreInUse(f"this {type(store).__name__} ({store._location()}) is closed; {what} needs an "
+                      "open store: open it again")
+
+
 def _refuse_when_closed(method: Any) -> Any:
     """``method``, raising :class:`StoreInUse` once the store was closed (before any engine call)."""
 
     @functools.wraps(method)
     def wrapper(self: MultiVectorStore, *args: Any, **kwargs: Any) -> Any:
         if self._store_closed:
-            raise StoreInUse(f"this {type(self).__name__} ({self._location()}) is closed; "
-                             f"{method.__name__}() needs an open store: open it again")
+            raise _closed_error(self, f"{method.__name__}()")
         return method(self, *args, **kwargs)
 
     setattr(wrapper, _CHECKED, True)
@@ -451,6 +517,23 @@ class MultiVectorStore(ABC):
                 if inspect.getattr_static(cls, name) is not value:  # overridden nearer to cls
                     continue
                 setattr(cls, name, _closing(value) if name == "close" else _refuse_when_closed(value))
+
+    def _check_open(self, what: str = "this call") -> None:
+        """:class:`StoreInUse`, with the message every closed store gives, once the store is
+        closed: for an engine to call under its own lock, where a ``close()`` from another thread
+        may have run since the public method's check (an engine that sets ``_closed`` under that
+        lock when it closes is seen as closed at once).
+
+        >>> from uibk_embedding.adapters.exact import ExactStore
+        >>> store = ExactStore()
+        >>> store._check_open()
+        >>> store.close(); store._check_open("the write")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        uibk_embedding.errors.StoreInUse: this ExactStore (in memory) is closed; the write needs an open ...
+        """
+        if self._store_closed or self.__dict__.get("_closed", False):
+            raise _closed_error(self, what)
 
     def _location(self) -> str:
         """Where the store lives, for messages: its path, server or collection."""

@@ -55,9 +55,16 @@ import numpy as np
 
 from uibk_embedding._durable import TMP_PREFIX, atomic_savez, atomic_write_text, durable_mkdir
 from uibk_embedding._sqlite_state import lock_folder
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, settle_format
+from uibk_embedding.adapters.base import (
+    Hit,
+    MultiVectorStore,
+    Record,
+    check_positive,
+    check_record,
+    read_record,
+)
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
-from uibk_embedding.errors import CollectionMismatch, StoreInUse
+from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, Decomposition, TaggedFormat, decompose
 from uibk_embedding.vectorfile import VectorFile, file_name, remove_other_generations
@@ -240,12 +247,9 @@ class ExactStore(MultiVectorStore):
     def _load(self, cfg: Path, format: TaggedFormat | None, vector_dtype: str | None) -> None:
         assert self.path is not None
         if cfg.exists():
-            try:
-                config = json.loads(cfg.read_text())
-                saved = TaggedFormat.from_stored(config["format"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise CollectionMismatch(f"{cfg} is not a readable exact-store configuration ({e})") from None
-            self.format = settle_format(saved, format, f"store at {self.path}")
+            config = read_record(cfg.read_bytes())
+            self.format = check_record(config, format, f"{self.path} (its {CONFIG_NAME})", key="backend",
+                                       value="exact", schema_key="version", schema=(1, 2)) or self.format
             stored_dtype = config.get("vector_dtype", "float32")  # before 0.3.1: float32 in the .npz
             if vector_dtype not in (None, stored_dtype):
                 raise CollectionMismatch(f"the exact store at {self.path} keeps {stored_dtype} rows; "
@@ -346,10 +350,6 @@ class ExactStore(MultiVectorStore):
         self._check_open()
         self._seq += 1
         atomic_savez(self.path / "ops" / f"{self._seq:012d}.npz", op=np.array(op), **arrays)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreInUse(f"this ExactStore ({self.path}) is closed")
 
     def _maybe_compact(self) -> None:
         """Fold the log into a snapshot once it is long (or drop the dead rows once they are

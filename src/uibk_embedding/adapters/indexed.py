@@ -111,12 +111,13 @@ from uibk_embedding.adapters.base import (
     MultiVectorStore,
     Record,
     check_positive,
+    check_record,
     finite_score,
-    settle_format,
+    read_record,
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
-from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse
+from uibk_embedding.errors import CollectionMismatch, EngineError
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat, decompose
 from uibk_embedding.vectorfile import VectorFile, remove_other_generations
@@ -450,25 +451,19 @@ class IndexedStore(Reranking, MultiVectorStore):
                     db.execute("CREATE TABLE dead (pid INTEGER PRIMARY KEY)")
                 self._state_set(db, config=json.dumps(config), index_dir="", dirty="0", generation="0",
                                 vector_gen="1", vector_rows="0", built_vectors="0", last_seq="0")
-        else:
-            config = json.loads(raw)
-            if config.get("backend") != self.backend:
-                raise CollectionMismatch(
-                    f"{self.path} does not hold a {self.label} store (backend {config.get('backend')!r})")
-            rename_state_keys(self._db, RENAMED_KEYS)
-            config = self._upgrade(config)
-            if config.get("schema") != self.schema_version:
-                raise CollectionMismatch(
-                    f"{self.path} holds a {self.label} store of schema {config.get('schema')!r}; this "
-                    f"version of uibk-embedding reads schema {self.schema_version}{self._converts}")
-            self.format = settle_format(TaggedFormat.from_stored(config["format"]), format,
-                                        f"store at {self.path}")
+        else:  # the record first: nothing is renamed or converted in a store that does not fit
+            config = read_record(raw)
+            self.format = check_record(
+                config, format, f"{self.path} (the configuration in its {DB_NAME})", key="backend",
+                value=self.backend, schema=self._readable_schemas()) or self.format
             self._build = {**self.build_legacy, **config["build"]}
             for k, v in given.items():
                 if v is not None and v != self._build[k]:
                     raise CollectionMismatch(
                         f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
                         f"without {k}, or index into a new store")
+            rename_state_keys(self._db, RENAMED_KEYS)
+            config = self._upgrade(config)
         self._load()
         reason = None
         engine = config.get("engine")
@@ -494,11 +489,15 @@ class IndexedStore(Reranking, MultiVectorStore):
                 self._open_without_index(e)
         remove_stale_index_dirs(self.path, self.index_prefix, self._index_dir, self._generation)
 
-    _converts: ClassVar[str] = ""  # what _upgrade converts, for the schema error
-
     def _upgrade(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Convert a store of an older schema (engines with older schemas override this)."""
+        """Convert a store of an older schema (engines with older schemas override this and then
+        read every older schema: :meth:`_readable_schemas`)."""
         return config
+
+    def _readable_schemas(self) -> tuple[int, ...]:
+        """The schemas this engine opens: its own, and every older one when it converts them."""
+        converts = type(self)._upgrade is not IndexedStore._upgrade
+        return tuple(range(1 if converts else self.schema_version, self.schema_version + 1))
 
     def _load(self) -> None:
         """Read the committed rows, the vector file and the index's document map."""
@@ -755,10 +754,6 @@ class IndexedStore(Reranking, MultiVectorStore):
                               stacklevel=5)
 
     # -- writes ----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreInUse(f"this {type(self).__name__} is closed")
-
     def _retire(self, db: sqlite3.Connection, seqs: list[int]) -> None:
         """Delete the rows of ``seqs`` (and record the refs they leave in the index)."""
         for clause, chunk in _in("seq", seqs):

@@ -57,7 +57,9 @@ from uibk_embedding.adapters.base import (
     Hit,
     MultiVectorStore,
     Record,
+    check_positive,
     finite_score,
+    record_problems,
 )
 from uibk_embedding.adapters.common import serialized
 from uibk_embedding.adapters.filters import OPERATORS, Node
@@ -139,9 +141,9 @@ class _QdrantBase(MultiVectorStore):
 
     @staticmethod
     def _check_prefetch(n: Any) -> int:
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
-            raise ValueError(f"prefetch must be a positive int, got {n!r}")
-        return int(n)
+        n = int(n) if isinstance(n, np.integer) else n
+        check_positive("prefetch", n)
+        return n
 
     def _resolve(self, mode: str | None, prefetch: int | None) -> tuple[str, int]:
         m = self.mode if mode is None else mode
@@ -359,8 +361,7 @@ class QdrantStore(_QdrantBase):
             raise ValueError("vector_name and dense_name must differ")
         if dense_distance.lower() not in ("dot", "cosine"):
             raise ValueError(f"dense_distance must be 'dot' or 'cosine', got {dense_distance!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_positive("batch_size", batch_size)
         if max_retries < 0 or backoff < 0 or timeout <= 0:
             raise ValueError("max_retries and backoff must be >= 0 and timeout > 0")
         self.collection = collection
@@ -544,14 +545,14 @@ class QdrantStore(_QdrantBase):
                                     "needs Dot or Cosine")
                 if dv.multivector_config is not None:
                     problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
-        meta = (getattr(info.config, "metadata", None) or {}).get(META_KEY)
-        if isinstance(meta, Mapping) and "format" in meta:
-            saved = TaggedFormat.from_stored(meta["format"])
-            problem = saved.conflict(self._given_format)
-            if problem:
-                problems.append(problem)
-            else:
-                self.format = saved
+        # the store's record: our entry in the collection metadata (none in collections made by
+        # hand or before records were written: accepted, with no format to conflict with)
+        saved, mismatch = record_problems((getattr(info.config, "metadata", None) or {}).get(META_KEY),
+                                          self._given_format, key=None, schema_key="version", schema=1,
+                                          optional=True)
+        problems += mismatch
+        if saved is not None and not problems:
+            self.format = saved
         if problems:
             raise CollectionMismatch(
                 f"Qdrant collection {self.collection!r} does not fit uibk-embedding: "

@@ -43,7 +43,7 @@ import numpy as np
 from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
-from uibk_embedding.adapters.base import Hit, Record, settle_format
+from uibk_embedding.adapters.base import Hit, Record, check_positive, read_record, record_problems
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
@@ -115,8 +115,7 @@ class QdrantEdgeStore(_QdrantBase):
         super().__init__(format)
         if vector_name == dense_name:
             raise ValueError("vector_name and dense_name must differ")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_positive("batch_size", batch_size)
         self.vector_name = vector_name
         self.dense_name = dense_name
         self.multivector_hnsw = multivector_hnsw
@@ -160,10 +159,10 @@ class QdrantEdgeStore(_QdrantBase):
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_directory(self.path, f"the Qdrant Edge shard at {self.path}", "QdrantEdgeStore")
         if cfg_path.exists():
-            self._validate(json.loads(cfg_path.read_text()))
-            if ours.exists():
-                saved = TaggedFormat.from_stored(json.loads(ours.read_text())["format"])
-                self.format = settle_format(saved, format, f"Edge shard at {self.path}")
+            # our record is absent only in a shard whose creation died before it was written
+            self.format = self._validate(read_record(cfg_path.read_bytes()),
+                                         read_record(ours.read_bytes()) if ours.exists() else None,
+                                         format) or self.format
             cfg = None if max_search_threads is None else e.EdgeConfig(max_search_threads=max_search_threads)
             self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), cfg))
             self._redo = RedoLog(self.path / REDO_DIR)
@@ -190,9 +189,15 @@ class QdrantEdgeStore(_QdrantBase):
             raise StoreInUse(f"the Qdrant Edge shard at {self.path} is open in another QdrantEdgeStore "
                              "(this or another process); close it first") from None
 
-    def _validate(self, cfg: Mapping[str, Any]) -> None:
+    def _validate(self, cfg: Any, record: Any, format: TaggedFormat | None) -> TaggedFormat | None:
+        """Refuse a shard whose layout (the engine's ``cfg``) or record (ours) does not fit, saying
+        exactly what differs; the format the record holds (None: no record)."""
+        saved, problems = record_problems(record, format, key="backend", value="qdrant-edge",
+                                          schema_key="version", schema=1, optional=True)
+        if not isinstance(cfg, Mapping):
+            problems.append(f"its {EDGE_CONFIG} is not a readable engine configuration")
+            cfg = {}
         vectors = cfg.get("vectors") or {}
-        problems: list[str] = []
         mv = vectors.get(self.vector_name)
         if mv is None:
             problems.append(f"it has no vector named {self.vector_name!r} (it has {sorted(vectors)})")
@@ -220,6 +225,7 @@ class QdrantEdgeStore(_QdrantBase):
         if problems:
             raise CollectionMismatch(f"Edge shard at {self.path} does not fit uibk-embedding: "
                                      + "; ".join(problems) + ". The shard was not changed.")
+        return saved
 
     def create_payload_index(self, field: str, schema: str = "keyword") -> None:
         """Index a metadata field ("keyword", "integer", "float" or "bool"; boolean filters use
