@@ -214,3 +214,25 @@ def test_edge_shard_record_is_checked_by_the_one_function(tmp_path):
     (path / CONFIG_FILE).unlink()  # a creation that died before the record: accepted, nothing to check
     with QdrantEdgeStore(path=path, format=FMT) as s:
         assert s.format == FMT
+
+
+# -- a read never creates ------------------------------------------------------------------------
+def test_qdrant_local_create_false_creates_nothing(tmp_path):
+    """``QdrantStore(path=..., create=False)`` on a folder without the collection is refused
+    before qdrant-client makes the folder, its lock, its meta.json or our redo log (it used to
+    leave all four); a collection that exists opens."""
+    pytest.importorskip("qdrant_client")
+    from uibk_embedding.adapters.qdrant import QdrantStore
+
+    missing = tmp_path / "none"
+    with pytest.raises(CollectionMismatch, match=r"does not exist .*nothing was created"):
+        QdrantStore("c", path=missing, create=False)
+    assert not missing.exists()
+    folder = tmp_path / "q"
+    QdrantStore("c", path=folder).close()
+    before = _listing(folder)
+    with pytest.raises(CollectionMismatch, match="'d' does not exist"):
+        QdrantStore("d", path=folder, create=False)
+    assert _listing(folder) == before
+    with QdrantStore("c", path=folder, create=False) as s:
+        assert s.count() == 0

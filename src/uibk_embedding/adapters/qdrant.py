@@ -260,6 +260,21 @@ def _is_transport(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError)
 
 
+def local_collection_exists(path: str | os.PathLike, collection: str) -> bool:
+    """Whether the local-mode folder ``path`` holds ``collection``, read from qdrant-client's
+    ``meta.json`` alone (nothing is opened, locked or created).
+
+    >>> import tempfile
+    >>> local_collection_exists(tempfile.mkdtemp(), "uibk")
+    False
+    """
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, Mapping) and collection in (meta.get("collections") or {})
+
+
 def redo_folder(path: str | os.PathLike, collection: str) -> Path:
     """The redo log of one collection of a local-mode folder (name percent-encoded).
 
@@ -390,6 +405,10 @@ class QdrantStore(_QdrantBase):
         else:
             if location is not None and path is not None:
                 raise ValueError("pass location= or path=, not both")
+            if not create and path is not None and not local_collection_exists(path, collection):
+                # before the client, which makes the folder, its lock and meta.json
+                raise CollectionMismatch(f"Qdrant collection {collection!r} does not exist at {path} "
+                                         "(create=False); nothing was created")
             try:
                 self.client = qc.QdrantClient(
                     location=location if path is not None or location is not None else ":memory:",
@@ -410,11 +429,12 @@ class QdrantStore(_QdrantBase):
         # local mode on disk commits point by point: a redo log makes each call all-or-nothing;
         # one log per collection (a folder may hold several), so a torn write is replayed into
         # the collection it was meant for and no other
-        self._redo = RedoLog(redo_folder(path, collection)) if path is not None else None
+        self._redo: RedoLog | None = None
         try:
             self._open(create, shard_number, replication_factor, on_disk, on_disk_payload,
                        dense_distance, multivector_hnsw, dense_hnsw)
-            if self._redo is not None:
+            if path is not None:  # made once the collection is known to fit: none in a refused folder
+                self._redo = RedoLog(redo_folder(path, collection))
                 self._replay_legacy_log(Path(path))
                 self._redo.replay(self._write_points, self._delete_points)
             for field, schema in (payload_indexes or {}).items():
