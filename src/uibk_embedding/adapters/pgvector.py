@@ -79,7 +79,7 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.common import parse_version
 from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreInUse
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
@@ -410,10 +410,6 @@ class PgVectorStore(MultiVectorStore):
         self.format = saved
 
     # -- transactions ----------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreInUse(f"this PgVectorStore (table {self.table!r}) is closed")
-
     def _call(self, fn: Any, *, transaction: bool = False, returns: bool = False) -> Any:
         """``fn()`` (in one transaction with ``transaction``) under the store's lock.
 

@@ -238,7 +238,6 @@ class PlaidStore(IndexedStore):
     schema_version = SCHEMA_VERSION
     build_defaults = BUILD_DEFAULTS
     build_legacy = _BUILD_LEGACY
-    _converts = " (and converts 1)"
 
     def __init__(
         self,
