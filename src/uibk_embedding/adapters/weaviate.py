@@ -598,7 +598,8 @@ class WeaviateStore(MultiVectorStore):
             self.format = saved_format(config) or self.format
             return col
         if not create:
-            raise ValueError(f"Weaviate collection {name!r} does not exist (create=False)")
+            raise CollectionMismatch(f"Weaviate collection {name!r} does not exist (create=False); "
+                                     "nothing was created")
         return cols.create(**collection_spec(name, vector_name=self.vector_name, format=self.format,
                                              muvera=muvera, **hnsw))
 
