@@ -15,7 +15,11 @@ if __name__ == "__main__":
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))[:18])[1]
         fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))
-    server = MilvusServer(MilvusServerConfig(data_dir=os.path.join(base, "data")))
+    cfg = MilvusServerConfig(data_dir=os.path.join(base, "data"))
+    # Strong reads wait for the server's next time tick: 20 ms instead of the default 200 ms makes
+    # each test read ~0.2 s faster (the Milvus-standalone tests ran 2-4x faster), same semantics
+    cfg.set("proxy.timeTickInterval", 20)
+    server = MilvusServer(cfg)
     server.start()
     port, pid = server.listen_port, server.server_proc.pid
     from uibk_embedding.testing.milvus_server import pump
