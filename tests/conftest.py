@@ -140,6 +140,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _start_in_background(LocalPostgresServer.shared_dsn, "uibk-pg-prestart")
 
 
+@pytest.fixture(params=["fused", "blas"])
+def maxsim_kernel(request, monkeypatch) -> str:
+    """Runs a test on each exact MaxSim kernel of ``uibk_embedding.maxsim``: the fused C kernel
+    (skipped where it is not built; tests/test_maxsim_kernel.py checks where it must be) and the
+    numpy/BLAS one (the fused one set aside)."""
+    from uibk_embedding import maxsim
+
+    if request.param == "blas":
+        monkeypatch.setattr(maxsim, "_LIB", None)
+    elif maxsim.kernel() != "fused":
+        pytest.skip("the fused MaxSim kernel is not built here")
+    return request.param
+
+
 @pytest.fixture
 def backend_store(backend_spec, tmp_path):
     """An empty store, once per backend (its representative spec, see

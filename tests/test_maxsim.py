@@ -7,13 +7,7 @@ import pytest
 
 from uibk_embedding import maxsim as M
 
-
-@pytest.fixture(params=["fused", "blas"], autouse=True)
-def kernel(request, monkeypatch):
-    if request.param == "blas":
-        monkeypatch.setattr(M, "_LIB", None)
-    elif M.kernel() != "fused":
-        pytest.skip("the fused kernel is not built here (test_maxsim_kernel.py checks where it must be)")
+pytestmark = pytest.mark.usefixtures("maxsim_kernel")  # every test on both kernels (conftest.py)
 
 
 def _docs(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[np.ndarray]:

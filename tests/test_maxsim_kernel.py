@@ -15,13 +15,7 @@ from uibk_embedding import maxsim as M
 DIM = 128
 
 
-@pytest.fixture(params=["fused", "blas"], autouse=True)
-def kernel(request, monkeypatch):
-    if request.param == "blas":
-        monkeypatch.setattr(M, "_LIB", None)
-    elif M.kernel() != "fused":
-        pytest.skip("the fused kernel is not built here (test_fused_kernel_is_built_where_the_cpu_runs_it)")
-    return request.param
+pytestmark = pytest.mark.usefixtures("maxsim_kernel")  # every test on both kernels (conftest.py)
 
 
 def _cpu_flags() -> set[str]:
@@ -31,16 +25,16 @@ def _cpu_flags() -> set[str]:
     return {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
 
 
-def test_fused_kernel_is_built_where_the_cpu_runs_it(kernel):
+def test_fused_kernel_is_built_where_the_cpu_runs_it(maxsim_kernel):
     # the package builds the C kernel at install; on an x86-64 CPU with AVX2, FMA and F16C it must
     # be what scores float32 (so CI exercises it), never a silent fallback to numpy
-    if kernel == "blas":
+    if maxsim_kernel == "blas":
         assert M.kernel() == "blas"
     elif {"avx2", "fma", "f16c"} <= _cpu_flags():
         assert M.kernel() == "fused"
 
 
-def test_scores_do_not_depend_on_the_thread_count(kernel, monkeypatch):
+def test_scores_do_not_depend_on_the_thread_count(monkeypatch):
     # each document is scored whole by one thread in one order: bitwise the same for any split
     rng = np.random.default_rng(17)
     docs = [_unit(rng, int(n)) for n in rng.integers(1, 80, 3000)]
@@ -54,7 +48,7 @@ def test_scores_do_not_depend_on_the_thread_count(kernel, monkeypatch):
 
 
 @pytest.mark.parametrize("dim", [1, 5, 130])
-def test_any_width_and_many_query_rows(kernel, dim):
+def test_any_width_and_many_query_rows(dim):
     # widths that are no multiple of the vector width; 3 x 40 query rows pad to 128 (8 blocks)
     rng = np.random.default_rng(18)
     docs = [rng.standard_normal((int(n), dim)).astype(np.float32) for n in rng.integers(1, 60, 120)]
@@ -117,7 +111,7 @@ def test_float16_rows_match_float64_reference_within_bound(blocks):
     np.testing.assert_array_equal(got, M.maxsim_scores(queries, mat16.astype(np.float32), off))
 
 
-def test_batch_equals_one_query_at_a_time(blocks, kernel):
+def test_batch_equals_one_query_at_a_time(blocks, maxsim_kernel):
     rng = np.random.default_rng(12)
     docs = _collection(rng)
     mat, off = M.pack(docs)
@@ -131,7 +125,7 @@ def test_batch_equals_one_query_at_a_time(blocks, kernel):
         # both are within the rounding bound of the reference, so within twice it of each other
         assert np.abs(batch[qi] - ref).max() <= bound and np.abs(one - ref).max() <= bound
         np.testing.assert_array_equal(M.top_k(batch[qi], 10), M.top_k(ref, 10))
-        if kernel == "fused":  # each query row is its own lane: a batch changes no bit of a score
+        if maxsim_kernel == "fused":  # each query row is its own lane: a batch changes no bit of a score
             np.testing.assert_array_equal(batch[qi], one)
 
 
