@@ -250,3 +250,30 @@ def test_plaid_search_never_reads_an_index_that_lost_sync(tmp_path, monkeypatch)
         _assert_holds(again, docs)
     finally:
         again.close()
+
+
+def test_fsync_tree_skips_what_the_engine_renames_while_it_walks(tmp_path, monkeypatch):
+    """CI saw Qdrant Edge's WAL rename ``wal/tmp-open-2`` between ``os.walk`` listing it and
+    ``fsync_tree`` opening it (FileNotFoundError on opening the store). A file or folder gone by
+    then is skipped; every other file and folder is still flushed."""
+    from uibk_embedding import _durable
+
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "open-1").write_bytes(b"x")
+    real_walk, opened = os.walk, []
+
+    def walk_with_ghosts(path):
+        for root, dirs, files in real_walk(path):
+            yield root, dirs, [*files, "tmp-open-2"]  # listed, then renamed by the engine
+        yield str(tmp_path / "gone"), [], ["f"]  # a folder removed after it was listed
+
+    real_open = os.open
+
+    def tracking_open(p, *a, **kw):
+        opened.append(os.path.basename(p))
+        return real_open(p, *a, **kw)
+
+    monkeypatch.setattr(_durable.os, "walk", walk_with_ghosts)
+    monkeypatch.setattr(_durable.os, "open", tracking_open)
+    _durable.fsync_tree(tmp_path)
+    assert "open-1" in opened and "wal" in opened and "tmp-open-2" in opened

@@ -13,6 +13,7 @@ the store that owns the folder (a store deletes no file of another name).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -52,15 +53,27 @@ def durable_mkdir(path: str | os.PathLike) -> Path:
 
 def fsync_tree(path: str | os.PathLike) -> None:
     """Flush every file below ``path`` and every folder's entries (e.g. an engine's index folder
-    written without fsync), so that switching to it after this call survives a power loss."""
+    written without fsync), so that switching to it after this call survives a power loss.
+
+    A file or folder that is gone by the time it is opened is skipped: the engine that owns the
+    folder renamed or removed it meanwhile (Qdrant Edge's WAL renames ``tmp-open-N`` while it runs).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "a").mkdir(); _ = (d / "a" / "f").write_text("x")
+    >>> fsync_tree(d)
+    """
     for root, _dirs, files in os.walk(path):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        fsync_dir(root)
+        with contextlib.suppress(FileNotFoundError):
+            fsync_dir(root)
 
 
 def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
