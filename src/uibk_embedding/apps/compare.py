@@ -209,6 +209,15 @@ def _parse_options(pairs: Sequence[str], labels: Sequence[str]) -> dict[str, dic
     return out
 
 
+def _store_options(label: str, name: str, options: dict[str, dict[str, Any]],
+                   workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """The folder of ``label``'s store under ``workdir`` and its options: the backend's defaults
+    for that folder, overridden by the user's ``--option``s (``_Skip`` when it cannot run here)."""
+    folder = workdir / "stores" / label
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return folder, {**default_options(name, folder), **options.get(label, {})}
+
+
 def _store_bytes(store: Any, folder: Path) -> int | None:
     """What the store takes on disk: a database's own size, else its folder (None: in memory)."""
     if hasattr(store, "size_bytes"):
@@ -247,10 +256,8 @@ def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[
         for label, name in backends:
             if progress is not None:
                 progress.set_postfix_str(f"{label}: build, {len(doc_ids):,} docs")
-            folder = workdir / "stores" / label
-            folder.parent.mkdir(parents=True, exist_ok=True)
             try:
-                opts = {**default_options(name, folder), **options.get(label, {})}
+                folder, opts = _store_options(label, name, options, workdir)
                 if any(key.startswith("_") for key in opts):  # _local_server, _local_pg, ...
                     raise _Skip("it starts a local server; run it without --interleave")
                 t0 = time.perf_counter()
@@ -309,27 +316,25 @@ def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str]
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="uibk-compare-")) if own else Path(workdir)  # type: ignore[arg-type]
     try:
-        raw: dict[str, dict[str, Any]] = {}
-        arrays = work / "arrays"
         if interleave:
             raw = interleaved(doc_ids, docs, query_ids, queries, backends, options, work, repeat=repeat,
                               progress=progress)
         else:
+            raw = {}
+            arrays = work / "arrays"
             _save_arrays(arrays, doc_ids, docs, query_ids, queries)
-        for label, name in ([] if interleave else backends):
-            if progress is not None:
-                progress.set_postfix_str(f"{label}, {len(doc_ids):,} docs")
-            folder = work / "stores" / label
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                opts = {**default_options(name, folder), **options.get(label, {})}
-            except _Skip as e:
-                raw[label] = {"skipped": str(e)}
-            else:
-                raw[label] = _run_backend(label, name, opts, arrays, folder, repeat, timeout, threads)
-                shutil.rmtree(folder, ignore_errors=True)
-            if progress is not None:
-                progress.update(1)
+            for label, name in backends:
+                if progress is not None:
+                    progress.set_postfix_str(f"{label}, {len(doc_ids):,} docs")
+                try:
+                    folder, opts = _store_options(label, name, options, work)
+                except _Skip as e:
+                    raw[label] = {"skipped": str(e)}
+                else:
+                    raw[label] = _run_backend(label, name, opts, arrays, folder, repeat, timeout, threads)
+                    shutil.rmtree(folder, ignore_errors=True)
+                if progress is not None:
+                    progress.update(1)
         ref_label = next((lab for lab, n in backends if n == "exact" and "runs" in raw[lab]), None)
         if ref_label is not None and not options.get(ref_label):
             reference = raw[ref_label]["runs"]  # the exact store runs the reference kernel
