@@ -36,7 +36,7 @@ import ctypes
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -120,14 +120,26 @@ def maxsim_scores(
     # does not depend on which block or thread computes it, so this equals scoring a copy.
     out = np.empty((len(queries), n_docs), dtype=np.float32)
     rows_budget = max(1, max_chunk_bytes // (doc_matrix.itemsize * max(1, doc_matrix.shape[1])))
-    start = 0
-    while start < n_docs:
+    for start, stop in _doc_blocks(offsets, rows_budget):
         r0 = offsets[start]
-        stop = min(max(int(np.searchsorted(offsets, r0 + rows_budget, side="right")) - 1, start + 1), n_docs)
         block = np.ascontiguousarray(doc_matrix[r0:offsets[stop]])
         out[:, start:stop] = _fused_scores(lib, qmat, qoff, block, offsets[start:stop + 1] - r0)
-        start = stop
     return out
+
+
+def _doc_blocks(offsets: np.ndarray, rows_budget: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ``(start_doc, end_doc)`` ranges of whole documents, each the most whose rows fit
+    ``rows_budget`` (at least one document).
+
+    >>> list(_doc_blocks(np.array([0, 2, 5, 6, 20]), 4))
+    [(0, 1), (1, 3), (3, 4)]
+    """
+    n_docs, start = len(offsets) - 1, 0
+    while start < n_docs:
+        end = int(np.searchsorted(offsets, offsets[start] + rows_budget, side="right")) - 1
+        end = min(max(end, start + 1), n_docs)
+        yield start, end
+        start = end
 
 
 def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, offsets: np.ndarray,
@@ -143,13 +155,8 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
     convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
     buffer = np.empty((0, doc_matrix.shape[1]), dtype=dtype)
     single = len(qoff) == 2
-    start_doc = 0
-    while start_doc < n_docs:
-        r0 = offsets[start_doc]
-        # the largest end_doc whose rows fit the budget (at least one document)
-        end_doc = int(np.searchsorted(offsets, r0 + rows_budget, side="right")) - 1
-        end_doc = min(max(end_doc, start_doc + 1), n_docs)
-        r1 = offsets[end_doc]
+    for start_doc, end_doc in _doc_blocks(offsets, rows_budget):
+        r0, r1 = offsets[start_doc], offsets[end_doc]
         block = doc_matrix[r0:r1]
         if convert:
             if len(buffer) < r1 - r0:
@@ -163,7 +170,6 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
             best.sum(axis=0, out=out[0, start_doc:end_doc])
         else:
             out[:, start_doc:end_doc] = np.add.reduceat(best, qoff[:-1], axis=0)
-        start_doc = end_doc
     return out
 
 
