@@ -390,6 +390,18 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_non
         raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
 
 
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
+    """``ValueError`` naming ``name`` and every valid choice unless ``value`` is one of ``choices``.
+
+    >>> check_choice("mode", "fast", ("exact", "index"))
+    Traceback (most recent call last):
+    ...
+    ValueError: mode must be one of ('exact', 'index'), got 'fast'
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
 def validate_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
         raise TypeError(f"k must be an int, got {type(k).__name__}")

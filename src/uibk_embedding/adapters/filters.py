@@ -76,6 +76,8 @@ Filter = Mapping[str, Any]
 
 EQUALITY = ("$eq", "$ne", "$in", "$nin")
 RANGES = ("$gt", "$gte", "$lt", "$lte")
+SQL_RANGES = dict(zip(RANGES, (">", ">=", "<", "<="), strict=True))
+"""A range operator's comparison in SQL (PostgreSQL, LanceDB) and Milvus expressions."""
 FIELD_OPERATORS = (*EQUALITY, *RANGES, "$exists")
 COMBINATORS = ("$and", "$or", "$not")
 OPERATORS = FIELD_OPERATORS + COMBINATORS

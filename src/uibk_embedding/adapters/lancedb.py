@@ -1,10 +1,9 @@
 """LanceDB: the embedded, file-based engine (local folders or object storage), MaxSim natively.
 
-One table per store (example: :class:`LanceDBStore`): ``id`` (declared the primary key, so two
-writers inserting one id conflict and retry), ``vectors``, ``metadata`` (JSON text) and the filter
-columns ``_uibk_eq``/``_uibk_has``/``_uibk_num`` of BLAKE2 digests, so the SQL ``where`` holds no
-user string (docs/lancedb.md); the format record in its schema metadata. An existing table is
-validated, never altered. Each upsert (``merge_insert`` on ``id``) and delete is one commit.
+One table per store (:class:`LanceDBStore`): ``id`` (the declared primary key: two writers of one
+id conflict and retry), ``vectors``, ``metadata`` (JSON) and filter columns of BLAKE2 digests, so no
+user string reaches SQL (docs/lancedb.md); the format record in the schema metadata. An existing
+table is validated, never altered. Each upsert (``merge_insert`` on ``id``) and delete is one commit.
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record, check_positive, record_problems
-from uibk_embedding.adapters.filters import OPERATORS, RANGES, And, Condition, Node, Not, Or, is_number
+from uibk_embedding.adapters import base
+from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
+from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Condition, Node, Not, Or, is_number
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, StoreNotFound
 from uibk_embedding.maxsim import pack
@@ -34,7 +34,6 @@ from uibk_embedding.tagged import DIM, TaggedFormat
 RECORD_KEY = b"uibk_embedding"
 PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}  # concurrent inserts of one id conflict
 _LISTED = ("id", "vectors", "metadata")
-_SQL_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
 def digest(*parts: Any) -> str:
@@ -84,8 +83,8 @@ def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
     if isinstance(nodes, Not):
         return f"(NOT {filter_sql(nodes.child)})"
     n: Condition = nodes
-    if n.op in RANGES:
-        return (f"COALESCE(json_get_float(_uibk_num, '{digest(n.field)}') {_SQL_RANGE[n.op]} "
+    if n.op in SQL_RANGES:
+        return (f"COALESCE(json_get_float(_uibk_num, '{digest(n.field)}') {SQL_RANGES[n.op]} "
                 f"{float(n.values[0])!r}, false)")
     sql = (f"array_has(_uibk_has, '{digest(n.field)}')" if n.op == "$exists" else
            "array_has_any(_uibk_eq, [" + ", ".join(f"'{value_token(n.field, v)}'" for v in n.values) + "])")
@@ -107,9 +106,8 @@ class LanceDBStore(MultiVectorStore):
         float64 (exact MaxSim, :func:`~uibk_embedding.adapters.rerank.rerank_candidates`).
     index_min_rows, reindex_share: the index upkeep of mode "index": built at ``index_min_rows``
         rows, ``optimize()`` past ``reindex_share`` unindexed (a failure warns; the write stands).
-    keep_versions: seconds a superseded table version stays readable: each ``optimize()`` prunes
-        older ones (LanceDB keeps them 7 days: indexed NPL took 4.5 GiB). 0 prunes all but the
-        latest: only for one process, a reader or writer on an older version would fail.
+    keep_versions: seconds a superseded version stays readable (``optimize()`` prunes older ones;
+        LanceDB's 7 days took 4.5 GiB on NPL). 0: one process only (older readers would fail).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -167,8 +165,7 @@ class LanceDBStore(MultiVectorStore):
                          metadata=metadata)
 
     def _validate(self, requested: TaggedFormat | None) -> TaggedFormat:
-        schema, where = self._tbl.schema, f"LanceDB table {self.table!r} at {self.uri}"
-        problems = []
+        schema, problems = self._tbl.schema, []
         for want in self._schema():
             got = schema.field(want.name) if want.name in schema.names else None
             if got is None:
@@ -182,24 +179,19 @@ class LanceDBStore(MultiVectorStore):
                 problems.append("column 'id' is not declared the primary key (writers may duplicate an id)")
         if extra := [n for n in schema.names if n not in self._schema().names]:
             problems.append(f"it has columns uibk-embedding does not write: {extra}")
-        try:
-            record = json.loads((schema.metadata or {}).get(RECORD_KEY, b"null"))
-        except ValueError:  # not JSON: not our record
-            record = None
-        saved, found = record_problems(record, requested, key="backend", value=self.backend)
-        if not isinstance(record, dict) or record.get("backend") != self.backend:
-            found = ["its schema metadata holds no uibk-embedding record (not written by this store)"]
+        record = base.read_record((schema.metadata or {}).get(RECORD_KEY))
+        saved, found = base.record_problems(record, requested, key="backend", value=self.backend,
+                                            schema_key="version", schema=1)
         if problems or found:
-            raise CollectionMismatch(f"{where} does not fit uibk-embedding: {'; '.join(problems + found)}. "
-                                     "The table was not changed.")
+            raise CollectionMismatch(f"LanceDB table {self.table!r} at {self.uri} does not fit this store: "
+                                     f"{'; '.join(problems + found)}. The table was not changed.")
         return saved  # type: ignore[return-value]  # no problems: record_problems read the format
 
     def _options(self, **given: Any) -> dict[str, Any]:
         opts = {**getattr(self, "_defaults", {}), **given}
-        if opts["mode"] not in ("exact", "index"):
-            raise ValueError(f"mode must be one of ('exact', 'index'), got {opts['mode']!r}")
+        base.check_choice("mode", opts["mode"], ("exact", "index"))
         for name in ("candidates", "nprobes", "refine_factor", "index_min_rows"):
-            check_positive(name, opts[name])
+            base.check_positive(name, opts[name])
         return opts
 
     def _arrow(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> Any:

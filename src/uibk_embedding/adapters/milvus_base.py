@@ -35,12 +35,13 @@ from uibk_embedding.adapters.base import (
     Hit,
     MultiVectorStore,
     Record,
+    check_choice,
     check_positive,
     record_problems,
     renamed_option,
 )
 from uibk_embedding.adapters.common import serialized
-from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
+from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
 from uibk_embedding.tagged import TaggedFormat
@@ -128,9 +129,6 @@ def filter_expression(conditions: Sequence[Node], field: str = "f") -> str:
     return " and ".join(parts)
 
 
-_MILVUS_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-
-
 def _expression(n: Node, field: str) -> str:
     """A superset expression for one node ('' for no constraint)."""
     if isinstance(n, And):
@@ -144,8 +142,8 @@ def _expression(n: Node, field: str) -> str:
     if isinstance(n, Not) or n.op in ("$ne", "$nin", "$exists"):
         return ""
     path = f"{field}[{json.dumps(n.field, ensure_ascii=False)}]"
-    if n.op in _MILVUS_RANGE:
-        return f"({path} {_MILVUS_RANGE[n.op]} {_literal(n.values[0])})"
+    if n.op in SQL_RANGES:
+        return f"({path} {SQL_RANGES[n.op]} {_literal(n.values[0])})"
     if any(isinstance(v, str) and _CONTROL.search(v) for v in n.values):
         return ""
     return "(" + " or ".join(f"{path} == {_literal(v)}" for v in n.values) + ")"
@@ -223,8 +221,7 @@ class MilvusStore(MultiVectorStore):
     def __new__(cls, *args: Any, layout: str | None = None, **kwargs: Any) -> MilvusStore:
         if cls is MilvusStore:  # the class of the layout asked for
             layout = "token_rows" if layout is None else layout
-            if layout not in LAYOUTS:
-                raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+            check_choice("layout", layout, LAYOUTS)
             if layout not in MilvusStore._layouts:
                 raise ValueError(f"layout {layout!r} is not loaded: import uibk_embedding.adapters.milvus")
             cls = MilvusStore._layouts[layout]

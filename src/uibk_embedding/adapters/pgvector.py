@@ -77,7 +77,7 @@ from uibk_embedding.adapters.base import (
     record_problems,
 )
 from uibk_embedding.adapters.common import parse_version
-from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or
+from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
 from uibk_embedding.maxsim import maxsim_scores, top_k
@@ -128,9 +128,6 @@ def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
     return (" AND ".join(parts) or "TRUE"), params
 
 
-_SQL_RANGE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-
-
 def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if isinstance(n, And | Or):
         if not n.children:
@@ -144,8 +141,8 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if n.op == "$exists":
         sql = "COALESCE((fields -> %s) NOT IN ('null'::jsonb, '[]'::jsonb), false)"
         return (sql if n.values[0] else f"NOT {sql}"), [n.field]
-    if n.op in _SQL_RANGE:
-        sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {_SQL_RANGE[n.op]} "
+    if n.op in SQL_RANGES:
+        sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {SQL_RANGES[n.op]} "
                "%s::jsonb, false)")
         return sql, [n.field, n.field, json.dumps(n.values[0])]
     contain = " OR ".join(["fields @> %s::jsonb"] * len(n.values))

@@ -57,6 +57,7 @@ from uibk_embedding.adapters.base import (
     Hit,
     MultiVectorStore,
     Record,
+    check_choice,
     check_positive,
     finite_score,
     record_problems,
@@ -134,8 +135,7 @@ class _QdrantBase(MultiVectorStore):
 
     @staticmethod
     def _check_mode(mode: str, dense_name: str | None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        check_choice("mode", mode, MODES)
         if mode == "prefetch" and dense_name is None:
             raise ValueError("mode 'prefetch' needs the dense vector (dense_name is None)")
 
