@@ -370,6 +370,21 @@ def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
         PlaidStore(tmp_path / "x", n_centroids=0)
 
 
+def test_cpu_builds_cap_the_centroid_heuristic_unless_a_bound_is_given(tmp_path, monkeypatch):
+    """``n_centroids=None`` builds the heuristic, at most ``CPU_MAX_PARTITIONS`` centroids on the
+    CPU (lowered here so a small store reaches it); a given bound may exceed the cap."""
+    import uibk_embedding.adapters.indexed as indexed_module
+
+    monkeypatch.setattr(indexed_module, "CPU_MAX_PARTITIONS", 32)
+    vecs = docs_for(13, 30)  # 690 vectors: the heuristic gives 256 centroids
+    counts = {}
+    for name, bound in (("auto", None), ("bounded", 64)):
+        with PlaidStore(tmp_path / name, n_centroids=bound, **CHEAP) as s:
+            s.upsert([f"d{i}" for i in range(30)], vecs)
+            counts[name] = len(np.load(next((tmp_path / name).glob("plaid-*")) / "centroids.npy"))
+    assert counts == {"auto": 32, "bounded": 64}
+
+
 def _built_vectors(path: Path) -> int:
     return int(stored_state(path, "built_vectors"))
 

@@ -221,6 +221,7 @@ def test_cpu_builds_cap_the_engine_partition_heuristic(tmp_path, monkeypatch):
     centroids on the CPU (lowered here so a small store reaches it); a saved number is kept."""
     import json
 
+    import uibk_embedding.adapters.indexed as indexed_module
     import uibk_embedding.adapters.warp as warp_module
 
     def built_partitions(store: WarpStore) -> int:
@@ -228,7 +229,7 @@ def test_cpu_builds_cap_the_engine_partition_heuristic(tmp_path, monkeypatch):
         return int(meta["num_partitions"])
 
     vecs = docs_for(5, 60)  # 60 x 23 = 1,380 vectors: the heuristic is 512
-    monkeypatch.setattr(warp_module, "CPU_MAX_PARTITIONS", 32)
+    monkeypatch.setattr(indexed_module, "CPU_MAX_PARTITIONS", 32)
     s = WarpStore(tmp_path / "w", **CHEAP)
     s.upsert([str(i) for i in range(60)], vecs)
     s.flush()

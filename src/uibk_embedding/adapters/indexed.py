@@ -210,6 +210,25 @@ def centroid_heuristic(n_vectors: int) -> int:
     return 2 ** int(np.floor(np.log2(16 * np.sqrt(max(1, n_vectors)))))
 
 
+CPU_MAX_PARTITIONS = 8192
+"""The most centroids a CPU build of PLAID or WARP chooses by itself (``n_centroids`` /
+``num_partitions`` None): the build's time grows with the centroid count (k-means and the
+assignment of every vector), and 8,192 held recall with the deepening rerank at every size
+measured (docs/plaid.md, docs/warp.md)."""
+
+
+def default_partitions(n_vectors: int, device: str = "cpu") -> int:
+    """The number of centroids of a build that was given none: the engine's heuristic,
+    the power of two at or below ``16 * sqrt(n_vectors)``, at most :data:`CPU_MAX_PARTITIONS` on
+    the CPU.
+
+    >>> default_partitions(582_526), default_partitions(1_438_453), default_partitions(1_438_453, "cuda")
+    (8192, 8192, 16384)
+    """
+    heuristic = centroid_heuristic(n_vectors)
+    return heuristic if device.startswith("cuda") else min(heuristic, CPU_MAX_PARTITIONS)
+
+
 class IndexedStore(Reranking, MultiVectorStore):
     """A file-backed store whose engine index proposes candidates (see the module docstring).
 
@@ -1062,5 +1081,6 @@ class ScanEngine(IndexedStore):
         self._index = None
 
 
-__all__ = ["DB_NAME", "DEFAULT_MIN_INDEX_VECTORS", "LOCK_NAME", "MMAP_THRESHOLD", "RENAMED_KEYS",
-           "IndexedStore", "ScanEngine", "centroid_heuristic", "default_memory_budget", "fix_mmap_threshold"]
+__all__ = ["CPU_MAX_PARTITIONS", "DB_NAME", "DEFAULT_MIN_INDEX_VECTORS", "LOCK_NAME", "MMAP_THRESHOLD",
+           "RENAMED_KEYS", "IndexedStore", "ScanEngine", "centroid_heuristic", "default_memory_budget",
+           "default_partitions", "fix_mmap_threshold"]

@@ -72,7 +72,7 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import check_positive, renamed_option
-from uibk_embedding.adapters.indexed import IndexedStore, centroid_heuristic
+from uibk_embedding.adapters.indexed import CPU_MAX_PARTITIONS, IndexedStore, default_partitions
 from uibk_embedding.errors import EngineError, call_engine
 from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import file_name
@@ -90,24 +90,6 @@ BUILD_DEFAULTS: dict[str, Any] = {
     "seed": 42,
     "vector_dtype": "float16",
 }
-
-
-CPU_MAX_PARTITIONS = 8192
-"""The most centroids a CPU build chooses by itself (``num_partitions=None``): the build's time
-grows with the centroid count (k-means and the assignment of every vector; docs/warp.md), and
-8,192 held recall with the deepening rerank at every size measured."""
-
-
-def default_partitions(n_vectors: int, device: str = "cpu") -> int:
-    """The number of centroids of a build with ``num_partitions=None``: the engine's heuristic,
-    the power of two at or below ``16 * sqrt(n_vectors)``, at most :data:`CPU_MAX_PARTITIONS` on
-    the CPU.
-
-    >>> default_partitions(582_526), default_partitions(1_438_453), default_partitions(1_438_453, "cuda")
-    (8192, 8192, 16384)
-    """
-    heuristic = centroid_heuristic(n_vectors)
-    return heuristic if device.startswith("cuda") else min(heuristic, CPU_MAX_PARTITIONS)
 
 
 @contextlib.contextmanager

@@ -65,6 +65,7 @@ from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold:
     MMAP_THRESHOLD,
     IndexedStore,
     centroid_heuristic,
+    default_partitions,
     fix_mmap_threshold,
 )
 from uibk_embedding.adapters.rerank import rerank_candidates
@@ -186,10 +187,13 @@ class PlaidStore(IndexedStore):
         fast-plaid search parameters (centroids probed per query vector; candidates scored in
         full). Defaults 2 and 512 (the engine's: 8 and 4096), measured on NPL with the exact
         rerank of 100: recall@10 vs exact 0.996, 10x faster than 8 / 4096 (docs/plaid.md).
-    rerank, candidates:
+    rerank, candidates, candidates_limit:
         Rescore PLAID's ``candidates`` best (default 100, at least ``k``) with exact MaxSim on
-        the stored vectors (default on; see ``docs/plaid.md`` for the measurements behind that
-        default). Both also per query: ``search(q, k, rerank=False)``.
+        the stored vectors (default on), and twice as many while the best ``k`` reach past half
+        of those scored, up to ``candidates_limit`` (default 2000). PLAID is asked for that many
+        at once, so it scores ``max(n_full_scores, candidates_limit)`` documents in full: what
+        holds recall@10 at scale (100k documents: 0.968 with 512, 0.996 with 2000; docs/plaid.md).
+        All three also per query: ``search(q, k, rerank=False)``.
     n_rerank:
         Deprecated name of ``candidates``.
     index_batch_size, search_batch_size:
@@ -238,6 +242,7 @@ class PlaidStore(IndexedStore):
     schema_version = SCHEMA_VERSION
     build_defaults = BUILD_DEFAULTS
     build_legacy = _BUILD_LEGACY
+    default_candidates_limit = 2000
 
     def __init__(
         self,
@@ -255,6 +260,7 @@ class PlaidStore(IndexedStore):
         n_full_scores: int = 512,
         rerank: bool = True,
         candidates: int | None = None,
+        candidates_limit: int | None = None,
         n_rerank: int | None = None,
         index_batch_size: int = 50_000,
         search_batch_size: int = 2000,
@@ -292,9 +298,9 @@ class PlaidStore(IndexedStore):
                  "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype,
                  "n_centroids": n_centroids}
         super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
-                         default_candidates=100, min_index_vectors=min_index_vectors,
-                         vector_compact_fraction=vector_compact_fraction, rebuild_growth=rebuild_growth,
-                         device=device, memory_budget=memory_budget)
+                         default_candidates=100, candidates_limit=candidates_limit,
+                         min_index_vectors=min_index_vectors, vector_compact_fraction=vector_compact_fraction,
+                         rebuild_growth=rebuild_growth, device=device, memory_budget=memory_budget)
 
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
@@ -367,10 +373,12 @@ class PlaidStore(IndexedStore):
             yield
 
     def _centroids(self) -> int:
-        """The number of centroids of a build now: the heuristic, at most ``n_centroids``."""
-        k = centroid_heuristic(self._n_vectors)
+        """The number of centroids of a build now: the heuristic, at most ``n_centroids`` (none
+        given: at most :data:`~uibk_embedding.adapters.indexed.CPU_MAX_PARTITIONS` on the CPU)."""
         bound = self._build["n_centroids"]
-        return k if bound is None else min(int(bound), k)
+        if bound is None:
+            return default_partitions(self._n_vectors, self.device)
+        return min(int(bound), centroid_heuristic(self._n_vectors))
 
     @contextlib.contextmanager
     def _centroid_count(self) -> Iterator[None]:
@@ -380,13 +388,12 @@ class PlaidStore(IndexedStore):
         call they get ``num_partitions`` (``n_centroids``) and ``chunk_size_data`` (from the
         memory budget). (Process-wide for the duration of the call: another FastPlaid created
         at that moment in this process, outside this store, would get the same bounds.)"""
-        bound, k = self._build["n_centroids"], self._centroids()
+        k = self._centroids()
         tile_rows = int(max(1024, min(51_200, self.memory_budget // 4 // (4 * min(k, 10_240)))))
         mod = importlib.import_module(self._fp_mod.FastPlaid.__module__)
         with _PATCH_LOCK:
             kmeans, tiles = mod.compute_kmeans, mod.FastKMeans
-            if bound is not None:
-                mod.compute_kmeans = functools.partial(kmeans, num_partitions=k)
+            mod.compute_kmeans = functools.partial(kmeans, num_partitions=k)
             mod.FastKMeans = functools.partial(tiles, chunk_size_data=tile_rows)
             try:
                 yield
