@@ -447,8 +447,10 @@ class UIBKRetriever(BaseRetriever):
     >>> vs = UIBKVectorStore(encoder=ue.load_encoder(), store=store)
     >>> _ = vs.add([TextNode(id_=i, text=t) for i, t in [("w", "wing lift"), ("b", "bread")]])
     >>> hits = UIBKRetriever(encoder=vs.core.encoder, store=store).retrieve("wing lift")
-    >>> [n.node.node_id for n in hits], hits[0].score == hits[0].node.metadata["relevance"] == 1.0
+    >>> [n.node.node_id for n in hits], hits[0].score == hits[0].node.metadata["relevance"]
     (['w', 'b'], True)
+    >>> f"{hits[0].score:.3f}"   # a perfect match, up to float32 rounding (4e-7 below 1 here)
+    '1.000'
     """
 
     def __init__(
