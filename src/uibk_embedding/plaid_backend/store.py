@@ -212,12 +212,11 @@ class PlaidStore(IndexedStore):
     min_index_vectors:
         The crossover: below this many stored vectors no PLAID index is built and search is
         the exact scan; the write that reaches it builds the index (:meth:`stats` says which
-        path answers and why). Default (``None``)
-        :data:`~uibk_embedding.adapters.indexed.DEFAULT_MIN_INDEX_VECTORS` (1,000,000), measured:
-        the exact scan answered faster than PLAID on Cranfield (277,428 vectors: a 230 s build,
-        4x slower searches), on NPL (582,526) and on 54k random vectors (at 161k PLAID was
-        faster only with recall@10 0.29); PLAID was faster at 1.44M (0.24x exact), and a build
-        costs minutes (benchmarks/results/crossover.md). A store
+        path answers and why). Default (``None``) :attr:`default_min_index_vectors`
+        (4,000,000), measured with the search defaults: the exact scan answered faster than
+        PLAID at 1.44M and 2.36M vectors (PLAID 1.30x and 1.20x its p50, after builds of 377 and
+        699 s) and slower at 4.6M (PLAID 0.74x), and on Cranfield and NPL before
+        (benchmarks/results/crossover.md). A store
         that has an index keeps it until it falls below this *and* below half the vectors it
         was built from (older stores keep theirs).
     num_threads:
@@ -243,6 +242,10 @@ class PlaidStore(IndexedStore):
     build_defaults = BUILD_DEFAULTS
     build_legacy = _BUILD_LEGACY
     default_candidates_limit = 2000
+    default_min_index_vectors = 4_000_000
+    """PLAID's crossover with its search defaults (2000 documents scored in full), measured against
+    the exact scan on NPL grown with noisy copies: 1.30x the scan's p50 at 1.44M vectors, 1.20x at
+    2.36M, 0.74x at 4.6M (benchmarks/results/crossover.md)."""
 
     def __init__(
         self,
