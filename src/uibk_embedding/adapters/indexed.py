@@ -129,8 +129,9 @@ SCORE_CHUNK_ROWS = 1 << 18
 """Stored rows read at a time when documents are scored exactly (64 MiB of float16 rows)."""
 DEFAULT_MIN_INDEX_VECTORS = 1_000_000
 """The default ``min_index_vectors`` of an engine that measured none
-(:attr:`IndexedStore.default_min_index_vectors`; WARP's, PLAID has its own): the crossover, in stored vectors,
-below which the exact scan answered no slower than the index (benchmarks/results/crossover.md)."""
+(:attr:`IndexedStore.default_min_index_vectors`; WARP's, PLAID has its own): the crossover, in
+stored vectors, below which the exact scan answered no slower than the index
+(benchmarks/results/crossover.md)."""
 #: State keys older stores wrote, and the one name they have now.
 RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
                 "trained_vectors": "built_vectors"}

@@ -212,13 +212,10 @@ class PlaidStore(IndexedStore):
     min_index_vectors:
         The crossover: below this many stored vectors no PLAID index is built and search is
         the exact scan; the write that reaches it builds the index (:meth:`stats` says which
-        path answers and why). Default (``None``) :attr:`default_min_index_vectors`
-        (4,000,000), measured with the search defaults: the exact scan answered faster than
-        PLAID at 1.44M and 2.36M vectors (PLAID 1.30x and 1.20x its p50, after builds of 377 and
-        699 s) and slower at 4.6M (PLAID 0.74x), and on Cranfield and NPL before
-        (benchmarks/results/crossover.md). A store
-        that has an index keeps it until it falls below this *and* below half the vectors it
-        was built from (older stores keep theirs).
+        path answers and why). Default (``None``) :attr:`default_min_index_vectors`, the
+        crossover measured with the search defaults (4,000,000). A store that has an index keeps
+        it until it falls below this *and* below half the vectors it was built from (older
+        stores keep theirs).
     num_threads:
         ``torch.set_num_threads`` (process-wide) when given. Under CPU contention libtorch's
         threads can stall each other (one query took 2.2 s instead of 35 ms); 1 avoids that.
@@ -244,8 +241,9 @@ class PlaidStore(IndexedStore):
     default_candidates_limit = 2000
     default_min_index_vectors = 4_000_000
     """PLAID's crossover with its search defaults (2000 documents scored in full), measured against
-    the exact scan on NPL grown with noisy copies: 1.30x the scan's p50 at 1.44M vectors, 1.20x at
-    2.36M, 0.74x at 4.6M (benchmarks/results/crossover.md)."""
+    the exact scan on NPL grown with noisy copies: PLAID took 1.30x the scan's p50 at 1.44M vectors
+    and 1.20x at 2.36M (after builds of 377 and 699 s), 0.74x at 4.6M; before, the scan was also
+    faster on Cranfield and NPL (benchmarks/results/crossover.md)."""
 
     def __init__(
         self,
