@@ -165,7 +165,7 @@ def _open(engine: str, path: Path, loading: bool = False, **options: Any) -> Any
 
         if engine == "exact16" and not path.exists():
             options = {"vector_dtype": "float16", **options}
-        return ExactStore(path=path, **({"compact_every": 10**9} if loading else {}), **options)
+        return ExactStore(path=path, **options)
     # loading: no index yet (built once at the end); otherwise the engine's index at every size,
     # which is what this benchmark measures (the library's default, an exact scan below
     # min_index_vectors, is the `crossover` subcommand's subject)

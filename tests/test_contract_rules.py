@@ -3,9 +3,9 @@ every local store: the reopen check (:func:`~uibk_embedding.adapters.base.record
 record of another writer, a schema this version does not read, an unreadable record or format and a
 conflicting format, with :class:`CollectionMismatch` naming where the record is kept and what is
 wrong, before anything in the store is changed (no PLAID schema conversion of a store that does not
-fit). Each engine supplies only where it keeps its record: the exact store's ``store.json``, the
-engine stores' configuration row in ``store.sqlite``, the Qdrant collection metadata, the Qdrant
-Edge shard's ``uibk_embedding.json``."""
+fit). Each engine supplies only where it keeps its record: the file-backed stores' (exact, PLAID,
+WARP) configuration row in ``store.sqlite`` (and a folder of 0.4's ``store.json``, checked before it
+is converted), the Qdrant collection metadata, the Qdrant Edge shard's ``uibk_embedding.json``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
+from uibk_embedding.testing.old_formats import write_exact_store_04
 
 FMT = TaggedFormat()
 OTHER = TaggedFormat(beta=0.8)
@@ -74,10 +75,9 @@ def test_record_problems_accepts_a_fitting_or_an_absent_optional_record():
     assert record_problems(read_record(None), None, **HOLDS, optional=True) == (None, [])
 
 
-# -- the exact store: store.json -----------------------------------------------------------------
+# -- an exact store of 0.4: store.json, checked before the folder is converted -------------------
 def _exact_store(path: Path) -> dict:
-    with ExactStore(path=path) as s:
-        s.upsert(["a", "b"], _docs(2))
+    write_exact_store_04(path, ["a", "b", "c", "d"], _docs(4), [{}] * 4)
     return json.loads((path / "store.json").read_text())
 
 
@@ -95,7 +95,8 @@ def test_exact_store_with_a_record_that_does_not_fit_is_refused_untouched(tmp_pa
     with pytest.raises(CollectionMismatch) as err:
         ExactStore(path=path)
     assert problem in str(err.value) and f"{path} (its store.json)" in str(err.value)
-    assert _listing(path) == before
+    assert set(_listing(path)) - {"store.lock"} == set(before)  # only the lock the open took
+    assert all(_listing(path)[name] == data for name, data in before.items())
 
 
 def test_exact_store_of_version_1_still_opens(tmp_path):
@@ -103,7 +104,7 @@ def test_exact_store_of_version_1_still_opens(tmp_path):
     config = _exact_store(path)
     (path / "store.json").write_text(json.dumps({**config, "version": 1}))
     with ExactStore(path=path) as s:
-        assert s.count() == 2
+        assert s.count() == 3
 
 
 # -- the engine stores: the configuration row in store.sqlite --------------------------------------
@@ -116,20 +117,22 @@ def _set_config(path: Path, change: Any) -> None:
 
 
 @pytest.mark.parametrize(("change", "problem"), [
-    (lambda c: {**c, "schema": 7}, "its record has schema 7; this version of uibk-embedding reads schema 1"),
+    (lambda c: {**c, "schema": 7}, "its record has schema 7; this version of uibk-embedding reads schema"),
     (lambda c: {**c, "format": {"beta": []}}, "unreadable format record"),
 ], ids=["newer-schema", "format"])
-def test_engine_store_with_a_record_that_does_not_fit_is_refused_untouched(tmp_path, change, problem):
+@pytest.mark.parametrize("store", ["scan", "exact"])
+def test_engine_store_with_a_record_that_does_not_fit_is_refused_untouched(tmp_path, change, problem, store):
     from uibk_embedding.adapters.indexed import ScanEngine
 
+    make = ScanEngine if store == "scan" else (lambda p: ExactStore(path=p))
     path = tmp_path / "s"
-    s = ScanEngine(path)
+    s = make(path)
     s.upsert(["a"], _docs(1))
     s.close()
     _set_config(path, change)
     before = _listing(path)
     with pytest.raises(CollectionMismatch) as err:
-        ScanEngine(path)
+        make(path)
     assert problem in str(err.value) and f"{path} (the configuration in its store.sqlite)" in str(err.value)
     assert _listing(path) == before
 

@@ -1,11 +1,11 @@
-"""What is specific to the persisted exact store: its rows in a memory-mapped vector file, the
-generations that drop dead rows, and stores written by 0.3.0 (vectors inside the ``.npz``)."""
+"""What is specific to the persisted exact store: its rows scored from the memory-mapped vector
+file, the generations that drop dead rows, and the conversion of folders written by 0.4 and older
+(an operation log; 0.3.0: vectors inside the ``.npz``) into the file-backed store's format."""
 
 from __future__ import annotations
 
 import errno
-import json
-import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
+from uibk_embedding.testing.old_formats import write_exact_store_030, write_exact_store_04
 
 FMT = TaggedFormat()
 
@@ -25,36 +26,71 @@ def _docs(n: int, seed: int = 0) -> list[np.ndarray]:
     return [make_list(FMT, rng, int(rng.integers(3, 12))) for _ in range(n)]
 
 
-def _write_030_store(path, ids, docs, metadata) -> None:
-    """The files 0.3.0 wrote: store.json without a vector dtype, a snapshot holding the vectors,
-    an operation holding more vectors, and a delete."""
-    path.mkdir()
-    (path / "ops").mkdir()
-    config = {"backend": "exact", "version": 1, "format": FMT.to_stored()}
-    (path / "store.json").write_text(json.dumps(config))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_store_of_04_is_converted_once_keeping_its_vector_file(tmp_path, dtype):
+    docs, ids = _docs(6), ["a", "b", "c", "b", "e", "f"]  # "b" overwritten by the operation
+    md = [{"i": i} for i in range(6)]
+    rows = write_exact_store_04(tmp_path / "s", ids, docs, md, dtype)
+    vector_file = next((tmp_path / "s").glob("vectors-*"))
+    inode = vector_file.stat().st_ino
+    s = ExactStore(path=tmp_path / "s")
+    assert s.vector_dtype == dtype and s.ids() == ["c", "b", "e", "f"]
+    want = {"c": 2, "b": 3, "e": 4, "f": 5}
+    for r in s.get(s.ids()):
+        np.testing.assert_array_equal(r.vectors, rows[want[r.id]].astype(np.float32))
+        assert r.metadata == md[want[r.id]]
+    names = {p.name for p in (tmp_path / "s").iterdir()} - {"store.sqlite-wal", "store.sqlite-shm"}
+    assert names == {"store.lock", "store.sqlite", vector_file.name}
+    assert vector_file.stat().st_ino == inode  # the rows were not copied (the tail was cut off)
+    q = make_list(FMT, np.random.default_rng(4), 5)
+    ranked = [h.id for h in s.search(q, k=4)]
+    assert ranked == sorted(want, key=lambda x: -maxsim(q, rows[want[x]].astype(np.float32)))
+    s.upsert(["g"], [docs[1]])
+    s.close()
+    again = ExactStore(path=tmp_path / "s")
+    assert again.ids() == ["c", "b", "e", "f", "g"]
+    np.testing.assert_array_equal(again.get(["g"])[0].vectors, docs[1].astype(dtype).astype(np.float32))
 
-    def arrays(ids, docs, md):
-        return {"ids": np.array(json.dumps(ids)), "metadata": np.array(json.dumps(md)),
-                "lengths": np.array([len(d) for d in docs], np.int64),
-                "vectors": np.concatenate(docs).astype(np.float32)}
 
-    np.savez(path / "snapshot-000000000002.npz", **arrays(ids[:3], docs[:3], metadata[:3]))
-    np.savez(path / "ops" / "000000000003.npz", op=np.array("upsert"),
-             **arrays(ids[3:], docs[3:], metadata[3:]))
-    np.savez(path / "ops" / "000000000004.npz", op=np.array("delete"), ids=np.array(json.dumps([ids[1]])))
+@pytest.mark.parametrize("killed", ["before the database commits", "before the switch", "after the switch"])
+def test_a_conversion_killed_at_any_step_is_redone_or_finished(tmp_path, monkeypatch, killed):
+    """Killed before ``store.json`` is removed, the folder is the old store (the half-written
+    database goes); after it, the old files are leftovers removed on the next open."""
+    docs, ids = _docs(6, seed=1), ["a", "b", "c", "b", "e", "f"]
+    write_exact_store_04(tmp_path / "s", ids, docs, [{} for _ in ids])
+    real_unlink = Path.unlink
+
+    def crash(*_a, **_k):
+        raise KeyboardInterrupt("killed")
+
+    if killed == "before the database commits":
+        monkeypatch.setattr(exact, "state_set", crash)
+    elif killed == "before the switch":
+        monkeypatch.setattr(Path, "unlink", lambda p, missing_ok=False: crash() if p.name == "store.json"
+                            else real_unlink(p, missing_ok=missing_ok))
+    else:
+        monkeypatch.setattr(exact, "_remove_op_log", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ExactStore(path=tmp_path / "s")
+    assert (tmp_path / "s" / "store.json").exists() == (killed != "after the switch")
+    monkeypatch.undo()
+    with ExactStore(path=tmp_path / "s") as s:
+        assert s.ids() == ["c", "b", "e", "f"]
+        np.testing.assert_array_equal(s.get(["b"])[0].vectors, docs[3])
+    assert not (tmp_path / "s" / "ops").exists() and not list((tmp_path / "s").glob("snapshot-*"))
 
 
 def test_a_store_of_030_opens_converted_and_keeps_float32(tmp_path):
     docs, ids = _docs(5), [f"d{i}" for i in range(5)]
     md = [{"i": i} for i in range(5)]
-    _write_030_store(tmp_path / "s", ids, docs, md)
+    write_exact_store_030(tmp_path / "s", ids, docs, md)
     s = ExactStore(path=tmp_path / "s")
     assert s.vector_dtype == "float32" and s.ids() == ["d0", "d2", "d3", "d4"]
     for r in s.get(s.ids()):
         np.testing.assert_array_equal(r.vectors, docs[int(r.id[1:])])
         assert r.metadata == md[int(r.id[1:])]
-    names = sorted(p.name for p in (tmp_path / "s").iterdir())
-    assert "vectors-000001.f32" in names and not any((tmp_path / "s" / "ops").iterdir())
+    names = {p.name for p in (tmp_path / "s").iterdir()}
+    assert {"store.sqlite", "vectors-000002.f32"} <= names and not names & {"ops", "store.json"}
     s.upsert(["d9"], [docs[1]])
     s.close()
     again = ExactStore(path=tmp_path / "s")
@@ -68,7 +104,7 @@ def test_rows_are_memory_mapped_and_scored_from_the_file(tmp_path):
     s.upsert([str(i) for i in range(40)], docs)
     s.close()
     s = ExactStore(path=tmp_path / "s")
-    assert isinstance(s._state.buf, np.memmap) and s._state.buf.dtype == np.float16
+    assert isinstance(s._vf._mapped(), np.memmap) and s._vf._mapped().dtype == np.float16
     q = make_list(FMT, np.random.default_rng(7), 6)
     hits = s.search(q, k=40)
     want = {str(i): maxsim(q, d.astype(np.float16).astype(np.float32)) for i, d in enumerate(docs)}
@@ -79,10 +115,10 @@ def test_rows_are_memory_mapped_and_scored_from_the_file(tmp_path):
 def test_dead_rows_are_dropped_into_the_next_generation(tmp_path):
     docs = _docs(200, seed=1)
     ids = [str(i) for i in range(200)]
-    s = ExactStore(path=tmp_path / "s", compact_every=10**6)
+    s = ExactStore(path=tmp_path / "s")
     s.upsert(ids, docs)
     before = s.disk_usage()["vectors"]
-    s.delete(ids[:150])  # > 64 dead documents holding > 30% of the rows: repacked at once
+    s.delete(ids[:150])  # > 1024 dead rows, > 30% of the rows: repacked at once
     assert s._vgen == 2 and s.disk_usage()["vectors"] < 0.4 * before
     assert sorted(p.name for p in (tmp_path / "s").glob("vectors-*")) == ["vectors-000002.f32"]
     kept = {r.id: r.vectors for r in s.get(ids)}
@@ -95,7 +131,7 @@ def test_dead_rows_are_dropped_into_the_next_generation(tmp_path):
 
 def test_the_vector_dtype_is_the_stores_own(tmp_path):
     ExactStore(path=tmp_path / "s", vector_dtype="float16").close()
-    with pytest.raises(CollectionMismatch, match="keeps float16 rows"):
+    with pytest.raises(CollectionMismatch, match="vector_dtype='float16', not 'float32'"):
         ExactStore(path=tmp_path / "s", vector_dtype="float32")
     assert ExactStore(path=tmp_path / "s").vector_dtype == "float16"
     assert ExactStore(path=tmp_path / "t").vector_dtype == "float32"  # the default
@@ -103,28 +139,6 @@ def test_the_vector_dtype_is_the_stores_own(tmp_path):
         ExactStore(vector_dtype="float16")
     with pytest.raises(ValueError, match="vector_dtype must be"):
         ExactStore(path=tmp_path / "t", vector_dtype="int8")
-
-
-def test_rows_of_a_write_whose_log_failed_stay_unreferenced(tmp_path, monkeypatch):
-    """The rows are appended, then the operation file fails (a full disk): the write raises,
-    nothing references those rows, and later writes and a reopen are whole."""
-    docs = _docs(3, seed=2)
-    s = ExactStore(path=tmp_path / "s", vector_dtype="float32")
-    s.upsert(["a"], [docs[0]])
-    real = exact.atomic_savez
-    monkeypatch.setattr(exact, "atomic_savez", lambda p, **a: (_ for _ in ()).throw(
-        OSError(errno.ENOSPC, "No space left on device")))
-    with pytest.raises(OSError, match="No space"):
-        s.upsert(["b"], [docs[1]])
-    monkeypatch.setattr(exact, "atomic_savez", real)
-    s.upsert(["c"], [docs[2]])
-    assert s.ids() == ["a", "c"]
-    np.testing.assert_array_equal(s.get(["c"])[0].vectors, docs[2])
-    s.close()
-    again = ExactStore(path=tmp_path / "s")
-    assert again.ids() == ["a", "c"]
-    np.testing.assert_array_equal(again.get(["c"])[0].vectors, docs[2])
-    assert [h.id for h in again.search(docs[2], k=1)] == ["c"]
 
 
 def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypatch):
@@ -155,10 +169,10 @@ def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypa
 
 def test_compact_copies_the_rows_only_when_some_are_dead(tmp_path):
     docs, ids = _docs(20, seed=3), [str(i) for i in range(20)]
-    s = ExactStore(path=tmp_path / "s", compact_every=10**6)
+    s = ExactStore(path=tmp_path / "s")
     s.upsert(ids, docs)
-    s.compact()  # nothing dead: a snapshot, the same vector file
-    assert s._vgen == 1 and not list((tmp_path / "s" / "ops").glob("*.npz"))
+    s.compact()  # nothing dead: the same vector file
+    assert s._vgen == 1
     s.delete(ids[:2])
     s.compact()  # dead rows: copied out into the next generation
     assert s._vgen == 2
@@ -170,7 +184,7 @@ def test_compact_copies_the_rows_only_when_some_are_dead(tmp_path):
     again.close()
 
 
-# -- a folder is the exact store's only if it holds store.json; it never deletes files it did not write --
+# -- a folder is the exact store's only if it holds its store.sqlite (or is empty) --
 def _listing(folder):
     """Every path below ``folder`` with its size and mtime (what a refused open must leave as it was)."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
@@ -182,7 +196,7 @@ def _listing(folder):
     {"ops/": None},                                              # an empty, unrelated ops/ folder
     {"store.lock": b"someone else's lock"},                      # not the empty file our lock is
 ])
-def test_a_folder_without_store_json_but_with_files_is_refused_untouched(tmp_path, files):
+def test_a_folder_without_a_store_but_with_files_is_refused_untouched(tmp_path, files):
     folder = tmp_path / "downloads"
     folder.mkdir()
     for name, data in files.items():
@@ -200,50 +214,35 @@ def test_a_folder_without_store_json_but_with_files_is_refused_untouched(tmp_pat
             assert (folder / name).read_bytes() == data
 
 
-def test_a_store_deletes_only_its_own_temporary_files(tmp_path):
+def test_a_conversion_deletes_only_the_old_formats_files(tmp_path):
     path = tmp_path / "s"
-    with ExactStore(path=path) as s:
-        s.upsert(["a"], _docs(1))
+    docs = _docs(6, seed=2)
+    write_exact_store_04(path, ["a", "b", "c", "d", "e", "f"], docs, [{} for _ in docs])
     user = path / ".tmp-download.part"
     user.write_bytes(b"a user's file")
     (path / "ops" / ".tmp-download.part").write_bytes(b"another")
-    ours = [path / ".tmp-uibk-123-456-snapshot-000000000009.npz",   # what this version writes
+    ours = [path / ".tmp-uibk-123-456-snapshot-000000000009.npz",   # what 0.4 wrote
             path / "ops" / ".tmp-123-456-000000000002.npz",          # what 0.3.x wrote
             path / ".tmp-99-7-store.json"]
     for p in ours:
         p.write_bytes(b"torn")
     with ExactStore(path=path) as again:
-        assert again.ids() == ["a"]
+        assert again.ids() == ["b", "c", "d", "e", "f"]
     assert user.read_bytes() == b"a user's file"
-    assert (path / "ops" / ".tmp-download.part").read_bytes() == b"another"
+    assert sorted(p.name for p in (path / "ops").iterdir()) == [".tmp-download.part"]
     assert not any(p.exists() for p in ours)
 
 
 def test_a_store_killed_while_being_created_opens(tmp_path):
-    """What a process killed before store.json was renamed into place leaves: the (empty) lock and
-    a temporary config file; the folder is still ours, and the leftover goes."""
+    """What a process killed before its first transaction leaves: the (empty) lock and an empty
+    database file; the folder is still ours."""
     path = tmp_path / "s"
     path.mkdir()
     (path / "store.lock").touch()
-    (path / ".tmp-uibk-1-2-store.json").write_text("{")
+    (path / "store.sqlite").touch()
     with ExactStore(path=path) as s:
         s.upsert(["a"], _docs(1))
-    assert not (path / ".tmp-uibk-1-2-store.json").exists()
     assert ExactStore(path=path).ids() == ["a"]
-
-
-def test_temporary_files_carry_the_uibk_prefix(tmp_path, monkeypatch):
-    seen = []
-    real = os.replace
-
-    def spy(src, dst):
-        seen.append(os.path.basename(src))
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", spy)
-    with ExactStore(path=tmp_path / "s", compact_every=1) as s:
-        s.upsert(["a"], _docs(1))
-    assert seen and all(n.startswith(".tmp-uibk-") for n in seen)
 
 
 def test_a_text_query_says_to_encode_it_first() -> None:

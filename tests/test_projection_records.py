@@ -55,12 +55,21 @@ def test_encoders_declare_their_projection(encoder):
 
 def _legacy_exact_store(path, rng):
     """An exact store as 0.1.0 wrote it: its store.json has no projection."""
-    with open_store("exact", path=path, format=RANDOM) as s:
-        s.upsert(["a", "b"], [make_list(RANDOM, rng, 5), make_list(RANDOM, rng, 7)])
+    from uibk_embedding.testing.old_formats import write_exact_store_030
+
+    docs = [make_list(RANDOM, rng, n) for n in (5, 7, 4, 6)]
+    write_exact_store_030(path, ["a", "x", "b", "c"], docs, [{}] * 4, format=RANDOM)  # "x" deleted
     cfg = json.loads((path / "store.json").read_text())
     del cfg["format"]["projection"]
     (path / "store.json").write_text(json.dumps(cfg))
     return cfg
+
+
+def _record(path) -> dict:
+    """The configuration an exact store keeps in its store.sqlite."""
+    from uibk_embedding._sqlite_state import stored_state
+
+    return json.loads(stored_state(path, "config"))
 
 
 def test_store_written_by_0_1_0_accepts_a_seeded_encoder_only(tmp_path, rng):
@@ -70,7 +79,7 @@ def test_store_written_by_0_1_0_accepts_a_seeded_encoder_only(tmp_path, rng):
         open_store("exact", path=path, format=PCA)
     assert json.loads((path / "store.json").read_text()) == cfg  # unchanged
     with open_store("exact", path=path, format=RANDOM) as s:
-        assert s.count() == 2 and s.format.projection == UNRECORDED
+        assert s.count() == 3 and s.format.projection == UNRECORDED
 
 
 def test_retriever_refuses_a_store_of_another_projection(encoder, rng):
@@ -95,7 +104,7 @@ def test_cli_records_and_refuses(tmp_path, capsys):
          "buckling of thin cylindrical shells"])))
     store = str(tmp_path / "store")
     assert cli.main(["index", str(corpus), "--path", store, "--projection", "pca", "--quiet"]) == 0
-    recorded = json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"]
+    recorded = _record(tmp_path / "store")["format"]["projection"]
     assert recorded.startswith("pca-")
     with pytest.raises(SystemExit, match=f"its lists were encoded with projection {recorded}, not random-"
                                          ".*0.2.0.*--projection pca"):
@@ -108,7 +117,7 @@ def test_cli_records_and_refuses(tmp_path, capsys):
     # and indexing more with another projection is refused before anything is written
     with pytest.raises(SystemExit, match="not random-"):
         cli.main(["index", str(corpus), "--path", store, "--quiet"])
-    assert json.loads((tmp_path / "store" / "store.json").read_text())["format"]["projection"] == recorded
+    assert _record(tmp_path / "store")["format"]["projection"] == recorded
 
 
 def test_stores_of_0_1_0_and_0_2_0_open_with_the_projection_that_filled_them(tmp_path, rng, encoder):
@@ -118,7 +127,7 @@ def test_stores_of_0_1_0_and_0_2_0_open_with_the_projection_that_filled_them(tmp
 
     _legacy_exact_store(tmp_path / "v010", rng)
     with open_store("exact", path=tmp_path / "v010", format=encoder.format) as s:
-        assert s.count() == 2
+        assert s.count() == 3
     pca = load_encoder(projection="pca").format
     with open_store("exact", path=tmp_path / "v020", format=pca) as s:
         s.upsert(["a"], [make_list(pca, rng, 5)])
@@ -150,7 +159,7 @@ def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, cap
     assert "fitted P on 40 of 60 documents" in err  # a sample of the corpus, not all of it
     fitted = load_encoder(store / "uibk-encoder")
     assert fitted.config()["projection"] == "pca"
-    recorded = json.loads((store / "store.json").read_text())["format"]["projection"]
+    recorded = _record(store)["format"]["projection"]
     assert recorded == fitted.format.projection and recorded.startswith("pca-")
     first = json.loads(lines[7])
     assert cli.main(["search", first["text"][:120], "--path", str(store), "--json", "-k", "1"]) == 0

@@ -194,15 +194,18 @@ def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: st
     """
     folder = Path(folder)
     db_path = folder / db_name
+    what = f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
     if os.path.lexists(db_path):
         problem = _store_database_problem(db_path, backend)
         if problem is not None:
-            raise CollectionMismatch(f"{folder} does not hold a {what} store: its {db_name} {problem}; "
+            raise CollectionMismatch(f"{folder} does not hold {what} store: its {db_name} {problem}; "
                                      "refusing to write into it (give an empty or new folder)")
         return
-    other = sorted(p.name for p in folder.iterdir() if p.name != lock_name)
+    # our lock is an empty file: one with content is someone else's
+    other = sorted(p.name for p in folder.iterdir()
+                   if p.name != lock_name or not p.is_file() or p.stat().st_size)
     if other:
-        raise CollectionMismatch(f"{folder} is not a {what} store (no {db_name}) and is not empty "
+        raise CollectionMismatch(f"{folder} is not {what} store (no {db_name}) and is not empty "
                                  f"(it holds {other[:5]}): give an empty or new folder")
 
 

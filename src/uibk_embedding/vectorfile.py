@@ -164,14 +164,19 @@ class VectorFile:
         new = VectorFile.open(folder, generation=generation, dtype=self.dtype.name, committed_rows=0)
         new_starts = np.zeros(len(lengths), dtype=np.int64)
         lo = 0
-        while lo < len(lengths):  # bounded memory: copy about chunk_rows rows at a time
-            hi, rows = lo, 0
-            while hi < len(lengths) and (hi == lo or rows + lengths[hi] <= chunk_rows):
-                rows += int(lengths[hi])
-                hi += 1
-            mat, off = self.gather(starts[lo:hi], lengths[lo:hi])
-            new_starts[lo:hi] = new.append([mat]) + off[:-1]
-            lo = hi
+        try:
+            while lo < len(lengths):  # bounded memory: copy about chunk_rows rows at a time
+                hi, rows = lo, 0
+                while hi < len(lengths) and (hi == lo or rows + lengths[hi] <= chunk_rows):
+                    rows += int(lengths[hi])
+                    hi += 1
+                mat, off = self.gather(starts[lo:hi], lengths[lo:hi])
+                new_starts[lo:hi] = new.append([mat]) + off[:-1]
+                lo = hi
+        except BaseException:  # a full disk, say: the new file is nobody's
+            new.close()
+            target.unlink(missing_ok=True)
+            raise
         return new, new_starts
 
     def close(self) -> None:
@@ -179,3 +184,53 @@ class VectorFile:
         self._map = None
         if not self._f.closed:
             self._f.close()
+
+
+class MemoryVectors(VectorFile):
+    """The rows of a store without a folder: the same interface as :class:`VectorFile`, kept in
+    one growing float32 array (nothing is written anywhere).
+
+    >>> mv = MemoryVectors()
+    >>> mv.append([np.ones((2, 128)), np.zeros((1, 128))]).tolist(), mv.n_rows, mv.read(2, 1).sum()
+    ([0, 2], 3, np.float32(0.0))
+    """
+
+    def __init__(self) -> None:  # no file: nothing of VectorFile.__init__ applies
+        self.path = None  # type: ignore[assignment]
+        self.dtype = np.dtype(np.float32)
+        self.n_rows = 0
+        self._buf = np.zeros((0, DIM), np.float32)
+
+    def append(self, vectors: Sequence[np.ndarray]) -> np.ndarray:
+        """Copy ``vectors`` after the rows held (the array doubles when full); each one's start."""
+        lengths = np.fromiter((len(v) for v in vectors), dtype=np.int64, count=len(vectors))
+        starts = self.n_rows + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        end = self.n_rows + int(lengths.sum())
+        if end > len(self._buf):  # readers of the old array keep it: rows are never moved in place
+            grown = np.empty((max(end, 2 * len(self._buf), 1024), DIM), np.float32)
+            grown[: self.n_rows] = self._buf[: self.n_rows]
+            self._buf = grown
+        for start, v in zip(starts.tolist(), vectors, strict=True):
+            self._buf[start:start + len(v)] = v
+        self.n_rows = end
+        return starts
+
+    def _mapped(self) -> np.ndarray:
+        return self._buf[: self.n_rows]
+
+    def private_map(self) -> np.ndarray:
+        """A copy of the rows (an engine may write into what it is given)."""
+        return self._buf[: self.n_rows].copy()
+
+    def rewrite(self, folder: str | os.PathLike | None, generation: int, starts: np.ndarray,
+                lengths: np.ndarray, chunk_rows: int = 1 << 20) -> tuple[VectorFile, np.ndarray]:
+        """The given documents copied into a new :class:`MemoryVectors` (``folder`` unused)."""
+        new = MemoryVectors()
+        if len(lengths):
+            mat, off = self.gather(starts, lengths)
+            new.append([mat])
+            return new, off[:-1].copy()
+        return new, np.zeros(0, np.int64)
+
+    def close(self) -> None:
+        """Nothing to release (the rows go with the object)."""

@@ -3,7 +3,11 @@
 The layer modelled: the POSIX calls our stores make through Python (``os.fsync`` of files and
 folders, ``os.replace``, ``os.unlink``, ``os.mkdir``, ``os.rmdir``) over a real folder. Not
 modelled: the engines' own files (fast-plaid, xtr-warp-rs, SQLite, Qdrant, Milvus), which are
-theirs to guarantee.
+theirs to guarantee. A store whose source of truth is SQLite (the file-backed stores) names its
+database files as ``trusted``: at every point they count as durable as they are, since SQLite
+commits (``synchronous=FULL``, fsync'd in C, unseen here) never span one of our calls; what is
+modelled is our own protocol around them (the vector file durable before the commit that
+references it, generation switches).
 
 :func:`record` runs a workload on a real folder and takes, before every such call, a copy of
 the whole tree (names -> inode, inode -> bytes), and at every ``fsync`` what became durable:
@@ -51,6 +55,7 @@ class Recording:
     durable_files: dict[int, bytes] = field(default_factory=dict)
     durable_dirs: dict[str, dict[str, int | None]] = field(default_factory=dict)
     acked: int = 0
+    trusted: Callable[[str], bool] = lambda name: False  # file names whose bytes SQLite makes durable
 
     def _tree(self) -> tuple[dict[str, int | None], dict[int, bytes]]:
         entries: dict[str, int | None] = {}
@@ -69,6 +74,10 @@ class Recording:
 
     def point(self, label: str) -> None:
         entries, data = self._tree()
+        for rel, ino in entries.items():
+            if ino is not None and self.trusted(os.path.basename(rel)):
+                self.durable_files[ino] = data[ino]
+                self.durable_dirs.setdefault(os.path.dirname(rel) or ".", {})[rel] = ino
         self.points.append(Snapshot(entries, data, dict(self.durable_files),
                                     {k: dict(v) for k, v in self.durable_dirs.items()}, label, self.acked))
 
@@ -88,10 +97,11 @@ class Recording:
 
 
 @contextlib.contextmanager
-def record(root: Path) -> Iterator[Recording]:
+def record(root: Path, trusted: Callable[[str], bool] | None = None) -> Iterator[Recording]:
     """Record every modelled call made under ``root`` while the block runs. The caller marks each
-    acknowledged workload step with ``rec.acked += 1`` after the call returns."""
-    rec = Recording(Path(root).resolve())
+    acknowledged workload step with ``rec.acked += 1`` after the call returns; ``trusted`` names
+    the files durable as they are at every point (see the module docstring)."""
+    rec = Recording(Path(root).resolve(), trusted=trusted or (lambda name: False))
     rec.durable_dirs["."] = {}  # the root exists (made by the test, durable) and is empty
     real = {name: getattr(os, name) for name in ("fsync", "replace", "rename", "unlink", "mkdir", "rmdir")}
 
@@ -107,6 +117,8 @@ def record(root: Path) -> Iterator[Recording]:
             out = fn(*args, **kwargs)
             if name == "fsync":
                 rec.fsynced(args[0])
+                if trusted is not None and ours:  # a SQLite commit may follow: a cut just before it
+                    rec.point("after fsync")
             return out
 
         return call

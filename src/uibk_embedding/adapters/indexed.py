@@ -118,9 +118,9 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, EngineError
-from uibk_embedding.maxsim import maxsim_scores, top_k
+from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat, decompose
-from uibk_embedding.vectorfile import VectorFile, remove_other_generations
+from uibk_embedding.vectorfile import MemoryVectors, VectorFile, remove_other_generations
 
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
@@ -295,6 +295,9 @@ class IndexedStore(Reranking, MultiVectorStore):
     ref_column: ClassVar[str | None] = None
     vector_compact_min_rows: ClassVar[int] = 0
     engine_version: str = "0"
+    in_memory_without_path: ClassVar[bool] = False
+    """True: ``path=None`` keeps the store in memory (SQLite ``:memory:``, :class:`MemoryVectors`);
+    False: in a temporary directory removed by :meth:`close` (engines that write index files)."""
     _torch: Any = None  # the torch module, for engines that hand it tensors (PLAID, WARP)
 
     def __init__(
@@ -329,11 +332,11 @@ class IndexedStore(Reranking, MultiVectorStore):
         self._lock = threading.RLock()
         self._closed = False
         self._tmpdir: str | None = None
-        if path is None:
+        if path is None and not self.in_memory_without_path:
             self._tmpdir = tempfile.mkdtemp(prefix=f"uibk-{self.backend}-")
             path = self._tmpdir
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = None if path is None else Path(path)
+        self.max_chunk_bytes = DEFAULT_CHUNK_BYTES
         self._lockfile: Any = None
         self._index: Any = None
         self._vf: VectorFile | None = None
@@ -351,12 +354,17 @@ class IndexedStore(Reranking, MultiVectorStore):
         self._last_seq = 0
         self._dirty = False
         self._version = 0                     # bumped on every change of the view
+        self._live: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None  # see _everyone
         try:
-            # is the folder ours? Decided before the lock file (or anything) is created in it
-            refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
-            self._lockfile = lock_folder(self.path / LOCK_NAME, f"the {self.label} store at {self.path}",
-                                         type(self).__name__)
-            self._db = connect(self.path / DB_NAME)
+            if self.path is None:  # in memory: the same tables, nothing written anywhere
+                self._db = connect(":memory:")
+            else:
+                # is the folder ours? Decided before the lock file (or anything) is created in it
+                self.path.mkdir(parents=True, exist_ok=True)
+                refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
+                self._lockfile = lock_folder(self.path / LOCK_NAME, f"the {self.label} store at {self.path}",
+                                             type(self).__name__)
+                self._db = connect(self.path / DB_NAME)
             self._open(format, given)
         except BaseException:
             self._closed = True
@@ -507,7 +515,8 @@ class IndexedStore(Reranking, MultiVectorStore):
                 self._rebuild()
             except (self.engine_error, OSError, sqlite3.Error) as e:
                 self._open_without_index(e)
-        remove_stale_index_dirs(self.path, self.index_prefix, self._index_dir, self._generation)
+        if self.path is not None:
+            remove_stale_index_dirs(self.path, self.index_prefix, self._index_dir, self._generation)
 
     def _upgrade(self, config: dict[str, Any]) -> dict[str, Any]:
         """Convert a store of an older schema (engines with older schemas override this and then
@@ -547,9 +556,12 @@ class IndexedStore(Reranking, MultiVectorStore):
         if any(self._start[s] + self._rows[s] > committed for s in self._id_of):
             raise CollectionMismatch(f"{self.path / DB_NAME} references vector rows beyond the committed "
                                      f"{committed}: the store was modified outside this library")
+        self._vgen = gen
+        if self.path is None:
+            self._vf = MemoryVectors()
+            return
         self._vf = VectorFile.open(self.path, generation=gen, dtype=self._build["vector_dtype"],
                                    committed_rows=committed)
-        self._vgen = gen
         remove_other_generations(self.path, keep=self._vf.path.name)
 
     def _open_index(self) -> str | None:
@@ -585,9 +597,7 @@ class IndexedStore(Reranking, MultiVectorStore):
     def _gather(self, seqs: Sequence[int], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """The stored vectors of ``seqs`` packed as ``(matrix, offsets)`` (:meth:`VectorFile.gather`)."""
         assert self._vf is not None
-        starts = np.fromiter((self._start[s] for s in seqs), dtype=np.int64, count=len(seqs))
-        lengths = np.fromiter((self._rows[s] for s in seqs), dtype=np.int64, count=len(seqs))
-        return self._vf.gather(starts, lengths, dtype=dtype)
+        return self._vf.gather(*self._extents(seqs), dtype=dtype)
 
     def _views(self, seqs: Sequence[int], dtype: type) -> list:
         """The stored vectors of ``seqs`` as one torch tensor each, in ``dtype``. When the vector
@@ -760,7 +770,9 @@ class IndexedStore(Reranking, MultiVectorStore):
         old.close()
         for s, st in zip(live, new_starts.tolist(), strict=True):
             self._start[s] = st
-        remove_other_generations(self.path, keep=new.path.name)
+        self._version += 1
+        if self.path is not None:
+            remove_other_generations(self.path, keep=new.path.name)
 
     def _maybe_compact_vectors(self) -> None:
         dead = self.dead_vector_rows
@@ -866,25 +878,55 @@ class IndexedStore(Reranking, MultiVectorStore):
     def _hit(self, key: int, score: float) -> Hit:
         return Hit(self._id_of[key], finite_score(score), json.loads(json.dumps(self._meta[key])))
 
-    def _scores(self, queries: list[np.ndarray], seqs: Sequence[int]) -> np.ndarray:
-        """Exact MaxSim (float32) of every query against the stored vectors of ``seqs``:
-        ``(len(queries), len(seqs))``. The rows are read in the vector file's own dtype,
-        :data:`SCORE_CHUNK_ROWS` at a time, and converted block by block inside
-        :func:`~uibk_embedding.maxsim.maxsim_scores`: no float32 copy of the candidates, and
-        bounded memory when every document is scored (no index, a small store)."""
+    def _scores(self, queries: list[np.ndarray], seqs: Sequence[int], dtype: type = np.float32) -> np.ndarray:
+        """Exact MaxSim of every query against the stored vectors of ``seqs``:
+        ``(len(queries), len(seqs))``, in the vector file's own dtype, converted block by block
+        inside :func:`~uibk_embedding.maxsim.maxsim_scores`. When the rows of ``seqs`` make up
+        most of one stretch of the file (every live document, say) that stretch of the memory
+        map is scored in place, the rows between documents as documents of their own whose
+        scores are dropped: no copy at all. Otherwise the rows are gathered,
+        :data:`SCORE_CHUNK_ROWS` at a time: bounded memory however many documents are scored."""
         assert self._vf is not None
-        out = np.empty((len(queries), len(seqs)), dtype=np.float32)
-        lo = 0
+        if len(seqs) == 0:
+            return np.zeros((len(queries), 0), dtype=dtype)
+        starts, lengths = self._extents(seqs)
+        ends = starts + lengths
+        lo, hi = int(starts[0]), int(ends[-1])
         with self._scoring():
-            while lo < len(seqs):
-                hi, rows = lo, 0
-                while hi < len(seqs) and (hi == lo or rows + self._rows[seqs[hi]] <= SCORE_CHUNK_ROWS):
-                    rows += self._rows[seqs[hi]]
-                    hi += 1
-                mat, off = self._gather(seqs[lo:hi], self._vf.dtype.type)
-                out[:, lo:hi] = maxsim_scores(queries, mat, off)
-                lo = hi
+            if np.all(starts[1:] >= ends[:-1]) and hi - lo <= 2 * int(lengths.sum()):
+                prev = np.concatenate([starts[:1], ends[:-1]])
+                gap = starts > prev
+                pos = np.cumsum(1 + gap) - 1  # each document's place among the stretch's pieces
+                bounds = np.empty(len(seqs) + int(gap.sum()) + 1, dtype=np.int64)
+                bounds[pos], bounds[pos[gap] - 1], bounds[-1] = starts, prev[gap], hi
+                return maxsim_scores(queries, self._vf._mapped()[lo:hi], bounds - lo, dtype=dtype,
+                                     max_chunk_bytes=self.max_chunk_bytes)[:, pos]
+            out = np.empty((len(queries), len(seqs)), dtype=dtype)
+            first = 0
+            while first < len(seqs):
+                last = int(np.searchsorted(np.cumsum(lengths[first:]), SCORE_CHUNK_ROWS, side="right"))
+                last = first + max(1, last)
+                mat, off = self._vf.gather(starts[first:last], lengths[first:last], self._vf.dtype.type)
+                out[:, first:last] = maxsim_scores(queries, mat, off, dtype=dtype,
+                                                   max_chunk_bytes=self.max_chunk_bytes)
+                first = last
         return out
+
+    def _extents(self, seqs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)`` of the rows of ``seqs`` (the cached arrays for :meth:`_everyone`'s)."""
+        if self._live is not None and seqs is self._live[1]:
+            return self._live[2], self._live[3]
+        starts = np.fromiter((self._start[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        lengths = np.fromiter((self._rows[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        return starts, lengths
+
+    def _everyone(self) -> np.ndarray:
+        """Every live seq in order, as an array kept until the next change (an exact scan of a
+        large store then reads no dictionary per document)."""
+        if self._live is None or self._live[0] != self._version:
+            seqs = np.fromiter(self._id_of, dtype=np.int64, count=len(self._id_of))
+            self._live = (self._version, seqs, *self._extents(seqs))
+        return self._live[1]
 
     def _scoring(self) -> contextlib.AbstractContextManager:
         """Held while stored vectors are scored (the rerank, an exact scan): engines that share
@@ -900,7 +942,7 @@ class IndexedStore(Reranking, MultiVectorStore):
     def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
         """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
         scores = self._scores(queries, seqs)
-        return [[self._hit(seqs[i], float(row[i])) for i in top_k(row, k)] for row in scores]
+        return [[self._hit(int(seqs[i]), float(row[i])) for i in top_k(row, k)] for row in scores]
 
     def _before_search(self, rerank: bool) -> None:
         """Called before every search: engines that defer writes flush here."""
@@ -942,7 +984,7 @@ class IndexedStore(Reranking, MultiVectorStore):
                 n_indexed = (len(self._id_of) if live is None else len(live)) - len(pending)
                 if live is not None and n_indexed < len(self._id_of) - len(self._pending):
                     subset = [s for s in live if s not in self._pending] if pending else live
-            everyone = (lambda: list(self._id_of)) if live is None else (lambda: live)
+            everyone = self._everyone if live is None else (lambda: live)
             if not n_indexed or (rerank and n_indexed <= pool):  # native exact path: a scan
                 return self._explained(queries, self._exact(queries, everyone(), k), explain)
             # the engine may still return removed documents: ask for that many more
@@ -984,6 +1026,8 @@ class IndexedStore(Reranking, MultiVectorStore):
         with self._lock:
             self._check_open()
             assert self._vf is not None
+            if self.path is None:
+                return {f"{self.backend}_index": 0, "vectors": 0, "stored": 0}
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count each stored byte once
             idx = sum(p.stat().st_size for p in (self.path / self._index_dir).rglob("*") if p.is_file()) \
                 if self._index_dir else 0

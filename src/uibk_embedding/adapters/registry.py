@@ -194,18 +194,20 @@ def _lacks(what: str, name: str, have: Iterable[str]) -> str:
 
 
 def _exact(path: Path, options: dict[str, Any]) -> str | None:
-    if not path.is_dir():
-        return "the path is not a folder"
-    cfg = _read_json(path / "store.json")
-    if cfg is None:
-        return "the folder holds no readable store.json"
-    if cfg.get("backend", "exact") != "exact":
-        return f"its store.json is a {cfg.get('backend')!r} store's"
-    return None
+    """The exact store: ``store.sqlite`` naming it, or a folder of 0.4 or older (``store.json``,
+    converted when the store opens it)."""
+    if path.is_dir() and not (path / "store.sqlite").exists() and (path / "store.json").exists():
+        cfg = _read_json(path / "store.json")
+        if cfg is None:
+            return "the folder holds no readable store.json"
+        if cfg.get("backend", "exact") != "exact":
+            return f"its store.json is a {cfg.get('backend')!r} store's"
+        return None
+    return _engine("exact")(path, options)
 
 
 def _engine(name: str):
-    """PLAID or WARP: ``store.sqlite`` whose configuration names the backend."""
+    """A file-backed store (exact, PLAID, WARP): ``store.sqlite`` whose configuration names the backend."""
 
     def check(path: Path, options: dict[str, Any]) -> str | None:
         if not path.is_dir():

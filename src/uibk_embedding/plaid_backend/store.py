@@ -490,7 +490,7 @@ class PlaidStore(IndexedStore):
         """PLAID found fewer than ``k`` of the allowed documents: score the rest on their
         decompressed vectors (what PLAID scores), so ``k >= count`` returns every document."""
         have = {s for s, _ in cands}
-        missing = [s for s in seqs if s not in have]
+        missing = [int(s) for s in seqs if s not in have]
 
         def fetch(keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict]]:
             positions = np.searchsorted(self._positions(), keys).tolist()
