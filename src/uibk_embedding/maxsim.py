@@ -120,18 +120,18 @@ def maxsim_scores(
     # does not depend on which block or thread computes it, so this equals scoring a copy.
     out = np.empty((len(queries), n_docs), dtype=np.float32)
     rows_budget = max(1, max_chunk_bytes // (doc_matrix.itemsize * max(1, doc_matrix.shape[1])))
-    for start, stop in _doc_blocks(offsets, rows_budget):
+    for start, stop in doc_blocks(offsets, rows_budget):
         r0 = offsets[start]
         block = np.ascontiguousarray(doc_matrix[r0:offsets[stop]])
         out[:, start:stop] = _fused_scores(lib, qmat, qoff, block, offsets[start:stop + 1] - r0)
     return out
 
 
-def _doc_blocks(offsets: np.ndarray, rows_budget: int) -> Iterator[tuple[int, int]]:
+def doc_blocks(offsets: np.ndarray, rows_budget: int) -> Iterator[tuple[int, int]]:
     """Consecutive ``(start_doc, end_doc)`` ranges of whole documents, each the most whose rows fit
     ``rows_budget`` (at least one document).
 
-    >>> list(_doc_blocks(np.array([0, 2, 5, 6, 20]), 4))
+    >>> list(doc_blocks(np.array([0, 2, 5, 6, 20]), 4))
     [(0, 1), (1, 3), (3, 4)]
     """
     n_docs, start = len(offsets) - 1, 0
@@ -155,7 +155,7 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
     convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
     buffer = np.empty((0, doc_matrix.shape[1]), dtype=dtype)
     single = len(qoff) == 2
-    for start_doc, end_doc in _doc_blocks(offsets, rows_budget):
+    for start_doc, end_doc in doc_blocks(offsets, rows_budget):
         r0, r1 = offsets[start_doc], offsets[end_doc]
         block = doc_matrix[r0:r1]
         if convert:

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._durable import TMP_PREFIX, fsync_dir
-from uibk_embedding._sqlite_state import connect, lock_folder, state_set, transaction
+from uibk_embedding._sqlite_state import connect, lock_folder, transaction
 from uibk_embedding.adapters.base import check_positive, check_record, read_record
 from uibk_embedding.adapters.indexed import DB_NAME, LOCK_NAME, IndexedStore
 from uibk_embedding.errors import CollectionMismatch
@@ -213,14 +213,11 @@ def convert_op_log(path: Path, format: TaggedFormat | None = None, vector_dtype:
         db = connect(path / DB_NAME)
         try:
             with transaction(db):
-                db.execute("CREATE TABLE docs (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
-                           "start INTEGER NOT NULL, n_rows INTEGER NOT NULL, metadata TEXT NOT NULL)")
+                ExactStore._create_tables(db, store_config, vector_gen=str(gen), vector_rows=str(committed),
+                                          last_seq=str(len(live)))
                 db.executemany("INSERT INTO docs (seq, id, start, n_rows, metadata) VALUES (?, ?, ?, ?, ?)",
                                [(i, x, start, n, json.dumps(md, ensure_ascii=False))
                                 for i, (x, (start, n, _, md)) in enumerate(live.items(), start=1)])
-                state_set(db, config=json.dumps(store_config), index_dir="", dirty="0", generation="0",
-                          vector_gen=str(gen), vector_rows=str(committed), built_vectors="0",
-                          last_seq=str(len(live)))
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the database file alone holds the store
         finally:
             db.close()

@@ -118,7 +118,7 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, EngineError
-from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
+from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, doc_blocks, maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat, decompose
 from uibk_embedding.vectorfile import MemoryVectors, VectorFile, remove_other_generations
 
@@ -456,10 +456,22 @@ class IndexedStore(Reranking, MultiVectorStore):
 
     _state_set = staticmethod(state_set)
 
-    def _docs_table(self) -> str:
-        ref = f", {self.ref_column} INTEGER UNIQUE" if self.ref_column else ""
+    @classmethod
+    def _docs_table(cls) -> str:
+        ref = f", {cls.ref_column} INTEGER UNIQUE" if cls.ref_column else ""
         return ("(seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, start INTEGER NOT NULL, "
                 f"n_rows INTEGER NOT NULL{ref}, metadata TEXT NOT NULL)")
+
+    @classmethod
+    def _create_tables(cls, db: sqlite3.Connection, config: dict[str, Any], **state: str) -> None:
+        """The tables and state keys of a new store (inside the caller's transaction); ``state``
+        overrides the keys of an empty one (a converted store starts with rows)."""
+        db.execute(f"CREATE TABLE docs {cls._docs_table()}")
+        if cls.ref_column:
+            db.execute("CREATE TABLE dead (pid INTEGER PRIMARY KEY)")
+        state_set(db, **{"config": json.dumps(config), "index_dir": "", "dirty": "0", "generation": "0",
+                         "vector_gen": "1", "vector_rows": "0", "built_vectors": "0", "last_seq": "0",
+                         **state})
 
     # -- open ------------------------------------------------------------------------------
     def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
@@ -474,11 +486,7 @@ class IndexedStore(Reranking, MultiVectorStore):
             config = {"backend": self.backend, "schema": self.schema_version,
                       "format": self.format.to_stored(), "build": self._build, "engine": mine}
             with self._tx() as db:
-                db.execute(f"CREATE TABLE docs {self._docs_table()}")
-                if self.ref_column:
-                    db.execute("CREATE TABLE dead (pid INTEGER PRIMARY KEY)")
-                self._state_set(db, config=json.dumps(config), index_dir="", dirty="0", generation="0",
-                                vector_gen="1", vector_rows="0", built_vectors="0", last_seq="0")
+                self._create_tables(db, config)
         else:  # the record first: nothing is renamed or converted in a store that does not fit
             config = read_record(raw)
             self.format = check_record(
@@ -902,14 +910,10 @@ class IndexedStore(Reranking, MultiVectorStore):
                 return maxsim_scores(queries, self._vf._mapped()[lo:hi], bounds - lo, dtype=dtype,
                                      max_chunk_bytes=self.max_chunk_bytes)[:, pos]
             out = np.empty((len(queries), len(seqs)), dtype=dtype)
-            first = 0
-            while first < len(seqs):
-                last = int(np.searchsorted(np.cumsum(lengths[first:]), SCORE_CHUNK_ROWS, side="right"))
-                last = first + max(1, last)
+            for first, last in doc_blocks(np.concatenate([[0], np.cumsum(lengths)]), SCORE_CHUNK_ROWS):
                 mat, off = self._vf.gather(starts[first:last], lengths[first:last], self._vf.dtype.type)
                 out[:, first:last] = maxsim_scores(queries, mat, off, dtype=dtype,
                                                    max_chunk_bytes=self.max_chunk_bytes)
-                first = last
         return out
 
     def _extents(self, seqs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
