@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+# make test runs the suite in this many pytest-xdist workers (a test module, with its backend spec,
+# is one unit of work: tests/conftest.py); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 # PyLate (the ColBERT head of load_encoder(dense=..., tokens=...)) pins fast-plaid<=1.4.6.2110,
 # the plaid extra 1.7.0.2110: its ColBERT model never imports fast-plaid, so pylate goes in
 # beside it with --no-deps after its other requirements (pylate 1.6.0's METADATA, less
@@ -31,4 +34,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup

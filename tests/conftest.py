@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import shutil
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -47,6 +50,24 @@ def _importorskip_extra(modname: str, minversion: str | None = None, reason: str
 
 
 pytest.importorskip = _importorskip_extra
+
+
+_OWN_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Encoded collections are cached in a folder this test run makes (``$UIBK_CACHE``), never in
+    the user's ``~/.cache``; pytest-xdist workers, started after this, inherit it and share it."""
+    if "UIBK_CACHE" not in os.environ:
+        os.environ["UIBK_CACHE"] = tempfile.mkdtemp(prefix="uibk-test-cache-")
+        config.stash[_OWN_CACHE] = os.environ["UIBK_CACHE"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_CACHE, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+        del os.environ["UIBK_CACHE"]
 
 
 def _spec_params() -> list:
@@ -122,13 +143,12 @@ def _start_in_background(start: Callable[[], object], name: str) -> None:
     threading.Thread(target=run, name=name, daemon=True).start()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the shared local servers the selected tests need in the background now: they boot
-    (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
-    of while the first test that needs them waits."""
-    if config.option.collectonly:
-        return
-    need = _servers_needed(items)
+# set by pytest-xdist in each worker process (``make test`` runs two: ``-n 2 --dist loadgroup``)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _start_servers(need: set[str]) -> None:
+    """Start the shared local servers named in ``need`` ("milvus", "pg") in the background."""
     if "milvus" in need and importlib.util.find_spec("milvus") is not None:
         from uibk_embedding.testing.milvus_server import LocalMilvusServer, user_namespaces_available
 
@@ -138,6 +158,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from uibk_embedding.testing.pg_server import LocalPostgresServer
 
         _start_in_background(LocalPostgresServer.shared_dsn, "uibk-pg-prestart")
+
+
+def _share_group(item: pytest.Item) -> str:
+    """The unit of work a pytest-xdist worker takes whole: the test's module, and its backend spec
+    when it has one, so that a module-scoped fixture (a filled store per spec, a trained model)
+    is built once and shared by the tests that use it, and never once per worker."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    spec = params.get("spec") or params.get("backend_spec")
+    module = item.nodeid.split("::", 1)[0]
+    return f"{module}::{spec.name}" if isinstance(spec, BackendSpec) else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the shared local servers the selected tests need in the background now: they boot
+    (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
+    of while the first test that needs them waits. In a pytest-xdist worker, which does not know
+    yet which tests it will get, mark each test's unit of work (:func:`_share_group`) instead:
+    the servers start when the worker first needs them (:func:`pytest_runtest_setup`)."""
+    if config.option.collectonly:
+        return
+    if XDIST_WORKER:
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_share_group(item)))
+        return
+    _start_servers(_servers_needed(items))
+
+
+_started: set[str] = set()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """In a pytest-xdist worker: start the servers this test needs, in the background, the first
+    time one of its tests needs them (the test itself waits for them through ``shared()``)."""
+    if XDIST_WORKER:
+        need = _servers_needed([item]) - _started
+        if need:
+            _started.update(need)
+            _start_servers(need)
 
 
 @pytest.fixture(params=["fused", "blas"])
@@ -156,7 +215,7 @@ def maxsim_kernel(request, monkeypatch) -> str:
 
 @pytest.fixture
 def backend_store(backend_spec, tmp_path):
-    """An empty store, once per backend (its representative spec, see
+    """An empty store, once per backend (its main spec, not its variants, see
     :func:`uibk_embedding.testing.open_spec`), closed afterwards."""
     store = open_spec(backend_spec, tmp_path, representative_only=True)
     try:

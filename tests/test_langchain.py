@@ -2,7 +2,7 @@
 is specific to us (score decomposition in metadata, filters, dense weight, errors).
 
 The standard suites run once per backend (the ``backend_store`` fixture of tests/conftest.py:
-the first spec of each backend in ``tests/backends/*.py``, the conformance suite's specs), so a
+each spec in ``tests/backends/*.py`` not marked ``variant``, the conformance suite's specs), so a
 backend that lands with its spec file is covered here with no change to this file. Registry
 backends whose module does not exist yet (or whose optional dependency is missing) appear as
 skipped parameters that say so.

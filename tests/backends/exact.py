@@ -14,10 +14,10 @@ from uibk_embedding.testing import BackendSpec
 SPECS = [
     BackendSpec("exact-memory", make=lambda d: ExactStore()),
     BackendSpec("exact-disk", make=lambda d: ExactStore(path=d / "exact", vector_dtype="float32"),
-                reopen=lambda d, **kw: ExactStore(path=d / "exact", **kw)),
+                reopen=lambda d, **kw: ExactStore(path=d / "exact", **kw), variant=True),
     BackendSpec("exact-disk-f16", make=lambda d: ExactStore(path=d / "exact", vector_dtype="float16"),
                 # reopen names the dtype too: the crash test and others create the store with it
                 reopen=lambda d, **kw: ExactStore(path=d / "exact", **{"vector_dtype": "float16", **kw}),
                 contract="approximate",
-                recall_floor=1.0, get_atol=1e-3),
+                recall_floor=1.0, get_atol=1e-3, variant=True),
 ]

@@ -33,5 +33,6 @@ def _index(d: Path, **kw):
 SPECS = [
     BackendSpec("lancedb-exact", make=_exact, reopen=_exact, skip=SKIP, shared_writers=True),
     BackendSpec("lancedb-index", make=_index, reopen=_index, contract="approximate", recall_floor=0.95,
-                skip=SKIP, shared_writers=True, index_used=engine_indexed),
+                skip=SKIP, shared_writers=True, index_used=engine_indexed,
+                variant=True),
 ]

@@ -87,7 +87,8 @@ SPECS = [
                 reopen=lambda d, **kw: _standalone(d, False, **kw), skip=_skip_standalone()),
     BackendSpec("milvus-live-embedding-list", make=lambda d: _live(d, "embedding_list"),
                 contract="approximate", recall_floor=0.9,
-                skip=None if MILVUS_URI else "MILVUS_URI is not set (a Milvus >= 2.6.4 server)"),
+                skip=None if MILVUS_URI else "MILVUS_URI is not set (a Milvus >= 2.6.4 server)",
+                variant=True),
     BackendSpec("milvus-live-token-rows", make=lambda d: _live(d, "token_rows"),
                 skip=None if MILVUS_URI else "MILVUS_URI is not set (a Milvus server)"),
 ]

@@ -29,9 +29,11 @@ SPECS = [
                 index_used=engine_indexed),
     BackendSpec("plaid", make=lambda d: PlaidStore(d / "p", **_opts()),
                 reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(**kw)), contract="approximate",
-                recall_floor=1.0, get_atol=1e-3, index_used=engine_indexed),
+                recall_floor=1.0, get_atol=1e-3, index_used=engine_indexed,
+                variant=True),
     BackendSpec("plaid-norerank", make=lambda d: PlaidStore(d / "p", **_opts(rerank=False)),
                 reopen=lambda d, **kw: PlaidStore(d / "p", **_opts(rerank=False, **kw)),
                 contract="approximate",
-                recall_floor=0.9, get_atol=1e-3, index_used=engine_indexed),
+                recall_floor=0.9, get_atol=1e-3, index_used=engine_indexed,
+                variant=True),
 ]

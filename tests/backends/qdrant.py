@@ -56,7 +56,7 @@ def _drop_test_collections() -> None:
 SPECS = [
     BackendSpec("qdrant-memory", make=lambda d: _qdrant(location=":memory:")),
     BackendSpec("qdrant-path", make=lambda d: _qdrant(path=d / "qdrant"),
-                reopen=lambda d, **kw: _qdrant(path=d / "qdrant", **kw)),
+                reopen=lambda d, **kw: _qdrant(path=d / "qdrant", **kw), variant=True),
     BackendSpec("qdrant-edge", make=lambda d: _edge(d / "edge"),
                 reopen=lambda d, **kw: _edge(d / "edge", **kw)),
     BackendSpec("qdrant-server", make=_server, reopen=_server,

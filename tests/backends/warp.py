@@ -35,8 +35,10 @@ SPECS = [
     BackendSpec("warp-indexed",
                 make=lambda d: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100)),
                 reopen=lambda d, **kw: WarpStore(d / "w", **_opts(buffer_size=0, n_rerank=100, **kw)),
-                contract="approximate", recall_floor=0.95, get_atol=1e-3, index_used=engine_indexed),
+                contract="approximate", recall_floor=0.95, get_atol=1e-3, index_used=engine_indexed,
+                variant=True),
     BackendSpec("warp-norerank", make=lambda d: WarpStore(d / "w", **_opts(rerank=False)),
                 reopen=lambda d, **kw: WarpStore(d / "w", **_opts(rerank=False, **kw)),
-                contract="approximate", recall_floor=0.55, get_atol=1e-3, index_used=engine_indexed),
+                contract="approximate", recall_floor=0.55, get_atol=1e-3, index_used=engine_indexed,
+                variant=True),
 ]

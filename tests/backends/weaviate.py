@@ -90,7 +90,7 @@ SPECS = [
     BackendSpec("weaviate", make=_make("plain"), reopen=_make("plain"), contract="approximate",
                 recall_floor=0.9, skip=SKIP),
     BackendSpec("weaviate-rerank", make=_make("rerank", rerank=True), reopen=_make("rerank", rerank=True),
-                contract="approximate", recall_floor=0.9, skip=SKIP),
+                contract="approximate", recall_floor=0.9, skip=SKIP, variant=True),
     BackendSpec("weaviate-muvera", make=_make("muvera", muvera=True), contract="approximate",
-                recall_floor=0.7, skip=SKIP),
+                recall_floor=0.7, skip=SKIP, variant=True),
 ]

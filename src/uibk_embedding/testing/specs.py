@@ -57,6 +57,9 @@ class BackendSpec:
     index_used(store) -> bool: after the real-data searches, whether they went through the
     engine's index (for stores that scan small collections exactly, so a spec meant to test
     the engine cannot silently test the scan); None: not checked.
+    variant: another configuration of a backend that a main spec (variant False) stands for in
+    the framework suites (LangChain's standard suites, the LlamaIndex store tests): the
+    conformance suite runs it, those suites do not (unless ``UIBK_ALL_SPECS=1``).
     """
 
     name: str
@@ -69,6 +72,7 @@ class BackendSpec:
     skip: str | None = None
     shared_writers: bool = False
     index_used: Callable[[MultiVectorStore], bool] | None = None
+    variant: bool = False
 
 
 def engine_indexed(store: MultiVectorStore) -> bool:
@@ -120,16 +124,14 @@ def load_backend_specs(folder: str | os.PathLike) -> list[BackendSpec]:
 
 # One configuration per backend runs the framework suites (LangChain's standard suites, the
 # LlamaIndex store tests): they test the wrappers' semantics on each engine, while the
-# conformance suite covers every configuration's search. The first spec of a backend name is
-# its representative; UIBK_ALL_SPECS=1 runs every spec.
+# conformance suite covers every configuration's search. Specs marked ``variant`` are left out
+# of them; UIBK_ALL_SPECS=1 runs every spec.
 ALL_SPECS = os.environ.get("UIBK_ALL_SPECS", "") not in ("", "0")
-_REPRESENTATIVE: dict[str, str] = {}
 
 
 def open_spec(spec: BackendSpec, folder: Path, *, representative_only: bool = False) -> MultiVectorStore:
     """An empty store of ``spec`` (for pytest: skips the test when an optional extra the spec
-    needs is not installed, or, with ``representative_only``, when another spec represents its
-    backend).
+    needs is not installed, or, with ``representative_only``, when the spec is a ``variant``).
 
     >>> from uibk_embedding.adapters.exact import ExactStore
     >>> open_spec(BackendSpec("exact-doc", lambda d: ExactStore()), Path(".")).count()
@@ -137,18 +139,15 @@ def open_spec(spec: BackendSpec, folder: Path, *, representative_only: bool = Fa
     """
     import pytest
 
+    if representative_only and spec.variant and not ALL_SPECS:
+        pytest.skip(f"{spec.name} is a variant of a backend whose main spec runs the framework "
+                    "suites (UIBK_ALL_SPECS=1 runs every configuration)")
     try:
-        store = spec.make(folder)
+        return spec.make(folder)
     except ImportError as e:
         if not missing_extra(e):  # a broken import (this package's own included) fails, never skips
             raise
         pytest.skip(f"{spec.name}: an optional extra is not installed ({e})")
-    first = _REPRESENTATIVE.setdefault(store.backend, spec.name)
-    if representative_only and first != spec.name and not ALL_SPECS:
-        store.close()
-        pytest.skip(f"backend {store.backend!r} runs the framework suites as {first!r} "
-                    "(UIBK_ALL_SPECS=1 runs every configuration)")
-    return store
 
 
 class InstrumentedEncoderFactory:
