@@ -176,7 +176,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
     of while the first test that needs them waits. In a pytest-xdist worker, which does not know
     yet which tests it will get, mark each test's unit of work (:func:`_share_group`) instead:
-    the servers start when the worker first needs them (:func:`pytest_runtest_setup`)."""
+    the servers start when one of its tests first asks for them (``shared()``)."""
     if config.option.collectonly:
         return
     if XDIST_WORKER:
@@ -184,19 +184,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(_share_group(item)))
         return
     _start_servers(_servers_needed(items))
-
-
-_started: set[str] = set()
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In a pytest-xdist worker: start the servers this test needs, in the background, the first
-    time one of its tests needs them (the test itself waits for them through ``shared()``)."""
-    if XDIST_WORKER:
-        need = _servers_needed([item]) - _started
-        if need:
-            _started.update(need)
-            _start_servers(need)
 
 
 @pytest.fixture(params=["fused", "blas"])
