@@ -46,6 +46,31 @@ def standalone():
     return LocalMilvusServer.shared()
 
 
+def test_close_ends_the_lite_server_cleanly_and_the_data_reopens(tmp_path, fmt, rng):
+    """close() ends the Milvus Lite server with SIGTERM (milvus-lite's own release waits 2 s and
+    then SIGKILLs it); everything written before reopens unchanged, also after a second close."""
+    import signal
+
+    from milvus_lite.server_manager import server_manager_instance
+
+    path = tmp_path / "m.db"
+    docs = [make_list(fmt, rng, n) for n in (3, 40, PART_ROWS + 5)]
+    metadata = [{"n": i} for i in range(3)]
+    for round_ in range(2):
+        with open_milvus_lite(path=path) as s:
+            if round_ == 0:
+                s.upsert(["a", "b", "c"], docs, metadata)
+            got = {r.id: r for r in s.get(["a", "b", "c"])}
+            server = server_manager_instance._servers[str(path.resolve())]
+            proc = server._p
+        assert proc.returncode is not None, "the server still runs after close()"
+        assert proc.returncode != -signal.SIGKILL, "the server was killed, not ended"
+        assert str(path.resolve()) not in server_manager_instance._servers
+        for i, x in enumerate("abc"):
+            np.testing.assert_array_equal(got[x].vectors, docs[i])
+            assert got[x].metadata == metadata[i]
+
+
 def test_existing_collection_is_validated_never_modified(tmp_path, fmt, rng):
     path = tmp_path / "m.db"
     with open_milvus_lite(path=path, collection="c1") as s:
