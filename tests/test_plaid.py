@@ -355,6 +355,22 @@ def test_uncommitted_rows_and_unswitched_generations_are_dropped_on_open(tmp_pat
         np.testing.assert_array_equal(s.get(["d6"])[0].vectors, vecs[0])
 
 
+def test_the_engine_proposes_as_many_candidates_as_the_store_asks(tmp_path):
+    """fast-plaid decompresses and returns only a quarter of ``n_full_scores`` documents: the
+    store asks four times its pool, so a pool of 200 gets 200 candidates (it got 128 of 512,
+    and at 1M documents recall@10 fell to 0.916: benchmarks/results/memory-log.md). A probe
+    count above the index's centroids is cut to them (fast-plaid panicked)."""
+    vecs = docs_for(14, 300)
+    with PlaidStore(tmp_path / "p", n_ivf_probe=10**4, **CHEAP) as s:  # every centroid probed
+        s.upsert([f"d{i}" for i in range(300)], vecs)
+        s.flush()
+        assert s.has_index
+        for top in (10, 200, 300):
+            (cands,) = s._engine_candidates([vecs[0]], top, None)
+            assert len(cands) == top
+            assert len({seq for seq, _ in cands}) == top
+
+
 def test_n_centroids_bounds_the_number_of_centroids(tmp_path):
     vecs = docs_for(13, 30)  # 690 vectors: fast-plaid's heuristic gives 256 centroids
     counts = {}

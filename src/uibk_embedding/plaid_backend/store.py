@@ -97,6 +97,9 @@ SAMPLE_BYTES_PER_VECTOR = 2 * 2 * DIM + 8 + 2
 norms), an int64 label and the norm."""
 MIN_POINTS_PER_CENTROID = 64
 """The memory budget never shrinks the k-means sample below this many vectors per centroid."""
+FULL_SCORE_SHARE = 4
+"""fast-plaid ranks ``n_full_scores`` documents by their centroids only and decompresses and
+returns the best quarter of them: to get ``top`` candidates the store asks ``4 * top``."""
 
 
 def kmeans_sample_docs(n_docs: int, n_vectors: int, n_centroids: int, memory_budget: int) -> int:
@@ -184,15 +187,17 @@ class PlaidStore(IndexedStore):
         heuristic (:func:`centroid_heuristic`). Both k-means and the compression of every
         vector cost time proportional to it. Saved with the store.
     n_ivf_probe, n_full_scores:
-        fast-plaid search parameters (centroids probed per query vector; candidates scored in
-        full). Defaults 2 and 512 (the engine's: 8 and 4096), measured on NPL with the exact
-        rerank of 100: recall@10 vs exact 0.996, 10x faster than 8 / 4096 (docs/plaid.md).
+        fast-plaid search parameters (centroids probed per query vector, at most the index's
+        centroid count; documents ranked by their centroids, of which the best quarter are
+        decompressed and scored in full). Defaults 2 and 512 (the engine's: 8 and 4096),
+        measured on NPL with the exact rerank of 100: recall@10 vs exact 0.996, 10x faster
+        than 8 / 4096 (docs/plaid.md).
     rerank, candidates, candidates_limit:
         Rescore PLAID's ``candidates`` best (default 100, at least ``k``) with exact MaxSim on
         the stored vectors (default on), and twice as many while the best ``k`` reach past half
         of those scored, up to ``candidates_limit`` (default 2000). PLAID is asked for that many
-        at once, so it scores ``max(n_full_scores, candidates_limit)`` documents in full: what
-        holds recall@10 at scale (100k documents: 0.968 with 512, 0.996 with 2000; docs/plaid.md).
+        at once (``n_full_scores`` of at least 4 x ``candidates_limit``), so it scores that many
+        documents in full: what holds recall@10 at scale (1M documents: 0.9925; docs/plaid.md).
         All three also per query: ``search(q, k, rerank=False)``.
     n_rerank:
         Deprecated name of ``candidates``.
@@ -294,6 +299,7 @@ class PlaidStore(IndexedStore):
         self.start_from_scratch = start_from_scratch
         self._order = np.zeros(0, np.int64)
         self._order_version = -1
+        self._index_centroids: tuple[str, int] = ("", 0)  # (index folder, its centroid count)
         given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
                  "max_points_per_centroid": max_points_per_centroid,
                  "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype,
@@ -467,13 +473,22 @@ class PlaidStore(IndexedStore):
         for idx in by_len.values():
             batch = self._torch.from_numpy(np.stack([queries[i] for i in idx]).astype(np.float16))
             res = engine_call("search", self._fp.search, batch, top_k=top, batch_size=self.search_batch_size,
-                              n_full_scores=max(self.n_full_scores, top), n_ivf_probe=self.n_ivf_probe,
+                              n_full_scores=max(self.n_full_scores, FULL_SCORE_SHARE * top),
+                              n_ivf_probe=min(self.n_ivf_probe, self._centroid_count_of_index()),
                               show_progress=False, subset=allowed, n_processes=1)
             for i, pairs in zip(idx, res, strict=True):
                 if any(not 0 <= p < len(order) for p, _ in pairs):
                     raise PlaidEngineError(f"fast-plaid returned a position outside 0..{len(order) - 1}")
                 out[i] = [(int(order[p]), float(s)) for p, s in pairs]
         return out
+
+    def _centroid_count_of_index(self) -> int:
+        """The current index's number of centroids (fast-plaid panics when asked to probe more)."""
+        folder = str(self.path / self._index_dir)
+        if self._index_centroids[0] != folder:
+            centroids = np.load(Path(folder) / "centroids.npy", mmap_mode="r")
+            self._index_centroids = (folder, int(centroids.shape[0]))
+        return self._index_centroids[1]
 
     def _engine_close(self) -> None:
         self._fp.close()
