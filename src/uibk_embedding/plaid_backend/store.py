@@ -299,7 +299,6 @@ class PlaidStore(IndexedStore):
         self.start_from_scratch = start_from_scratch
         self._order = np.zeros(0, np.int64)
         self._order_version = -1
-        self._index_centroids: tuple[str, int] = ("", 0)  # (index folder, its centroid count)
         given = {"nbits": nbits, "kmeans_niters": kmeans_niters,
                  "max_points_per_centroid": max_points_per_centroid,
                  "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype,
@@ -483,12 +482,9 @@ class PlaidStore(IndexedStore):
         return out
 
     def _centroid_count_of_index(self) -> int:
-        """The current index's number of centroids (fast-plaid panics when asked to probe more)."""
-        folder = str(self.path / self._index_dir)
-        if self._index_centroids[0] != folder:
-            centroids = np.load(Path(folder) / "centroids.npy", mmap_mode="r")
-            self._index_centroids = (folder, int(centroids.shape[0]))
-        return self._index_centroids[1]
+        """The current index's number of centroids (fast-plaid panics when asked to probe more),
+        read from the file's header at each search: an update may add centroids."""
+        return int(np.load(self.path / self._index_dir / "centroids.npy", mmap_mode="r").shape[0])
 
     def _engine_close(self) -> None:
         self._fp.close()
