@@ -218,7 +218,7 @@ class PlaidStore(IndexedStore):
         The crossover: below this many stored vectors no PLAID index is built and search is
         the exact scan; the write that reaches it builds the index (:meth:`stats` says which
         path answers and why). Default (``None``) :attr:`default_min_index_vectors`, the
-        crossover measured with the search defaults (4,000,000). A store that has an index keeps
+        crossover measured with the search defaults (6,000,000). A store that has an index keeps
         it until it falls below this *and* below half the vectors it was built from (older
         stores keep theirs).
     num_threads:
@@ -244,11 +244,12 @@ class PlaidStore(IndexedStore):
     build_defaults = BUILD_DEFAULTS
     build_legacy = _BUILD_LEGACY
     default_candidates_limit = 2000
-    default_min_index_vectors = 4_000_000
-    """PLAID's crossover with its search defaults (2000 documents scored in full), measured against
-    the exact scan on NPL grown with noisy copies: PLAID took 1.30x the scan's p50 at 1.44M vectors
-    and 1.20x at 2.36M (after builds of 377 and 699 s), 0.74x at 4.6M; before, the scan was also
-    faster on Cranfield and NPL (benchmarks/results/crossover.md)."""
+    default_min_index_vectors = 6_000_000
+    """PLAID's crossover with its search defaults (a pool of 2000 documents scored in full),
+    measured against the exact scan on NPL grown with noisy copies (Intel, 2 cores, alone): PLAID
+    took 1.27x the scan's p50 at 4.67M vectors (after a 243 s build), 0.95x at 5.83M, 0.83x at
+    6.99M, 0.72x at 9.29M and 0.61x at 13.9M; its own p50 stays near 260 ms up to 7M, the cost of
+    scoring the pool (benchmarks/results/crossover.md)."""
 
     def __init__(
         self,
