@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from uibk_embedding.encoder.pylate_modules.sentence_pooling import pool
+
 # ``1_Pooling/config.json`` keys, in the order sentence-transformers concatenates the modes
 _MODES = (
     ("cls", "pooling_mode_cls_token"),
@@ -133,29 +135,7 @@ class PoolingSpec:
     def pool(self, states: Any, mask: Any) -> Any:
         """Pool ``states`` ``(B, T, H)`` under ``mask`` ``(B, T)`` (1 = a real token, right
         padding) as sentence-transformers' ``Pooling`` (then ``Normalize``) does."""
-        import torch
-
-        m = mask.to(states.dtype).unsqueeze(-1)
-        out = []
-        for mode in self.modes:
-            if mode == "cls":
-                out.append(states[:, 0])
-            elif mode == "max":
-                out.append(states.masked_fill(m == 0, -1e9).max(dim=1).values)
-            elif mode in ("mean", "mean_sqrt_len"):
-                total = (states * m).sum(1)
-                count = m.sum(1).clamp(min=1e-9)
-                out.append(total / (count if mode == "mean" else torch.sqrt(count)))
-            elif mode == "weightedmean":
-                w = m * torch.arange(1, states.shape[1] + 1, device=states.device,
-                                     dtype=states.dtype).view(1, -1, 1)
-                out.append((states * w).sum(1) / w.sum(1).clamp(min=1e-9))
-            else:  # lasttoken: the last position with mask 1 (right padding)
-                last = (mask.sum(1).long() - 1).clamp(min=0)
-                out.append(states[torch.arange(states.shape[0], device=states.device), last]
-                           * (mask.sum(1, keepdim=True) > 0).to(states.dtype))
-        g = out[0] if len(out) == 1 else torch.cat(out, dim=1)
-        return torch.nn.functional.normalize(g, dim=-1) if self.normalize else g
+        return pool(states, mask, self.modes, self.normalize)
 
     def describe(self) -> str:
         """A short human-readable form, e.g. ``'cls + normalize'``.

@@ -527,7 +527,7 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
     >>> folder = save_pylate(native, tempfile.mkdtemp())
     >>> sorted(p.name for p in folder.glob("*.py"))
-    ['branched_transformer.py', 'hybrid_tokens.py', 'uibk_architecture.py']
+    ['branched_transformer.py', 'hybrid_tokens.py', 'sentence_pooling.py', 'uibk_architecture.py']
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore")
     ...     model = ColBERT(str(folder), trust_remote_code=True, device="cpu")

@@ -10,6 +10,8 @@ loads PyLate models) runs them without this library:
   builds its models from it too, so the exported and the native model are one code;
 * ``branched_transformer.py``: the first module (a sentence-transformers ``Transformer``):
   tokenises, runs the model once and gives the token states and the sentence vector;
+* ``sentence_pooling.py``: sentence-transformers' pooling modes, which the first module and
+  :class:`~uibk_embedding.encoder.pooling.PoolingSpec` share;
 * ``hybrid_tokens.py``: the second module (a PyLate ``Dense``): the fixed projections ``R`` and
   ``R'`` and the tagged construction (docs/format.md#constants), so that ``ColBERT.encode`` returns the tagged
   lists themselves.
@@ -20,5 +22,5 @@ They import only torch, transformers, safetensors, sentence-transformers and pyl
 from pathlib import Path
 
 #: the files written into a PyLate model folder, in the order they are copied
-FILES = ("uibk_architecture.py", "branched_transformer.py", "hybrid_tokens.py")
+FILES = ("uibk_architecture.py", "sentence_pooling.py", "branched_transformer.py", "hybrid_tokens.py")
 FOLDER = Path(__file__).resolve().parent

@@ -17,7 +17,7 @@ Layouts (``hybrid_tokens.py`` builds the tagged list from them):
   document) and gives back as a zero state, so the positions PyLate sees are unchanged.
 
 Written into the model folder by ``uibk_embedding``'s ``save_pylate``; imports only torch,
-transformers, safetensors and sentence-transformers.
+transformers, safetensors, sentence-transformers and the folder's ``sentence_pooling.py``.
 """
 
 from __future__ import annotations
@@ -31,37 +31,11 @@ from safetensors.torch import load_file, save_file
 from sentence_transformers.models import Transformer
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from .sentence_pooling import pool
 from .uibk_architecture import UIBKModel
 
 CONFIG_NAME = "branched_transformer.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def _pool(states: torch.Tensor, mask: torch.Tensor, modes: list[str], normalize: bool) -> torch.Tensor:
-    """sentence-transformers' Pooling (then Normalize) over right-padded states."""
-    m = mask.to(states.dtype).unsqueeze(-1)
-    out = []
-    for mode in modes:
-        if mode == "cls":
-            out.append(states[:, 0])
-        elif mode == "max":
-            out.append(states.masked_fill(m == 0, -1e9).max(dim=1).values)
-        elif mode in ("mean", "mean_sqrt_len"):
-            total = (states * m).sum(1)
-            count = m.sum(1).clamp(min=1e-9)
-            out.append(total / (count if mode == "mean" else torch.sqrt(count)))
-        elif mode == "weightedmean":
-            w = m * torch.arange(1, states.shape[1] + 1, device=states.device,
-                                 dtype=states.dtype).view(1, -1, 1)
-            out.append((states * w).sum(1) / w.sum(1).clamp(min=1e-9))
-        elif mode == "lasttoken":
-            last = (mask.sum(1).long() - 1).clamp(min=0)
-            out.append(states[torch.arange(states.shape[0], device=states.device), last]
-                       * (mask.sum(1, keepdim=True) > 0).to(states.dtype))
-        else:
-            raise ValueError(f"unknown pooling mode {mode!r}")
-    g = out[0] if len(out) == 1 else torch.cat(out, dim=1)
-    return torch.nn.functional.normalize(g, dim=-1) if normalize else g
 
 
 class BranchedTransformer(Transformer):
@@ -141,7 +115,7 @@ class BranchedTransformer(Transformer):
                 inputs = {k: torch.cat([v[:, :1], v[:, 2:]], dim=1) for k, v in inputs.items()}
             states = self.auto_model(**inputs, return_dict=True).last_hidden_state
             pooling = self.pooling or {"modes": ["mean"], "normalize": True}
-            g = _pool(states.float(), inputs["attention_mask"], pooling["modes"],
+            g = pool(states.float(), inputs["attention_mask"], pooling["modes"],
                       bool(pooling.get("normalize")))
             tok = states.float()
             if self.strip_marker:  # back to PyLate's positions: a zero state where the marker was
