@@ -591,13 +591,14 @@ def _built(args: argparse.Namespace, engine: str) -> Path:
 
 
 def exact_top10(work: Path, docs: int, queries: list[np.ndarray], tag: str = "",
-                exact: Any = None) -> list[list[str]]:
+                exact: Any = None, reference: str = "exact") -> list[list[str]]:
     """The exact store's top 10 of each query, cached next to the stores (``tag``: of queries
-    changed, e.g. ``-w4`` for another dense weight; ``exact``: the store, already open)."""
-    cache = work / f"exact-{docs}{tag}.top10.json"
+    changed, e.g. ``-w4`` for another dense weight; ``exact``: the store, already open;
+    ``reference``: ``exact`` or ``exact16``, the store that gives them)."""
+    cache = work / f"{reference}-{docs}{tag}.top10.json"
     top = json.loads(cache.read_text()) if cache.exists() else None
     if top is None or len(top) != len(queries):
-        store = exact or _open("exact", work / f"exact-{docs}")
+        store = exact or _open(reference, work / f"{reference}-{docs}")
         top = [[h.id for h in store.search(q, k=10)] for q in queries]
         if exact is None:
             store.close()
@@ -650,10 +651,11 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     work = Path(args.work)
     path = _built(args, args.engine)
-    exact = _open("exact", _built(args, "exact")) if args.time_exact or args.score_error else None
+    ref = args.reference
+    exact = _open(ref, _built(args, ref)) if args.time_exact or args.score_error else None
     for w in args.dense_weight:
         queries = [q if w == 1 else with_dense_weight(q, w) for q in queries_of(args.vectors, args.queries)]
-        top = exact_top10(work, args.docs, queries, "" if w == 1 else f"-w{w:g}", exact)
+        top = exact_top10(work, args.docs, queries, "" if w == 1 else f"-w{w:g}", exact, ref)
         truth = [exact.scores(q) for q in queries] if args.score_error and exact is not None else []
         for text in args.settings:
             _sweep_setting(args, path, exact, queries, top, truth, w, json.loads(text))
@@ -682,7 +684,8 @@ def _sweep_setting(args: argparse.Namespace, path: Path, exact: Any, queries: li
         "docs": args.docs, "engine": args.engine, "setting": setting, "dense_weight": w,
         "queries": len(queries), "runs": args.runs, "recall@10_vs_exact": round(float(np.mean(rec)), 4),
         "recall@10_min": round(min(rec), 2),
-        "identical_top10": sum(g == t for g, t in zip(got, top, strict=True)), **_p50_p95(lat)}
+        "identical_top10": sum(g == t for g, t in zip(got, top, strict=True)), **_p50_p95(lat),
+        "reference": args.reference}
     if lat_exact:
         row["exact_p50_ms"] = round(float(np.percentile(lat_exact, 50)), 2)
         row["p50_ratio"] = round(row["p50_ms"] / row["exact_p50_ms"], 3)
@@ -893,6 +896,8 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--engine", choices=("plaid", "warp"), required=True)
     sw = sub.choices["sweep"]
     sw.add_argument("--settings", nargs="+", default=["{}"], help="JSON objects of store options")
+    sw.add_argument("--reference", default="exact", choices=("exact", "exact16"),
+                    help="the exact store (float32 or float16 rows) whose top 10 is the truth")
     sw.add_argument("--time-exact", action="store_true",
                     help="time the exact store beside each setting, query by query")
     sw.add_argument("--gap", type=float, default=0.02, help="pause before each timed call (s)")
