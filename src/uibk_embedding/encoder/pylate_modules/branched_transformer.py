@@ -116,7 +116,7 @@ class BranchedTransformer(Transformer):
             states = self.auto_model(**inputs, return_dict=True).last_hidden_state
             pooling = self.pooling or {"modes": ["mean"], "normalize": True}
             g = pool(states.float(), inputs["attention_mask"], pooling["modes"],
-                      bool(pooling.get("normalize")))
+                     bool(pooling.get("normalize")))
             tok = states.float()
             if self.strip_marker:  # back to PyLate's positions: a zero state where the marker was
                 tok = torch.cat([tok[:, :1], torch.zeros_like(tok[:, :1]), tok[:, 1:]], dim=1)
