@@ -494,7 +494,7 @@ class MultiVectorStore(ABC):
 
     Subclasses set ``backend`` (the name ``open_store`` knows them by) and ``exact`` (whether
     ``search`` returns exactly the MaxSim top-k) and implement ``_upsert``, ``_delete``,
-    ``_search``, ``_get`` and ``count``. ``_search`` gets a validated float32 query, ``k`` and
+    ``_search``, ``_get``, ``_scan`` and ``count``. ``_search`` gets a validated float32 query, ``k`` and
     parsed filter conditions.
 
     A closed store (:meth:`close`) refuses every public method with

@@ -11,7 +11,7 @@ metadata, opening it reads no vectors. In memory (no ``path``) the same tables l
 Rows are float32 by default (scores equal to the in-memory store's); ``vector_dtype="float16"``
 halves the disk and page cache, scores within float16 rounding. Deleted or overwritten
 documents' rows are dropped (the live rows copied into the next generation of the vector file)
-once they exceed :data:`REPACK_FRACTION` of the file, or by :meth:`ExactStore.compact`.
+once they exceed :data:`REPACK_FRACTION` of the file (and 1,024 rows), or by :meth:`ExactStore.compact`.
 
 Folders written by 0.4 and older (``store.json``, an operation log in ``ops/``, ``snapshot-*.npz``
 files; before 0.3.1 with the vectors inside the ``.npz`` files) are converted when opened, once:

@@ -81,9 +81,9 @@ SQL_RANGES = dict(zip(RANGES, (">", ">=", "<", "<="), strict=True))
 FIELD_OPERATORS = (*EQUALITY, *RANGES, "$exists")
 COMBINATORS = ("$and", "$or", "$not")
 OPERATORS = FIELD_OPERATORS + COMBINATORS
-"""Every operator of the language. Backends declare which they translate (all of them, for
-every backend in this package); a filter using another is refused before it reaches the
-engine."""
+"""Every operator of the language. Backends declare which they translate (all of them for every
+backend in this package but Weaviate, which refuses ranges and ``$exists``); a filter using
+another is refused before it reaches the engine."""
 
 BASIC = frozenset({"$eq", "$in"})
 """The operators of the first filter language (equality, AND only)."""

@@ -57,7 +57,7 @@ An engine sets ``backend``, ``label``, ``engine_name``, ``engine_error``, ``inde
 Engine numbers (*refs*) are the seqs themselves unless ``ref_column`` names a ``docs`` column
 that stores them (WARP's passage ids); then a ``dead`` table keeps the refs of removed
 documents the engine still holds. :class:`ScanEngine` below is a complete engine: 46 lines,
-28 of them its six engine methods (PLAID's six are 43 lines, WARP's 50).
+28 of them its six engine methods (PLAID's six are 45 lines, WARP's 53).
 
 Example
 -------

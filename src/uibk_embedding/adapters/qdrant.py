@@ -308,7 +308,7 @@ class QdrantStore(_QdrantBase):
         ``create_collection`` (``on_disk`` applies to both vectors).
     mode, prefetch: default search mode and number of dense candidates.
     batch_size, max_retries, backoff: upsert batch size; retries of transient failures
-        (connection errors, timeouts, 429/502/503/504) with exponential backoff from
+        (connection errors, timeouts, 408/429/502/503/504) with exponential backoff from
         ``backoff`` seconds. Every retried call is idempotent (upserts and deletes by id).
     payload_indexes: ``{field: schema}`` payload indexes to create (e.g. ``{"lang":
         "keyword", "year": "integer"}``); see :meth:`create_payload_index`.

@@ -12,7 +12,7 @@ places, and the translation closes each gap:
 * lists: a condition on a list-valued payload field matches any element; the stored payload
   names its list-valued fields under ``_uibk_lists`` and every comparison excludes them
   (``$exists`` does not: a non-empty list is present);
-* Edge matches no booleans, so Edge points carry ``field=true`` tokens under ``_uibk_bools``.
+* Edge matches no booleans, so Edge points carry ``'["field", true]'`` tokens under ``_uibk_bools``.
 
 ``$exists`` is Qdrant's ``IsEmpty`` (missing, null or ``[]``) negated; ``$not`` is
 ``must_not``; ``$or`` is ``should``.
@@ -131,7 +131,7 @@ def _client_dialect() -> Dialect:
 
 
 def _edge_dialect() -> Dialect:
-    import qdrant_edge as e  # optional dependency: the qdrant-edge extra
+    import qdrant_edge as e  # optional dependency: the qdrant extra
 
     def bools(field: str, _key: str, bs: list[bool]) -> Any:
         toks = [bool_token(field, b) for b in bs]

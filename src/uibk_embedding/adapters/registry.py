@@ -61,13 +61,14 @@ def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -
     ``create=False`` opens a store that exists and creates nothing: for a backend that keeps its
     store in a local folder or file (``exact``, ``plaid``, ``warp``, ``qdrant`` with ``path=``,
     ``qdrant-edge``, ``milvus-lite``, ``lancedb`` with a local ``uri`` or ``path``) a ``path``
-    that does not exist, or holds no store of that backend (for ``qdrant`` and ``milvus-lite``:
-    no such collection; for ``lancedb``: no such ``table``), raises
+    that does not exist, or holds no store of that backend (for ``qdrant`` and ``milvus-lite``: no
+    such collection; for ``lancedb``: no such ``table``), raises
     :class:`~uibk_embedding.errors.StoreNotFound` naming the path and the backend, before the
     store class runs, so nothing is created or changed. Without a ``path`` those backends would
     make a new store in memory or a temporary folder, so ``create=False`` refuses that too. A
-    backend whose class takes ``create`` (``qdrant`` and ``weaviate`` servers) gets it, and
-    refuses a missing collection itself; ``milvus`` and ``pgvector`` servers are not checked.
+    backend whose class takes ``create`` (``qdrant`` and ``weaviate`` servers, ``lancedb`` on
+    object storage) gets it, and refuses a missing collection itself; ``milvus`` and ``pgvector``
+    servers are not checked.
 
     >>> import pathlib, tempfile
     >>> store = open_store("exact")

@@ -9,15 +9,16 @@ filter translation:
 * ``fetch(keys) -> {key: (stored tagged list, metadata)}``: the keys it leaves out (gone, or
   refused by a filter applied on the client) are skipped.
 
-:func:`rerank_candidates` is the one function that turns them into hits: it fetches the
-candidates in pieces, scores each piece with exact MaxSim (:func:`uibk_embedding.rank.rerank`),
-keeps a running top ``k``, stops early on the bounds, grows the pool while the best lie deep in
-the engine's order (``pool``, :data:`DEEPEN_SHARE`) and explains the hits from the lists it
-already fetched (no second read). Every candidate engine calls it: PLAID and WARP
-(:mod:`.indexed`), Milvus (both layouts), pgvector with ``exact=False``, Weaviate with
-``rerank=True``. Engines with a native exact path (the exact store, pgvector ``exact=True``, a
-file-backed store with no index) answer directly. :func:`check_rerank_options` validates the
-options (``rerank``, ``candidates``, ``candidates_limit``) once for every backend;
+:func:`rerank_candidates` is the one function that turns them into hits: it fetches the candidates
+in pieces, scores each piece with exact MaxSim (:func:`uibk_embedding.rank.rerank`), keeps a
+running top ``k``, stops early on the bounds, grows the pool while the best lie deep in the
+engine's order (``pool``, :data:`DEEPEN_SHARE`) and explains the hits from the lists it already
+fetched (no second read). Every candidate engine calls it: PLAID and WARP (:mod:`.indexed`),
+Milvus (both layouts), pgvector with ``exact=False``, Weaviate with ``rerank=True``, LanceDB (in
+index mode; in flat mode it scores the lists it returned). Engines with a native exact path (the
+exact store, pgvector ``exact=True``, a file-backed store with no index) answer directly.
+:func:`check_rerank_options` validates the options (``rerank``, ``candidates``,
+``candidates_limit``) once for every backend;
 :class:`Reranking` is the mixin of the file-backed engines that declares them.
 
 Example

@@ -14,7 +14,7 @@ Subcommands::
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
 
 Backend options go through ``--option KEY=VALUE`` (repeatable; VALUE is read as JSON when it
-parses, else as a string), e.g. ``--option collection_name=docs --option url=http://...``.
+parses, else as a string), e.g. ``--option collection=docs --option url=http://...``.
 
 Only ``index`` (and ``eval --create``) write into a store. ``search`` and ``eval`` read one as it
 is and never create one: a missing store is one line, ``uibk-embed: no store at PATH (...)``,
@@ -800,13 +800,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every user error, in every subcommand, is ONE line ``uibk-embed: <the problem>`` on stderr
     and exit status 2 (the :class:`SystemExit` raised is a :class:`UsageError`, whose ``str()`` is
-    the line): argparse's usage errors, a bad ``--filter`` (malformed JSON, an unknown operator),
+    the line): a bad ``--filter`` (malformed JSON, an unknown operator),
     an empty query, a missing file or store, a model folder of the wrong kind, a server that
     cannot be reached, a missing extra — the library's :class:`~uibk_embedding.errors.UIBKError`
     and the ``ValueError``, ``TypeError``, ``KeyError``, ``OSError``, ``ImportError`` and
     ``NotImplementedError`` its input checks raise. Anything else (``AttributeError``,
     ``IndexError``, a plain ``RuntimeError``...) is a bug and keeps its traceback; set
     ``UIBK_EMBED_DEBUG=1`` to see the traceback of a user error too. Ctrl-C: exit status 130.
+A command line argparse cannot parse (a missing argument, an unknown option) gets argparse's
+usage and error lines and exit status 2.
 
     >>> import pathlib, tempfile
     >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"

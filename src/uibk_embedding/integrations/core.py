@@ -9,8 +9,9 @@ with their score and its decomposition (token part, dense part). It only uses th
 backend it talks to; the framework wrappers are thin layers over it.
 
 Filters are the library's filter language (:mod:`~uibk_embedding.adapters.filters`);
-:func:`translate_langchain_filter` turns the frameworks' filter
-shapes into it and refuses what it cannot express with a precise error.
+:func:`translate_langchain_filter` (LangChain) and
+:func:`uibk_embedding.integrations.llama_index.translate_filters` (LlamaIndex) turn the
+frameworks' filter shapes into it and refuses what it cannot express with a precise error.
 
 Example
 -------

@@ -20,8 +20,9 @@ returns :class:`UIBKDenseEmbeddings`, the encoder's dense head as a plain ``Embe
 store, per retriever or per query (``similarity_search(q, retrieval_mode="dense")``), with no
 re-index (:func:`~uibk_embedding.tagged.query_for_mode`).
 
-Filters: ``{"field": value}``, ``{"field": {"$in": [...]}}``, ``{"$and": [...]}``; other
-operators are refused with an error naming them.
+Filters: the library's filter language (``$eq $ne $gt $gte $lt $lte $in $nin $exists``,
+``$and $or $not``), or a native Qdrant ``Filter`` on a Qdrant store; other operators are
+refused with an error naming them.
 
 Example
 -------

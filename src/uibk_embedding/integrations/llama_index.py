@@ -18,9 +18,10 @@ To use LlamaIndex's ``VectorStoreIndex`` / query engines on top, build the index
 single-vector model ever runs (documents inserted through the index are encoded once, by the
 store; queries are encoded by the store).
 
-Filters: ``MetadataFilters`` of ``EQ`` and ``IN`` filters combined with ``AND`` (nested
-``AND`` groups too); other operators and ``OR`` / ``NOT`` are refused with an error naming
-them. ``VectorStoreQuery.doc_ids`` restricts to source documents, ``node_ids`` to nodes.
+Filters: ``MetadataFilters`` of ``EQ NE GT GTE LT LTE IN NIN IS_EMPTY`` with ``AND`` / ``OR`` /
+``NOT``, nested; the list and text operators (``ANY``, ``ALL``, ``CONTAINS``, ``TEXT_MATCH``) are
+refused with an error naming them. ``VectorStoreQuery.doc_ids`` restricts to source documents,
+``node_ids`` to nodes.
 
 Example
 -------

@@ -209,7 +209,7 @@ class PlaidStore(IndexedStore):
         of adding to it (default 2.0; ``None``: never). fast-plaid's update assigns new
         documents to the existing centroids, so a collection indexed in batches would otherwise
         keep the centroids of its first batch (NPL indexed 512 documents at a time: recall@10
-        vs exact 0.976 instead of 0.996). Doubling keeps the total build work within about
+        vs exact 0.976 instead of 0.993). Doubling keeps the total build work within about
         twice one build of the final collection.
     buffer_size, start_from_scratch:
         fast-plaid update parameters: new documents buffered before centroids are extended,
