@@ -24,6 +24,7 @@ from uibk_embedding.encoder import check_separation, decompose, load_encoder
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
 from uibk_embedding.errors import ModelChanged
+from uibk_embedding.tagged import orthonormal_rows
 from uibk_embedding.testing.tiny_models import tiny_bert
 
 st = pytest.importorskip("sentence_transformers")
@@ -49,7 +50,8 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("byo")
     letters = list(string.ascii_lowercase + string.digits)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"[unused{i}]" for i in range(4)),
-             *string.punctuation, *letters, *(f"##{c}" for c in letters), *WORDS]
+             *string.punctuation, *letters, *(f"##{c}" for c in letters),
+             *(w for w in WORDS if w not in letters)]
     assert "wing" in vocab
     folders = {}
     for name, seed in (("hf_dense", 0), ("hf_colbert", 1)):
@@ -225,6 +227,29 @@ def test_save_and_load_round_trip(composed, models, tmp_path):
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(again.R, composed.R)
     np.testing.assert_array_equal(again.P, composed.P)
+
+
+def test_a_fitted_projection_round_trips(models, tmp_path):
+    """A composed encoder fitted by PCA reloads as that encoder: the same matrices, declared as
+    a PCA projection (so a store it filled accepts it), and a missing projections.npz is refused
+    rather than replaced by the seeded matrices."""
+    fitted = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+    seeded_format = fitted.format
+    # what fit_projection installs (a PCA needs 127 token directions; the tiny model has 32)
+    fitted.set_projections({"R": orthonormal_rows(fitted.R.shape[0], fitted.R.shape[1], 7),
+                            "P": orthonormal_rows(fitted.P.shape[0], fitted.P.shape[1], 8)}, "pca")
+    assert fitted.projection == "pca" and fitted.format.projection.startswith("pca-")
+    assert fitted.format.conflict(seeded_format) is not None
+    fitted.save(tmp_path / "enc")
+    again = load_encoder(tmp_path / "enc", device="cpu")
+    assert again.projection == "pca"
+    assert again.format.projection == fitted.format.projection
+    assert again.format.conflict(fitted.format) is None
+    np.testing.assert_array_equal(again.R, fitted.R)
+    np.testing.assert_array_equal(again.P, fitted.P)
+    (tmp_path / "enc" / "projections.npz").unlink()
+    with pytest.raises(FileNotFoundError, match=r"projections\.npz is missing"):
+        load_encoder(tmp_path / "enc", device="cpu")
 
 
 def test_a_changed_model_is_refused(composed, models, tmp_path):

@@ -59,6 +59,7 @@ from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NA
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
+from uibk_embedding.encoder.projection import read_saved_projections
 from uibk_embedding.encoder.transformer import quiet_transformers
 from uibk_embedding.encoder.trust import check_loader_options, require_trust
 from uibk_embedding.errors import ModelChanged
@@ -288,12 +289,15 @@ class ComposedEncoder(TaggedEncoder):
                     "saved). Vectors of the two models must not share an index: re-encode the "
                     "collection with a new encoder, or point to the original model folder")
         opts: dict[str, Any] = {k: cfg[k] for k in (
-            "seed", "dense_weight", "query_token_cap", "query_max_length", "doc_max_length",
-            "colbert_options", "query_prompt", "document_prompt") if k in cfg}
+            "seed", "dense_weight", "query_token_cap", "projection", "query_max_length",
+            "doc_max_length", "colbert_options", "query_prompt", "document_prompt") if k in cfg}
         opts["format"] = TaggedFormat.from_dict(cfg["format"])
-        if (path / PROJECTIONS_NAME).exists():
+        saved = read_saved_projections(path, cfg)  # a fitted projection: its checked matrices
+        if saved is None and (path / PROJECTIONS_NAME).exists():  # seeded: the matrices saved
             with np.load(path / PROJECTIONS_NAME) as z:
-                opts["projections"] = {"R": z["R"], "P": z["P"]}
+                saved = {"R": z["R"], "P": z["P"]}
+        if saved is not None:
+            opts["projections"] = saved
         return cls(folders["dense"], folders["tokens"], **{**opts, **options})
 
     # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------

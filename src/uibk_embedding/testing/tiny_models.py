@@ -25,10 +25,14 @@ def tiny_bert(folder: str | os.PathLike, vocab: Sequence[str], *, seed: int | No
               layers: int = 2) -> None:
     """Save a random BERT (hidden size 32, ``layers`` layers, 2 heads, 128 positions) and a
     lower-casing WordPiece tokenizer over ``vocab`` (one entry per token, in id order) into
-    ``folder``; ``seed`` seeds torch first (None: the caller's generator state)."""
+    ``folder``; ``seed`` seeds torch first (None: the caller's generator state). A token listed
+    twice is refused: the tokenizer would number the later entry past the model's vocabulary."""
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
+    twice = sorted({w for w in vocab if vocab.count(w) > 1})
+    if twice:
+        raise ValueError(f"tiny_bert: tokens listed more than once in vocab: {twice}")
     if seed is not None:
         torch.manual_seed(seed)
     os.makedirs(folder, exist_ok=True)
