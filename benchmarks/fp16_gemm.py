@@ -12,7 +12,8 @@ after one warm-up, and prints the CPU's flags that decide it, so a build time me
 machine can be read on another::
 
     python benchmarks/fp16_gemm.py        # 11,800 tokens (256 NPL documents) x 8,192 centroids
-    python benchmarks/fp16_gemm.py --batch 256 1024 4096 16384 --out benchmarks/results/fp16-gemm-amd.json
+    python benchmarks/fp16_gemm.py --batch 128 256 512 1024 16384 --rounds 7 \\
+        --out benchmarks/results/fp16-gemm-amd-avx2.json
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ lists). Variants:
   the documents of cranfield, npl and limit-small together (``ship``; so this row has seen the
   collection it is scored on: ``pca-other`` is the held-out estimate), ``R`` seed 0;
 * ``pca-R-own`` / ``pca-RP-own``: ``R`` fitted too (``fit_dense=True``; slots interleaved), with
-  ``P`` seed 0 / fitted. A collection with fewer documents than the 381 directions of ``R``
+  random-s0's ``P`` (seed 1) / fitted. A collection with fewer documents than the 381 directions of ``R``
   (limit-small: 46) adds its queries to the sample.
 
 Besides nDCG@10 and recall, ``aligned@10``: the share of (query, top-10 document) pairs whose
@@ -30,7 +30,8 @@ score decomposes exactly (every query slot selected its own document slot, docs/
 Usage::
 
     python benchmarks/projection_eval.py cache cranfield npl limit-small [--budget-s 480]
-    python benchmarks/projection_eval.py ship cranfield npl limit-small --out encoder/data/minilm_pca.npz
+    python benchmarks/projection_eval.py ship cranfield npl limit-small \
+        --out src/uibk_embedding/encoder/data/minilm_pca.npz
     python benchmarks/projection_eval.py eval cranfield npl limit-small \
         [--out benchmarks/results/projection_eval.json] [--md benchmarks/results/projection_eval.md]
     python benchmarks/projection_eval.py eval cranfield npl limit-small --dense-weight 8 \

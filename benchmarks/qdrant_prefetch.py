@@ -4,8 +4,11 @@
    candidates, MaxSim rerank in the same request) for N in {50, 200, 1000}, and the latency
    per query of exact and prefetch mode, next to the exact store, for qdrant-client local
    mode and Qdrant Edge.
+   Local mode runs on the first ``--local-docs`` (1000) documents and ``--local-queries`` (10)
+   queries.
 2. Adapter overhead: upsert + query through ``QdrantStore`` vs the same calls made directly
-   with qdrant-client (same collection layout, same vectors), as a ratio; medians of runs.
+   with qdrant-client, and ``QdrantEdgeStore`` vs qdrant-edge-py (same collection layout, same
+   vectors), as ratios; medians of runs.
 
 Documents and queries are encoded by the embedded default encoder (cached on disk).
 

@@ -6,12 +6,15 @@ related document, the best of N random other paragraphs the off-topic match. Pri
 fractions' quantiles and the knots of ``RELEVANCE_KNOTS``: x of the 0.5 knot is the off-topic best
 matches' 90th percentile (OFF_TOPIC_BELOW_HALF), so that an off-topic query's best document falls
 below 0.5 nine times in ten (the aim of issue #42; the equal-error point, used before, left a third
-above); x of the 0.25 knot is the off-topic 5th percentile. Also scores gibberish queries against
+above); x of the 0.25 knot is the smaller of the off-topic 5th percentile and half
+the 0.5 knot's x. Also scores gibberish queries against
 the paragraphs.
 
 ``report``: for ../shared/datasets/{cranfield,npl} (a few hundred documents: every judged one
 of the first queries, plus others), the relevance of judged-relevant vs non-relevant top-10
 pairs and the precision/recall of each threshold 0.3..0.8. Writes benchmarks/results/relevance.md.
+
+``python benchmarks/relevance.py [calibrate | report]`` (no argument: ``calibrate``).
 
     python benchmarks/relevance.py calibrate
     python benchmarks/relevance.py report

@@ -40,6 +40,8 @@ Subcommands:
   file against reading the same documents' float16 blobs from SQLite (schema 1's path).
 * ``profile`` (PLAID, WARP): where one query's time goes: the engine's candidate call, the exact
   MaxSim rerank, the rest; then the 12 heaviest functions of cProfile.
+* ``crossover``: the exact scan, PLAID and WARP on random vectors at ``--docs`` sizes (where an
+  index starts to pay); appends JSON lines to ``--out``.
 
 ::
 
@@ -47,7 +49,8 @@ Subcommands:
     python benchmarks/scale.py run --docs 30000 100000 --engines exact,plaid,warp \\
         --out benchmarks/results/scale
 
-What the removed scripts measured, and how to get it now:
+What the removed scripts measured, and how to get it now (every ``sweep``, ``rerank`` and
+``profile`` also takes ``--docs N``, the size of the built store it reads):
 
 * ``plaid_scale.py build`` (build time split, centroids, bytes): ``run --engines exact,plaid``
   (``build_s``, ``engine_s``, ``centroids``, ``disk_bytes``), build parameters as
@@ -67,15 +70,17 @@ What the removed scripts measured, and how to get it now:
 * ``plaid_recall.py cranfield npl --rerank 10 100 --weights 1 4`` (recall, score error, latency
   per rerank pool and dense weight, on real collections): per collection ``encode --collection
   cranfield --vectors /tmp/cranfield-vectors.npz``, ``run --docs 1398 --engines exact,plaid
-  --vectors ...``, then ``sweep --engine plaid --time-exact --score-error --dense-weight 1 4
-  --settings '{"rerank": false}' '{"candidates": 10}' '{"candidates": 100}'``.
+  --vectors ...``, then ``sweep --engine plaid --docs 1398 --vectors /tmp/cranfield-vectors.npz
+  --time-exact --score-error --dense-weight 1 4 --settings '{"rerank": false}' '{"candidates": 10}'
+  '{"candidates": 100}'``.
 
 The synthetic documents beyond NPL's 11,426 come from other seeds than in the old scripts
 (``plaid_scale.py`` used one seed for all, ``warp_scale.py`` seed = size), so figures above NPL's
-size are comparable in kind, not document for document. Each result row records the load
-average before it. Run it alone on the machine: a test run or another benchmark on the same cores
-changes build times and latencies (not peak RSS). Logs of the figures:
-``benchmarks/results/memory-log.md``, ``benchmarks/results/plaid-log.md``.
+size are comparable in kind, not document for document. ``run`` rows record the load average
+before each step, ``sweep``/``rerank``/``profile`` rows the one at their end. Run it alone on the
+machine: a test run or another benchmark on the same cores changes build times and latencies (not
+peak RSS). Logs of the figures: ``benchmarks/results/memory-log.md``,
+``benchmarks/results/plaid-log.md``.
 """
 
 from __future__ import annotations

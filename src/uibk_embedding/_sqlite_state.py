@@ -1,6 +1,7 @@
-"""The SQLite layer the file-backed engine stores share (PLAID, WARP): a folder lock held for the
-store's lifetime, a WAL + ``synchronous=FULL`` connection with a key/value ``state`` table, one
-``BEGIN IMMEDIATE`` transaction helper, and state reads/writes.
+"""The SQLite layer the file-backed stores share (the exact store, PLAID, WARP; the folder locks
+also serve Milvus Lite and Qdrant Edge): a folder lock held for the store's lifetime, a WAL +
+``synchronous=FULL`` connection with a key/value ``state`` table, one ``BEGIN IMMEDIATE``
+transaction helper, and state reads/writes.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())

@@ -11,8 +11,8 @@ exception              also a                  raised when
                                                (another tagged format, layout, metric, build
                                                parameters, or not a store at all); it is left
                                                unchanged
-``BackendUnavailable`` ``ConnectionError``     a server (Qdrant, Milvus, Weaviate, a uibk-embed
-                                               encoder server) cannot be reached
+``BackendUnavailable`` ``ConnectionError``     a server (Qdrant, Milvus, Weaviate, PostgreSQL,
+                                               a uibk-embed encoder server) cannot be reached
 ``ServerTooOld``       ``RuntimeError``        the server runs but lacks a feature the store needs
 ``MissingDependency``  ``ImportError``         an optional dependency is not installed (the
                                                message names the extra to install)

@@ -13,9 +13,10 @@ Two kernels compute the same scores:
   float16 rows are widened in a 24 KiB buffer on the fly (no slower than float32 rows: half the
   bytes to read); documents are split across the cores (:data:`THREADS`). Used for float32 scores
   whenever it is built and the CPU has those instructions (:func:`kernel`).
-- **blas** (numpy): per cache-sized block one float32 BLAS product, ``np.maximum.reduceat`` over
-  each document's rows and a sum per query. Used for ``dtype=np.float64`` (the reference the
-  tests compare with), and for float32 where the fused kernel is not available.
+- **blas** (numpy): per cache-sized block one BLAS product in the requested dtype,
+  ``np.maximum.reduceat`` over each document's rows and a sum per query. Used for
+  ``dtype=np.float64`` (the reference the tests compare with), and for float32 where the fused
+  kernel is not available.
 
 ``benchmarks/maxsim_kernel.py`` measures both against the outside MaxSim kernels
 (benchmarks/results/maxsim_kernel.md).

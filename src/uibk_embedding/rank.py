@@ -1,7 +1,7 @@
 """Exact MaxSim rerank of candidates: the one function every backend's rerank calls.
 
-Engines that return *candidates* (PLAID, WARP, Milvus, Weaviate with ``rerank=True``, pgvector
-with ``exact=False``) rescore them exactly on the stored vectors. :func:`rerank` does that for
+Engines that return *candidates* (PLAID, WARP, Milvus, LanceDB, Weaviate with ``rerank=True``,
+pgvector with ``exact=False``) rescore them exactly on the stored vectors. :func:`rerank` does that for
 one query and any sequence of candidate lists, independent of any index, with the packed
 segment-max kernel of :mod:`uibk_embedding.maxsim` (no padding: a negative best similarity stays
 negative). The store-level loop around it (fetch the candidates' lists in pieces, keep a running

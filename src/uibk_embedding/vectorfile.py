@@ -2,7 +2,7 @@
 
 A :class:`VectorFile` is a flat file of ``(rows, 128)`` float16 or float32 rows. Documents are
 *appended*; the store that owns the file keeps each document's ``(start, n_rows)`` in its own
-source of truth (a SQLite row, a JSON map) and commits those references only after
+source of truth (a SQLite row) and commits those references only after
 :meth:`VectorFile.append` returned, which has made the rows durable (``fsync``). So after a crash
 every committed reference points at complete rows; rows appended but never referenced are a
 harmless tail that :meth:`VectorFile.open` cuts off (``committed_rows``).

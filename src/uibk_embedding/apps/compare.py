@@ -23,15 +23,17 @@ a backend added to the registry later works here unchanged. ``LABEL=NAME`` runs 
 another label, and ``--option LABEL:KEY=VALUE`` passes it options (JSON values), e.g. two PLAID runs::
 
     uibk-embed compare npl --backends exact,plaid,plaid-raw=plaid --option plaid-raw:rerank=false
-
-Benchmark defaults per backend (:data:`DEFAULT_OPTIONS`): a store folder inside the work folder,
+ Benchmark defaults per backend (:data:`DEFAULT_OPTIONS`): a store folder inside the work folder,
 so its size on disk can be measured; servers from ``QDRANT_URL`` / ``MILVUS_URI`` /
-``WEAVIATE_URL`` when set. ``milvus`` without ``MILVUS_URI`` starts the local standalone server
-(:class:`~uibk_embedding.testing.milvus_server.LocalMilvusServer`) in the worker; ``weaviate`` without
+``WEAVIATE_URL`` / ``PG_DSN`` when set. ``milvus`` without ``MILVUS_URI`` starts the local
+standalone server (:class:`~uibk_embedding.testing.milvus_server.LocalMilvusServer`) in the
+worker, ``pgvector`` without ``PG_DSN`` a local PostgreSQL server
+(:class:`~uibk_embedding.testing.pg_server.LocalPostgresServer`); ``weaviate`` without
 ``WEAVIATE_URL`` is skipped. A backend that fails to import, open or index is reported as
 skipped with the reason.
 
-Peak memory: ``peak_rss_mb`` is the worker's peak resident set (``getrusage``), which includes
+Peak memory: ``peak_rss_mb`` is the worker's peak resident set (``VmHWM`` from ``/proc``; ``getrusage``
+where that is unavailable), which includes
 the document vectors the worker loads to index (``base_rss_mb``, measured before the store is
 opened); the difference is what the backend itself used. A server child (local Milvus) is
 counted separately (``server_peak_rss_mb``); a remote server's memory is not visible.
@@ -40,8 +42,8 @@ counted separately (``server_peak_rss_mb``); a remote server's memory is not vis
 built in turn, then the queries go round the stores (query i to every store before query i + 1,
 the stores' order rotating), ``--repeat`` passes, each query's latency the median of its passes;
 no store is timed alone on a machine another one left warm or busy. Peak memory is then not
-reported per backend, ``--timeout`` and ``--threads`` do not apply (set ``OMP_NUM_THREADS`` and
-the like in the environment), and backends that start a local server are skipped. The NPL
+reported per backend, ``--timeout`` does not apply and ``--threads`` is refused (set ``OMP_NUM_THREADS``
+and the like in the environment), and backends that start a local server are skipped. The NPL
 side by side of docs/lancedb.md::
 
     uibk-embed compare npl --interleave --repeat 5 --backends exact,warp,qdrant-edge,\

@@ -3,7 +3,8 @@
 :func:`index_distributed` runs Ray Data's ``map_batches`` with a callable class: a fixed pool of
 actors (``workers``, one per GPU when ``num_gpus=1``), each holding ONE encoder (a model loaded in
 the actor, or clients of ``uibk-embed serve`` servers given by ``encoder_urls``) and ONE store
-connection. Each actor validates its batch, encodes it (the encoder sorts the batch by length
+connection. Rows are checked before they reach the actors (a bad one is marked, not dropped);
+each actor encodes its batch (the encoder sorts the batch by length
 into padded sub-batches, docs/model.md "The encoding pipeline") and upserts the vectors itself:
 vectors never travel back to the driver, only one small row of counters per batch, from which the
 driver draws its progress (documents done / total, documents/s). Ray schedules; there is no scheduler here.
@@ -18,10 +19,11 @@ Exactly once, under retries
     before encoding.
 
 Bad input
-    A row whose text is missing, empty, whitespace or not a string, or whose id is not a
-    non-empty string, is not encoded; every other row is. At the end the run raises
-    :class:`BadDocuments` listing each bad row's id, position (JSONL line number, list index,
-    or ``position_column``) and reason, or, with ``skip_bad=True``, returns them in
+    A row that fails :func:`~uibk_embedding.apps.data.check_document` (its id, text, title or
+    metadata: e.g. an empty text, a non-string id, metadata past a store limit) is not encoded;
+    every other row is. At the end the run raises
+    :class:`BadDocuments` listing each bad row's id, position (``FILE:LINE`` for JSONL, the list
+    index, or ``position_column``) and reason, or, with ``skip_bad=True``, returns them in
     :attr:`DistributedResult.bad`.
 
 Stores: a server that several processes write to: ``qdrant`` with ``url=``, ``milvus`` with an
@@ -432,7 +434,7 @@ def index_distributed(
         returns an encoder (pickled to the actors); ``encoder_options`` go to ``load_encoder``.
     encoder_urls: ``uibk-embed serve`` servers to use instead of a model in each actor; each
         actor starts at a random server and takes them in turn, batch by batch.
-    workers: actors in the pool (default: the cluster's GPUs when ``num_gpus`` > 0, else 2).
+    workers: actors in the pool (default: the cluster's GPUs / ``num_gpus`` when ``num_gpus`` > 0, else 2).
     num_gpus, num_cpus: resources per actor (``num_gpus=1``: one encoder per GPU); on CPU the
         actor's torch uses ``num_cpus`` threads.
     batch_size: rows per Ray batch (one task, one encode call, sorted by length inside);

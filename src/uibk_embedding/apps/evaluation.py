@@ -206,7 +206,8 @@ def fused_run(store: MultiVectorStore, enc: Encoded, dense_weight: float,
 
 def run_eval(coll: Collection, enc: Encoded, store: MultiVectorStore,
              dense_weight: float) -> dict[str, Any]:
-    """The JSON object of `uibk-embed eval --json`."""
+    """The JSON object of `uibk-embed eval --json` (hybrid mode; ``--retrieval-mode`` replaces its
+    ``fused`` run)."""
     heads = head_runs(enc)
     fused = fused_run(store, enc, dense_weight)
     return {

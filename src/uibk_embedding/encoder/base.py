@@ -157,7 +157,8 @@ class TaggedEncoder(FixedProjections):
         dense_weight: float | None = None,
         show_progress: bool | None = None,
     ) -> list[np.ndarray]:
-        """Tagged query lists: 3 slots scaled by ``dense_weight`` then <= 64 token vectors."""
+        """Tagged query lists: 3 slots scaled by ``dense_weight`` then at most
+        ``query_token_cap`` (64 by default) token vectors."""
         w = check_dense_weight(self.dense_weight if dense_weight is None else dense_weight)
         texts = validate_texts(texts)
         return self._encode(texts, True, w, show_progress)

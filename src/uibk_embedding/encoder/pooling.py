@@ -2,7 +2,7 @@
 
 A sentence-transformers model folder says how its sentence vector is made: ``modules.json``
 lists the modules (``Transformer``, then ``Pooling``, then optionally ``Normalize``) and
-``1_Pooling/config.json`` the pooling modes (CLS, mean, max, mean / sqrt(length), weighted
+``1_Pooling/config.json`` the pooling modes (CLS, max, mean, mean / sqrt(length), weighted
 mean, last token; several modes are concatenated, in that order). :class:`PoolingSpec` reads
 that and pools token states the same way, so the one-pass composition of a single folder
 (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`) gives the sentence vector the

@@ -235,9 +235,10 @@ def tagged_from_heads(dense: np.ndarray, tokens: Sequence[np.ndarray], R: np.nda
 def read_saved_projections(folder: str | os.PathLike, cfg: dict[str, Any]
                            ) -> dict[str, np.ndarray] | None:
     """The matrices of a saved encoder whose configuration ``cfg`` names a fitted projection
-    (``None`` for a seeded one: it is redrawn from its seed). The file must be there and hold
-    exactly the matrices the configuration's ``projection_id`` names, else a ``ValueError``
-    naming the file: an encoder never silently runs with other matrices than it was saved with.
+    (``None`` for a seeded one: it is redrawn from its seed). A missing file raises
+    ``FileNotFoundError``; one that does not hold exactly the matrices the configuration's
+    ``projection_id`` names, a ``ValueError`` naming the file: an encoder never silently runs with
+    other matrices than it was saved with.
     """
     kind = cfg.get("projection", "random")
     if kind == "random":

@@ -12,7 +12,7 @@ Endpoints
 ``GET /stats``
     JSON counters of the shared encoder: ``requests``, ``texts``, ``passes`` (forward passes),
     ``merged_passes`` (passes holding texts of several requests), ``multi_client_passes``
-    (of several client processes), ``clients`` (distinct client ids seen), ``errors``.
+    (of several client processes), ``clients`` (distinct client ids among the last 1,024 seen), ``errors``.
 ``POST /encode``
     JSON request ``{"kind": "documents" | "queries", "texts": [...], "dense_weight": w | null}``
     and nothing else; the answer is ``application/x-uibk-vectors``, the binary float32 payload of
@@ -62,7 +62,7 @@ by default: a bound on the tokenizer's work, far beyond the 2,048 tokens a docum
 the vectors are those of in-process encoding); ``X-UIBK-Truncated`` (and JSON's ``truncated``)
 counts the cut texts, and :class:`RemoteEncoder` warns as in-process does.
 
-With an API key (``--api-key`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
+With an API key (``--api-key-file FILE`` or ``$UIBK_API_KEY``), every endpoint but ``/health`` needs
 ``Authorization: Bearer KEY`` (compared in constant time) and answers 401 without it; that
 includes ``GET /openapi.json`` (the API's schema, open only on a server without a key). There
 are no ``/docs`` or ``/redoc`` pages (404): they load their scripts from a CDN, which a server
@@ -638,7 +638,7 @@ def _openai_answer(res: Sequence[Any], model: str, fmt: str) -> dict[str, Any]:
 def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str]:
     """Run ``uibk-embed serve ARGS`` in a child process on a free local port; yield its URL once
     ``/health`` answers, stop the child (terminate, then kill) on exit. A child that exits or
-    stays unhealthy past ``startup_timeout`` seconds raises ``RuntimeError`` with its output.
+    stays unhealthy past ``startup_timeout`` seconds raises ``RuntimeError`` (with its output when it exited).
 
     >>> with serve_subprocess("--device", "cpu") as url:  # doctest: +SKIP
     ...     RemoteEncoder(url).encode_documents(["a wing"])[0].shape[1]

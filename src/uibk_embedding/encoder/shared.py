@@ -1,8 +1,9 @@
 """One encoder, one device, many callers: :class:`SharedEncoder`.
 
 A :class:`SharedEncoder` owns a tagged encoder (and so the model and the device) and one worker
-thread. Callers, from any thread, put requests on a queue; the worker takes every request that
-is waiting (and those that arrive within ``max_wait_ms``), sorts all their texts by length, cuts
+thread. Callers, from any thread, put requests on a queue; the worker takes the requests that
+are waiting (and those that arrive within ``max_wait_ms``), up to about ``8 * batch_tokens / 64``
+texts, sorts all their texts by length, cuts
 them into batches by a token budget (not a fixed count), runs the model and hands each caller
 its own lists back. Concurrent callers are therefore batched together, and only the worker ever
 touches the model. It is what ``uibk-embed serve`` exposes over HTTP.

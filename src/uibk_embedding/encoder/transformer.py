@@ -40,7 +40,7 @@ EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
 # made by ``benchmarks/projection_eval.py ship`` (docs/model.md, "Fitted projections")
 EMBEDDED_PCA_FILE = Path(__file__).resolve().parent / "data" / "minilm_pca.npz"
 
-# Chosen with `uibk-embed eval` on cranfield and npl (README, "Choosing the dense weight").
+# Chosen with `uibk-embed eval` on cranfield and npl (README, "The embedded default and its dense weight").
 DEFAULT_DENSE_WEIGHT = 4.0
 
 
@@ -82,8 +82,8 @@ class TransformerEncoder(TaggedEncoder):
     num_threads: CPU threads for torch (``torch.set_num_threads``); None leaves it alone.
     projection: ``"random"`` (``R`` and ``P`` drawn from ``seed``: the default for every model,
         the embedded one included since 0.3.0, because it was chosen on no data; docs/model.md,
-        "What each default was chosen on") or ``"pca"``: for the embedded model, the PCA
-        matrices shipped with the package (the default of 0.2.0, fitted on the three shared
+        "What each default was chosen on") or ``"pca"``: for the embedded model, the PCA ``P``
+        shipped with the package, with the seeded ``R`` (the default of 0.2.0, fitted on the three shared
         test collections); another model has none shipped: fit them on your own corpus with
         :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
         ``uibk-embed fit-projection`` and load the saved folder.

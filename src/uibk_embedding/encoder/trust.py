@@ -16,11 +16,11 @@ several routes, some of them even with ``trust_remote_code=False``:
 :func:`code_risks` lists every such reason for one folder (its root and the folder of each
 module ``modules.json`` lists); :func:`require_trust` raises
 :class:`~uibk_embedding.errors.UntrustedCode` naming them unless ``trust_remote_code=True``.
-Every loading route of this package (``load_encoder(folder)``, ``load_encoder(dense=...,
-tokens=...)``, ``check_colbert_folder``, the PyLate loader, and through ``load_encoder`` the
-CLI, ``serve`` and the Ray actors) calls it first, and then calls the libraries with
-``trust_remote_code=False`` too. The allowed module types are exact class paths of installed
-packages (:data:`LIBRARY_MODULES`).
+Every loading route of this package that could import a folder's code (``load_encoder(folder)``,
+``load_encoder(dense=..., tokens=...)``, ``check_colbert_folder``, the PyLate loader, and through
+``load_encoder`` the CLI, ``serve`` and the Ray actors) calls it first, and then calls the
+libraries with ``trust_remote_code=False`` too. The allowed module types are exact class paths of
+installed packages (:data:`LIBRARY_MODULES`).
 
 >>> import json, tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())

@@ -249,7 +249,8 @@ class UIBKEncoder(TaggedEncoder):
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     dtype: ``"bfloat16"`` or ``"float32"`` (default: bfloat16 on CUDA, float32 otherwise).
     num_threads: CPU threads for torch (``torch.set_num_threads``); None leaves it alone.
-    name: a name for reports (default: the folder it was loaded from).
+    name: a name for reports (default ``"uibk"``; :meth:`from_pretrained` uses the folder,
+        :meth:`random` ``"uibk-random"``).
     **kwargs: see :class:`~uibk_embedding.encoder.base.TaggedEncoder` (format, seed,
         projections, dense_weight, query_token_cap, query_max_length, doc_max_length, batch_tokens).
 

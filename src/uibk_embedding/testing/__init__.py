@@ -1,7 +1,7 @@
 """Test harnesses: how the conformance suite drives a backend, and local servers for tests.
 
-The top layer beside :mod:`uibk_embedding.apps` (docs/architecture.md): it may import every
-layer below it; nothing in the library imports it except the applications' benchmarks.
+The layer just below :mod:`uibk_embedding.apps` (docs/architecture.md): it may import every
+layer but apps; nothing in the library imports it except the applications' benchmarks.
 
 * :mod:`~uibk_embedding.testing.specs`: backend specs, random tagged lists, batching noise and
   ranking checks (re-exported here, so ``uibk_embedding.testing.batching_noise`` keeps its name);

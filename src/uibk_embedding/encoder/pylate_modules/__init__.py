@@ -1,7 +1,7 @@
 """The code of a UIBK-Embedding model saved in PyLate's format (the custom modules).
 
-:meth:`~uibk_embedding.encoder.base.TaggedEncoder.save_pylate` copies these files into the
-model folder, where ``modules.json`` names them, so that
+:meth:`~uibk_embedding.encoder.base.TaggedEncoder.save_pylate` copies these files into the model
+folder, where ``modules.json`` names the two modules (which import the other files), so that
 ``pylate.models.ColBERT(folder, trust_remote_code=True)`` (and through it MTEB and any tool that
 loads PyLate models) runs them without this library:
 

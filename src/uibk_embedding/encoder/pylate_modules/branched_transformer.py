@@ -17,7 +17,8 @@ Layouts (``hybrid_tokens.py`` builds the tagged list from them):
   document) and gives back as a zero state, so the positions PyLate sees are unchanged.
 
 Written into the model folder by ``uibk_embedding``'s ``save_pylate``; imports only torch,
-transformers, safetensors, sentence-transformers and the folder's ``sentence_pooling.py``.
+transformers, safetensors, sentence-transformers and the folder's ``sentence_pooling.py`` and
+``uibk_architecture.py``.
 """
 
 from __future__ import annotations
