@@ -214,3 +214,52 @@ async def test_async_retriever_and_search(vs):
     assert [d.id for d in docs] == ["bread"] and "dense_part" in docs[0].metadata
     pairs = await vs.asimilarity_search_with_score("sourdough bread", k=2)
     assert pairs[0][0].id == "bread" and pairs[0][1] > pairs[1][1]
+
+
+def test_one_string_of_ids_is_refused_not_split(vs):
+    """``delete("wing")`` must not mean ids "w", "i", "n", "g" (list("wing")): a TypeError, and
+    nothing is deleted, as add_texts and the store refuse one string."""
+    vs.add_texts(["w text", "i text"], ids=["w", "i"])
+    n = vs.store.count()
+    with pytest.raises(TypeError, match="not a single string"):
+        vs.delete("wing")
+    with pytest.raises(TypeError, match="not a single string"):
+        vs.get_by_ids("wing")
+    assert vs.store.count() == n and [d.id for d in vs.get_by_ids(["w", "i"])] == ["w", "i"]
+
+
+def test_retriever_honours_score_threshold_in_every_search_type(vs):
+    """LangChain's retriever passes ``search_kwargs`` to ``similarity_search``, which keeps only
+    hits at or above ``score_threshold``: ours does the same for ``search_type="similarity"``,
+    refuses it for MMR, and checks a per-call threshold as it checks the field."""
+    q = "propeller slipstream lift"
+    kept = [d.id for d in vs.similarity_search(q, k=5, score_threshold=0.6)]
+    assert 0 < len(kept) < 5  # the threshold cuts something here
+    r = vs.as_retriever(search_kwargs={"k": 5, "score_threshold": 0.6})
+    docs = r.invoke(q)
+    assert [d.id for d in docs] == kept and all(d.metadata["relevance"] >= 0.6 for d in docs)
+    assert [d.id for d in vs.as_retriever(search_kwargs={"k": 5}).invoke(q, score_threshold=0.6)] == kept
+    with pytest.raises(ValueError, match=r"relevance in \[0, 1\]"):
+        vs.as_retriever(search_kwargs={"k": 5}).invoke(q, score_threshold=5)
+    with pytest.raises(ValueError, match="does not apply to search_type 'mmr'"):
+        vs.as_retriever(search_type="mmr", search_kwargs={"score_threshold": 0.6}).invoke(q)
+
+
+async def test_async_relevance_scores_equal_the_sync_ones(vs):
+    q = "sourdough bread"
+    sync = [(d.id, s) for d, s in vs.similarity_search_with_relevance_scores(q, k=3)]
+    got = [(d.id, s) for d, s in await vs.asimilarity_search_with_relevance_scores(q, k=3)]
+    assert got == sync and all(0 <= s <= 1 for _, s in got)
+    cut = [d.id for d in await vs.asearch(q, "similarity_score_threshold", k=3, score_threshold=sync[1][1])]
+    assert cut == [i for i, s in sync if s >= sync[1][1]]
+
+
+def test_as_retriever_leaves_the_callers_tags_alone_and_one_encoder(vs, encoder):
+    mine = ["rag"]
+    vs.as_retriever(tags=mine)
+    vs.as_retriever(tags=mine)
+    assert mine == ["rag"]
+    assert vs.as_retriever(tags=mine).tags[0] == "rag"
+    with pytest.raises(ValueError, match="not two different encoders"):
+        UIBKRetriever(vectorstore=vs, encoder="not an encoder")
+    assert UIBKRetriever(vectorstore=vs, encoder=vs.encoder).encoder is vs.encoder

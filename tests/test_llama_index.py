@@ -129,6 +129,7 @@ def test_query_filters(vs):
                    condition=FilterCondition.OR)) == {"wing-1", "wing-2", "bread"}
     assert run(flt(MetadataFilter(key="topic", value="aero"), MetadataFilter(key="year", value=2021),
                    condition=FilterCondition.NOT)) == {"body", "bread"}  # none of them holds
+    assert run(flt(condition=FilterCondition.NOT)) == everything  # none of no filters: LlamaIndex's own
     assert run(flt(MetadataFilter(key="topic", value="aero"),
                    flt(MetadataFilter(key="year", value=1958), MetadataFilter(key="year", value=2021),
                        condition=FilterCondition.OR))) == {"wing-1", "wing-2"}
@@ -249,3 +250,23 @@ def test_async_add_and_delete(encoder, backend_store):
         return await vs.aquery(VectorStoreQuery(query_str="boundary layer", similarity_top_k=5))
 
     assert ids(asyncio.run(go())) == ["plate"]
+
+
+def test_store_options_are_honoured_or_refused(encoder):
+    """``retrieval_mode=`` is the queries' default (as on the LangChain store); an argument the
+    store does not take is refused, not dropped by pydantic."""
+    from uibk_embedding.adapters.exact import ExactStore
+
+    def first(vs, **kw):
+        vs.add(make_nodes()) if not vs.client.count() else None
+        res = vs.query(VectorStoreQuery(query_str="supersonic panel flutter", similarity_top_k=3), **kw)
+        return list(zip(res.ids, res.similarities, strict=True))
+
+    store = ExactStore()
+    tokens = UIBKVectorStore(encoder=encoder, store=store, retrieval_mode="tokens")
+    hybrid = UIBKVectorStore(encoder=encoder, store=store)
+    assert first(tokens) == first(hybrid, retrieval_mode="tokens") != first(hybrid)
+    with pytest.raises(TypeError, match=r"unexpected arguments \['dense_wieght'\]"):
+        UIBKVectorStore(encoder=encoder, store=store, dense_wieght=50.0)
+    with pytest.raises(ValueError, match="sparse"):
+        UIBKVectorStore(encoder=encoder, store=store, retrieval_mode="sparse")

@@ -28,6 +28,13 @@ def _inf():
     return x
 
 
+def _past_float32():
+    """float64 with slot values past float32's range (finite here, inf once stored as float32)."""
+    x = GOOD.astype(np.float64)
+    x[:3] *= 1e39
+    return x
+
+
 def _nested(depth: int, kind: str = "dict"):
     """Metadata (or, for kind "$not", a filter with a valid leaf) nested ``depth`` levels deep,
     built without recursion."""
@@ -59,6 +66,9 @@ UPSERT_CASES = {
     "object dtype": ((["x"], [GOOD.astype(object)], None), TypeError, "dtype"),
     "NaN": ((["x"], [_nan()], None), ValueError, "NaN or inf"),
     "inf": ((["x"], [_inf()], None), ValueError, "NaN or inf"),
+    "float64 past float32's range": ((["x"], [_past_float32()], None), ValueError, "NaN or inf"),
+    "nested non-string metadata key": ((["x"], [GOOD], [{"m": {1: "one", "1": "uno"}}]), TypeError,
+                                       r"metadata\[1\]\['m'\]: keys must be strings, got 1"),
     "zero rows": ((["x"], [np.zeros((0, 128), np.float32)], None), ValueError, "at least 4 rows"),
     "slots only": ((["x"], [GOOD[:3]], None), ValueError, "at least 4 rows"),
     "tag signs wrong": ((["x"], [GOOD * np.r_[-1.0, np.ones(127)]], None), ValueError, "not a tagged list"),
@@ -83,6 +93,7 @@ QUERY_CASES = {
     "query with no vectors": ((np.zeros((0, 128), np.float32), 5, None), ValueError, "no vectors"),
     "query wrong dim": ((np.ones((4, 10), np.float32), 5, None), ValueError, "shape"),
     "query NaN": ((_nan(), 5, None), ValueError, "NaN"),
+    "query float64 past float32's range": ((_past_float32(), 5, None), ValueError, "NaN or inf"),
     "query slots not first": ((GOOD[::-1].copy(), 5, None), ValueError, "not a tagged list"),
     "query tag zero": ((GOOD * np.r_[0.0, np.ones(127)], 5, None), ValueError, "tag"),
     "k = 0": ((GOOD, 0, None), ValueError, "k must be positive"),

@@ -245,9 +245,10 @@ def _as_matrix(x: Any, what: str) -> np.ndarray:
         raise TypeError(f"{what}: dtype must be floating point, got {x.dtype}")
     if x.ndim != 2 or x.shape[1] != DIM:
         raise ValueError(f"{what}: shape must be (n, {DIM}), got {x.shape}")
+    x = x.astype(np.float32, copy=False)  # checked after: float64 past float32's range is inf
     if not np.all(np.isfinite(x)):
-        raise ValueError(f"{what}: contains NaN or inf")
-    return x.astype(np.float32, copy=False)
+        raise ValueError(f"{what}: contains NaN or inf (in float32, which stores and scores use)")
+    return x
 
 
 def validate_document(x: Any, what: str = "document") -> np.ndarray:
@@ -319,8 +320,9 @@ def _check_metadata_tree(m: Mapping[str, Any], i: int) -> None:
                     f"at {_where(i, path)}")
             if isinstance(v, Mapping):
                 for key, x in v.items():
-                    if isinstance(key, str):
-                        check_text(key, f"{_where(i, path)}: the key {key!r}")
+                    if not isinstance(key, str):  # JSON would turn it into a string, or drop it
+                        raise TypeError(f"{_where(i, path)}: keys must be strings, got {key!r}")
+                    check_text(key, f"{_where(i, path)}: the key {key!r}")
                     stack.append((x, (*path, key), depth + 1))
             else:
                 stack.extend((x, (*path, j), depth + 1) for j, x in enumerate(v))

@@ -102,6 +102,13 @@ def _encoder_argument(embedding: Any, encoder: Any) -> Any:
     return embedding
 
 
+def _id_list(ids: Any) -> list[str]:
+    """``ids`` as a list; one string is refused (``list("ab")`` would name ids ``a`` and ``b``)."""
+    if isinstance(ids, str):
+        raise TypeError("ids must be a list of strings, not a single string")
+    return list(ids)
+
+
 def _check_threshold(threshold: Any) -> float:
     """``score_threshold``: a relevance in [0, 1] (the scale of
     :func:`~uibk_embedding.integrations.core.relevance`), else a ``ValueError``."""
@@ -335,7 +342,7 @@ class UIBKVectorStore(VectorStore):
         if ids is not None and flt is not None:
             raise ValueError("delete takes ids or a filter, not both")
         if ids is not None:
-            self.core.delete(list(ids))
+            self.core.delete(_id_list(ids))
         else:
             translated = translate_langchain_filter(flt)
             if translated is NEVER_MATCHES:
@@ -346,7 +353,7 @@ class UIBKVectorStore(VectorStore):
     # -- reading -----------------------------------------------------------------------------
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Documents for the ids that exist, in the order asked (missing ids skipped)."""
-        return [_document(t) for t in self.core.get(list(ids))]
+        return [_document(t) for t in self.core.get(_id_list(ids))]
 
     def _search(self, query: str, k: int, filter: dict | None, dense_weight: float | None,
                 explain: bool, **kwargs: Any) -> list[ScoredText]:
@@ -411,6 +418,13 @@ class UIBKVectorStore(VectorStore):
                                                 dense_weight=dense_weight, retrieval_mode=retrieval_mode)
         return [(_document(t), r) for t, r in pairs]
 
+    async def _asimilarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
+        # LangChain's default would ask for a score-to-relevance function, which MaxSim has not
+        return await run_in_executor(None, partial(self._similarity_search_with_relevance_scores,
+                                                   query, k, **kwargs))
+
     def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20,
                                       lambda_mult: float = 0.5, filter: dict | None = None,
                                       dense_weight: float | None = None, retrieval_mode: str | None = None,
@@ -439,8 +453,7 @@ class UIBKVectorStore(VectorStore):
         ``"mmr"`` (``search_kwargs`` ``fetch_k``, ``lambda_mult``) or
         ``"similarity_score_threshold"`` (``search_kwargs`` ``score_threshold`` in [0, 1]);
         ``search_kwargs`` may also hold ``k``, ``filter``, ``dense_weight`` and ``retrieval_mode``."""
-        tags = kwargs.pop("tags", None) or []
-        tags.extend(self._get_retriever_tags())
+        tags = [*(kwargs.pop("tags", None) or []), *self._get_retriever_tags()]  # not the caller's list
         return UIBKRetriever(vectorstore=self, tags=tags, **kwargs)
 
 
@@ -492,6 +505,8 @@ class UIBKRetriever(BaseRetriever):
         if self.vectorstore is not None:
             if self.store is not None and self.store is not self.vectorstore.store:
                 raise ValueError("give store= or vectorstore=, not two different stores")
+            if self.encoder is not None and self.encoder is not self.vectorstore.encoder:
+                raise ValueError("give encoder= or vectorstore=, not two different encoders")
             self._core = self.vectorstore.core
         else:
             if self.store is None:
@@ -526,14 +541,19 @@ class UIBKRetriever(BaseRetriever):
         p = self._params(kwargs)
         flt = translate_langchain_filter(p["filter"])
         mode = p["retrieval_mode"]
+        threshold = p["score_threshold"]
+        if threshold is not None:
+            _check_threshold(threshold)
         if self.search_type == "mmr":
+            if threshold is not None:
+                raise ValueError("score_threshold does not apply to search_type 'mmr' (it ranks by "
+                                 "diversity too); use 'similarity' or 'similarity_score_threshold'")
             hits = self._core.mmr_search(query, p["k"], p["fetch_k"], p["lambda_mult"], flt,
                                          dense_weight=p["dense_weight"], retrieval_mode=mode)
             return [_document(t, t.explanation()) for t in hits]
-        if self.search_type == "similarity_score_threshold":
+        if threshold is not None:  # "similarity_score_threshold", or "similarity" given a threshold
             pairs = self._core.search_with_relevance(query, p["k"], flt, dense_weight=p["dense_weight"],
-                                                     score_threshold=p["score_threshold"],
-                                                     retrieval_mode=mode)
+                                                     score_threshold=threshold, retrieval_mode=mode)
             return [_document(t, {**t.explanation(), "relevance": r}) for t, r in pairs]
         hits = self._core.search(query, p["k"], flt, dense_weight=p["dense_weight"], explain=True,
                                  retrieval_mode=mode)

@@ -102,7 +102,7 @@ def _translate(f: MetadataFilters | MetadataFilter) -> dict[str, Any]:
         subs = [_translate(x) for x in f.filters]
         cond = f.condition or FilterCondition.AND
         if cond == FilterCondition.NOT:  # LlamaIndex: none of the filters holds
-            return {"$not": {"$or": subs}} if subs else {"$not": {}}
+            return {"$not": {"$or": subs}} if subs else {}  # none of no filters: every node
         if not subs:
             return {}
         if cond == FilterCondition.OR:
@@ -269,6 +269,8 @@ class UIBKVectorStore(BasePydanticVectorStore):
     store: a store of ``uibk_embedding.open_store(...)``, any backend.
     text_key: metadata key holding each node's text in the store (``"text"``).
     dense_weight: default query-time dense weight (``None``: the encoder's default).
+    retrieval_mode: default ``retrieval_mode`` of queries (``"hybrid"``, ``"dense"``,
+        ``"tokens"``; per query: ``query(..., retrieval_mode=)``).
     """
 
     stores_text: bool = True
@@ -286,11 +288,17 @@ class UIBKVectorStore(BasePydanticVectorStore):
         store: MultiVectorStore,
         text_key: str = DEFAULT_TEXT_KEY,
         dense_weight: float | None = None,
+        retrieval_mode: str = "hybrid",
         **kwargs: Any,
     ) -> None:
+        unknown = sorted(set(kwargs) - set(type(self).model_fields))  # pydantic would drop them
+        if unknown:
+            raise TypeError(f"UIBKVectorStore got unexpected arguments {unknown}; it takes encoder, "
+                            "store, text_key, dense_weight and retrieval_mode")
         super().__init__(text_key=text_key, dense_weight=dense_weight, **kwargs)
         self._core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
-                                   text_key=text_key, dense_weight=dense_weight)
+                                   text_key=text_key, dense_weight=dense_weight,
+                                   retrieval_mode=check_retrieval_mode(retrieval_mode))
 
     @classmethod
     def class_name(cls) -> str:
