@@ -40,6 +40,15 @@ def test_open_store_create_false_creates_nothing_and_detects(tmp_path, fmt, rng)
         assert s.count() == 1
 
 
+def test_create_false_without_a_place_creates_no_temporary_database(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp would make one
+    with pytest.raises(StoreNotFound, match="needs uri= or path="):
+        LanceDBStore(create=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_foreign_table_is_refused_naming_the_difference_and_left_unchanged(tmp_path):
     db = lancedb.connect(tmp_path)
     schema = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32(), 128)),

@@ -149,6 +149,23 @@ def test_wrong_edge_shard_is_refused_and_untouched(tmp_path):
         QdrantEdgeStore(path=tmp_path / "other")
 
 
+@pytest.mark.parametrize("kind", ["local", "edge"])
+def test_dense_name_none_on_a_collection_with_a_dense_head_is_refused(kind, tmp_path, fmt, rng):
+    """Opened with ``dense_name=None``, a collection that has our dense head would get documents
+    without it, which prefetch mode can never find: refused, naming the vector, nothing written."""
+    path = tmp_path / "q"
+    make = (lambda **kw: QdrantStore("c", path=path, **kw)) if kind == "local" else (
+        lambda **kw: QdrantEdgeStore(path=path, **kw))
+    with make() as s:
+        s.upsert(["a"], [make_list(fmt, rng, 3)])
+    with pytest.raises(CollectionMismatch, match=r"dense vector 'dense' .* pass dense_name='dense'"):
+        make(dense_name=None)
+    with make() as s:
+        assert s.count() == 1
+        q = make_list(fmt, rng, 2)
+        assert [h.id for h in s.search(q, k=5, mode="prefetch", prefetch=10)] == ["a"]
+
+
 # -- ids -------------------------------------------------------------------------------------------
 def test_uuid5_point_ids_keep_the_original_id(client, fmt, rng):
     store = QdrantStore("c", client=client)
@@ -282,22 +299,34 @@ def test_filter_value_types(typed, fmt, rng, flt, expected):
 
 
 def test_filter_field_with_quote_is_refused(typed, fmt, rng):
-    with pytest.raises(ValueError, match="double quote"):
-        typed.search(make_list(fmt, rng, 3), k=3, filter={'a"b': 1})
+    for field in ('a"b', "C:\\dir"):  # Edge's JSON path parser refused the backslash mid-search
+        with pytest.raises(ValueError, match="double quote or a backslash"):
+            typed.search(make_list(fmt, rng, 3), k=3, filter={field: 1})
 
 
 def test_payload_indexes_on_request(tmp_path, fmt, rng):
-    with QdrantEdgeStore(path=tmp_path / "e", payload_indexes={"lang": "keyword", "year": "integer"}) as s:
+    with QdrantEdgeStore(path=tmp_path / "e", payload_indexes={"lang": "keyword", "year": "float"}) as s:
         schema = s.shard.info().payload_schema
         assert {"lang", "year"} <= set(schema)
         s.upsert(["a", "b"], [make_list(fmt, rng, 4) for _ in "ab"],
                  [{"lang": "en", "year": 2024}, {"lang": "de", "year": 2023}])
         assert [h.id for h in s.search(make_list(fmt, rng, 3), k=5, filter={"year": 2024})] == ["a"]
+        s.upsert(["c"], [make_list(fmt, rng, 4)], [{"year": 2023.5}])
+        assert {h.id for h in s.search(make_list(fmt, rng, 3), k=5, filter={"year": {"$gt": 2023}})} == {
+            "a", "c"}  # with an integer index Edge left 2023.5 out: refused below
         with pytest.raises(ValueError, match="unknown payload schema"):
             s.create_payload_index("x", "fancy")
+        with pytest.raises(ValueError, match="index numeric fields as \"float\""):
+            s.create_payload_index("year", "integer")
     store = QdrantStore(location=":memory:", payload_indexes={"lang": "keyword"})
     with pytest.raises(ValueError, match="unknown payload schema"):
         store.create_payload_index("x", "fancy")
+    for schema in ("integer", models.PayloadSchemaType.INTEGER, models.IntegerIndexParams(type="integer")):
+        with pytest.raises(ValueError, match="integer index leaves non-integral values out"):
+            store.create_payload_index("year", schema)
+    with pytest.raises(ValueError, match="integer index"):
+        QdrantEdgeStore(path=tmp_path / "f", payload_indexes={"year": "integer"})
+    assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
 
 
 # -- retries and unreachable servers ---------------------------------------------------------------

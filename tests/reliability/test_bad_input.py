@@ -99,6 +99,7 @@ QUERY_CASES = {
     "k = 0": ((GOOD, 0, None), ValueError, "k must be positive"),
     "k < 0": ((GOOD, -3, None), ValueError, "k must be positive"),
     "k not int": ((GOOD, 2.5, None), TypeError, "k must be an int"),
+    "k 2**63": ((GOOD, 2**63, None), ValueError, "k must be at most"),
     "filter bad operator": ((GOOD, 5, {"f": {"$regex": "1"}}), ValueError, "unknown operator"),
     "filter empty $in": ((GOOD, 5, {"f": {"$in": []}}), ValueError, "at least one value"),
     "filter not a mapping": ((GOOD, 5, ["f"]), TypeError, "mapping"),

@@ -404,11 +404,23 @@ def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
+MAX_K = 2**31 - 1
+"""The largest ``k`` a search takes (engines keep it in a C int or long; past it they overflowed)."""
+
+
 def validate_k(k: Any) -> int:
+    """``k`` as an int in 1 .. :data:`MAX_K` (a larger ``k`` than the store's count returns every
+    document), else a ``TypeError`` / ``ValueError`` naming it.
+
+    >>> validate_k(10), validate_k(np.int64(3))
+    (10, 3)
+    """
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
+    if k > MAX_K:
+        raise ValueError(f"k must be at most {MAX_K:,} (MAX_K), got {k}")
     return int(k)
 
 
@@ -422,13 +434,14 @@ def _closed_error(store: MultiVectorStore, what: str) -> StoreInUse:
                       "open store: open it again")
 
 
-def _refuse_when_closed(method: Any) -> Any:
-    """``method``, raising :class:`StoreInUse` once the store was closed (before any engine call)."""
+def _refuse_when_closed(method: Any, what: str | None = None) -> Any:
+    """``method``, raising :class:`StoreInUse` once the store was closed (before any engine call);
+    ``what`` names it in the message (default ``name()``)."""
 
     @functools.wraps(method)
     def wrapper(self: MultiVectorStore, *args: Any, **kwargs: Any) -> Any:
         if self._store_closed:
-            raise _closed_error(self, f"{method.__name__}()")
+            raise _closed_error(self, what or f"{method.__name__}()")
         return method(self, *args, **kwargs)
 
     setattr(wrapper, _CHECKED, True)
@@ -501,7 +514,7 @@ class MultiVectorStore(ABC):
 
     A closed store (:meth:`close`) refuses every public method with
     :class:`~uibk_embedding.errors.StoreInUse`, on every backend: the methods here, ``count``
-    and every public method a subclass (or a mixin of it) defines are wrapped when the subclass
+    and every public method and property a subclass (or a mixin) defines are wrapped when the subclass
     is created (:meth:`__init_subclass__`); ``close()`` again does nothing.
 
     >>> from uibk_embedding.adapters.exact import ExactStore
@@ -526,11 +539,13 @@ class MultiVectorStore(ABC):
             if klass in (MultiVectorStore, ABC, object):
                 continue
             for name, value in list(vars(klass).items()):
-                if name.startswith("_") or not inspect.isfunction(value) or getattr(value, _CHECKED, False):
-                    continue
-                if inspect.getattr_static(cls, name) is not value:  # overridden nearer to cls
-                    continue
-                setattr(cls, name, _closing(value) if name == "close" else _refuse_when_closed(value))
+                if name.startswith("_") or inspect.getattr_static(cls, name) is not value:
+                    continue  # private, or overridden nearer to cls
+                if isinstance(value, property) and value.fget and not getattr(value.fget, _CHECKED, False):
+                    setattr(cls, name, property(_refuse_when_closed(value.fget, f"reading {name}"),
+                                                value.fset, value.fdel, value.__doc__))
+                elif inspect.isfunction(value) and not getattr(value, _CHECKED, False):
+                    setattr(cls, name, _closing(value) if name == "close" else _refuse_when_closed(value))
 
     def _check_open(self, what: str = "this call") -> None:
         """:class:`StoreInUse`, with the message every closed store gives, once the store is

@@ -142,6 +142,9 @@ class LanceDBStore(MultiVectorStore):
             raise ValueError(f"reindex_share must be in [0, 1) and keep_versions >= 0, got {reindex_share!r} "
                              f"and {keep_versions!r}")
         self._tmp = uri is None and path is None
+        if self._tmp and not create:
+            raise StoreNotFound("LanceDBStore(create=False) needs uri= or path=: without one it would make "
+                                "a new temporary database; nothing was created")
         self.uri = str(tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path))
         self.table = table  # a local folder is looked at before connecting, which would create it
         local_missing = "://" not in self.uri and not (Path(self.uri) / f"{table}.lance").is_dir()

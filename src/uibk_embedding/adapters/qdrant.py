@@ -260,6 +260,34 @@ def _is_transport(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError)
 
 
+def unwritten_dense(vectors: Mapping[str, tuple[int, bool]]) -> list[str]:
+    """With ``dense_name=None``: the problem of a collection that has a dense head (a single vector
+    of :data:`DENSE_DIM`; ``vectors``: name -> (size, is a multivector)). Documents written without
+    it could never be found by prefetch mode, so such a collection is opened with its name."""
+    dense = sorted(n for n, (size, multi) in vectors.items() if size == DENSE_DIM and not multi)
+    return [f"it has a dense vector {n!r} (size {DENSE_DIM}) that documents written with "
+            f"dense_name=None would lack (prefetch mode could never find them): pass dense_name={n!r}"
+            for n in dense[:1]]
+
+
+def refuse_integer_index(field: str, schema: Any) -> None:
+    """An integer payload index changes what number filters match, so it is refused: they run
+    as float ranges (``1`` matches ``1.0``), and Qdrant answers them from the index, which holds
+    only the integral values (measured on Edge: ``1990.5`` no longer matched ``$gt 1990``).
+
+    >>> refuse_integer_index("year", "float")
+    >>> refuse_integer_index("year", "integer")
+    Traceback (most recent call last):
+    ...
+    ValueError: payload index 'integer' on 'year': number filters run as float ranges and ...
+    """
+    kind = str(getattr(schema, "type", getattr(schema, "value", schema))).lower()
+    if kind.rsplit(".", 1)[-1] == "integer":
+        raise ValueError(f"payload index 'integer' on {field!r}: number filters run as float ranges "
+                         "and an integer index leaves non-integral values out of them (1990.5 would "
+                         'not match {"$gt": 1990}); index numeric fields as "float"')
+
+
 def local_collection_exists(path: str | os.PathLike, collection: str) -> bool:
     """Whether the local-mode folder ``path`` holds ``collection``, read from qdrant-client's
     ``meta.json`` alone (nothing is opened, locked or created).
@@ -311,7 +339,7 @@ class QdrantStore(_QdrantBase):
         (connection errors, timeouts, 408/429/502/503/504) with exponential backoff from
         ``backoff`` seconds. Every retried call is idempotent (upserts and deletes by id).
     payload_indexes: ``{field: schema}`` payload indexes to create (e.g. ``{"lang":
-        "keyword", "year": "integer"}``); see :meth:`create_payload_index`.
+        "keyword", "year": "float"}``); see :meth:`create_payload_index`.
     show_progress: progress bar for upserts (None: for multi-batch calls on a terminal).
 
     Example
@@ -377,6 +405,8 @@ class QdrantStore(_QdrantBase):
         if dense_distance.lower() not in ("dot", "cosine"):
             raise ValueError(f"dense_distance must be 'dot' or 'cosine', got {dense_distance!r}")
         check_positive("batch_size", batch_size)
+        for field, schema in (payload_indexes or {}).items():
+            refuse_integer_index(field, schema)  # before the collection is made
         if max_retries < 0 or backoff < 0 or timeout <= 0:
             raise ValueError("max_retries and backoff must be >= 0 and timeout > 0")
         self.collection = collection
@@ -565,6 +595,9 @@ class QdrantStore(_QdrantBase):
                                     "needs Dot or Cosine")
                 if dv.multivector_config is not None:
                     problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
+        elif vectors:
+            problems += unwritten_dense({n: (v.size, v.multivector_config is not None)
+                                          for n, v in vectors.items()})
         # the store's record: our entry in the collection metadata (none in collections made by
         # hand or before records were written: accepted, with no format to conflict with)
         saved, mismatch = record_problems((getattr(info.config, "metadata", None) or {}).get(META_KEY),
@@ -579,9 +612,10 @@ class QdrantStore(_QdrantBase):
                 + "; ".join(problems) + ". The collection was not changed.")
 
     def create_payload_index(self, field: str, schema: Any = "keyword") -> None:
-        """Index a metadata field for fast filtering (``schema``: "keyword", "integer",
-        "float", "bool" or a qdrant-client schema object). Number filters run as ranges, so
-        use "integer" (with its default range support) or "float" for numeric fields."""
+        """Index a metadata field for fast filtering (``schema``: "keyword", "float", "bool" or a
+        qdrant-client schema object). Number filters run as float ranges, so index numeric
+        fields as "float"; an integer index is refused (:func:`refuse_integer_index`)."""
+        refuse_integer_index(field, schema)
         if isinstance(schema, str):
             try:
                 schema = self._models.PayloadSchemaType(schema.lower())

@@ -52,7 +52,9 @@ from uibk_embedding.adapters.qdrant import (
     batched,
     json_key,
     point_id,
+    refuse_integer_index,
     split_payload,
+    unwritten_dense,
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, bool_token
 from uibk_embedding.adapters.redo import RedoLog
@@ -77,7 +79,7 @@ class QdrantEdgeStore(_QdrantBase):
         ``mode="hnsw"``; default False (``m=0``, exact search only).
     mode, prefetch: default search mode ("exact", "prefetch", "hnsw") and candidate count.
     batch_size, show_progress: upsert batching and progress bar.
-    payload_indexes: ``{field: "keyword" | "integer" | "float" | "bool"}`` to index.
+    payload_indexes: ``{field: "keyword" | "float" | "bool"}`` to index.
     max_search_threads: the shard's search thread pool size (None: from the CPU count).
 
     Example
@@ -116,6 +118,8 @@ class QdrantEdgeStore(_QdrantBase):
         if vector_name == dense_name:
             raise ValueError("vector_name and dense_name must differ")
         check_positive("batch_size", batch_size)
+        for field, schema in (payload_indexes or {}).items():
+            refuse_integer_index(field, schema)  # before the shard is made
         self.vector_name = vector_name
         self.dense_name = dense_name
         self.multivector_hnsw = multivector_hnsw
@@ -222,17 +226,22 @@ class QdrantEdgeStore(_QdrantBase):
                                     "or Cosine")
                 if dv.get("multivector_config"):
                     problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
+        else:
+            problems += unwritten_dense({n: (v.get("size"), bool(v.get("multivector_config")))
+                                          for n, v in vectors.items() if isinstance(v, Mapping)})
         if problems:
             raise CollectionMismatch(f"Edge shard at {self.path} does not fit uibk-embedding: "
                                      + "; ".join(problems) + ". The shard was not changed.")
         return saved
 
     def create_payload_index(self, field: str, schema: str = "keyword") -> None:
-        """Index a metadata field ("keyword", "integer", "float" or "bool"; boolean filters use
-        the reserved ``_uibk_bools`` list, indexed as a keyword field when "bool" is asked)."""
+        """Index a metadata field ("keyword", "float" or "bool"; boolean filters use the reserved
+        ``_uibk_bools`` list, indexed as a keyword field when "bool" is asked). An integer index is
+        refused (:func:`~uibk_embedding.adapters.qdrant.refuse_integer_index`)."""
+        refuse_integer_index(field, schema)
         e = self._e
-        kinds = {"keyword": e.PayloadSchemaType.Keyword, "integer": e.PayloadSchemaType.Integer,
-                 "float": e.PayloadSchemaType.Float, "bool": e.PayloadSchemaType.Keyword}
+        kinds = {"keyword": e.PayloadSchemaType.Keyword, "float": e.PayloadSchemaType.Float,
+                 "bool": e.PayloadSchemaType.Keyword}
         if schema not in kinds:
             raise ValueError(f"unknown payload schema {schema!r} for field {field!r}; "
                              f"one of {sorted(kinds)}")

@@ -60,9 +60,9 @@ def json_key(field: str) -> str:
     """
     if _PLAIN_KEY.fullmatch(field):
         return field
-    if '"' in field:
-        raise ValueError(f"filter field {field!r} contains a double quote, which a Qdrant JSON path "
-                         "cannot express; rename the metadata field to filter on it")
+    if '"' in field or "\\" in field:  # Edge's JSON path parser takes neither
+        raise ValueError(f"filter field {field!r} contains a double quote or a backslash, which a "
+                         "Qdrant JSON path cannot express; rename the metadata field to filter on it")
     return f'"{field}"'
 
 
