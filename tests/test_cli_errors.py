@@ -28,6 +28,7 @@ BAD = [
     (["search", "wing", "--filter", "{not json"], "not valid JSON"),
     (["search", "", ], "the query is empty"),
     (["search", "   "], "the query is empty"),
+    (["search", "wing \udcff"], "is not valid Unicode"),  # a byte that is not UTF-8, in argv
     (["quickstart", "--query", " "], "the query is empty"),
     (["search", "wing", "-k", "0"], "must be positive"),
     (["search", "wing", "--dense-weight", "nan"], "positive number"),
@@ -58,6 +59,30 @@ def test_a_user_error_is_one_line_and_exit_status_2(argv, message, store, tmp_pa
     if not any(m in message for m in ("invalid choice", "must be positive", "positive number")):
         assert len(last) == 1, err  # argparse prints its usage line first
     assert not (tmp_path / "new").exists() and not (tmp_path / "fit").exists()
+
+
+def test_a_damaged_store_is_one_line_and_left_as_it_was(store, tmp_path, capsys):
+    """A store.sqlite cut short (a bad copy): SQLite says it is malformed; one line naming the
+    file, the folder's bytes unchanged, for a read and for a write."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(store, damaged)
+    db = damaged / "store.sqlite"
+    db.write_bytes(db.read_bytes()[:5000])
+    before = {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()}
+    corpus = tmp_path / "one.jsonl"
+    corpus.write_text(json.dumps({"_id": "x", "text": "a new document"}) + "\n")
+    for argv in (["search", "wing", "--path", str(damaged)],
+                 ["index", str(corpus), "--path", str(damaged), "--quiet"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and "store.sqlite is damaged" in err, err
+    after = {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()}
+    assert {n: after.get(n) for n in before} == before  # every file as it was
+    assert set(after) - set(before) <= {"store.sqlite-wal", "store.sqlite-shm"}  # SQLite's side files
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch, store):

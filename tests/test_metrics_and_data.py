@@ -57,6 +57,10 @@ def test_load_beir(tmp_path):
         ('{"text": "no id"}\n', "missing field"),
         ('{"_id": "1", "text": ["x"]}\n', "must be a string"),
         ('{"_id": "", "text": "x"}\n', "empty document id"),
+        # a lone surrogate, which JSON allows: the tokenizer failed on it mid-index
+        ('{"_id": "1", "text": "ok"}\n{"_id": "2", "text": "wing \\ud800 lift"}\n',
+         r":2: the text is not valid Unicode: a lone surrogate"),
+        ('{"_id": "1", "title": "\\udfff", "text": "ok"}\n', r":1: the title is not valid Unicode"),
         ("", "no documents"),
     ],
 )
@@ -65,6 +69,31 @@ def test_corpus_errors(tmp_path, content, match):
     p.write_text(content)
     with pytest.raises(DataError, match=match):
         read_corpus(p)
+
+
+def test_queries_errors_name_the_line(tmp_path):
+    p = tmp_path / "queries.jsonl"
+    cases = [('{"_id": "q1", "text": "ok"}\n{"_id": "q2", "text": "  "}\n', r":2: query 'q2' has an empty"),
+             ('{"_id": "q1", "text": "a \\ud800"}\n', r":1: query 'q1' is not valid Unicode")]
+    for content, match in cases:
+        p.write_text(content)
+        with pytest.raises(DataError, match=match):
+            read_queries(p)
+
+
+def test_a_bom_is_read_past_and_unjudged_queries_are_refused_before_encoding(tmp_path):
+    """Files a Windows editor saved start with a byte order mark: read past it (the qrels
+    header was taken for a score); a collection whose qrels judge none of its queries is refused
+    when it is read (it failed after the whole corpus was encoded, 'need at least one array')."""
+    _write_beir(tmp_path / "c", [{"_id": "1", "text": "body"}], [{"_id": "q", "text": "?"}], [("q", "1", 1)])
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
+        f = tmp_path / "c" / name
+        f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+    c = load_beir(tmp_path / "c")
+    assert [d.id for d in c.corpus] == ["1"] and c.qrels == {"q": {"1": 1}}
+    _write_beir(tmp_path / "d", [{"_id": "1", "text": "body"}], [{"_id": "q", "text": "?"}], [("x", "1", 1)])
+    with pytest.raises(DataError, match=r"no query of queries\.jsonl has a relevant document"):
+        load_beir(tmp_path / "d")
 
 
 def test_qrels_errors(tmp_path):

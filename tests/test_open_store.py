@@ -91,3 +91,36 @@ def test_an_unknown_option_is_refused_with_the_valid_ones(tmp_path, backend):
     with open_store(backend, path=tmp_path / "s") as store:
         with pytest.raises(TypeError, match=r"search\(\) got unknown option\(s\) candidate; it takes "):
             store.search(make_list(TaggedFormat(), np.random.default_rng(0), 4), k=1, candidate=5)
+
+
+# the backends whose engine makes its own files: a write (create=True) into a place that is not
+# theirs is refused too, before the engine adds anything (README: "never writes into a folder
+# that is not one of its own"); qdrant-edge, exact, PLAID and WARP refuse it themselves
+FOREIGN = {
+    "qdrant": lambda d: {"path": d, "collection": "docs"},
+    "lancedb": lambda d: {"uri": d, "table": "docs"},
+    "milvus-lite": lambda d: {"path": d / "mine.db", "collection": "docs"},
+}
+
+
+@pytest.mark.parametrize("backend", sorted(FOREIGN))
+def test_a_write_into_a_place_that_is_not_the_backends_is_refused(tmp_path, backend):
+    import sqlite3
+
+    from uibk_embedding.errors import CollectionMismatch
+
+    where = tmp_path / "folder"
+    where.mkdir()
+    (where / "notes.txt").write_text("mine")
+    db = sqlite3.connect(where / "mine.db")  # a user's own SQLite file: Milvus Lite added its tables
+    db.execute("CREATE TABLE mine (x)")
+    db.commit()
+    db.close()
+    before = _listing(tmp_path)
+    with pytest.raises(CollectionMismatch, match="nothing was written"):
+        open_store(backend, **FOREIGN[backend](where))
+    assert _listing(tmp_path) == before  # no lock file, no table, nothing
+    with open_store(backend, **FOREIGN[backend](tmp_path / "new")) as s:  # a new place: made
+        s.upsert(["a"], [make_list(TaggedFormat(), np.random.default_rng(0), 4)])
+    with open_store(backend, create=False, **FOREIGN[backend](tmp_path / "new")) as s:
+        assert s.count() == 1

@@ -195,6 +195,8 @@ def test_cli_fit_projection(tmp_path, cranfield, capsys):
     printed = capsys.readouterr().out
     enc = load_encoder(out)
     assert enc.config()["projection"] == "pca" and enc.config()["projection_id"] in printed
+    assert printed.startswith("fitted P (127, 384)") and "R (381, 384): the seeded one" in printed
+    np.testing.assert_array_equal(enc.R, load_encoder().R)  # what it says: R is not fitted
     assert math.isclose(float(np.linalg.norm(enc.P[0])), 1.0, rel_tol=1e-5)
     with pytest.raises(SystemExit, match="spans only"):  # 2 titles: too few token states for P
         cli.main(["fit-projection", str(corpus), "--out", str(tmp_path / "x"), "--max-docs", "2"])

@@ -171,3 +171,19 @@ def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, cap
                   "--fit-projection", "--quiet"])
     with pytest.raises(SystemExit, match="is not empty"):
         cli.main(["index", str(data), "--path", str(store), "--fit-projection", "--quiet"])
+    # eval and a later index of that store use the encoder inside it too (they used the default)
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": first["text"][:120]}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\nq\t{first['_id']}\t1\n")
+    assert cli.main(["eval", str(beir), "--path", str(store), "--json", "--no-cache"]) == 0
+    capsys.readouterr()
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "extra", "text": "an extra report on the lift of a wing"}) + "\n")
+    assert cli.main(["index", str(more), "--path", str(store), "--quiet"]) == 0
+    # fit-projection never overwrites an encoder folder (this one is the store's)
+    saved = (store / "uibk-encoder" / "projections.npz").read_bytes()
+    with pytest.raises(SystemExit, match="is not an empty folder"):
+        cli.main(["fit-projection", str(data), "--out", str(store / "uibk-encoder")])
+    assert (store / "uibk-encoder" / "projections.npz").read_bytes() == saved

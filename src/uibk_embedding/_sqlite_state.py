@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -140,6 +140,49 @@ def committed_generation(db: sqlite3.Connection, key: str) -> int | None:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def refuse_foreign_entries(folder: str | os.PathLike, what: str, ours: Callable[[list[str]], bool]) -> None:
+    """:class:`CollectionMismatch` unless ``folder`` is missing, empty, or ``ours(names)`` says its
+    entries are an engine's own layout: for the engines that make their files themselves (Qdrant
+    local mode, LanceDB), checked before the engine creates anything in it.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "notes.txt").write_text("mine")
+    4
+    >>> refuse_foreign_entries(d, "a LanceDB database", lambda names: False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.CollectionMismatch: ... is not a LanceDB database and is not empty ...notes.txt...
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else None
+    if names is None or (names and not ours(names)):
+        held = "it is a file" if names is None else f"it holds {names[:5]}"
+        raise CollectionMismatch(f"{folder} is not {what} and is not empty ({held}): give its own "
+                                 "folder, or an empty or new one; nothing was written")
+
+
+def sqlite_tables(db_path: str | os.PathLike) -> list[str] | None:
+    """The table names of the SQLite file ``db_path`` (``[]`` for an empty file), read in
+    ``immutable`` mode (no lock, no journal: nothing is created beside it); ``None`` when it is
+    not a SQLite database or cannot be read."""
+    with open(db_path, "rb") as f:
+        head = f.read(len(SQLITE_HEADER))
+    if not head:
+        return []
+    if head != SQLITE_HEADER:
+        return None
+    try:
+        db = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            return sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+
+
 def _store_database_problem(db_path: Path, backend: str | None) -> str | None:
     """Why the file ``db_path`` is not the database of a ``backend`` store (None: it is one, or
     one whose creation died before its first table). Read without creating anything beside it:
@@ -200,7 +243,7 @@ def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: st
         problem = _store_database_problem(db_path, backend)
         if problem is not None:
             raise CollectionMismatch(f"{folder} does not hold {what} store: its {db_name} {problem}; "
-                                     "refusing to write into it (give an empty or new folder)")
+                                     "refusing to open it (give its store's folder, or an empty or new one)")
         return
     # our lock is an empty file: one with content is someone else's
     other = sorted(p.name for p in folder.iterdir()

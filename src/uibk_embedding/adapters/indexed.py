@@ -366,6 +366,13 @@ class IndexedStore(Reranking, MultiVectorStore):
                                              type(self).__name__)
                 self._db = connect(self.path / DB_NAME)
             self._open(format, given)
+        except sqlite3.DatabaseError as e:
+            self._closed = True
+            self._release()
+            if isinstance(e, sqlite3.OperationalError):  # locked, an I/O error: may pass
+                raise
+            raise CollectionMismatch(f"{self.path / DB_NAME} is damaged (SQLite: {e}); nothing in it was "
+                                     "changed: restore the folder from a copy, or index anew") from e
         except BaseException:
             self._closed = True
             self._release()

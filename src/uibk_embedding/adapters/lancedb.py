@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters import base
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Condition, Node, Not, Or, is_number
@@ -148,6 +149,9 @@ class LanceDBStore(MultiVectorStore):
         self.uri = str(tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path))
         self.table = table  # a local folder is looked at before connecting, which would create it
         local_missing = "://" not in self.uri and not (Path(self.uri) / f"{table}.lance").is_dir()
+        if "://" not in self.uri:  # LanceDB would add its table to any folder
+            refuse_foreign_entries(self.uri, "a LanceDB database",
+                                   lambda names: all(n.endswith(".lance") for n in names))
         self._db = None if local_missing and not create else self._ldb.connect(
             self.uri, read_consistency_interval=timedelta(0))  # every read: the latest version, any writer's
         if self._db is not None and table in self._db.list_tables().tables:

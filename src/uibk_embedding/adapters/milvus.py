@@ -81,7 +81,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from uibk_embedding._sqlite_state import lock_folder
+from uibk_embedding._sqlite_state import lock_folder, sqlite_tables
 from uibk_embedding.adapters.milvus_base import (
     DEFAULT_CANDIDATES,
     LAYOUTS,
@@ -97,7 +97,7 @@ from uibk_embedding.adapters.milvus_embedding_list import (
     MilvusEmbeddingListStore,
 )
 from uibk_embedding.adapters.milvus_token_rows import PART_ROWS, MilvusTokenRowsStore
-from uibk_embedding.errors import BackendUnavailable
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
 from uibk_embedding.tagged import DIM
 
 __all__ = [
@@ -158,6 +158,12 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
         raise ValueError("Milvus Lite supports only layout='token_rows' (no ARRAY of STRUCT, "
                          "no MAX_SIM): embedding_list needs a Milvus server >= 2.6.4")
     options.setdefault("index_type", "FLAT")
+    if os.path.lexists(uri):  # before the server opens it (it adds its tables to any SQLite file)
+        tables = sqlite_tables(uri) if os.path.isfile(uri) else None
+        if tables is None or (tables and "collection_meta" not in tables):
+            raise CollectionMismatch(f"{uri} is not a Milvus Lite database (no collection_meta table"
+                                     f"{'' if tables is None else f'; it holds {tables[:5]}'}): give "
+                                     "its own file, or a new path; nothing was written")
     os.makedirs(os.path.dirname(uri), exist_ok=True)
     # one store object per collection of a Milvus Lite folder, in this and other processes
     lock = lock_folder(f"{uri}.{collection}.lock", f"the Milvus Lite collection {collection!r} at {uri}",

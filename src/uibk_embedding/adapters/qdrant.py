@@ -52,6 +52,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters.base import (
     RESERVED_PREFIX,
     Hit,
@@ -439,6 +440,8 @@ class QdrantStore(_QdrantBase):
                 # before the client, which makes the folder, its lock and meta.json
                 raise CollectionMismatch(f"Qdrant collection {collection!r} does not exist at {path} "
                                          "(create=False); nothing was created")
+            if path is not None:
+                refuse_foreign_entries(path, "a Qdrant local-mode folder", lambda names: "meta.json" in names)
             try:
                 self.client = qc.QdrantClient(
                     location=location if path is not None or location is not None else ":memory:",

@@ -8,7 +8,7 @@ Subcommands::
     uibk-embed search "query" --backend B --path P [-k 10] [--filter JSON] [--retrieval-mode M] [--json]
     uibk-embed eval DATA [--backend B] [--dense-weight W] [--retrieval-mode M] [--json]   in a temporary store
     uibk-embed eval DATA --path P [--create]    an existing store, read as it is (--create: build it)
-    uibk-embed fit-projection DATA --out FOLDER  R and P by PCA on a corpus -> an encoder folder
+    uibk-embed fit-projection DATA --out FOLDER  P by PCA on a corpus -> an encoder folder
     uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
     uibk-embed serve ...                        the shared encoder over HTTP
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
@@ -276,6 +276,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
         enc = RemoteEncoder(args.encoder_url[0])
     else:
+        if not args.fit_projection:
+            _adopt_the_stores_encoder(args, opts)
         enc = _load_encoder(args)
     saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
     store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
@@ -308,6 +310,14 @@ FITTED_ENCODER_DIR = "uibk-encoder"
 def _beside_store(backend: str, opts: dict[str, Any]) -> Path | None:
     path = opts.get("path")
     return Path(path) / FITTED_ENCODER_DIR if backend in _OWN_FOLDERS and path else None
+
+
+def _adopt_the_stores_encoder(args: argparse.Namespace, opts: dict[str, Any]) -> None:
+    """The encoder ``index --fit-projection`` saved inside the store is the one its queries and
+    new documents need: used by ``search``, ``eval`` and ``index`` unless an encoder is given."""
+    fitted = _beside_store(args.backend, opts)
+    if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
+        args.encoder = str(fitted)
 
 
 def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dict[str, Any]) -> Path:
@@ -372,9 +382,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     flt = _read_filter(args.filter)
     opts = _store_options(args)
     _read_backend(args, opts)
-    fitted = _beside_store(args.backend, opts)
-    if fitted is not None and fitted.is_dir() and not (args.encoder or args.dense or args.projection):
-        args.encoder = str(fitted)  # `index --fit-projection` saved the store's encoder here
+    _adopt_the_stores_encoder(args, opts)
     enc = _load_encoder(args)
     store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
     q = query_for_mode(enc.encode_queries([args.query], dense_weight=args.dense_weight)[0],
@@ -453,6 +461,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 raise StoreNotFound(f"{e}; `eval --create` indexes {args.data} into a new store there") \
                     from None
             new = True
+        _adopt_the_stores_encoder(args, opts)
     enc = _load_encoder(args)
     w = args.dense_weight if args.dense_weight is not None else enc.dense_weight
     with tempfile.TemporaryDirectory() as tmp:
@@ -549,6 +558,10 @@ def cmd_fit_projection(args: argparse.Namespace) -> int:
     if len(docs) > args.max_docs:  # evenly spaced over the corpus, deterministic
         step = len(docs) / args.max_docs
         docs = [docs[int(i * step)] for i in range(args.max_docs)]
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"uibk-embed: {out} is not an empty folder: the fitted encoder needs a new one "
+                         "(an encoder already there, perhaps a store's, is never overwritten)")
     enc = _load_encoder(args)
     if not hasattr(enc, "fit_projection"):
         raise SystemExit(f"uibk-embed: {type(enc).__name__} has no projection to fit")
@@ -558,8 +571,8 @@ def cmd_fit_projection(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"uibk-embed: {e}") from None
     enc.save_projections(args.out)
-    print(f"fitted R {enc.R.shape} and P {enc.P.shape} by PCA on {len(docs)} documents in "
-          f"{time.perf_counter() - t0:.1f} s (projection {projection_id(enc.R, enc.P)})")
+    print(f"fitted P {enc.P.shape} by PCA on {len(docs)} documents (R {enc.R.shape}: the seeded one) "
+          f"in {time.perf_counter() - t0:.1f} s (projection {projection_id(enc.R, enc.P)})")
     print(f"saved to {args.out}; use it on both sides: --encoder {args.out}")
     return 0
 
@@ -712,7 +725,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("fit-projection",
-                        help="fit the projections R and P by PCA on a corpus; save an encoder folder")
+                        help="fit the token projection P by PCA on a corpus (R stays seeded); save an "
+                             "encoder folder")
     sp.add_argument("data", help="BEIR folder or JSONL corpus: the sample to fit on")
     sp.add_argument("--out", required=True, help="folder to save the fitted encoder to")
     sp.add_argument("--max-docs", type=_positive_int, default=5000,

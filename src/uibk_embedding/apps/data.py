@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import validate_ids, validate_metadata
+from uibk_embedding.adapters.filters import check_text
 from uibk_embedding.adapters.indexing import stored_metadata
-from uibk_embedding.errors import DataError
+from uibk_embedding.errors import DataError, InvalidInput
 
 
 @dataclass
@@ -72,7 +73,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     with f:
         for n, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a BOM (Windows editors) is dropped
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
@@ -162,6 +163,12 @@ def check_document(doc_id: Any, text: Any, title: Any = None, metadata: Any = No
         return bad(f"text must be a string, got {type(text).__name__}")
     if title is not None and not isinstance(title, str):
         return bad(f"title must be a string, got {type(title).__name__}")
+    try:  # a lone surrogate ("\ud800" in the JSON): the tokenizer would fail mid-index
+        for name, value in (("text", text), ("title", title)):
+            if value is not None:
+                check_text(value, f"the {name}")
+    except InvalidInput as e:
+        return bad(str(e))
     doc = Document(doc_id, text or "", title or "")
     if not doc.full_text.strip():
         return bad("no text" if text is None else "text is empty or whitespace only", no_text=True)
@@ -253,7 +260,13 @@ def read_queries(path: str | os.PathLike) -> dict[str, str]:
         qid = _str_field(obj, ("_id", "id"), where)
         if qid in out:
             raise DataError(f"{where}: duplicate query id {qid!r}")
-        out[qid] = _str_field(obj, ("text",), where)
+        text = _str_field(obj, ("text",), where)
+        if not text.strip():
+            raise DataError(f"{where}: query {qid!r} has an empty text")
+        try:
+            out[qid] = check_text(text, f"query {qid!r}")
+        except InvalidInput as e:
+            raise DataError(f"{where}: {e}") from None
     return out
 
 
@@ -263,7 +276,7 @@ def read_qrels(path: str | os.PathLike, split: str = "test") -> dict[str, dict[s
         p = p / "qrels" / f"{split}.tsv"
     qrels: dict[str, dict[str, int]] = {}
     try:
-        lines = p.read_bytes().decode("utf-8").splitlines()
+        lines = p.read_bytes().decode("utf-8-sig").splitlines()  # a BOM is dropped
     except OSError as e:
         raise DataError(f"cannot read {p}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -296,4 +309,8 @@ def load_beir(path: str | os.PathLike, split: str = "test") -> Collection:
     queries = read_queries(p)
     qrels = read_qrels(p, split)
     judged = {q: t for q, t in queries.items() if any(v > 0 for v in qrels.get(q, {}).values())}
+    if not judged:  # refused before the corpus is encoded, not after
+        raise DataError(f"{p}: no query of queries.jsonl has a relevant document (score > 0) in "
+                        f"qrels/{split}.tsv ({len(queries)} queries, {len(qrels)} judged): nothing to "
+                        "evaluate")
     return Collection(p.name, corpus, judged, {q: qrels[q] for q in judged})

@@ -11,9 +11,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
+from uibk_embedding.errors import InvalidInput
+
 
 def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
-    """Texts must be a list of non-empty strings.
+    """Texts must be a list of non-empty strings of valid Unicode (no lone surrogate such as
+    ``"\\ud800"``, which Python strings allow and tokenizers refuse with an unclear error).
 
     >>> validate_texts(["a", "b"])
     ['a', 'b']
@@ -30,6 +33,11 @@ def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
             raise TypeError(f"{what}[{i}] must be a str, got {type(t).__name__}")
         if not t.strip():
             raise ValueError(f"{what}[{i}] is empty or whitespace only; there is nothing to encode")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInput(f"{what}[{i}] is not valid Unicode: a lone surrogate {t[e.start]!r} at "
+                               f"character {e.start} (text must be encodable as UTF-8)") from None
     return out
 
 
