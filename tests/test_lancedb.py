@@ -169,9 +169,12 @@ from uibk_embedding.adapters.lancedb import LanceDBStore
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 fmt, rng, name, where = TaggedFormat(), np.random.default_rng(int(sys.argv[2])), sys.argv[2], sys.argv[1]
-with LanceDBStore(where, table="docs") as s:
-    (pathlib.Path(where) / f"ready-{name}").touch()  # both start writing together
-    while len(list(pathlib.Path(where).glob("ready-*"))) < 2:
+deadline = time.monotonic() + 120
+with LanceDBStore(pathlib.Path(where) / "db", table="docs") as s:
+    (pathlib.Path(where) / f"ready-{name}").touch()  # both start writing together (the markers
+    while len(list(pathlib.Path(where).glob("ready-*"))) < 2:  # beside the database: not in it)
+        if time.monotonic() > deadline:
+            sys.exit("the other writer never started")
         time.sleep(0.01)
     for b in range(ROUNDS):
         s.upsert([f"shared-{b}-{j}" for j in range(3)], [make_list(fmt, rng, 5) for _ in range(3)],
@@ -190,13 +193,13 @@ def test_two_processes_writing_one_table_are_both_kept(tmp_path):
     import subprocess
     import sys
 
-    LanceDBStore(tmp_path, table="docs").close()
+    LanceDBStore(tmp_path / "db", table="docs").close()
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(seed)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
-    with LanceDBStore(tmp_path, table="docs", create=False) as s:
+    with LanceDBStore(tmp_path / "db", table="docs", create=False) as s:
         ids = [x for x, _ in s.scan()]
         assert len(ids) == len(set(ids)) == s.count() == 2 * 12 * 4 + 12 * 3
         assert {x for x, _ in s.scan({"w": "1"})} >= {f"1-{b}-{i}" for b in range(12) for i in range(4)}
