@@ -289,3 +289,20 @@ def test_explain_decomposes_from_the_scored_rows_without_a_second_read(tmp_path,
         assert [h.decomposition for h in hits] == [decompose(q, stored[h.id], FMT) for h in hits]
         s._get = lambda ids: reads.append(ids) or real_get(ids)
     s.close()
+
+
+def test_stats_say_the_exact_store_builds_no_index():
+    """Past ``min_index_vectors`` (1,000,000 by default; lowered here) ``stats()`` said the index
+    "is built at the next flush or search" and counted every document pending: the exact store
+    builds none."""
+    from uibk_embedding.testing import make_list
+
+    s = ExactStore()
+    s.min_index_vectors = 8
+    rng = np.random.default_rng(0)
+    s.upsert(["a", "b", "c"], [make_list(s.format, rng, 5) for _ in range(3)])
+    s.flush()
+    st = s.stats()
+    assert st["vectors"] > s.min_index_vectors and not st["has_index"] and st["search"] == "exact"
+    assert "builds no index" in st["reason"] and st["pending"] == s.n_pending == 0
+    s.close()

@@ -145,7 +145,8 @@ def test_two_processes_writing_one_table_end_in_a_serial_state(dsn, tmp_path):
 
 
 VALUES = [True, False, 1, 0, 1.0, 2.5, -3, 2**63 - 1, "1", "true", "", "a b", 'x" OR 1=1 --', "ü", None,
-          [1], ["a"], {"a": 1}]
+          [1], ["a"], {"a": 1},
+          2**60, float(2**60)]  # equal by value; jsonb compared the float's decimal spelling
 
 
 def test_filters_match_the_reference_semantics(store, fmt, rng):
@@ -156,7 +157,8 @@ def test_filters_match_the_reference_semantics(store, fmt, rng):
     store.upsert(ids, [make_list(fmt, rng, 4) for _ in ids], md)
     scalars = [v for v in VALUES if isinstance(v, bool | int | float | str)]
     filters = [{"x": v} for v in scalars] + [{"x": {"$in": [1, "a b"]}}, {"x": {"$in": [True, 0.0]}},
-                                             {"x": 1, "k": 1}, {"x": {"$in": [False]}, "k": 1}, {}]
+                                             {"x": 1, "k": 1}, {"x": {"$in": [False]}, "k": 1}, {},
+                                             {"x": {"$lt": float(2**60)}}, {"x": {"$gte": 2**60}}]
     q = make_list(fmt, rng, 5)
     for f in filters:
         want = {x for x, m in zip(ids, md, strict=True) if matches(m, parse_filter(f))}
@@ -167,6 +169,39 @@ def test_filters_match_the_reference_semantics(store, fmt, rng):
         assert store.delete(filter=f) == len(want)
         assert not want & {x for x, _ in store.scan()}
     assert [r.metadata for r in store.get(["v7"])] == [{"x": 2**63 - 1, "k": 1}]  # exactly as given
+
+
+def test_candidates_covering_every_document_give_the_exact_answer(store, fmt, rng):
+    """``exact=False`` with ``candidates`` >= the documents (the budget covers them all) answers
+    as ``exact=True``: ties in insertion order, the same scores (it reranked the HNSW order when
+    exactly ``candidates`` rows came back)."""
+    doc = make_list(fmt, rng, 6)
+    ids = [f"d{i}" for i in range(8)]
+    store.upsert(ids, [doc] * 8)
+    q = make_list(fmt, rng, 4)
+    exact = [(h.id, h.score) for h in store.search(q, k=8)]
+    assert [x for x, _ in exact] == ids
+    for c in (8, 9, 50):
+        assert [(h.id, h.score) for h in store.search(q, k=8, exact=False, candidates=c)] == exact, c
+
+
+def test_a_name_another_store_needs_is_refused_with_the_reason(dsn, tmp_path, fmt, rng):
+    """Store ``T`` makes ``T_seq``, ``T_seq_idx``, ``T_fields`` and ``T_dense`` beside its
+    table: a store named after one of them, or one whose helper names are taken, is refused with
+    CollectionMismatch (it was psycopg's DuplicateTable, or "table ... does not fit")."""
+    name = table_name(tmp_path, "n")
+    a = PgVectorStore(dsn, table=f"{name}_dense")
+    try:
+        with pytest.raises(CollectionMismatch, match=f"names it needs beside it are taken \\({name}_dense"):
+            PgVectorStore(dsn, table=name)
+        b = PgVectorStore(dsn, table=f"{name}b")
+        with pytest.raises(CollectionMismatch, match="is not a table"):
+            PgVectorStore(dsn, table=f"{name}b_seq")
+        b.drop()
+        b.close()
+    finally:
+        a.drop()
+        a.close()
 
 
 def test_filtered_approximate_search_returns_k_matches(dsn, tmp_path, fmt, rng):

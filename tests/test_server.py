@@ -186,6 +186,39 @@ def test_bad_input_gives_clear_errors(server, local):
     assert r.status_code == 400 and "'kind'" in r.json()["detail"]
     r = post(json.dumps({"kind": "documents", "texts": "a single string"}))
     assert r.status_code == 400 and "list of strings" in r.json()["detail"]
+    # a lone surrogate (JSON allows "\ud800"): 400, not the tokenizer's 500; and a request the
+    # worker would have merged with it is not failed by it
+    bad = post('{"kind": "documents", "texts": ["ok", "a\\ud800"]}')
+    assert bad.status_code == 400 and "texts[1] is not valid Unicode" in bad.json()["detail"]
+    r = httpx.post(server + "/v1/embeddings", content='{"input": "b\\udfff"}', timeout=30)
+    assert r.status_code == 400 and "not valid Unicode" in r.json()["detail"]
+
+
+def test_remote_takes_what_in_process_takes_and_counts_only_cut_texts(server, local):
+    """A numpy or Fraction dense weight (in-process takes any real number: the client sent it
+    to json.dumps and failed); a text of exactly ``max_text_chars`` characters is not counted as
+    cut (it was, and the client warned), one longer is; leading whitespace past
+    ``max_text_chars`` does not empty a text (the server refused it as whitespace only)."""
+    from fractions import Fraction
+
+    with RemoteEncoder(server) as enc:
+        for w in (np.float32(2.0), np.int64(2), Fraction(4, 2)):
+            np.testing.assert_array_equal(enc.encode_queries(["wing lift"], dense_weight=w)[0],
+                                          local.encode_queries(["wing lift"], dense_weight=2.0)[0])
+        at_limit = "wing" + " " * (MAX_CHARS - 4)  # MAX_CHARS characters, one word
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            enc.encode_documents([at_limit])
+        assert not [w for w in caught if "truncated" in str(w.message)]
+        spaced = " " * (MAX_CHARS + 10) + "wing lift"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np.testing.assert_array_equal(enc.encode_documents([spaced])[0],
+                                          local.encode_documents([spaced])[0])
+    for text, counted in ((at_limit, "0"), (at_limit + "s", "1")):
+        r = httpx.post(server + "/encode", content=json.dumps({"kind": "documents", "texts": [text]}),
+                       timeout=30)
+        assert r.status_code == 200 and r.headers["X-UIBK-Truncated"] == counted
 
 
 def test_server_down_is_a_clear_error():
@@ -303,6 +336,10 @@ def test_api_key_is_required_everywhere_but_health(guarded, local):
     with RemoteEncoder(guarded, api_key=API_KEY) as enc:
         for a, b in zip(enc.encode_documents(TEXTS), local.encode_documents(TEXTS), strict=True):
             assert a.tobytes() == b.tobytes()
+    # a key read from a file ends in a newline, which no header can carry: the client strips it
+    # (it raised ServerUnavailable "no uibk-embed server ... start one", the server being up)
+    with RemoteEncoder(guarded, api_key=API_KEY + "\n") as enc:
+        assert len(enc.encode_documents(TEXTS[:1])) == 1
 
 
 def _slow_client(url: str) -> socket.socket:

@@ -130,6 +130,11 @@ class ExactStore(IndexedStore):
     def _wants_index(self) -> bool:
         return False
 
+    @property
+    def n_pending(self) -> int:
+        """0: the exact store builds no index, so no document waits for one."""
+        return 0
+
     def _load(self) -> None:
         super()._load()
         if self.path is not None:

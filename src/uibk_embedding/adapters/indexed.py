@@ -435,13 +435,15 @@ class IndexedStore(Reranking, MultiVectorStore):
                 reason = f"{why}: the {self.engine_name} index proposes candidates"
             elif self._index_dir or self._dirty:
                 reason = f"the {self.engine_name} index could not be opened or rebuilt: the exact scan"
+            elif n >= limit and not self._wants_index():  # a store that builds none (exact)
+                reason = f"the {self.label} store scores every document exactly: it builds no index"
             elif n >= limit:
                 reason = (f"the store holds {n} vectors, at least min_index_vectors={limit}: the index "
                           "is built at the next flush or search")
             else:
                 reason = f"the store holds {n} vectors, below min_index_vectors={limit}: no index is built"
             return {"documents": len(self._id_of), "vectors": n, "min_index_vectors": limit,
-                    "has_index": self._index is not None, "pending": len(self._pending),
+                    "has_index": self._index is not None, "pending": self.n_pending,
                     "search": "index" if self._index is not None else "exact", "reason": reason}
 
     @property

@@ -128,6 +128,20 @@ def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
     return (" AND ".join(parts) or "TRUE"), params
 
 
+_HELPERS = ("_seq", "_seq_idx", "_fields", "_dense")  # the names a store makes beside its table
+
+
+def _exact_number(v: Any) -> Any:
+    """An integral float as the int it equals, else ``v``: jsonb compares the decimal JSON text
+    spells, and the shortest spelling of a large float (``1.152921504606847e+18``) is not its
+    value (``2**60``), so ``2**60`` and ``float(2**60)`` compared unequal (``matches``: equal).
+
+    >>> _exact_number(float(2**60)), _exact_number(2.5), _exact_number(True)
+    (1152921504606846976, 2.5, True)
+    """
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if isinstance(n, And | Or):
         if not n.children:
@@ -144,11 +158,12 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if n.op in SQL_RANGES:
         sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {SQL_RANGES[n.op]} "
                "%s::jsonb, false)")
-        return sql, [n.field, n.field, json.dumps(n.values[0])]
-    contain = " OR ".join(["fields @> %s::jsonb"] * len(n.values))
+        return sql, [n.field, n.field, json.dumps(_exact_number(n.values[0]))]
+    values = [_exact_number(v) for v in n.values]
+    contain = " OR ".join(["fields @> %s::jsonb"] * len(values))
     sql = f"COALESCE(({contain}) AND (fields -> %s) = ANY(%s::jsonb[]), false)"
-    params = [json.dumps({n.field: v}, ensure_ascii=False) for v in n.values]
-    params += [n.field, [json.dumps(v, ensure_ascii=False) for v in n.values]]
+    params = [json.dumps({n.field: v}, ensure_ascii=False) for v in values]
+    params += [n.field, [json.dumps(v, ensure_ascii=False) for v in values]]
     return (sql if n.op in ("$eq", "$in") else f"NOT {sql}"), params
 
 
@@ -342,13 +357,30 @@ class PgVectorStore(MultiVectorStore):
         with self._lock, self.conn.transaction():
             # one creator at a time per table name (other processes and hosts)
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"uibk-pgvector:{self.table}",))
-            exists = self.conn.execute("SELECT to_regclass(%s)", (self._quoted(),)).fetchone()[0]
-            if exists is None:
+            kind = self._relkind("")
+            if kind is None:
+                taken = [self.table + s for s in _HELPERS if self._relkind(s) is not None]
+                if taken:  # another store's (table "papers" names "papers_dense") or the user's
+                    raise CollectionMismatch(
+                        f"PostgreSQL table {self.table!r} cannot be created: the names it needs beside it "
+                        f"are taken ({', '.join(taken)}, perhaps by another store's table or index); "
+                        "nothing was created: choose another table name")
                 self._create()
                 self.created = True
             else:
+                if kind != "r":
+                    raise CollectionMismatch(
+                        f"{self.table!r} in this PostgreSQL database is not a table (relkind {kind!r}: "
+                        "perhaps another store's sequence or index): choose another table name")
                 self._validate(format)
                 self.created = False
+
+    def _relkind(self, suffix: str) -> str | None:
+        """The kind of relation ``table + suffix`` names (``"r"`` a table, ``"S"`` a sequence,
+        ``"i"`` an index, ...), or None when nothing has that name."""
+        row = self.conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)",
+                                (self._ident(suffix).as_string(self.conn),)).fetchone()
+        return None if row is None else row[0]
 
     def _quoted(self) -> str:
         return self._ident().as_string(self.conn)
@@ -511,8 +543,9 @@ class PgVectorStore(MultiVectorStore):
             if _has_nul(md):
                 raise ValueError(f"metadata of {x!r} holds a NUL character, which PostgreSQL's jsonb "
                                  "cannot store: remove it")
-            text = json.dumps(md, ensure_ascii=False, allow_nan=False)
-            rows.append([x, text, text, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
+            text = json.dumps(md, ensure_ascii=False, allow_nan=False)  # returned as written
+            fields = json.dumps({k: _exact_number(w) for k, w in md.items()}, ensure_ascii=False)  # filtered
+            rows.append([x, text, fields, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
         sql = self._q("INSERT INTO {t} (seq, id, metadata, fields, n_rows, vectors, dense) "
                       "VALUES (%s, %s, %s::json, %s::jsonb, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
                       "seq = EXCLUDED.seq, metadata = EXCLUDED.metadata, fields = EXCLUDED.fields, "
@@ -665,12 +698,14 @@ class PgVectorStore(MultiVectorStore):
                 rows = cur.execute(
                     self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
                             "ORDER BY dense <#> %s LIMIT %s"),
-                    [*params, dense_vector(q).astype(np.float32), limit]).fetchall()
-        if len(rows) < limit:
-            # fewer than asked: a table or filtered subset smaller than the budget, an iterative
-            # scan that reached hnsw.max_scan_tuples, or pgvector < 0.8 filtering after its index
-            # scan; the subset is scored exactly (never a short, post-filtered top-k)
+                    [*params, dense_vector(q).astype(np.float32), limit + 1]).fetchall()
+        if len(rows) <= limit:
+            # no more than asked (one more was asked for): a table or filtered subset no larger
+            # than the budget, an iterative scan that reached hnsw.max_scan_tuples, or pgvector < 0.8
+            # filtering after its index scan; the subset is scored exactly (never a short,
+            # post-filtered top-k, and a budget covering every document gives the exact answer)
             return self._search_exact([q], k, conditions, explain)[0]
+        rows = rows[:limit]
         # the candidates came with their lists: the rerank's fetch is a lookup, in one piece
         stored = {x: (_from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
         return rerank_candidates(q, [(r[0], None) for r in rows], lambda ids: {x: stored[x] for x in ids}, k,

@@ -41,6 +41,17 @@ def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
     return out
 
 
+def cut_text(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters after its leading whitespace (which a tokenizer
+    reads past), so the cut never leaves only whitespace of a text that has words.
+
+    >>> cut_text("a wing in a slipstream", 6), cut_text(" " * 9 + "lift", 2)
+    ('a wing', '         li')
+    """
+    lead = len(text) - len(text.lstrip())
+    return text[:lead + max_chars]
+
+
 def resolve_device(device: str | None = None) -> str:
     """``"cuda"`` when a GPU is visible, else ``"cpu"`` (or the device asked for)."""
     if device:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.encoder.inputs import validate_texts, warn_truncated
+from uibk_embedding.encoder.inputs import cut_text, validate_texts, warn_truncated
 from uibk_embedding.errors import BackendUnavailable, UIBKError
 from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
@@ -135,8 +135,8 @@ class RemoteEncoder:
         self.client_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._httpx = httpx
         headers = {"X-UIBK-Client": self.client_id}
-        key = api_key if api_key is not None else os.environ.get("UIBK_API_KEY")
-        if key:
+        key = (api_key if api_key is not None else os.environ.get("UIBK_API_KEY", "")).strip()
+        if key:  # stripped: a key read from a file ends in a newline, which no header can carry
             headers["Authorization"] = f"Bearer {key}"
         self.retries_429 = int(retries_429)
         self._client = httpx.Client(
@@ -233,7 +233,7 @@ class RemoteEncoder:
                        show_progress: bool | None = None) -> list[np.ndarray]:
         """Tagged query lists, computed by the server."""
         if dense_weight is not None:
-            check_dense_weight(dense_weight)
+            dense_weight = check_dense_weight(dense_weight)  # a float: numpy's would not go into JSON
         return self._encode(validate_texts(texts), "queries", dense_weight, show_progress)
 
     def encode_documents(self, texts: Sequence[str], *,
@@ -258,7 +258,9 @@ class RemoteEncoder:
             return []
         # an over-long text is not refused: cut here as the server would (a smaller body), then
         # truncated at the token limit and counted, as in-process (a warning)
-        texts = [t[:self.max_text_chars] for t in texts]
+        sent = [cut_text(t, self.max_text_chars) for t in texts]
+        shortened = sum(len(s) < len(t) for s, t in zip(sent, texts, strict=True))
+        texts = sent
         from tqdm.auto import tqdm
 
         progress = self.show_progress if show_progress is None else show_progress
@@ -277,7 +279,7 @@ class RemoteEncoder:
             else:
                 out, cut = self._pipelined(chunks, kind, w, bar)
         limit = self.query_max_length if kind == "queries" else self.doc_max_length
-        warn_truncated(cut, len(texts), limit, kind)
+        warn_truncated(max(cut, shortened), len(texts), limit, kind)  # as the server counts (max)
         return out
 
     def _pipelined(self, chunks: list[list[str]], kind: str, w: float | None,

@@ -114,6 +114,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
+from uibk_embedding.encoder.inputs import cut_text
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
 from uibk_embedding.tagged import DIM, N_SLOTS, check_dense_weight, dense_vector
@@ -186,11 +187,33 @@ def parse_request(body: bytes | bytearray, *, max_texts: int = 1024,
     return kind, got["texts"], got.get("dense_weight")
 
 
+class Texts(list):
+    """The texts of a request, and ``cut``: how many the parser cut to ``max_text_chars``."""
+
+    cut = 0
+
+
+def _text(raw: str, max_text_chars: int, where: str, texts: Texts) -> str:
+    """One text of a request: cut, not refused, when over-long (see "Text length" in the module
+    docstring; counted in ``texts.cut``); refused (400) when empty or not valid Unicode (a lone
+    surrogate, which the tokenizer would fail on, failing every request encoded with it)."""
+    text = cut_text(raw, max_text_chars)
+    texts.cut += len(text) < len(raw)
+    if not text.strip():
+        raise RequestRefused(400, f"{where} is empty or whitespace only; there is nothing to encode")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestRefused(400, f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at "
+                                  f"character {e.start}") from None
+    return text
+
+
 def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,
-                 name: str = "texts") -> tuple[list[str], int]:
+                 name: str = "texts") -> tuple[Texts, int]:
     if doc[pos:pos + 1] != "[":
         raise RequestRefused(400, f"'{name}' must be a list of strings, got {_json_type(doc, pos)}")
-    texts: list[str] = []
+    texts = Texts()
     pos = _WS.match(doc, pos + 1).end()
     if doc[pos:pos + 1] == "]":
         return texts, pos + 1
@@ -201,11 +224,7 @@ def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,
         if doc[pos:pos + 1] != '"':
             raise RequestRefused(400, f"{name}[{len(texts)}] must be a string, got {_json_type(doc, pos)}")
         text, pos = scanstring(doc, pos + 1, True)
-        text = text[:max_text_chars]  # cut, not refused: see "Text length" in the module docstring
-        if not text.strip():
-            raise RequestRefused(400, f"{name}[{len(texts)}] is empty or whitespace only; there is "
-                                      "nothing to encode")
-        texts.append(text)
+        texts.append(_text(text, max_text_chars, f"{name}[{len(texts)}]", texts))
         pos = _WS.match(doc, pos).end()
         c = doc[pos:pos + 1]
         if c == "]":
@@ -299,12 +318,10 @@ def _parse_object(doc: str, keys: Mapping[str, str], texts_key: str, max_texts: 
                 got[key], pos = _parse_texts(doc, pos, max_texts, max_text_chars, texts_key)
             elif c == '"' and not wants.startswith(("a number", "a list")):
                 got[key], pos = scanstring(doc, pos + 1, True)
-                if key == texts_key:
-                    got[key] = got[key][:max_text_chars]  # cut, as in _parse_texts
-                    if not got[key].strip():
-                        raise RequestRefused(400, f"{key} is empty or whitespace only; there is nothing "
-                                                  "to encode")
-                    got[key] = [got[key]]
+                if key == texts_key:  # one string: as one text of a list
+                    one = Texts()
+                    one.append(_text(got[key], max_text_chars, key, one))
+                    got[key] = one
             elif key == texts_key:
                 raise refuse(key, pos)
             elif doc.startswith("null", pos) and wants.endswith("or null"):
@@ -606,8 +623,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         m["token_vectors"] += actual - 3 * len(res)
         m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
         held["vectors"] = actual
-        cut = sum(len(t) >= limits.max_text_chars for t in texts)  # cut by the parser (or at the limit)
-        truncated = max(res.truncated, cut)
+        truncated = max(res.truncated, getattr(texts, "cut", 0))  # cut by the tokenizer or the parser
         headers = {"X-UIBK-Truncated": str(truncated)}
         if openai:
             content = json.dumps(_openai_answer(res, model or public_model_name(shared.model_name), fmt))
@@ -740,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shared = SharedEncoder(args.encoder, device=args.device, batch_tokens=args.batch_tokens,
                            max_wait_ms=args.max_wait_ms, show_progress=False,
                            **({"trust_remote_code": True} if args.trust_remote_code else {}))
-    key = os.environ.get("UIBK_API_KEY") or None
+    key = os.environ.get("UIBK_API_KEY", "").strip() or None  # a newline from `echo` is no part of it
     if args.api_key_file:
         key = Path(args.api_key_file).read_text().strip()
     if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
