@@ -188,3 +188,37 @@ def test_a_cancelled_request_does_not_fail_its_batch_mates(inner, monkeypatch):
     monkeypatch.undo()
     want = inner.encode_documents(TEXTS[3:5])
     assert [a.tobytes() for a in got] == [b.tobytes() for b in want]
+
+
+def test_a_request_that_fails_does_not_fail_its_batch_mates(inner, bound, monkeypatch):
+    """Requests merged into one pass with a request whose input the model fails on: the pass is
+    run again per request, so only that request gets the error (all of them got it: on the
+    server, one client's bad text failed every other client's request in the pass)."""
+    class Fails(UIBKEncoder):
+        def _tokenize(self, texts, is_query):
+            if any("boom" in t for t in texts):
+                raise RuntimeError("model exploded")
+            return super()._tokenize(texts, is_query)
+
+    broken = Fails(inner.model, inner.tokenizer, inner.uibk_config,
+                   projections={"R": inner.R, "P": inner.P})  # inner's lists, so inner's bound
+    gate = _SignallingLock()
+    monkeypatch.setattr(broken, "_lock", gate)
+    with SharedEncoder(broken, max_wait_ms=0) as enc:
+        gate.lock.acquire()  # the worker's first pass waits for it: the next two are merged
+        try:
+            busy = enc.submit(TEXTS[:1], is_query=False)
+            assert gate.waiting.wait(30), "the worker never reached the model"
+            bad = enc.submit(["boom", TEXTS[2]], is_query=False)
+            good = enc.submit(TEXTS[3:5], is_query=False)
+        finally:
+            gate.lock.release()
+        got = good.result(timeout=60)
+        with pytest.raises(RuntimeError, match="model exploded"):
+            bad.result(timeout=60)
+        assert len(busy.result(timeout=60)) == 1
+        assert enc.stats()["errors"] == 1
+    monkeypatch.undo()
+    for a, b in zip(got, inner.encode_documents(TEXTS[3:5]), strict=True):  # batched with others
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=bound, rtol=0)

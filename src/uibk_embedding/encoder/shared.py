@@ -325,6 +325,13 @@ class SharedEncoder:
                         res.truncated = min(req.truncated, len(res))
                         req.future.set_result(res)
         except BaseException as e:  # the callers get the error; the worker lives on
+            if len(group) > 1 and isinstance(e, Exception):
+                # one request's input may be what failed: each alone, so the others get their lists
+                for r in group:
+                    if not r.future.done():
+                        r.results, r.remaining, r.truncated = [None] * len(r.texts), len(r.texts), 0
+                        self._process([r], is_query)
+                return
             with self._stats_lock:
                 self._stats["errors"] += 1
             for r in group:
