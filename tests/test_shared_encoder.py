@@ -168,21 +168,32 @@ class _SignallingLock:
         self.lock.release()
 
 
+def _queued_behind_a_pass(enc, gate, requests, while_queued=None):
+    """Submit one request the worker's pass blocks on (``gate`` held), then ``requests`` (texts
+    each), which wait in the queue and are gathered into the next pass together; ``while_queued``
+    gets their futures before the gate opens. Returns the first future and theirs."""
+    gate.lock.acquire()
+    try:
+        busy = enc.submit(TEXTS[:1], is_query=False)
+        assert gate.waiting.wait(30), "the worker never reached the model"
+        futures = [enc.submit(t, is_query=False) for t in requests]
+        if while_queued is not None:
+            while_queued(futures)
+    finally:
+        gate.lock.release()
+    return busy, futures
+
+
 def test_a_cancelled_request_does_not_fail_its_batch_mates(inner, monkeypatch):
     """A caller that cancels its future while it waits in the queue (a client gone during serve's
     shutdown) is dropped; the requests batched with it still get their lists."""
     gate = _SignallingLock()
     monkeypatch.setattr(inner, "_lock", gate)
     with SharedEncoder(inner, max_wait_ms=0) as enc:
-        gate.lock.acquire()  # the worker's first pass waits for it: the next two stay queued
-        try:
-            busy = enc.submit(TEXTS[:1], is_query=False)
-            assert gate.waiting.wait(30), "the worker never reached the model"
-            gone = enc.submit(TEXTS[1:3], is_query=False)
-            kept = enc.submit(TEXTS[3:5], is_query=False)
-            assert gone.cancel(), "the request was already running: the test proved nothing"
-        finally:
-            gate.lock.release()
+        def cancel_the_first(futures):
+            assert futures[0].cancel(), "the request was already running: the test proved nothing"
+
+        busy, (_gone, kept) = _queued_behind_a_pass(enc, gate, [TEXTS[1:3], TEXTS[3:5]], cancel_the_first)
         got = kept.result(timeout=60)
         assert len(busy.result(timeout=60)) == 1
     monkeypatch.undo()
@@ -205,14 +216,7 @@ def test_a_request_that_fails_does_not_fail_its_batch_mates(inner, bound, monkey
     gate = _SignallingLock()
     monkeypatch.setattr(broken, "_lock", gate)
     with SharedEncoder(broken, max_wait_ms=0) as enc:
-        gate.lock.acquire()  # the worker's first pass waits for it: the next two are merged
-        try:
-            busy = enc.submit(TEXTS[:1], is_query=False)
-            assert gate.waiting.wait(30), "the worker never reached the model"
-            bad = enc.submit(["boom", TEXTS[2]], is_query=False)
-            good = enc.submit(TEXTS[3:5], is_query=False)
-        finally:
-            gate.lock.release()
+        busy, (bad, good) = _queued_behind_a_pass(enc, gate, [["boom", TEXTS[2]], TEXTS[3:5]])
         got = good.result(timeout=60)
         with pytest.raises(RuntimeError, match="model exploded"):
             bad.result(timeout=60)
