@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from uibk_embedding.errors import InvalidInput
+
 DIM = 128
 BODY = DIM - 1
 N_SLOTS = 3
@@ -74,6 +76,25 @@ def tag_rows(out: Rows, body: Any, norms: Any, tag: float, scale: float) -> Rows
     out[..., 0] = tag  # type: ignore[index]
     out[..., 1:] = body * (math.sqrt(scale) / norms)  # type: ignore[index]
     return out
+
+
+def check_text(text: str, where: str) -> str:
+    """``text``, if every engine can store it: valid Unicode, encodable as UTF-8 (no lone
+    surrogate such as ``"\\ud800"``, which Python strings allow); else :class:`InvalidInput`.
+
+    >>> check_text("ünïcödé 日本", "ids[0]")
+    'ünïcödé 日本'
+    >>> check_text("x\\ud800", "ids[0]")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: ids[0] is not valid Unicode: a lone surrogate '\\ud800' at ...
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInput(f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at "
+                           f"character {e.start} (text must be encodable as UTF-8)") from None
+    return text
 
 
 def check_dense_weight(w: Any) -> float:

@@ -49,13 +49,12 @@ from uibk_embedding.adapters.filters import (
     Filter,
     Node,
     check_int,
-    check_text,
     native_filter_refused,
     operators,
     parse_filter,
 )
 from uibk_embedding.errors import CollectionMismatch, InvalidInput, StoreInUse
-from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, decompose
+from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, check_text, decompose
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192

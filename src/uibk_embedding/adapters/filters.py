@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from uibk_embedding.errors import InvalidInput
+from uibk_embedding.tagged import check_text
 
 Scalar = str | int | float | bool
 Filter = Mapping[str, Any]
@@ -97,25 +98,6 @@ lowest value ``-2**63``, which Milvus 2.3's filter expressions cannot state (the
 
 MAX_FILTER_DEPTH = 32
 """How many levels of ``$and`` / ``$or`` / ``$not`` a filter may nest (the top level is 1)."""
-
-
-def check_text(text: str, where: str) -> str:
-    """``text``, if every engine can store it: valid Unicode, encodable as UTF-8 (no lone
-    surrogate such as ``"\\ud800"``, which Python strings allow); else :class:`InvalidInput`.
-
-    >>> check_text("ünïcödé 日本", "ids[0]")
-    'ünïcödé 日本'
-    >>> check_text("x\\ud800", "ids[0]")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    uibk_embedding.errors.InvalidInput: ids[0] is not valid Unicode: a lone surrogate '\\ud800' at ...
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidInput(f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at "
-                           f"character {e.start} (text must be encodable as UTF-8)") from None
-    return text
 
 
 def check_int(value: int, where: str) -> int:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import validate_ids, validate_metadata
-from uibk_embedding.adapters.filters import check_text
 from uibk_embedding.adapters.indexing import stored_metadata
 from uibk_embedding.errors import DataError, InvalidInput
+from uibk_embedding.tagged import check_text
 
 
 @dataclass

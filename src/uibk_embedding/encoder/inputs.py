@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-from uibk_embedding.errors import InvalidInput
+from uibk_embedding.tagged import check_text
 
 
 def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
@@ -33,11 +33,7 @@ def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
             raise TypeError(f"{what}[{i}] must be a str, got {type(t).__name__}")
         if not t.strip():
             raise ValueError(f"{what}[{i}] is empty or whitespace only; there is nothing to encode")
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidInput(f"{what}[{i}] is not valid Unicode: a lone surrogate {t[e.start]!r} at "
-                               f"character {e.start} (text must be encodable as UTF-8)") from None
+        check_text(t, f"{what}[{i}]")
     return out
 
 

@@ -117,7 +117,8 @@ from uibk_embedding._optional import require
 from uibk_embedding.encoder.inputs import cut_text
 from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
 from uibk_embedding.encoder.shared import Histogram, SharedEncoder
-from uibk_embedding.tagged import DIM, N_SLOTS, check_dense_weight, dense_vector
+from uibk_embedding.errors import InvalidInput
+from uibk_embedding.tagged import DIM, N_SLOTS, check_dense_weight, check_text, dense_vector
 
 DEFAULT_PORT = 8765
 DENSE_DIM = N_SLOTS * (DIM - 1)  # /v1/embeddings: the 381-d dense sentence vector
@@ -202,11 +203,9 @@ def _text(raw: str, max_text_chars: int, where: str, texts: Texts) -> str:
     if not text.strip():
         raise RequestRefused(400, f"{where} is empty or whitespace only; there is nothing to encode")
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestRefused(400, f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at "
-                                  f"character {e.start}") from None
-    return text
+        return check_text(text, where)
+    except InvalidInput as e:
+        raise RequestRefused(400, str(e)) from None
 
 
 def _parse_texts(doc: str, pos: int, max_texts: int, max_text_chars: int,

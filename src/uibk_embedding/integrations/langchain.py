@@ -102,13 +102,6 @@ def _encoder_argument(embedding: Any, encoder: Any) -> Any:
     return embedding
 
 
-def _id_list(ids: Any) -> list[str]:
-    """``ids`` as a list; one string is refused (``list("ab")`` would name ids ``a`` and ``b``)."""
-    if isinstance(ids, str):
-        raise TypeError("ids must be a list of strings, not a single string")
-    return list(ids)
-
-
 def _check_threshold(threshold: Any) -> float:
     """``score_threshold``: a relevance in [0, 1] (the scale of
     :func:`~uibk_embedding.integrations.core.relevance`), else a ``ValueError``."""
@@ -342,7 +335,7 @@ class UIBKVectorStore(VectorStore):
         if ids is not None and flt is not None:
             raise ValueError("delete takes ids or a filter, not both")
         if ids is not None:
-            self.core.delete(_id_list(ids))
+            self.core.delete(ids)  # the store's check refuses one string (list("ab") is a, b)
         else:
             translated = translate_langchain_filter(flt)
             if translated is NEVER_MATCHES:
@@ -353,7 +346,7 @@ class UIBKVectorStore(VectorStore):
     # -- reading -----------------------------------------------------------------------------
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Documents for the ids that exist, in the order asked (missing ids skipped)."""
-        return [_document(t) for t in self.core.get(_id_list(ids))]
+        return [_document(t) for t in self.core.get(ids)]
 
     def _search(self, query: str, k: int, filter: dict | None, dense_weight: float | None,
                 explain: bool, **kwargs: Any) -> list[ScoredText]:
