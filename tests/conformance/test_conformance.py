@@ -77,10 +77,17 @@ def test_empty_store(store, fmt, rng):
 def test_upsert_get_count(spec, store, fmt, rng):
     ids, docs, md = fill(store, fmt, rng)
     assert store.count() == len(ids)
-    got = store.get([ids[3], "missing", ids[0]])
-    assert [r.id for r in got] == [ids[3], ids[0]]
+    got = store.get([ids[3], "missing", ids[0], ids[3]])
+    assert [r.id for r in got] == [ids[3], ids[0], ids[3]]  # the order asked, repeats kept
     np.testing.assert_allclose(got[0].vectors, docs[3], atol=spec.get_atol)
     assert got[0].metadata == md[3]
+    got[0].vectors[:] = 0  # each record is the caller's own copy
+    got[0].metadata["group"] = "edited"
+    assert got[2].metadata == md[3]
+    np.testing.assert_allclose(got[2].vectors, docs[3], atol=spec.get_atol)
+    again = store.get([ids[3]])[0]
+    np.testing.assert_allclose(again.vectors, docs[3], atol=spec.get_atol)
+    assert again.metadata == md[3]
 
 
 def test_search_matches_exact_reference_random(spec, store, fmt, rng):

@@ -689,7 +689,9 @@ class MultiVectorStore(ABC):
     def get(self, ids: Sequence[str]) -> list[Record]:
         """Stored records for the ids that exist, in the order asked (missing ids skipped)."""
         ids = validate_ids(ids, unique=False)
-        return self._get(ids) if ids else []
+        found = {r.id: r for r in self._get(list(dict.fromkeys(ids)))} if ids else {}
+        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
+                for x in ids if x in found]  # copies: a caller's edit never reaches a cache
 
     @_refuse_when_closed
     def explain(self, query: np.ndarray, doc_id: str) -> Decomposition:
@@ -736,7 +738,9 @@ class MultiVectorStore(ABC):
         return [self._search(q, k, conditions, **options) for q in queries]
 
     @abstractmethod
-    def _get(self, ids: list[str]) -> list[Record]: ...
+    def _get(self, ids: list[str]) -> list[Record]:
+        """The stored records of ``ids`` (unique) that exist, in any order; :meth:`get` orders
+        and copies them."""
 
     @abstractmethod
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:

@@ -889,8 +889,8 @@ class IndexedStore(Reranking, MultiVectorStore):
             self._check_open()
             assert self._vf is not None
             seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
-            return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]),
-                           json.loads(json.dumps(self._meta[s]))) for s in seqs]
+            return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]), self._meta[s])
+                    for s in seqs]
 
     def _hit(self, key: int, score: float) -> Hit:
         return Hit(self._id_of[key], finite_score(score), json.loads(json.dumps(self._meta[key])))

@@ -26,6 +26,7 @@ from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters import base
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
+from uibk_embedding.adapters.common import batched
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Condition, Node, Not, Or, is_number
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, StoreNotFound
@@ -261,10 +262,8 @@ class LanceDBStore(MultiVectorStore):
                 yield list(zip(b["id"].to_pylist(), map(json.loads, b["metadata"].to_pylist()), strict=True))
 
     def _get(self, ids: list[str]) -> list[Record]:
-        found, unique = {}, list(dict.fromkeys(ids))
-        for i in range(0, len(unique), 512):
-            found |= _found(self._rows(f"id IN ({', '.join(map(quote, unique[i:i + 512]))})"))
-        return [Record(x, found[x][0].copy(), json.loads(json.dumps(found[x][1]))) for x in ids if x in found]
+        found = [_found(self._rows(f"id IN ({', '.join(map(quote, c))})")) for c in batched(ids, 512)]
+        return [Record(x, v, md) for part in found for x, (v, md) in part.items()]
 
     def _search(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], explain: bool = False,
                 **given: Any) -> list[Hit]:

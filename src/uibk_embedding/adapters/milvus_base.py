@@ -25,7 +25,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -40,7 +40,7 @@ from uibk_embedding.adapters.base import (
     record_problems,
     renamed_option,
 )
-from uibk_embedding.adapters.common import serialized
+from uibk_embedding.adapters.common import batched, serialized
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
@@ -151,11 +151,6 @@ def _expression(n: Node, field: str) -> str:
 
 def _ids_expr(ids: Sequence[str]) -> str:
     return "doc_id in [" + ", ".join(json.dumps(x, ensure_ascii=False) for x in ids) + "]"
-
-
-def _chunks(seq: Sequence, n: int) -> Iterable[Sequence]:
-    for i in range(0, len(seq), n):
-        yield seq[i:i + n]
 
 
 class _Version:
@@ -495,7 +490,7 @@ class MilvusStore(MultiVectorStore):
         if cur:
             batches.append(cur)
         if more:
-            batches.extend(list(b) for b in _chunks(more, self.batch_rows))
+            batches.extend(list(b) for b in batched(more, self.batch_rows))
         with tqdm(total=len(batches), desc=f"milvus insert {self.collection}", unit="batch",
                   disable=not self.show_progress) as bar:
             for b in batches:
@@ -507,7 +502,7 @@ class MilvusStore(MultiVectorStore):
         # without a document, which search ignores (it rescores stored lists) and repair()
         # removes; the other order left a document that get/count/scan return and search misses
         names = list(reversed(self._names()))
-        for chunk in _chunks(list(ids), 500):
+        for chunk in batched(list(ids), 500):
             expr = _ids_expr(chunk) + (f" and {extra}" if extra else "")
             for name in names:
                 self.client.delete(name, filter=expr, timeout=self.timeout)
@@ -575,9 +570,7 @@ class MilvusStore(MultiVectorStore):
 
     @serialized
     def _get(self, ids: list[str]) -> list[Record]:
-        found = self._fetch(ids)
-        return [Record(x, found[x][0].copy(), json.loads(json.dumps(found[x][1])))
-                for x in ids if x in found]
+        return [Record(x, found[0], found[1]) for x, found in self._fetch(ids).items()]
 
     @serialized
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:

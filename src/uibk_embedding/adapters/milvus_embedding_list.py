@@ -16,13 +16,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding.adapters.base import Hit
-from uibk_embedding.adapters.common import parse_version
+from uibk_embedding.adapters.common import batched, parse_version
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
     ID_BYTES,
     MAX_META_BYTES,
     MilvusStore,
-    _chunks,
     _ids_expr,
     _pymilvus,
     _Stored,
@@ -94,7 +93,7 @@ class MilvusEmbeddingListStore(MilvusStore):
     def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
         """Stored list and metadata of each id (version 0: upserts replace in place)."""
         out: dict[str, _Stored] = {}
-        for chunk in _chunks(list(dict.fromkeys(ids)), 256):
+        for chunk in batched(list(dict.fromkeys(ids)), 256):
             res = self.client.query(self.docs_name, filter=_ids_expr(chunk),
                                     output_fields=["doc_id", "meta", "vectors"], timeout=self.timeout)
             for r in res:

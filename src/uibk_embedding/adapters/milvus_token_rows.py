@@ -1,25 +1,10 @@
 """The ``token_rows`` Milvus layout: one row per vector, the lists in base64 document parts.
 
-Runs on every Milvus, Milvus Lite included. Two collections. ``<name>_rows`` holds one row per
-vector (document id, version, 128-d ``FLOAT_VECTOR`` with the ``IP`` metric, type-tagged
-filter values); ``<name>_docs`` holds each document's whole tagged list as float32 bytes (base64
-in ``VARCHAR`` parts of 64 vectors; long documents span several parts) plus its metadata, and
-the store's marker row (doc_id ``''``, part -1: Milvus Lite keeps no collection description).
-A base64 part decodes ~100x faster than an ``ARRAY<FLOAT>`` (whose ``max_capacity`` Milvus
-caps at 4096 floats, 32 vectors) and holds twice as many vectors.
-
-A search sends every query vector (slots included) to the row index, takes the union of the
-documents owning the ``rows_per_vector`` nearest rows of each query vector, fetches their lists and
-rescores them with exact MaxSim, best score bound first (a candidate's bound takes, per query
-vector, its best returned row or else the last returned score), stopping once the k-th exact
-score reaches the next bound. ``exact=True`` (with ``index_type="FLAT"``) proves the top-k with
-the threshold-algorithm bound, deepening the row search (x4, up to Milvus' 16,384 limit) and at
-worst rescoring every document that passes the filter.
-
-Writes: each upsert writes a new *version* of its documents (parts first, then rows), then
-deletes older versions; readers use the newest *complete* version, and :meth:`repair` removes
-what an interrupted write left (never a version another writer is storing or has just stored).
-See :mod:`uibk_embedding.adapters.milvus` for the whole story.
+Runs on every Milvus, Milvus Lite included: ``<name>_rows`` (one row per vector, searched by
+``IP``) and ``<name>_docs`` (each whole tagged list and its metadata, and the store's marker
+row: doc_id ``''``, part -1, as Milvus Lite keeps no collection description). How a search
+bounds and rescores its candidates, and how versioned writes and :meth:`repair` work: see
+:mod:`uibk_embedding.adapters.milvus`.
 """
 
 from __future__ import annotations
@@ -35,14 +20,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding.adapters.base import Hit
-from uibk_embedding.adapters.common import serialized
+from uibk_embedding.adapters.common import batched, serialized
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
     ID_BYTES,
     MAX_LIMIT,
     MAX_META_BYTES,
     MilvusStore,
-    _chunks,
     _ids_expr,
     _pymilvus,
     _Stored,
@@ -182,7 +166,7 @@ class MilvusTokenRowsStore(MilvusStore):
         """The highest version stored for any of ``ids`` (complete or not; 0 for none), read at
         the collection's ``Strong`` consistency point, so it includes every acknowledged write."""
         newest = 0
-        for chunk in _chunks(list(dict.fromkeys(ids)), 128):
+        for chunk in batched(list(dict.fromkeys(ids)), 128):
             res = self.client.query(self.docs_name, filter=_ids_expr(chunk) + " and part >= 0",
                                     output_fields=["ver"], limit=MAX_LIMIT, timeout=self.timeout)
             newest = max([newest, *(int(r["ver"]) for r in res)])
@@ -200,7 +184,7 @@ class MilvusTokenRowsStore(MilvusStore):
         out: dict[str, _Stored] = {}
         level = {} if wait else {"consistency_level": "Eventually"}
         fields = ["doc_id", "ver", "part", "n_parts", "n_rows", "meta", "vecs"]
-        todo = [list(c) for c in _chunks(list(dict.fromkeys(ids)), 128)]
+        todo = [list(c) for c in batched(list(dict.fromkeys(ids)), 128)]
         rows: list[dict] = []
         while todo:
             chunk = todo.pop()
@@ -264,7 +248,7 @@ class MilvusTokenRowsStore(MilvusStore):
         bound = 0.0
         complete = False
         per_call = max(1, min(len(q), 2_000_000 // depth))
-        for qs in _chunks(q, per_call):
+        for qs in batched(q, per_call):
             res = self.client.search(self.rows_name, data=qs.tolist(), limit=depth, filter=expr,
                                      output_fields=["doc_id", "ver"], search_params=params,
                                      anns_field="vec", timeout=self.timeout)

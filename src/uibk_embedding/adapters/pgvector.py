@@ -76,7 +76,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
     record_problems,
 )
-from uibk_embedding.adapters.common import parse_version
+from uibk_embedding.adapters.common import exact_number, parse_version
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
@@ -131,17 +131,6 @@ def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
 _HELPERS = ("_seq", "_seq_idx", "_fields", "_dense")  # the names a store makes beside its table
 
 
-def _exact_number(v: Any) -> Any:
-    """An integral float as the int it equals, else ``v``: jsonb compares the decimal JSON text
-    spells, and the shortest spelling of a large float (``1.152921504606847e+18``) is not its
-    value (``2**60``), so ``2**60`` and ``float(2**60)`` compared unequal (``matches``: equal).
-
-    >>> _exact_number(float(2**60)), _exact_number(2.5), _exact_number(True)
-    (1152921504606846976, 2.5, True)
-    """
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
 def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if isinstance(n, And | Or):
         if not n.children:
@@ -158,8 +147,8 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if n.op in SQL_RANGES:
         sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {SQL_RANGES[n.op]} "
                "%s::jsonb, false)")
-        return sql, [n.field, n.field, json.dumps(_exact_number(n.values[0]))]
-    values = [_exact_number(v) for v in n.values]
+        return sql, [n.field, n.field, json.dumps(exact_number(n.values[0]))]
+    values = [exact_number(v) for v in n.values]
     contain = " OR ".join(["fields @> %s::jsonb"] * len(values))
     sql = f"COALESCE(({contain}) AND (fields -> %s) = ANY(%s::jsonb[]), false)"
     params = [json.dumps({n.field: v}, ensure_ascii=False) for v in values]
@@ -544,7 +533,7 @@ class PgVectorStore(MultiVectorStore):
                 raise ValueError(f"metadata of {x!r} holds a NUL character, which PostgreSQL's jsonb "
                                  "cannot store: remove it")
             text = json.dumps(md, ensure_ascii=False, allow_nan=False)  # returned as written
-            fields = json.dumps({k: _exact_number(w) for k, w in md.items()}, ensure_ascii=False)  # filtered
+            fields = json.dumps({k: exact_number(w) for k, w in md.items()}, ensure_ascii=False)  # filtered
             rows.append([x, text, fields, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
         sql = self._q("INSERT INTO {t} (seq, id, metadata, fields, n_rows, vectors, dense) "
                       "VALUES (%s, %s, %s::json, %s::jsonb, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
@@ -596,12 +585,9 @@ class PgVectorStore(MultiVectorStore):
 
         def read() -> list:
             with self.conn.cursor(binary=True) as cur:
-                return cur.execute(sql, (list(dict.fromkeys(ids)),)).fetchall()
+                return cur.execute(sql, (ids,)).fetchall()
 
-        rows = self._call(read)
-        found = {x: Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
-        return [Record(found[x].id, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
-                for x in ids if x in found]
+        return [Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in self._call(read)]
 
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
                 exact: bool | None = None, candidates: int | None = None) -> list[Hit]:

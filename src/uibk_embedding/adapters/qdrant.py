@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -63,7 +63,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
     record_problems,
 )
-from uibk_embedding.adapters.common import serialized
+from uibk_embedding.adapters.common import batched, serialized
 from uibk_embedding.adapters.filters import OPERATORS, Node
 from uibk_embedding.adapters.qdrant_filters import (
     LISTS_KEY,
@@ -105,11 +105,6 @@ def split_payload(payload: Mapping[str, Any] | None, fallback_id: Any) -> tuple[
     doc_id = payload.get(ID_KEY)
     md = {k: v for k, v in payload.items() if not k.startswith(RESERVED_PREFIX)}
     return (str(doc_id) if doc_id is not None else str(fallback_id)), md
-
-
-def batched(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 def progress(total: int, desc: str, show: bool | None, batches: int) -> Any:
@@ -700,18 +695,16 @@ class QdrantStore(_QdrantBase):
 
     @serialized
     def _get(self, ids: list[str]) -> list[Record]:
-        found: dict[str, Record] = {}
-        unique = list(dict.fromkeys(ids))
-        for chunk in batched(unique, 256):
+        found = []
+        for chunk in batched(ids, 256):
             recs = self._call("retrieve", self.client.retrieve, self.collection,
                               ids=[point_id(x) for x in chunk], with_payload=True,
                               with_vectors=[self.vector_name])
             for r in recs:
                 doc_id, md = split_payload(r.payload, r.id)
                 vec = r.vector[self.vector_name] if isinstance(r.vector, Mapping) else r.vector
-                found[doc_id] = Record(doc_id, np.asarray(vec, dtype=np.float32), md)
-        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
-                for x in ids if x in found]
+                found.append(Record(doc_id, np.asarray(vec, dtype=np.float32), md))
+        return found
 
     def _requests(self, queries: list[np.ndarray], k: int, flt: Any, mode: str, n: int,
                   explain: bool = False) -> list:

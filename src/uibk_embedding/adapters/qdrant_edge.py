@@ -44,12 +44,12 @@ from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.adapters.base import Hit, Record, check_positive, read_record, record_problems
+from uibk_embedding.adapters.common import batched
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.qdrant import (
     DENSE_DIM,
     CollectionMismatch,
     _QdrantBase,
-    batched,
     json_key,
     point_id,
     refuse_integer_index,
@@ -313,16 +313,15 @@ class QdrantEdgeStore(_QdrantBase):
         return n
 
     def _get(self, ids: list[str]) -> list[Record]:
-        found: dict[str, Record] = {}
-        for chunk in batched(list(dict.fromkeys(ids)), 256):
+        found = []
+        for chunk in batched(ids, 256):
             # with_payload must be given although the stub marks it optional (docs/engines.md#pitfalls)
             recs = self.shard.retrieve([point_id(x) for x in chunk], with_payload=True,
                                        with_vector=[self.vector_name])
             for r in recs:
                 doc_id, md = split_payload(r.payload, r.id)
-                found[doc_id] = Record(doc_id, np.asarray(r.vector[self.vector_name], np.float32), md)
-        return [Record(x, found[x].vectors.copy(), json.loads(json.dumps(found[x].metadata)))
-                for x in ids if x in found]
+                found.append(Record(doc_id, np.asarray(r.vector[self.vector_name], np.float32), md))
+        return found
 
     def _request(self, q: np.ndarray, k: int, flt: Any, mode: str, n: int, explain: bool = False) -> Any:
         e = self._e

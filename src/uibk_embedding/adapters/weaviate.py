@@ -67,7 +67,7 @@ from uibk_embedding.adapters.base import (
     finite_score,
     record_problems,
 )
-from uibk_embedding.adapters.common import parse_version
+from uibk_embedding.adapters.common import batched, exact_number, parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
@@ -105,13 +105,6 @@ def object_uuid(doc_id: str) -> str:
     return str(uuid.uuid5(UUID_NAMESPACE, doc_id))
 
 
-def _canonical(value: Any) -> Any:
-    """Numbers compare by value (``1 == 1.0``), so an integral float is written as an int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
 def filter_term(field: str, value: Any) -> str:
     """The indexed term for ``field == value``: compact JSON ``[field, value]`` (typed).
 
@@ -130,7 +123,7 @@ def filter_term(field: str, value: Any) -> str:
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"filter on {field!r}: value {value} is not a finite number")
-        v = _canonical(value)
+        v = exact_number(value)
     else:
         raise TypeError(f"{field!r}: only str, int, float and bool values are filterable")
     term = json.dumps([field, v], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -681,22 +674,13 @@ class WeaviateStore(MultiVectorStore):
         return Record(doc_id, self._vectors_of(obj), md)
 
     def _get(self, ids: list[str]) -> list[Record]:
-        unique = list(dict.fromkeys(ids))
-        found: dict[str, Record] = {}
-        for s in range(0, len(unique), 256):
-            part = unique[s:s + 256]
+        found = []
+        for part in batched(ids, 256):
             res = self._collection.query.fetch_objects_by_ids(
                 [object_uuid(x) for x in part], limit=len(part), include_vector=[self.vector_name],
                 return_properties=[PROP_ID, PROP_METADATA])
-            for obj in res.objects:
-                rec = self._record(obj)
-                found[rec.id] = rec
-        out = []
-        for x in ids:
-            if x in found:
-                r = found[x]
-                out.append(Record(r.id, r.vectors.copy(), json.loads(json.dumps(r.metadata))))
-        return out
+            found += map(self._record, res.objects)
+        return found
 
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Weaviate's cursor iterator over every object (it takes no filter: the conditions are
