@@ -29,7 +29,8 @@ import ray
 
 from uibk_embedding.adapters import open_store
 from uibk_embedding.apps import cli
-from uibk_embedding.apps.distributed import BadDocuments, index_distributed
+from uibk_embedding.apps.distributed import BadDocuments, index_distributed, to_dataset
+from uibk_embedding.errors import DataError
 from uibk_embedding.testing import (
     InstrumentedEncoderFactory,
     assert_same_ranking,
@@ -43,8 +44,6 @@ from uibk_embedding.testing.milvus_server import user_namespaces_available
 N_DOCS = 80
 BATCH = 10  # 8 batches over 2 actors
 
-pytestmark = pytest.mark.skipif(not user_namespaces_available(),
-                                reason="cannot confine the Milvus standalone server to 127.0.0.1")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +59,9 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def milvus_uri() -> str:
     from uibk_embedding.testing.milvus_server import LocalMilvusServer
+
+    if not user_namespaces_available():
+        pytest.skip("cannot confine the Milvus standalone server to 127.0.0.1")
 
     return LocalMilvusServer.shared().uri
 
@@ -278,6 +280,38 @@ def test_bad_rows_are_reported_with_id_and_position(ray_cluster, milvus_uri, cor
                           **served)
     assert [(str(b.id), b.position) for b in r.bad] == [(x, p) for x, p, _ in expect]
     assert r.indexed == 5
+
+
+def test_dataset_input_is_checked_before_it_runs(ray_cluster, tmp_path):
+    """Parquet/Dataset input: a missing id column is refused up front (it used to index nothing
+    and report success), ``id`` is read as JSONL reads it, a ``metadata`` struct keeps its list
+    fields (they reached the row check as numpy arrays: every row was refused), and a repeated id
+    in one batch is a bad row (the whole upsert call failed); a list with a repeated id is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": "a", "text": "a wing", "metadata": {"year": 1962, "tags": ["x", "y"]}},
+            {"id": "b", "text": "a flap", "metadata": {"year": 1963, "tags": []}},
+            {"id": "a", "text": "a wing again", "metadata": {"year": 1964, "tags": ["z"]}}]
+    data = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    ds, _ = to_dataset(data, batch_size=8)
+    got = ds.take_all()
+    assert [(r["_id"], r["_text"], json.loads(r["_meta"])) for r in got if not r["_error"]] == [
+        ("a", "a wing", {"year": 1962, "tags": ["x", "y"]}), ("b", "a flap", {"year": 1963, "tags": []})]
+    assert [(r["_id"], r["_error"]) for r in got if r["_error"]] == [
+        ("a", "duplicate document id (an earlier row of its batch has it)")]
+
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist([{"doc": "a", "body": "a wing"}]), other)
+    with pytest.raises(DataError, match=r"no '_id' or 'text' column \(its columns: \['body', 'doc'\]\)"):
+        to_dataset(other, batch_size=8)
+    ds, _ = to_dataset(other, batch_size=8, id_column="doc", text_column="body")
+    assert [(r["_id"], r["_text"], r["_error"]) for r in ds.take_all()] == [("a", "a wing", "")]
+
+    with pytest.raises(DataError, match=r"items\[2\]: duplicate document id 'a' \(also items\[0\]\)"):
+        to_dataset([{"_id": "a", "text": "x"}, {"_id": "b", "text": "y"}, {"_id": "a", "text": "z"}],
+                   batch_size=8)
 
 
 def test_stores_one_process_only_are_refused():

@@ -193,7 +193,9 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
-    out = []
+    """Rows of a list of documents; a duplicate id is a :class:`DataError`, as in a JSONL file."""
+    out: list[dict[str, Any]] = []
+    first: dict[str, int] = {}
     for i, it in enumerate(items):
         if isinstance(it, Document):
             out.append(_row(it.id, it.text, it.title, it.metadata, i))
@@ -202,26 +204,45 @@ def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
                             it.get("metadata"), i))
         else:
             raise TypeError(f"items[{i}]: expected a Document or a dict, got {type(it).__name__}")
+        doc_id = out[-1]["_id"]
+        if doc_id and not out[-1]["_error"] and first.setdefault(doc_id, i) != i:
+            raise DataError(f"items[{i}]: duplicate document id {doc_id!r} (also items[{first[doc_id]}])")
     return out
+
+
+def _plain(v: Any) -> Any:
+    """A Ray numpy-batch value as plain Python: arrays (a Parquet list, also inside a struct)
+    become lists, numpy scalars their Python values, recursively."""
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if hasattr(v, "tolist"):  # a numpy array or scalar
+        return _plain(v.tolist()) if getattr(v, "ndim", 0) else v.item()
+    return v
 
 
 def _normalise_batch(batch: Mapping[str, Any], id_column: str, text_column: str,
                      title_column: str | None, metadata_column: str | None,
                      position_column: str | None) -> dict[str, list]:
-    """A user Dataset's batch (numpy format) -> the normalised columns."""
-    n = len(batch[id_column]) if id_column in batch else 0
+    """A user Dataset's batch (numpy format) -> the normalised columns; an id seen earlier in
+    the batch is a bad row (one upsert call takes an id once)."""
+    if id_column not in batch:  # to_dataset checks the schema first; a batch may still differ
+        raise DataError(f"the input has no id column {id_column!r} (its columns: {sorted(batch)})")
     cols: dict[str, list] = {c: [] for c in _COLUMNS}
 
     def value(col: str | None, i: int) -> Any:
-        if col is None or col not in batch:
-            return None
-        v = batch[col][i]
-        return v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v
+        return None if col is None or col not in batch else _plain(batch[col][i])
 
-    for i in range(n):
+    seen: set[str] = set()
+    for i in range(len(batch[id_column])):
         pos = value(position_column, i)
         r = _row(value(id_column, i), value(text_column, i), value(title_column, i),
                  value(metadata_column, i), pos)
+        if not r["_error"] and r["_id"] in seen:
+            r = _as_row(BadDocument(r["_id"], pos, "duplicate document id (an earlier row of its "
+                                    "batch has it)"), pos)
+        seen.add(r["_id"])
         for c in _COLUMNS:
             cols[c].append(r[c])
     return cols
@@ -259,6 +280,14 @@ def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_colum
         return from_rows(_items_rows(data))
     else:
         raise TypeError(f"cannot index {type(data).__name__}: give a Ray Dataset, a path or a list")
+    schema = ds.schema()  # None: an empty Dataset, which has nothing to check
+    names = set(schema.names) if schema is not None else {id_column, text_column}
+    if id_column == "_id" and "_id" not in names and "id" in names:
+        id_column = "id"  # as a JSONL row may name it
+    missing = [c for c in (id_column, text_column) if c not in names]
+    if missing:
+        raise DataError(f"the input has no {' or '.join(map(repr, missing))} column (its columns: "
+                        f"{sorted(names)}); name yours with id_column= / text_column=")
     ds = ds.map_batches(_normalise_batch, batch_format="numpy",
                         fn_kwargs={"id_column": id_column, "text_column": text_column,
                                    "title_column": title_column, "metadata_column": metadata_column,
