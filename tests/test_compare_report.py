@@ -56,6 +56,43 @@ def test_compare_dense_weight_must_be_positive(tmp_path):
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("option", ["--max-docs", "--max-queries", "--repeat", "--threads"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_compare_counts_must_be_positive(tmp_path, capsys, option, value):
+    """``--max-docs 0`` ran the whole collection and ``-2`` cut two documents twice."""
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path), option, value])
+    assert e.value.code == 2 and f"{option}: must be positive, got {value}" in capsys.readouterr().err
+
+
+def test_an_exact_run_cut_short_by_its_time_budget_is_not_the_reference(monkeypatch, tmp_path):
+    """The exact store stopped after one query of three (its worker's time budget): the other
+    backends' agreement figures were computed over that one query (1.0 where they agree on 1 of 3)."""
+    import numpy as np
+
+    from uibk_embedding.apps.compare_metrics import exact_runs
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    fmt, rng = TaggedFormat(), np.random.default_rng(0)
+    ids = [f"d{i}" for i in range(40)]
+    docs, qids = [make_list(fmt, rng, 6) for _ in ids], ["q0", "q1", "q2"]
+    qs = [make_list(fmt, rng, 4) for _ in qids]
+    ref = exact_runs(docs, ids, qs, qids)
+    wrong = [x for x in ids if x not in ref["q1"] + ref["q2"]][:10]  # shares nothing with q1/q2's top 10
+
+    def worker_result(label, name, opts, arrays, folder, repeat, timeout, threads=None):
+        runs = {"q0": ref["q0"]} if label == "exact" else {"q0": ref["q0"], "q1": wrong, "q2": wrong}
+        return {"runs": runs, "latencies_s": [0.01] * len(runs), "build_s": 1.0, "upsert_s": 1.0,
+                "peak_rss_mb": 1.0, "base_rss_mb": 1.0, "count": len(ids), "queries_run": len(runs)}
+
+    monkeypatch.setattr(compare, "_run_backend", worker_result)
+    out = compare.compare(ids, docs, qids, qs, {q: {ref[q][0]: 1} for q in qids},
+                          [("exact", "exact"), ("x", "plaid")], {}, workdir=tmp_path)
+    assert out["x"]["identical_top10"] == pytest.approx(1 / 3, abs=1e-4)  # figures are rounded to 4 places
+    assert out["x"]["recall@10_vs_exact"] == pytest.approx(1 / 3, abs=1e-4)
+
+
 def test_compare_runs_lancedb_beside_exact(datasets, tmp_path):
     """LanceDB is one of the local backends compare runs by default; in its exact mode (flat
     MaxSim) its top 10 hold the exact store's documents. The order may differ where two scores

@@ -31,6 +31,15 @@ def test_recall_and_missing_queries():
     assert overlap_at_k({"q": ["a", "b", "c"]}, {"q": ["c", "a", "d"]}, 3) == pytest.approx(2 / 3)
 
 
+def test_a_run_that_lists_a_document_twice_is_refused():
+    """Scored twice, ``a`` gave nDCG@2 = 1.0 where it ranks one relevant document of two."""
+    qrels = {"q": {"a": 1, "b": 1}}
+    for metric in (ndcg_at_k, recall_at_k):
+        with pytest.raises(ValueError, match="the run lists document 'a' twice for query 'q'"):
+            metric({"q": ["a", "x", "a"]}, qrels, 2)
+    assert ndcg_at_k({"q": ["a", "x"]}, qrels, 2) == pytest.approx(1 / (1 + 1 / math.log2(3)))
+
+
 def _write_beir(root, corpus, queries, qrels):
     root.mkdir(parents=True, exist_ok=True)
     (root / "qrels").mkdir(exist_ok=True)

@@ -4,7 +4,8 @@
   built from all judged documents of the query;
 * ``recall@k``: relevant documents (score > 0) in the top ``k`` / all relevant documents.
 
-Both are averaged over the queries that have at least one relevant document.
+Both are averaged over the queries that have at least one relevant document. A run lists each
+document of a query once (a repeated id is a ``ValueError``: scoring it twice would inflate nDCG).
 
 >>> qrels = {"q": {"a": 2, "b": 1}}
 >>> run = {"q": ["b", "x", "a"]}
@@ -34,7 +35,11 @@ def _mean_over_judged(run: Run, qrels: Qrels, k: int,
         raise ValueError("no query has a relevant document")
     total = 0.0
     for q in qs:
-        total += per_query(list(run.get(q, ()))[:k], qrels[q])
+        ranked = list(run.get(q, ()))
+        if len(set(ranked)) < len(ranked):
+            twice = next(d for i, d in enumerate(ranked) if d in ranked[:i])
+            raise ValueError(f"the run lists document {twice!r} twice for query {q!r}")
+        total += per_query(ranked[:k], qrels[q])
     return total / len(qs)
 
 

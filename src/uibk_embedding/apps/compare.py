@@ -10,7 +10,8 @@ once as a batch,
 measure the store's folder on disk, close. The parent scores the top-10 of each backend against
 the qrels (nDCG@10, recall@10) and against exact MaxSim (recall@10 = overlap of the top-10s, the
 share of identical top-10s, and of the documents both top-10s hold, the share of pairs in exact
-MaxSim's order), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
+MaxSim's order; the exact store's own top-10s when it ran every query, else computed in the
+parent), and writes ``compare.json``, ``compare.md`` and two PNG plots to ``--out``.
 
 Every backend and the exact reference score the queries at one dense weight, ``--dense-weight``
 (default: the encoder's own, as ``search`` and ``eval``), and in one retrieval mode,
@@ -88,7 +89,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from uibk_embedding.adapters.registry import BACKENDS, open_store
-from uibk_embedding.apps.cli import _dense_weight
+from uibk_embedding.apps.cli import _dense_weight, _positive_int
 from uibk_embedding.apps.compare_metrics import K, exact_runs, rank_agreement, summarise
 from uibk_embedding.apps.compare_options import (
     DEFAULT_OPTIONS,
@@ -337,10 +338,11 @@ def compare(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[str]
                     shutil.rmtree(folder, ignore_errors=True)
                 if progress is not None:
                     progress.update(1)
-        ref_label = next((lab for lab, n in backends if n == "exact" and "runs" in raw[lab]), None)
-        if ref_label is not None and not options.get(ref_label):
-            reference = raw[ref_label]["runs"]  # the exact store runs the reference kernel
-        else:
+        ref_label = next((lab for lab, n in backends if n == "exact" and "runs" in raw[lab]
+                          and not options.get(lab) and set(raw[lab]["runs"]) >= set(query_ids)), None)
+        if ref_label is not None:  # the exact store ran the reference kernel on every query
+            reference = raw[ref_label]["runs"]
+        else:  # none, or it stopped at its time budget: the reference is computed here
             reference = exact_runs(docs, doc_ids, queries, query_ids)
         return {label: summarise(raw[label], qrels, reference) for label, _ in backends}
     finally:
@@ -383,16 +385,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="compare-out", help="folder for compare.json, compare.md, PNGs")
     p.add_argument("--encoder", default=None, help="encoder folder (default: the embedded model)")
     p.add_argument("--split", default="test", help="the qrels split to score (default test)")
-    p.add_argument("--repeat", type=int, default=1, help="timed passes over the queries")
+    p.add_argument("--repeat", type=_positive_int, default=1, help="timed passes over the queries")
     p.add_argument("--interleave", action="store_true",
                    help="every backend in this one process, the queries going round the backends (each "
                         "query's latency: the median of its --repeat passes); no per-backend peak memory")
-    p.add_argument("--max-docs", type=int, default=None, help="use the first N documents only")
-    p.add_argument("--max-queries", type=int, default=None, help="use the first N queries only")
+    p.add_argument("--max-docs", type=_positive_int, default=None, help="use the first N documents only")
+    p.add_argument("--max-queries", type=_positive_int, default=None, help="use the first N queries only")
     p.add_argument("--scale", default=None,
                    help="comma-separated collection sizes (synthetic documents beyond the real ones)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per backend")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=_positive_int, default=None,
                    help="cap the worker's BLAS/OpenMP/Rayon threads (default: the libraries' own)")
     p.add_argument("--no-cache", action="store_true", help="do not cache the encoded vectors")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -437,16 +439,16 @@ def main(argv: list[str] | None = None) -> int:
 
         # the whole collection is encoded (and cached) once; subsets are taken from the vectors
         encoder = load_encoder(args.encoder)
-        if (args.max_docs or args.max_queries) and (args.no_cache or not (
+        if (args.max_docs is not None or args.max_queries is not None) and (args.no_cache or not (
                 cache_dir() / f"{coll.name}-{_fingerprint(encoder, coll)}.npz").exists()):
             coll = first_part(coll, args.max_docs, args.max_queries)  # the whole is not encoded yet
         w = args.dense_weight if args.dense_weight is not None else float(encoder.dense_weight)
         enc = encode_collection(encoder, coll, use_cache=not args.no_cache)  # queries at w = 1
         mode = args.retrieval_mode
         enc.queries = [query_for_mode(with_dense_weight(q, w), mode) for q in enc.queries]
-        if args.max_docs:
+        if args.max_docs is not None:
             enc.doc_ids, enc.docs = enc.doc_ids[: args.max_docs], enc.docs[: args.max_docs]
-        if args.max_queries:
+        if args.max_queries is not None:
             enc.query_ids, enc.queries = enc.query_ids[: args.max_queries], enc.queries[: args.max_queries]
         coll.qrels = {q: r for q, r in coll.qrels.items() if q in set(enc.query_ids)}
         bar.update(1)
