@@ -172,18 +172,21 @@ def _share_group(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the shared local servers the selected tests need in the background now: they boot
-    (Milvus standalone takes about a minute, mostly waiting) while the first tests run, instead
-    of while the first test that needs them waits. In a pytest-xdist worker, which does not know
-    yet which tests it will get, mark each test's unit of work (:func:`_share_group`) instead:
-    the servers start when one of its tests first asks for them (``shared()``)."""
-    if config.option.collectonly:
-        return
-    if XDIST_WORKER:
+    """In a pytest-xdist worker, which does not know yet which tests it will get, mark each
+    test's unit of work (:func:`_share_group`): the servers start when one of its tests first
+    asks for them (``shared()``)."""
+    if XDIST_WORKER and not config.option.collectonly:
         for item in items:
             item.add_marker(pytest.mark.xdist_group(_share_group(item)))
-        return
-    _start_servers(_servers_needed(items))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Without pytest-xdist, start the shared local servers the selected tests need (those left
+    after ``-k``/``-m``) in the background now: they boot (Milvus standalone takes about a
+    minute, mostly waiting) while the first tests run, instead of while the first test that
+    needs them waits."""
+    if not session.config.option.collectonly and not XDIST_WORKER:
+        _start_servers(_servers_needed(session.items))
 
 
 @pytest.fixture(params=["fused", "blas"])

@@ -46,3 +46,40 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+@pytest.mark.skipif(not user_namespaces_available(), reason="unprivileged user namespaces unavailable")
+def test_a_process_that_exits_while_its_server_starts_leaves_no_server(tmp_path):
+    """pytest starts the shared server in a background thread; a run that ended before the
+    server was up (``pytest -k`` of a quick test) left it running for good: the watcher inside
+    the namespace took the parent it watches only once the server was up, by then init."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import threading, time\n"
+            "from uibk_embedding.testing.milvus_server import LocalMilvusServer\n"
+            "s = LocalMilvusServer()\n"
+            "threading.Thread(target=s.start, daemon=True).start()\n"
+            "while s._proc is None: time.sleep(0.01)\n"  # the launcher runs; this process ends
+            "print(s._base, flush=True)\n")
+    base = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
+    assert base
+
+    def server_pids() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and base.encode() in (entry / "cmdline").read_bytes() \
+                        and _running(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+        return found
+
+    deadline = time.monotonic() + 180  # the server finishes starting, then sees its parent gone
+    while server_pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not server_pids(), f"processes of {base} still run three minutes after their parent exited"
+    assert not os.path.exists(base)

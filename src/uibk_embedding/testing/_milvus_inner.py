@@ -3,14 +3,20 @@
 brings the namespace's loopback up, starts ``milvus run standalone`` (the ``milvus`` package),
 relays a Unix socket to it, writes ``ready`` and kills the server when its parent dies.
 
-Usage (by LocalMilvusServer only): ``python -m uibk_embedding.testing._milvus_inner BASE SOCK ISOLATED``
+Usage (by LocalMilvusServer only):
+``python -m uibk_embedding.testing._milvus_inner BASE SOCK ISOLATED PARENT_PID``
 """
 # ruff: noqa: E401, E702, I001
 
 if __name__ == "__main__":
     import fcntl, os, socket, struct, sys, threading, time
+    parent = int(sys.argv[4])  # given: a parent that died before this started is seen too
     from milvus import MilvusServer, MilvusServerConfig
     base, sock_path, isolated = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    if os.getppid() != parent:  # the process that started this is gone: start nothing
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
+        sys.exit(0)
     if isolated:  # a fresh network namespace: bring its loopback up (SIOCGIFFLAGS / SIOCSIFFLAGS)
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))[:18])[1]
@@ -36,7 +42,6 @@ if __name__ == "__main__":
     with open(tmp, "w") as f:
         f.write(f"{pid} {port}")
     os.replace(tmp, os.path.join(base, "ready"))
-    parent = os.getppid()
     while os.getppid() == parent and server.server_proc.poll() is None:
         time.sleep(0.5)
     os.kill(pid, 9)  # the parent died (or the server did): never leave milvus behind

@@ -99,7 +99,8 @@ class LocalMilvusServer(LocalServer):
         sock_path = os.path.join(self._base, "proxy.sock")
         log = open(os.path.join(self._base, "launcher.log"), "wb")
         cmd = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net",
-               sys.executable, "-m", "uibk_embedding.testing._milvus_inner", self._base, sock_path, "1"]
+               sys.executable, "-m", "uibk_embedding.testing._milvus_inner", self._base, sock_path, "1",
+               str(os.getpid())]
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         log.close()
         ready = os.path.join(self._base, "ready")
