@@ -186,6 +186,62 @@ def test_interrupted_upsert_keeps_old_or_new_and_repair_cleans(lite, fmt, rng):
     np.testing.assert_array_equal(lite.get(["d"])[0].vectors, new)
 
 
+@pytest.mark.parametrize("dies_on", ["rows", "docs"])
+def test_a_write_that_dies_half_way_leaves_the_old_content_in_every_read(lite, fmt, rng, dies_on):
+    """The insert into one collection fails (``rows``: the first step now; it was the second):
+    get, count, scan and search all keep the old content. Before, when the rows failed after
+    the parts were stored, get/count returned the new content that search never found, and
+    repair() deleted the old version's rows with it: the document became unsearchable."""
+    others = [make_list(fmt, rng, 8) for _ in range(20)]
+    lite.upsert([f"o{i}" for i in range(20)], others)
+    old, new, fresh = make_list(fmt, rng, 12), make_list(fmt, rng, 9), make_list(fmt, rng, 7)
+    lite.upsert(["d"], [old], [{"v": "old"}])
+    real, target = lite.client.insert, getattr(lite, f"{dies_on}_name")
+
+    def insert(name, *a, **kw):
+        if name == target:
+            raise OSError("injected: the server went away")
+        return real(name, *a, **kw)
+
+    lite.client.insert = insert
+    for doc_id, v in (("d", new), ("n", fresh)):
+        with pytest.raises(OSError, match="injected"):
+            lite.upsert([doc_id], [v], [{"v": "new"}])
+    lite.client.insert = real
+
+    def assert_old_content() -> None:
+        assert [(r.id, r.metadata) for r in lite.get(["d", "n"])] == [("d", {"v": "old"})]
+        assert lite.count() == 21 and "n" not in {x for x, _ in lite.scan()}
+        assert lite.search(old, k=1)[0].id == "d"
+        assert "n" not in [h.id for h in lite.search(fresh, k=21)]
+
+    assert_old_content()
+    assert lite.repair() == 0  # young leftovers may be a write in progress
+    lite.repair(abandoned_after=0)
+    assert_old_content()
+    assert lite.repair(abandoned_after=0) == 0
+    lite.upsert(["d", "n"], [new, fresh])
+    assert lite.search(new, k=1)[0].id == "d" and lite.search(fresh, k=1)[0].id == "n"
+
+
+def test_repair_undoes_a_version_whose_rows_were_never_stored(lite, fmt, rng):
+    """A store written before rows came first could die between a version's parts and its rows:
+    repair() keeps the newest version with rows and, once old enough, removes the other."""
+    old, new, fresh = make_list(fmt, rng, 12), make_list(fmt, rng, 9), make_list(fmt, rng, 7)
+    lite.upsert(["d"], [old], [{"v": "old"}])
+    real = lite.client.insert
+    lite.client.insert = lambda name, *a, **kw: None if name == lite.rows_name else real(name, *a, **kw)
+    lite.upsert(["n"], [fresh])
+    real_delete = lite._delete_versions
+    lite._delete_versions = lambda *a, **kw: None  # died before deleting the old version
+    lite.upsert(["d"], [new], [{"v": "new"}])
+    lite._delete_versions, lite.client.insert = real_delete, real
+    assert lite.repair() == 0
+    assert lite.repair(abandoned_after=0) == 2
+    assert [(r.id, r.metadata) for r in lite.get(["d", "n"])] == [("d", {"v": "old"})]
+    assert lite.search(old, k=1)[0].id == "d" and lite.count() == 1
+
+
 def test_budget_small_is_approximate_but_scores_exact(tmp_path, real_data):
     """With a tiny budget and exact=False, every returned score is still exact MaxSim."""
     ref = ExactStore()
@@ -275,3 +331,70 @@ def test_unreachable_uri_fails_fast_with_clear_error():
     with pytest.raises(BackendUnavailable, match=f"cannot connect to Milvus at 'http://127.0.0.1:{port}'"):
         MilvusStore(uri=f"http://127.0.0.1:{port}", timeout=2.0)
     assert time.monotonic() - t < 10
+
+
+def test_long_filters_and_ranges_past_2_53_answer_as_the_exact_store(lite, fmt, rng):
+    """An ``$in`` of 100 values or an ``$or`` of 64 branches failed in Milvus Lite ("unsupported
+    expr proto node": a flat chain of about 50 terms); a range with a bound past 2**53 missed
+    stored ints that Milvus rounds to the bound as doubles (``$gt 1.7e18`` missed 1.7e18 + 1)."""
+    ids = [f"d{i}" for i in range(30)]
+    docs = [make_list(fmt, rng, 6) for _ in ids]
+    md = [{"n": i, "ts": 1_700_000_000_000_000_000 + i - 15, "x": float(i) / 2} for i in range(30)]
+    lite.upsert(ids, docs, md)
+    ref = ExactStore()
+    ref.upsert(ids, docs, md)
+    q = make_list(fmt, rng, 5)
+    filters = [{"n": {"$in": list(range(3, 103))}}, {"$or": [{"n": i} for i in range(64)]},
+               {"$and": [{"n": {"$gte": -i}} for i in range(60)] + [{"x": {"$gte": 1}}]},
+               {"ts": {"$gt": 1.7e18}}, {"ts": {"$lt": 1.7e18}}, {"ts": {"$gt": 1_700_000_000_000_000_000}},
+               {"ts": {"$lte": 1.7e18}}, {"x": {"$gt": -2.0**60}}]
+    for flt in filters:
+        want = [h.id for h in ref.search(q, k=30, filter=flt)]
+        assert want and [h.id for h in lite.search(q, k=30, filter=flt)] == want, flt
+        assert sorted(x for x, _ in lite.scan(flt)) == sorted(x for x, _ in ref.scan(flt)), flt
+    assert lite.delete(filter={"n": {"$in": list(range(0, 200, 2))}}) == 15 and lite.count() == 15
+
+
+def test_an_approximate_search_returns_k_hits_when_k_documents_match(tmp_path, fmt, rng):
+    """exact=False: the union of each query vector's nearest rows held fewer than k documents
+    (k past the union, or a negation that Milvus cannot filter), and fewer hits came back."""
+    with open_milvus_lite(path=tmp_path / "m.db", rows_per_vector=1) as s:
+        ids = [f"d{i}" for i in range(40)]
+        s.upsert(ids, [make_list(fmt, rng, 6) for _ in ids],
+                 [{"lang": "de" if i % 10 == 0 else "en"} for i in range(40)])
+        q = make_list(fmt, rng, 4)
+        assert len(s.search(q, k=25)) == 25
+        assert sorted(h.id for h in s.search(q, k=10, filter={"lang": {"$ne": "en"}})) == \
+            ["d0", "d10", "d20", "d30"]
+
+
+def test_one_lite_file_by_two_paths_is_one_server_and_one_lock(tmp_path, fmt, rng):
+    """Through a symlinked folder, two stores counted two servers of one file: closing one
+    stopped the server the other used; a symlinked file opened one collection twice."""
+    from uibk_embedding.errors import StoreInUse
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    a = open_milvus_lite(path=tmp_path / "real" / "m.db", collection="a")
+    b = open_milvus_lite(path=tmp_path / "link" / "m.db", collection="b")
+    try:
+        b.upsert(["x"], [make_list(fmt, rng, 5)])
+        with pytest.raises(StoreInUse):
+            open_milvus_lite(path=tmp_path / "link" / "m.db", collection="a")
+        a.close()
+        assert b.count() == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_scan_pages_past_the_milvus_limit_and_close_during_scan(lite, fmt, rng):
+    from uibk_embedding.errors import StoreInUse
+
+    lite.upsert(["a", "b", "c"], [make_list(fmt, rng, 4) for _ in range(3)])
+    assert sorted(x for x, _ in lite.scan(batch_size=20_000)) == ["a", "b", "c"]  # ParamError before
+    pages = lite.scan(batch_size=1)
+    next(pages)
+    lite.close()
+    with pytest.raises(StoreInUse, match="closed"):  # a raw MilvusException before
+        next(pages)

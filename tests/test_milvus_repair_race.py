@@ -103,7 +103,8 @@ def test_an_upsert_landing_before_repairs_delete_is_kept(pair, fmt, rng, leftove
         return real(ids, *a, **k)
 
     first._delete_versions = upsert_lands_first
-    assert first.repair() == 1
+    # orphan rows are removed once old enough (rows without parts may be a write in progress)
+    assert first.repair(**({"abandoned_after": 0} if leftover == "orphan rows" else {})) == 1
     first._delete_versions = real
     assert landed
     _assert_is(second, "d", newest, {"v": "newest"})

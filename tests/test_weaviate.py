@@ -145,6 +145,26 @@ def test_filter_translation_as_sent():
     assert wa.to_weaviate_filter(()) is None
 
 
+def test_an_empty_filter_inside_and_or_not_needs_no_negation_operator():
+    """``{}`` inside ``$and``/``$or`` was sent as ContainsNone, which servers before 1.33 lack:
+    an ``$and`` leaves it out, an ``$or`` with it passes everything, ``$not`` of it nothing."""
+    pb = _sent({"$and": [{}, {"lang": "en"}]})
+    assert pb.operator == base_pb2.Filters.OPERATOR_CONTAINS_ANY
+    assert list(pb.value_text_array.values) == ['["lang","en"]']
+    assert wa.to_weaviate_filter(parse_filter({"$or": [{"lang": "en"}, {}]})) is None
+    pb = _sent({"$not": {}})
+    assert pb.operator == base_pb2.Filters.OPERATOR_CONTAINS_ANY
+    assert list(pb.value_text_array.values) == ["[]"]
+
+
+def test_negations_are_refused_before_weaviate_1_33():
+    """``$ne``/``$nin``/``$not`` become ContainsNone and Not, which Weaviate has from 1.33; the
+    store accepts 1.29, so an older server failed the query (or ignored the Not)."""
+    assert wa.server_operators("1.29.0") == {"$eq", "$in", "$and", "$or"}
+    assert wa.server_operators("1.32.9-rc.1") == {"$eq", "$in", "$and", "$or"}
+    assert wa.server_operators("1.33.0") == wa.server_operators("1.34.2") == wa.WEAVIATE_OPERATORS
+
+
 def test_bool_int_str_float_terms_differ_as_the_reference_does():
     assert wa.filter_term("f", True) != wa.filter_term("f", 1)
     assert wa.filter_term("f", False) != wa.filter_term("f", 0)
@@ -216,6 +236,11 @@ def test_existing_collection_accepted():
     muv = wc._MuveraConfig(enabled=True, ksim=4, dprojections=16, repetitions=20)
     assert wa.collection_problems(_config(muvera=muv), muvera=True) == []
     assert wa.collection_problems(_config(muvera=muv)) == []  # None: either is fine
+    # a dict turns MUVERA on, {} included (it created a MUVERA collection, then refused it)
+    cfg = wa.collection_spec("Docs", muvera={})["vector_config"]._to_dict()["vectorIndexConfig"]
+    assert cfg["multivector"]["muvera"]["enabled"] is True
+    assert wa.collection_problems(_config(muvera=muv), muvera={}) == []
+    assert any("on was asked for" in p for p in wa.collection_problems(_config(), muvera={}))
 
 
 @pytest.mark.parametrize("kw, opts, message", [
@@ -265,9 +290,20 @@ def test_muvera_off_requested_on_muvera_collection():
 
 # -- connection arguments, errors, score convention ------------------------------------------
 def test_connection_kwargs():
+    """Every result is one the client accepts: an https URL without a port gave gRPC the HTTP
+    host and port 443, which weaviate-client refuses (a pydantic ValidationError, no connection)."""
+    from weaviate.connect.base import ConnectionParams
+
     assert wa.connection_kwargs("https://wv.example.org") == {
         "http_host": "wv.example.org", "http_port": 443, "http_secure": True,
-        "grpc_host": "wv.example.org", "grpc_port": 443, "grpc_secure": True}
+        "grpc_host": "wv.example.org", "grpc_port": 50051, "grpc_secure": True}
+    cloud_like = wa.connection_kwargs("https://wv.example.org", grpc_host="grpc-wv.example.org")
+    assert (cloud_like["grpc_host"], cloud_like["grpc_port"]) == ("grpc-wv.example.org", 443)
+    for url in ["https://wv.example.org", "http://localhost:8080", "https://a:8443"]:
+        ConnectionParams.from_params(**wa.connection_kwargs(url))
+    ConnectionParams.from_params(**cloud_like)
+    with pytest.raises(ValueError, match=r"HTTP and gRPC cannot share wv\.example\.org:443"):
+        wa.connection_kwargs("https://wv.example.org", grpc_port=443)
     kw = wa.connection_kwargs("http://localhost:8080/", grpc_port=50052, grpc_host="grpc.local")
     assert (kw["http_port"], kw["grpc_port"], kw["grpc_host"], kw["http_secure"]) == (
         8080, 50052, "grpc.local", False)

@@ -37,15 +37,17 @@ own module over the shared :class:`~uibk_embedding.adapters.milvus_base.MilvusSt
     exactly. Older servers and Milvus Lite are refused with a clear message (Lite 3.x silently
     drops struct fields and rejects ``MAX_SIM``).
 
-Writes (``upsert``): each call writes a new *version* of its documents (document parts first,
-then rows), then deletes older versions. Readers only use the newest *complete* version of a
-document (every part present), so a crash between the steps leaves each document either at its
-old or its new content, never a mix; leftovers of the older version (count may overcount, old
-rows may still nominate the document as a candidate) are removed by the next write of that id
-or by :meth:`MilvusStore.repair`. repair() deletes only versions known to be stale, each by its
-exact number, so a write of another store object landing during it survives; an unfinished
-version newer than every complete one may be a running write, and is removed only once older
-than ``abandoned_after`` (one hour; ``repair(abandoned_after=0)`` when no write is running).
+Writes (``upsert``): each call writes a new *version* of its documents (token rows first, then
+the document parts, the commit point), then deletes older versions (parts first). Readers only
+use the newest *complete* version of a document (every part present), and search scores only
+stored lists, so a crash between the steps leaves each document either at its old or its new
+content in every read, search included, never a mix; leftovers (count may overcount, rows of
+an unfinished version may nominate the document, which is then scored on its stored list) are
+removed by the next write of that id or by :meth:`MilvusStore.repair`. repair() deletes only
+versions known to be stale, each by its exact number, so a write of another store object
+landing during it survives; an unfinished version may be a running write, and is removed only
+once older than ``abandoned_after`` (one hour; ``repair(abandoned_after=0)`` when no write is
+running).
 
 Filters become Milvus boolean expressions over a JSON field that stores each metadata value
 with its type (strings as ``"s<text>"``, booleans as ``"b1"``/``"b0"``, numbers as numbers), so
@@ -151,10 +153,10 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
     if path is None:
         tmp = tempfile.mkdtemp(prefix="uibk-milvus-lite-")
         path = os.path.join(tmp, "milvus.db")
-    uri = os.path.abspath(os.fspath(path))
+    uri = os.path.realpath(os.fspath(path))  # one server per file, as milvus-lite keys them
     if not uri.endswith(".db"):
         uri = os.path.join(uri, "milvus.db")
-    if options.get("layout", "token_rows") != "token_rows":
+    if options.get("layout") not in (None, "token_rows"):
         raise ValueError("Milvus Lite supports only layout='token_rows' (no ARRAY of STRUCT, "
                          "no MAX_SIM): embedding_list needs a Milvus server >= 2.6.4")
     options.setdefault("index_type", "FLAT")

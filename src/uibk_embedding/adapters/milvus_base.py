@@ -109,7 +109,8 @@ def filter_expression(conditions: Sequence[Node], field: str = "f") -> str:
 
     Equality and ranges on numbers, strings and booleans, under ``$and`` and ``$or``, are sent
     to Milvus. What the stored filter fields cannot answer exactly is left to the exact check
-    and sent as no constraint (a wider server-side search, the same result): negations
+    and sent as no constraint (a wider server-side search; a search that then finds fewer than
+    ``k`` matching documents searches deeper, as it does for any filter): negations
     (``$ne``, ``$nin``, ``$not``: Milvus's handling of a missing JSON key under ``not`` is not
     the library's), ``$exists`` (lists and nulls are not stored for filtering), and strings
     with a control character (Milvus Lite 2.5 matches no escaped ``\\n`` or ``\\t`` in a string
@@ -124,29 +125,47 @@ def filter_expression(conditions: Sequence[Node], field: str = "f") -> str:
     '((f["y"] >= 2) or (f["y"] < 0.5))'
     >>> filter_expression(parse_filter({"$or": [{"y": 1}, {"z": {"$ne": 1}}]}))
     ''
+    >>> filter_expression(parse_filter({"ts": {"$gt": 1.7e18}}))
+    '(f["ts"] >= 1.7e+18)'
     """
     parts = [p for p in (_expression(c, field) for c in conditions) if p]
-    return " and ".join(parts)
+    return _chain(parts, "and")
+
+
+def _chain(parts: list[str], op: str) -> str:
+    """``parts`` joined by ``op`` in parenthesised groups of at most 16: Milvus Lite refuses a
+    flat chain of more than about 50 terms ("unsupported expr proto node"), an ``$in`` of 50
+    values or an ``$or`` of 50 branches among them.
+
+    >>> _chain(["a", "b"], "or"), _chain([str(i) for i in range(20)], "or").count("(")
+    ('a or b', 2)
+    """
+    while len(parts) > 16:
+        parts = ["(" + f" {op} ".join(parts[i:i + 16]) + ")" for i in range(0, len(parts), 16)]
+    return f" {op} ".join(parts)
 
 
 def _expression(n: Node, field: str) -> str:
     """A superset expression for one node ('' for no constraint)."""
     if isinstance(n, And):
         parts = [p for p in (_expression(c, field) for c in n.children) if p]
-        return "(" + " and ".join(parts) + ")" if parts else ""
+        return "(" + _chain(parts, "and") + ")" if parts else ""
     if isinstance(n, Or):
         parts = [_expression(c, field) for c in n.children]
         if not parts or not all(parts):
             return ""  # one unconstrained alternative: the whole OR is unconstrained
-        return "(" + " or ".join(parts) + ")"
+        return "(" + _chain(parts, "or") + ")"
     if isinstance(n, Not) or n.op in ("$ne", "$nin", "$exists"):
         return ""
     path = f"{field}[{json.dumps(n.field, ensure_ascii=False)}]"
     if n.op in SQL_RANGES:
-        return f"({path} {SQL_RANGES[n.op]} {_literal(n.values[0])})"
+        op, v = SQL_RANGES[n.op], n.values[0]
+        if abs(v) >= 2**53:  # Milvus compares an int and a float as doubles, which round
+            op = op[0] + "="  # neighbours together past 2**53: widened, the exact check decides
+        return f"({path} {op} {_literal(v)})"
     if any(isinstance(v, str) and _CONTROL.search(v) for v in n.values):
         return ""
-    return "(" + " or ".join(f"{path} == {_literal(v)}" for v in n.values) + ")"
+    return "(" + _chain([f"{path} == {_literal(v)}" for v in n.values], "or") + ")"
 
 
 def _ids_expr(ids: Sequence[str]) -> str:
@@ -474,11 +493,12 @@ class MilvusStore(MultiVectorStore):
         """Store checked documents (``texts``: each one's metadata as JSON)."""
         raise NotImplementedError
 
-    def _batches(self, rows: list[dict], sizes: list[int], more: list[dict] | None = None):
-        """Insert batches of at most ``batch_rows`` vectors, with an optional progress bar."""
+    def _batches(self, rows: list[dict], sizes: list[int], before: list[dict] | None = None):
+        """Insert batches of at most ``batch_rows`` vectors (``before``: one-vector rows sent
+        first), with an optional progress bar."""
         from tqdm.auto import tqdm
 
-        batches: list[list[dict]] = []
+        batches: list[list[dict]] = [list(b) for b in batched(before or [], self.batch_rows)]
         cur: list[dict] = []
         n = 0
         for r, s in zip(rows, sizes, strict=True):
@@ -489,8 +509,6 @@ class MilvusStore(MultiVectorStore):
             n += s
         if cur:
             batches.append(cur)
-        if more:
-            batches.extend(list(b) for b in batched(more, self.batch_rows))
         with tqdm(total=len(batches), desc=f"milvus insert {self.collection}", unit="batch",
                   disable=not self.show_progress) as bar:
             for b in batches:
@@ -526,13 +544,15 @@ class MilvusStore(MultiVectorStore):
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """Milvus's query iterator over the document collection (a lock per page, not per scan)."""
         expr = self._doc_filter(filter_expression(conditions))
-        with self._guard:
-            it = self.client.query_iterator(self.docs_name, batch_size=batch_size, filter=expr,
-                                            output_fields=["doc_id", "meta"], timeout=self.timeout)
+        with self._guard:  # Milvus pages hold at most MAX_LIMIT rows
+            it = self.client.query_iterator(self.docs_name, batch_size=min(batch_size, MAX_LIMIT),
+                                            filter=expr, output_fields=["doc_id", "meta"],
+                                            timeout=self.timeout)
         seen: set[str] = set()  # an overwrite in progress briefly holds two versions of a document
         try:
             while True:
                 with self._guard:
+                    self._check_open("scan()")  # closed while the caller iterates: not the client's error
                     rows = it.next()
                 if not rows:
                     return
@@ -543,7 +563,8 @@ class MilvusStore(MultiVectorStore):
                     yield page
         finally:
             with self._guard:
-                it.close()
+                if not self._closed:  # a closed client's iterator is gone with it
+                    it.close()
 
     def _query_all(self, name: str, expr: str, fields: list[str], *, batch: int = 1024) -> list[dict]:
         """Every row matching ``expr`` (paged: ``query`` returns at most 16,384 rows per call)."""

@@ -20,6 +20,7 @@ from uibk_embedding.adapters.common import batched, parse_version
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
     ID_BYTES,
+    MAX_LIMIT,
     MAX_META_BYTES,
     MilvusStore,
     _ids_expr,
@@ -103,10 +104,14 @@ class MilvusEmbeddingListStore(MilvusStore):
 
     def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
                     explain: bool) -> list[Hit]:
-        """Milvus' own MaxSim search names ``max(k, candidates)`` documents; rescored exactly."""
+        """Milvus' own MaxSim search names ``max(k, candidates)`` documents (at most the
+        16,384 a Milvus search returns); rescored exactly."""
+        if k > MAX_LIMIT:
+            raise ValueError(f"k={k}: a Milvus search returns at most {MAX_LIMIT:,} documents, and the "
+                             "embedding_list layout ranks with Milvus' own search")
         emb = _pymilvus().EmbeddingList(q, dim=DIM)
         res = self.client.search(self.docs_name, data=[emb], anns_field="vectors[v]",
-                                 limit=max(k, pool), filter=filter_expression(conditions),
+                                 limit=min(max(k, pool), MAX_LIMIT), filter=filter_expression(conditions),
                                  output_fields=["doc_id"],
                                  search_params={"metric_type": "MAX_SIM_IP",
                                                 "params": dict(self.search_params)},

@@ -156,8 +156,9 @@ class MilvusTokenRowsStore(MilvusStore):
                                  "dummy": [0.0, 0.0]})
                 doc_sizes.append(len(chunk))
             vec_rows.extend({"doc_id": x, "ver": ver, "f": f, "vec": r} for r in v.tolist())
-        # 1. the new version's lists, 2. its rows, 3. drop older versions (see module docstring)
-        for batch in self._batches(doc_rows, doc_sizes, vec_rows):
+        # 1. the new version's rows, 2. its lists (the commit point: readers use the newest
+        # complete list), 3. drop older versions, lists first (see repair())
+        for batch in self._batches(doc_rows, doc_sizes, before=vec_rows):
             self.client.insert(self.docs_name if "vecs" in batch[0] else self.rows_name, batch,
                                timeout=self.timeout)
         self._delete_versions(ids, f"ver < {ver}")
@@ -221,8 +222,8 @@ class MilvusTokenRowsStore(MilvusStore):
         while True:
             upper, seen, bound, complete = self._row_candidates(q, depth, expr)
             hits, kth = self._rescore(q, list(upper), k, conditions, cache, upper, seen, explain)
-            if not self.exact or complete or (len(hits) == k and kth >= bound):
-                return hits
+            if complete or (len(hits) == k and (not self.exact or kth >= bound)):
+                return hits  # fewer than k hits from an incomplete row search: deeper
             if depth >= MAX_LIMIT:  # unproven at Milvus' deepest search: rescore everything
                 return self._rescore(q, self._all_ids(expr), k, conditions, cache, explain=explain)[0]
             depth = min(depth * 4, MAX_LIMIT)
@@ -283,13 +284,13 @@ class MilvusTokenRowsStore(MilvusStore):
         version number (never "every version but the one kept": a write of another store object
         landing during the repair makes a newer version, which stays):
 
-        * a version older than the document's newest complete version (superseded);
-        * an incomplete version with token rows: a write stores every part before any row, so
-          its parts were deleted since (the rows are scanned first);
-        * an incomplete version with no complete version newer than it, once it is older than
-          ``abandoned_after`` seconds (its number is its writer's clock when the write began):
-          a younger one may be a write still in progress, whose parts it would delete.
-          ``abandoned_after=0`` when no write is running removes every interrupted write now.
+        * a version older than the document's newest complete version (every part and its
+          token rows present: a write stores all its rows, then its parts);
+        * any other version once it is older than ``abandoned_after`` seconds (its number is
+          its writer's clock when the write began): rows or parts of a write that died, or
+          rows of a delete that died between the two collections. A younger one may be a
+          write still in progress. ``abandoned_after=0`` when no write is running removes
+          every interrupted write now.
 
         >>> from uibk_embedding.adapters.milvus import open_milvus_lite
         >>> with open_milvus_lite() as store:
@@ -298,7 +299,9 @@ class MilvusTokenRowsStore(MilvusStore):
         """
         if not isinstance(abandoned_after, int | float) or not abandoned_after >= 0:
             raise ValueError(f"abandoned_after must be a number of seconds >= 0, got {abandoned_after!r}")
-        # rows first: a version whose rows were seen had all its parts stored before
+        # rows first: a write stores every row before its first part, so a version whose parts
+        # are all seen but no row (a write landed between the scans, or a store written before
+        # rows came first crashed between parts and rows) is not kept over one with rows
         row_vers: dict[str, set[int]] = defaultdict(set)
         for r in self._query_all(self.rows_name, "", ["doc_id", "ver"], batch=4096):
             row_vers[r["doc_id"]].add(int(r["ver"]))
@@ -312,14 +315,12 @@ class MilvusTokenRowsStore(MilvusStore):
         fixed = 0
         for doc_id in sorted(set(by_doc) | set(row_vers)):
             vers = by_doc.get(doc_id, {})
-            complete = [v for v, parts in vers.items()
-                        if sorted(parts) == list(range(n_parts[(doc_id, v)]))]
-            keep = max(complete, default=None)
             with_rows = row_vers.get(doc_id, set())
+            keep = max((v for v, parts in vers.items() if v in with_rows
+                        and sorted(parts) == list(range(n_parts[(doc_id, v)]))), default=None)
             stale = {v for v in set(vers) | with_rows if v != keep and (
                 (keep is not None and v < keep)  # superseded by a complete version
-                or v in with_rows  # not complete, yet all its parts were stored: being deleted
-                or v <= old_enough)}  # an interrupted write, old enough to be no running one
+                or v <= old_enough)}  # an interrupted write or delete, old enough to be no running one
             if stale:
                 fixed += 1
                 self._delete_versions([doc_id], f"ver in [{', '.join(map(str, sorted(stale)))}]")

@@ -183,6 +183,34 @@ WEAVIATE_OPERATORS = frozenset({"$eq", "$ne", "$in", "$nin", "$and", "$or", "$no
 terms hold ``[field, value]`` pairs, which have no order and do not record a field's presence
 (a range would need a numeric property per metadata field in the collection's schema)."""
 
+NEGATION_MIN_VERSION = (1, 33, 0)  # the ContainsNone and Not filter operators
+QUERY_MAXIMUM_RESULTS = 10_000  # Weaviate's default cap on offset + limit of one query
+
+
+def server_operators(version: str) -> frozenset[str]:
+    """The filter operators a Weaviate server of ``version`` answers: ``$ne``, ``$nin`` and
+    ``$not`` need its ContainsNone and Not operators (1.33); before, they are refused on this
+    side (an older server fails the query, or ignores a ``Not``).
+
+    >>> sorted(WEAVIATE_OPERATORS - server_operators("1.29.2"))
+    ['$ne', '$nin', '$not']
+    >>> server_operators("1.33.0") == WEAVIATE_OPERATORS
+    True
+    """
+    if parse_version(version) >= NEGATION_MIN_VERSION:
+        return WEAVIATE_OPERATORS
+    return WEAVIATE_OPERATORS - {"$ne", "$nin", "$not"}
+
+
+def wants_muvera(muvera: bool | Mapping[str, int] | None) -> bool | None:
+    """``muvera=`` as on/off (``None``: either): a dict, even ``{}``, turns it on.
+
+    >>> wants_muvera({}), wants_muvera(False), wants_muvera(None)
+    (True, False, None)
+    """
+    return None if muvera is None else muvera is not False
+
+
 _NO_TERM = "[]"  # a term no document carries (every stored term is a [field, value] pair)
 
 
@@ -201,25 +229,28 @@ def to_weaviate_filter(conditions: tuple[Node, ...]) -> Any:
     >>> f = to_weaviate_filter(parse_filter({"lang": {"$ne": "en"}}))
     >>> f.operator.value, f.value
     ('ContainsNone', ['["lang","en"]'])
+    >>> to_weaviate_filter(parse_filter({"$or": [{}, {"lang": "en"}]})) is None  # everything
+    True
     """
-    if not conditions:
-        return None
-    parts = [_weaviate_node(c) for c in conditions]
-    return parts[0] if len(parts) == 1 else _wv().classes.query.Filter.all_of(parts)
+    return _weaviate_node(And(tuple(conditions)))
 
 
 def _weaviate_node(n: Node) -> Any:
+    """One node as a Weaviate filter; ``None`` for a node every document passes (``{}``),
+    which an ``$and`` leaves out and which makes an ``$or`` pass everything."""
     Filter = _wv().classes.query.Filter
     terms = Filter.by_property(PROP_TERMS)
     if isinstance(n, And | Or):
-        if not n.children:  # {} inside $and/$or/$not: everything (an empty $or never parses)
-            return terms.contains_none([_NO_TERM])
         parts = [_weaviate_node(c) for c in n.children]
-        if len(parts) == 1:
-            return parts[0]
+        if isinstance(n, Or) and None in parts:
+            return None
+        parts = [p for p in parts if p is not None]
+        if len(parts) <= 1:
+            return parts[0] if parts else None
         return Filter.all_of(parts) if isinstance(n, And) else Filter.any_of(parts)
     if isinstance(n, Not):
-        return Filter.not_(_weaviate_node(n.child))
+        inner = _weaviate_node(n.child)  # not everything: a term no document carries
+        return terms.contains_any([_NO_TERM]) if inner is None else Filter.not_(inner)
     values = list(dict.fromkeys(filter_term(n.field, v) for v in n.values))
     return terms.contains_any(values) if n.op in ("$eq", "$in") else terms.contains_none(values)
 
@@ -372,9 +403,10 @@ def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
                 problems.append(f"vector {vector_name!r} aggregates with {mv.aggregation!r}; "
                                 "it must be 'maxSim'")
             has_muvera = mv.encoding is not None and mv.encoding.enabled is not False
-            if muvera is not None and bool(muvera) != has_muvera:
+            wanted = wants_muvera(muvera)
+            if wanted is not None and wanted != has_muvera:
                 problems.append(f"MUVERA is {'on' if has_muvera else 'off'} in the collection but "
-                                f"{'on' if muvera else 'off'} was asked for")
+                                f"{'on' if wanted else 'off'} was asked for")
     props = {p.name: p for p in (config.properties or [])}
     want = {PROP_ID: "text", PROP_METADATA: "text", PROP_TERMS: "text[]"}
     for pname, dtype in want.items():
@@ -398,12 +430,16 @@ def collection_problems(config: Any, vector_name: str = VECTOR_NAME,
 def connection_kwargs(url: str, *, grpc_port: int | None = None, grpc_host: str | None = None) -> dict:
     """Arguments for ``weaviate.connect_to_custom`` from an HTTP(S) URL.
 
-    The gRPC port defaults to 50051 (443 for ``https`` URLs without a given port); the gRPC
-    host defaults to the HTTP host, and gRPC is secure when the URL is ``https``.
+    The gRPC host defaults to the HTTP host; the gRPC port to 50051 (443 for an ``https`` URL
+    whose gRPC host is another one, such as ``grpc-<host>``); gRPC is secure when the URL is
+    ``https``. One host cannot serve HTTP and gRPC on one port (the client refuses it): that is
+    a ``ValueError`` naming both.
 
     >>> connection_kwargs("http://10.0.0.5:8081")
     {'http_host': '10.0.0.5', 'http_port': 8081, 'http_secure': False, 'grpc_host': '10.0.0.5', \
 'grpc_port': 50051, 'grpc_secure': False}
+    >>> connection_kwargs("https://wv.example.org", grpc_host="grpc-wv.example.org")["grpc_port"]
+    443
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -411,16 +447,14 @@ def connection_kwargs(url: str, *, grpc_port: int | None = None, grpc_host: str 
     if parts.path not in ("", "/") or parts.query:
         raise ValueError(f"url must have no path or query (got {url!r}); the client adds /v1 itself")
     secure = parts.scheme == "https"
+    http_port, grpc_host = parts.port or (443 if secure else 80), grpc_host or parts.hostname
     if grpc_port is None:
-        grpc_port = 443 if secure and parts.port is None else 50051
-    return {
-        "http_host": parts.hostname,
-        "http_port": parts.port or (443 if secure else 80),
-        "http_secure": secure,
-        "grpc_host": grpc_host or parts.hostname,
-        "grpc_port": int(grpc_port),
-        "grpc_secure": secure,
-    }
+        grpc_port = 443 if secure and grpc_host != parts.hostname else 50051
+    if (grpc_host, int(grpc_port)) == (parts.hostname, http_port):
+        raise ValueError(f"HTTP and gRPC cannot share {grpc_host}:{http_port}: give grpc_port= or "
+                         "grpc_host= (on Weaviate Cloud use cloud=True)")
+    return {"http_host": parts.hostname, "http_port": http_port, "http_secure": secure,
+            "grpc_host": grpc_host, "grpc_port": int(grpc_port), "grpc_secure": secure}
 
 
 class WeaviateBatchError(RuntimeError):
@@ -514,7 +548,7 @@ class WeaviateStore(MultiVectorStore):
         check_positive("batch_size", batch_size)
         check_positive("max_rows_per_request", max_rows_per_request)
         check_rerank_options(candidates=candidates)
-        self.vector_name = vector_name
+        self.vector_name, self.where = vector_name, collection  # where: the name messages give
         self.rerank, self.candidates = bool(rerank), candidates
         self.batch_size, self.max_rows_per_request = int(batch_size), int(max_rows_per_request)
         wv = _wv()
@@ -571,7 +605,8 @@ class WeaviateStore(MultiVectorStore):
         if v < MIN_VERSION:
             raise ServerTooOld(f"Weaviate {version} has no self-provided multi-vectors; "
                                f"version >= {'.'.join(map(str, MIN_VERSION))} is needed")
-        if muvera and v < MUVERA_MIN_VERSION:
+        self.filter_operators = server_operators(version)
+        if wants_muvera(muvera) and v < MUVERA_MIN_VERSION:
             raise ServerTooOld(f"MUVERA encoding needs Weaviate >= "
                                f"{'.'.join(map(str, MUVERA_MIN_VERSION))}; the server runs {version}")
 
@@ -708,7 +743,9 @@ class WeaviateStore(MultiVectorStore):
         rerank, pool, _ = check_rerank_options(rerank, candidates)
         pool = self.candidates if pool is None else pool
         rerank = self.rerank if rerank is None else rerank
-        limit = max(k, pool or 4 * k) if rerank else k
+        # the rerank pool stays within the server's default QUERY_MAXIMUM_RESULTS (a larger
+        # limit fails the whole query); k itself is the caller's, past it the server refuses
+        limit = max(k, min(pool or 4 * k, QUERY_MAXIMUM_RESULTS)) if rerank else k
         res = self._collection.query.near_vector(
             near_vector=query.astype(np.float32).tolist(),
             target_vector=self.vector_name,
