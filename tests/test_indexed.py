@@ -474,3 +474,21 @@ def test_explain_decomposes_the_reranked_lists_without_a_second_read(tmp_path):
             reads.clear()
     finally:
         s.close()
+
+
+def test_stats_of_an_index_reopened_below_its_keep_rule_say_what_happens(tmp_path):
+    """Reopened with a higher ``min_index_vectors``, a store that holds under half the vectors
+    its index was built from keeps the index until the next write; stats() said it "still holds
+    at least half" of them."""
+    path, ids = tmp_path / "s", [f"d{i}" for i in range(100)]
+    with ScanEngine(path, min_index_vectors=64) as s:
+        s.upsert(ids, docs_for(4, 100, rows=7))
+        s.delete(ids[:70])  # updated in place: built from 1,000 vectors, 300 left
+    with ScanEngine(path, min_index_vectors=10_000) as s:
+        st = s.stats()
+        assert st["has_index"] and st["vectors"] == 300
+        assert st["reason"] == ("its index was built from 1000 vectors; it holds 300, below "
+                                "min_index_vectors=10000 and below half of them: the scan index "
+                                "proposes candidates until the next write or flush drops it")
+        s.upsert(["one"], docs_for(5, 1, rows=7))
+        assert not s.has_index and "below min_index_vectors=10000: no index is built" in s.stats()["reason"]

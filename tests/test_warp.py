@@ -309,3 +309,37 @@ def test_rebuild_of_a_store_below_min_index_vectors(tmp_path):
         assert [h.id for h in s.search(vecs[0], k=2, rerank=False)] == ["a", "b"]
     finally:
         s.close()
+
+
+def test_a_flush_that_fails_inside_a_search_leaves_the_search_exact(tmp_path, monkeypatch):
+    """The index build a search runs failed (a full disk here): every search raised, each one
+    building again. Now the search answers exactly over the committed documents, warns once,
+    and no search builds again before the next write; stats() names the store's state."""
+    import xtr_warp
+
+    ids, vecs = [f"d{i}" for i in range(40)], docs_for(7, 40)
+    s = WarpStore(tmp_path / "w", buffer_size=10, **CHEAP)
+    s.upsert(ids, vecs)
+    stored = {r.id: r.vectors for r in s.get(ids)}
+    assert "at flush(), or at a search once more than buffer_size" in s.stats()["reason"]
+    real, attempts = xtr_warp.XTRWarp.create, []
+
+    def full_disk(*a, **k):
+        attempts.append(1)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(xtr_warp.XTRWarp, "create", full_disk)
+    with pytest.warns(RuntimeWarning, match="No space left on device.*exact over the stored vectors"):
+        _assert_exact(s, stored, [vecs[3]], 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_exact(s, stored, [vecs[5], vecs[9]], 5)
+    assert len(attempts) == 1 and not s.has_index and s.count() == 40
+    s.upsert(["more"], docs_for(8, 1))  # a write: the next search tries again
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        s.search(vecs[1], k=3)
+    assert len(attempts) == 2
+    monkeypatch.setattr(xtr_warp.XTRWarp, "create", real)
+    s.flush()
+    assert s.has_index and s.search(vecs[1], k=1)[0].id == "d1"
+    s.close()

@@ -292,6 +292,8 @@ class IndexedStore(Reranking, MultiVectorStore):
     sync_on_write: ClassVar[bool] = True
     """True: every write updates the index (dirty during it); False: writes stay pending until
     :meth:`flush` (which searches call via :meth:`_before_search`)."""
+    _builds_index_at: ClassVar[str] = "at the next write or flush()"
+    """When a store that reached ``min_index_vectors`` without an index builds it (:meth:`stats`)."""
     ref_column: ClassVar[str | None] = None
     vector_compact_min_rows: ClassVar[int] = 0
     engine_version: str = "0"
@@ -428,7 +430,11 @@ class IndexedStore(Reranking, MultiVectorStore):
         with self._lock:
             self._check_open()
             n, limit = self._n_vectors, self.min_index_vectors
-            if self._index is not None:
+            if self._index is not None and not self._wants_index():  # reopened with a higher limit
+                reason = (f"its index was built from {self._built_vectors} vectors; it holds {n}, below "
+                          f"min_index_vectors={limit} and below half of them: the {self.engine_name} "
+                          "index proposes candidates until the next write or flush drops it")
+            elif self._index is not None:
                 why = (f"the store holds {n} vectors, at least min_index_vectors={limit}" if n >= limit else
                        f"its index was built from {self._built_vectors} vectors and it still holds {n}, "
                        f"at least half of them (below min_index_vectors={limit})")
@@ -439,7 +445,7 @@ class IndexedStore(Reranking, MultiVectorStore):
                 reason = f"the {self.label} store scores every document exactly: it builds no index"
             elif n >= limit:
                 reason = (f"the store holds {n} vectors, at least min_index_vectors={limit}: the index "
-                          "is built at the next flush or search")
+                          f"is built {self._builds_index_at}")
             else:
                 reason = f"the store holds {n} vectors, below min_index_vectors={limit}: no index is built"
             return {"documents": len(self._id_of), "vectors": n, "min_index_vectors": limit,

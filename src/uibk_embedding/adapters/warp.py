@@ -62,11 +62,12 @@ import os
 import queue
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -429,9 +430,21 @@ class WarpStore(IndexedStore):
             raise WarpEngineError(f"the index metadata is unreadable: {e}") from e
 
     def _before_search(self, rerank: bool) -> None:
+        """Flush when more than ``buffer_size`` documents wait. A flush that fails leaves the
+        store without an index (its documents stay committed): the search answers exactly,
+        with a warning, and no search tries again before the next write or :meth:`flush`."""
         waiting = len(self._pending) + len(self._dead)
-        if waiting > self.buffer_size or (not rerank and waiting):
-            self._sync()
+        if (waiting > self.buffer_size or (not rerank and waiting)) and self._failed_flush != self._version:
+            try:
+                self._sync()
+            except (self.engine_error, OSError) as e:
+                self._failed_flush = self._version
+                warnings.warn(f"{e}; this search and the next ones until a write or flush() are exact "
+                              "over the stored vectors (the index is built again then)", RuntimeWarning,
+                              stacklevel=6)
+
+    _failed_flush = -1  # the write version at which a search's flush failed
+    _builds_index_at: ClassVar[str] = "at flush(), or at a search once more than buffer_size documents wait"
 
     # -- the engine interface --------------------------------------------------------------
     def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:
