@@ -398,3 +398,29 @@ def test_scan_pages_past_the_milvus_limit_and_close_during_scan(lite, fmt, rng):
     lite.close()
     with pytest.raises(StoreInUse, match="closed"):  # a raw MilvusException before
         next(pages)
+
+
+def test_milvus_lite_servers_started_at_once_all_come_up(tmp_path):
+    """A starting Milvus Lite server empties and re-creates ``~/.cache/milvus``; two starting
+    at once (two test workers, two processes of a user) failed one of them: "create dir ...
+    failed", then "Mmap manager has not been init" on its first call. Starts are now taken one
+    at a time. Each round gives its processes a new HOME, as on a fresh machine."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, warnings; warnings.simplefilter('ignore')\n"
+            "from uibk_embedding.adapters.milvus import open_milvus_lite\n"
+            "with open_milvus_lite(path=sys.argv[1]) as s:\n"
+            "    print(s.count())\n")
+    failed = []
+    for r in range(3):
+        env = {**os.environ, "HOME": str(tmp_path / f"home{r}")}
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"r{r}p{i}" / "m.db")],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(6)]
+        for p in procs:
+            out = p.communicate(timeout=180)[0]
+            if p.returncode != 0:
+                failed.append(out.strip().splitlines()[-1])
+    assert not failed, failed

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -60,6 +61,21 @@ _Stored = tuple[np.ndarray, dict, int]  # a fetched document: its list, metadata
 
 def _pymilvus():
     return require("pymilvus", "milvus", "the Milvus adapter")
+
+
+def _start_lite_server(uri: str) -> None:
+    """Start the Milvus Lite server of the file ``uri`` (pymilvus then connects to it), one
+    start at a time on this machine: a starting server empties and re-creates ``~/.cache/milvus``,
+    and two starting at once failed one of them ("create dir ... failed", then "Mmap manager has
+    not been init" on its first call; 5 of 24 parallel starts here)."""
+    import fcntl
+    import tempfile
+
+    manager = require("milvus_lite.server_manager", "milvus", "Milvus Lite (a local .db file)")
+    lock = os.path.join(tempfile.gettempdir(), f"uibk-milvus-lite-start-{os.getuid()}.lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        manager.server_manager_instance.start_and_get_uri(uri)  # waits 0.5 s: the server is up then
 
 
 # -- filters -----------------------------------------------------------------------------------
@@ -328,6 +344,8 @@ class MilvusStore(MultiVectorStore):
 
         def connect() -> None:  # pymilvus may retry for long: bound it ourselves
             try:
+                if uri.endswith(".db"):
+                    _start_lite_server(uri)
                 result["client"] = pymilvus.MilvusClient(uri=uri, token=token, timeout=timeout)
             except BaseException as e:
                 result["error"] = e
