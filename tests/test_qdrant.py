@@ -506,3 +506,13 @@ def test_a_logged_operation_the_engine_refuses_is_quarantined_on_open(kind, tmp_
         assert sorted(x for x, _ in s.scan()) == ["g1", "later"]
     finally:
         s.close()
+
+
+def test_edge_max_search_threads_is_a_creation_option(tmp_path):
+    """Reopening with it failed inside the engine ("EdgeConfig requires at least one of vectors
+    or sparse_vectors"); now a ValueError that says what to do, and the shard opens without it."""
+    QdrantEdgeStore(path=tmp_path / "e", max_search_threads=1).close()
+    with pytest.raises(ValueError, match="max_search_threads is set when a shard is created"):
+        QdrantEdgeStore(path=tmp_path / "e", max_search_threads=2)
+    with QdrantEdgeStore(path=tmp_path / "e") as s:
+        assert s.count() == 0

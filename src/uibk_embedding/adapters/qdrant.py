@@ -680,6 +680,8 @@ class QdrantStore(_QdrantBase):
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         if self._redo is not None:  # local files: list the ids so the redo log can hold them
+            with self._guard:  # a write that failed half-way is finished before the listing
+                self._replay_failed()  # (after it, it would re-create what this deletes)
             return super()._delete_where(conditions)
         return self._delete_by_filter(conditions)
 

@@ -80,7 +80,9 @@ class QdrantEdgeStore(_QdrantBase):
     mode, prefetch: default search mode ("exact", "prefetch", "hnsw") and candidate count.
     batch_size, show_progress: upsert batching and progress bar.
     payload_indexes: ``{field: "keyword" | "float" | "bool"}`` to index.
-    max_search_threads: the shard's search thread pool size (None: from the CPU count).
+    max_search_threads: the shard's search thread pool size (None: from the CPU count), set
+        when the shard is created (an existing shard refuses it: Qdrant Edge takes it on load
+        only together with the whole vector configuration).
 
     Example
     -------
@@ -167,8 +169,10 @@ class QdrantEdgeStore(_QdrantBase):
             self.format = self._validate(read_record(cfg_path.read_bytes()),
                                          read_record(ours.read_bytes()) if ours.exists() else None,
                                          format) or self.format
-            cfg = None if max_search_threads is None else e.EdgeConfig(max_search_threads=max_search_threads)
-            self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), cfg))
+            if max_search_threads is not None:  # qdrant-edge takes it on load only with the vectors
+                raise ValueError(f"max_search_threads is set when a shard is created; {self.path} "
+                                 "exists: open it without max_search_threads")
+            self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), None))
             self._redo = RedoLog(self.path / REDO_DIR)
             self._redo.replay(self._write_points, self._delete_points)
             return
@@ -305,6 +309,9 @@ class QdrantEdgeStore(_QdrantBase):
                 return
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
+        if self._redo.dirty:  # finish a write that failed half-way first: replayed after this
+            self._redo.replay(self._write_points, self._delete_points)  # delete, it re-created matches
+            self.shard.flush()
         e = self._e
         flt = self._filter(conditions) or e.Filter(must=[])
         n = int(self.shard.count(e.CountRequest(exact=True, filter=flt)))
