@@ -40,6 +40,15 @@ BAD = [
     (["fit-projection", "{tmp}/missing.jsonl", "--out", "{tmp}/fit"], "cannot read"),
     (["compare", "{tmp}/missing", "--backends", "exact"], "is not a BEIR folder"),
     (["compare", "{tmp}/missing", "--backends", "nosuch"], "unknown backend"),
+    # options that were accepted and ignored
+    (["index", "{tmp}/x.jsonl", "--path", "{tmp}/new", "--encoder-url", "http://127.0.0.1:9",
+      "--projection", "pca"], "--projection does not apply"),
+    (["index", "{tmp}/x.jsonl", "--path", "{tmp}/new", "--encoder-url", "http://127.0.0.1:9",
+      "--encoder-url", "http://127.0.0.1:8"], "need --ray"),
+    (["index", "{tmp}/x.jsonl", "--path", "{tmp}/new", "--save-encoder", "{tmp}/fit"],
+     "--save-encoder needs --fit-projection"),
+    (["index", "{tmp}/x.jsonl", "--path", "{tmp}/new", "--fit-sample", "10"],
+     "--fit-sample needs --fit-projection"),
 ]
 
 
@@ -59,6 +68,16 @@ def test_a_user_error_is_one_line_and_exit_status_2(argv, message, store, tmp_pa
     if not any(m in message for m in ("invalid choice", "must be positive", "positive number")):
         assert len(last) == 1, err  # argparse prints its usage line first
     assert not (tmp_path / "new").exists() and not (tmp_path / "fit").exists()
+
+
+def test_export_pylate_never_writes_over_a_folder_with_files(tmp_path, capsys):
+    """It wrote its config.json, weights and tokenizer over another model's files there."""
+    (tmp_path / "config.json").write_text('{"someone": "else"}')
+    with pytest.raises(SystemExit) as e:
+        main(["export-pylate", str(tmp_path)])
+    assert e.value.code == 2 and "is not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert (tmp_path / "config.json").read_text() == '{"someone": "else"}'
 
 
 def test_a_damaged_store_is_one_line_and_left_as_it_was(store, tmp_path, capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import string
 import warnings
 
+import numpy as np
 import pytest
 
 from uibk_embedding.encoder import Encoder, LocalEncoder, TaggedEncoder, load_encoder
@@ -112,3 +113,40 @@ def test_composed(tmp_path):
         enc = load_encoder(dense=tmp_path / "dense", tokens=tmp_path / "colbert", device="cpu")
     assert isinstance(enc, TaggedEncoder)
     check(enc, local=True)
+
+
+def test_the_eval_cache_is_keyed_by_the_model_content_not_its_path(tmp_path, monkeypatch):
+    """Weights retrained into the same folder reused the cached vectors of the old ones: the
+    cache key held the folder's path (``eval`` printed the old model's figures)."""
+    from uibk_embedding.apps.data import Collection, Document
+    from uibk_embedding.apps.evaluation import encode_collection
+
+    monkeypatch.setenv("UIBK_CACHE", str(tmp_path / "cache"))
+    letters = list(string.ascii_lowercase)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters), "wing"]
+    coll = Collection("tiny", [Document("d1", "a wing"), Document("d2", "b c")], {"q1": "wing"},
+                      {"q1": {"d1": 1}})
+    docs = []
+    for seed in (0, 1, 1):
+        tiny_bert(tmp_path / "model", vocab, seed=seed, layers=1)
+        docs.append(encode_collection(load_encoder(tmp_path / "model", device="cpu"), coll).docs)
+    fresh = encode_collection(load_encoder(tmp_path / "model", device="cpu"), coll, use_cache=False).docs
+    assert not np.array_equal(docs[0][0], docs[1][0])  # retrained: encoded again
+    for cached, new in zip(docs[2], fresh, strict=True):  # the same weights: from the cache
+        np.testing.assert_array_equal(cached, new)
+
+
+def test_an_encoder_saved_from_a_relative_model_path_loads_from_anywhere(tmp_path, monkeypatch):
+    """``uibk_encoder.json`` recorded the model path as given (``hf``), relative to the directory
+    of the run that saved it: a store's encoder could be loaded only from that directory."""
+    letters = list(string.ascii_lowercase)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters)]
+    tiny_bert(tmp_path / "hf", vocab, seed=0, layers=1)
+    monkeypatch.chdir(tmp_path)
+    enc = load_encoder("hf", device="cpu")
+    assert enc.model_name == "hf" and enc.config()["model"] == str((tmp_path / "hf").resolve())
+    enc.save_projections(tmp_path / "saved")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    again = load_encoder(tmp_path / "saved", device="cpu")
+    np.testing.assert_array_equal(again.encode_queries(["a b"])[0], enc.encode_queries(["a b"])[0])

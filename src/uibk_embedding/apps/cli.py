@@ -258,6 +258,16 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
                          "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
                          "`uibk-embed serve --encoder DIR`")
+    given = [f for f in ("encoder", "projection", "trust_remote_code") if getattr(args, f)]
+    if args.encoder_url and given:
+        raise SystemExit(f"uibk-embed: with --encoder-url the servers encode with their own model: "
+                         f"--{given[0].replace('_', '-')} does not apply (give it to `uibk-embed serve`)")
+    if len(args.encoder_url) > 1 and not args.ray:
+        raise SystemExit("uibk-embed: one process encodes through one server: several --encoder-url "
+                         "need --ray (the actors share them)")
+    for flag in ("save_encoder", "fit_sample"):
+        if getattr(args, flag) is not None and not args.fit_projection:
+            raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --fit-projection")
     if args.ray:
         if args.fit_projection:
             raise SystemExit("uibk-embed: --fit-projection runs in one process: fit first "
@@ -335,7 +345,7 @@ def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dic
         raise SystemExit(f"uibk-embed: {out} is not empty: the fitted encoder needs a new folder "
                          "(or search with the encoder already there: `--encoder " + str(out) + "`)")
     rng = np.random.default_rng(0)
-    pick = sorted(rng.choice(len(docs), size=min(len(docs), args.fit_sample), replace=False).tolist())
+    pick = sorted(rng.choice(len(docs), size=min(len(docs), args.fit_sample or 5000), replace=False).tolist())
     t0 = time.perf_counter()
     try:
         enc.fit_projection([docs[i].full_text for i in pick])
@@ -356,10 +366,15 @@ def _index_ray(args: argparse.Namespace) -> int:
 
         encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens,
                                     trust_remote_code=bool(args.trust_remote_code))
-    options = {"trust_remote_code": True} if args.trust_remote_code else None
+    options: dict[str, Any] = {"trust_remote_code": True} if args.trust_remote_code else {}
+    if args.projection:  # as _load_encoder takes it, for each actor's encoder
+        if args.dense or args.tokens:
+            raise SystemExit("uibk-embed: --projection chooses the embedded model's projections; "
+                             "it does not apply to --dense/--tokens")
+        options["projection"] = args.projection
     try:
         r = index_distributed(
-            args.data, args.backend, opts, encoder=encoder, encoder_options=options,
+            args.data, args.backend, opts, encoder=encoder, encoder_options=options or None,
             encoder_urls=args.encoder_url or None,
             workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
             store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
@@ -541,6 +556,9 @@ def _where(backend: str, opts: dict[str, Any]) -> str:
 
 def cmd_export_pylate(args: argparse.Namespace) -> int:
     """``export-pylate OUT``: the encoder as a PyLate ColBERT model folder (``save_pylate``)."""
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # never over another model
+        raise SystemExit(f"uibk-embed: {out} is not an empty folder: the PyLate model needs a new one")
     enc = _load_encoder(args)
     if not hasattr(enc, "save_pylate"):
         raise SystemExit(f"uibk-embed: a {type(enc).__name__} cannot be saved as a PyLate model")
@@ -667,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "and save the encoder with the store (exact/plaid/warp: inside --path, found "
                          "by `search`; other backends: --save-encoder DIR). Not a default anywhere: "
                          "docs/model.md says when it helps")
-    sp.add_argument("--fit-sample", type=_positive_int, default=5000,
+    sp.add_argument("--fit-sample", type=_positive_int, default=None,
                     help="documents the fit reads at most (a seeded random sample; default 5000)")
     sp.add_argument("--save-encoder", default=None, metavar="DIR",
                     help="where --fit-projection saves the fitted encoder")

@@ -77,7 +77,30 @@ def collection_fingerprint(config: dict[str, Any], coll: Collection, length: int
 
 def _fingerprint(encoder: Any, coll: Collection) -> str:
     cfg = encoder.config() if hasattr(encoder, "config") else {"repr": repr(encoder)}
-    return collection_fingerprint({k: v for k, v in cfg.items() if k != "dense_weight"}, coll)
+    cfg = {k: v for k, v in cfg.items() if k != "dense_weight"}
+    return collection_fingerprint({**cfg, "weights": weights_digest(encoder, cfg)}, coll)
+
+
+def weights_digest(encoder: Any, cfg: dict[str, Any]) -> str | None:
+    """What the encoder computes with, by content, for the cache key: a configuration names
+    a model folder by its path (retrained weights in the same folder reused the old vectors),
+    so the folder's files are hashed (:func:`~uibk_embedding.encoder.composed.model_digest`),
+    else the loaded module's parameters; ``None`` when neither is there (a remote encoder)."""
+    from uibk_embedding.encoder.composed import model_digest
+
+    folder = cfg.get("model")
+    if isinstance(folder, str) and os.path.isdir(folder):
+        return model_digest(folder)
+    state = getattr(getattr(encoder, "model", None), "state_dict", None)
+    if state is None:
+        return None
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(state().items()):
+        h.update(name.encode() + str(tuple(t.shape)).encode() + str(t.dtype).encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _save(path: Path, lists: Sequence[np.ndarray], ids: Sequence[str], prefix: str, out: dict):

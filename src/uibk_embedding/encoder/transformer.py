@@ -117,6 +117,9 @@ class TransformerEncoder(TaggedEncoder):
         path = embedded_model_path() if self.model_name == EMBEDDED_NAME else Path(model_path)
         if not path.is_dir():
             raise FileNotFoundError(f"model folder {path} does not exist")
+        # what a saved configuration names: absolute, so a fitted encoder saved from a relative
+        # model path loads from any directory (model_name, shown by a server, stays as given)
+        self._model_ref = self.model_name if self.model_name == EMBEDDED_NAME else str(path.resolve())
         trust = trust_remote_code is True
         require_trust(path, trust, what="a Hugging Face model")
         self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
@@ -147,7 +150,7 @@ class TransformerEncoder(TaggedEncoder):
         self.query_max_length = min(self.query_max_length, self.model_max_length)
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "model": self.model_name}
+        return {**super().config(), "model": self._model_ref}
 
     # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------
     def _fast_tokenizer(self, max_len: int) -> Any:
