@@ -152,3 +152,24 @@ def test_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"uibk-embed {uibk_embedding.__version__}"
+
+
+def test_index_ray_hands_the_projection_to_the_actors(monkeypatch, tmp_path):
+    """``index --ray --projection pca`` encoded with the seeded random projection: the option
+    never reached the actors' encoders."""
+    from uibk_embedding.apps import cli
+
+    seen = {}
+
+    def index_distributed(*args, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stopped here by the test")
+
+    monkeypatch.setattr(cli, "index_distributed", index_distributed)
+    with pytest.raises(SystemExit, match="stopped here by the test"):
+        main(["index", str(tmp_path / "x.jsonl"), "--backend", "milvus", "--option", "uri=http://127.0.0.1:9",
+              "--ray", "--projection", "pca"])
+    assert seen["encoder_options"] == {"projection": "pca"}
+    with pytest.raises(SystemExit, match="does not apply to --dense/--tokens"):
+        main(["index", str(tmp_path / "x.jsonl"), "--backend", "milvus", "--option", "uri=http://127.0.0.1:9",
+              "--ray", "--projection", "pca", "--dense", str(tmp_path), "--tokens", str(tmp_path)])
