@@ -29,6 +29,7 @@ import numpy as np
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.apps.data import Collection
+from uibk_embedding.encoder.composed import model_digest
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
 from uibk_embedding.tagged import N_SLOTS, apply_dense_weight, dense_vector
@@ -86,8 +87,6 @@ def weights_digest(encoder: Any, cfg: dict[str, Any]) -> str | None:
     a model folder by its path (retrained weights in the same folder reused the old vectors),
     so the folder's files are hashed (:func:`~uibk_embedding.encoder.composed.model_digest`),
     else the loaded module's parameters; ``None`` when neither is there (a remote encoder)."""
-    from uibk_embedding.encoder.composed import model_digest
-
     folder = cfg.get("model")
     if isinstance(folder, str) and os.path.isdir(folder):
         return model_digest(folder)
