@@ -235,6 +235,19 @@ def test_qdrant_redo_log_is_replayed_only_into_its_own_collection(tmp_path):
 
 # -- Qdrant Edge: one upsert, several engine calls ----------------------------------------------------
 
+def _dies_at(call, n: int):
+    """``call``, except that its ``n``-th call raises (a crash between engine calls)."""
+    calls = []
+
+    def wrapper(*a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise OSError(errno.EIO, "injected: the process dies here")
+        return call(*a, **kw)
+
+    return wrapper
+
+
 class _FailingShard:
     """The real Edge shard, whose ``fail_at``-th update call raises (a crash between engine calls)."""
 
@@ -296,15 +309,8 @@ def test_qdrant_delete_by_filter_after_a_half_way_write_stays_done(tmp_path, eng
     if engine == "edge":
         real, store.shard = store.shard, _FailingShard(store.shard, fail_at=2)
     else:
-        real_upsert, calls = store.client.upsert, []
-
-        def dies_on_the_second(*a, **kw):
-            calls.append(1)
-            if len(calls) == 2:
-                raise OSError(errno.EIO, "injected: the process dies here")
-            return real_upsert(*a, **kw)
-
-        store.client.upsert = dies_on_the_second
+        real_upsert = store.client.upsert
+        store.client.upsert = _dies_at(real_upsert, 2)
     with pytest.raises(OSError, match="injected"):
         store.upsert(ids, docs(13, 7, rows=3), [{"v": "new"}] * 7)
     if engine == "edge":
@@ -360,15 +366,8 @@ def test_milvus_delete_killed_half_way_leaves_no_document_search_cannot_find(lit
     ids = [f"d{i}" for i in range(6)]
     with lite() as store:
         store.upsert(ids, vecs)
-        real, calls = store.client.delete, []
-
-        def dies_on_the_second(*a, **kw):
-            calls.append(a[0] if a else kw.get("collection_name"))
-            if len(calls) == 2:
-                raise OSError(errno.EIO, "injected: the process dies here")
-            return real(*a, **kw)
-
-        store.client.delete = dies_on_the_second
+        real = store.client.delete
+        store.client.delete = _dies_at(real, 2)
         with pytest.raises(OSError, match="injected"):
             store.delete(["d2"])
         store.client.delete = real

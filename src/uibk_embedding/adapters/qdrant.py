@@ -228,6 +228,21 @@ class _QdrantBase(MultiVectorStore):
                 send(points)
                 bar.update(len(points))
 
+    # -- the redo log of local files (local mode, Edge): one engine call at a time ----------------
+    _redo: RedoLog | None = None
+
+    def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        raise NotImplementedError
+
+    def _delete_points(self, ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def _replay_failed(self) -> None:
+        """Finish an earlier call that failed half-way, before the next write or delete by
+        filter (keeps log order; replayed after a delete, it would re-create what was deleted)."""
+        if self._redo is not None and self._redo.dirty:
+            self._redo.replay(self._write_points, self._delete_points)
+
 
 def _is_transient(exc: BaseException) -> bool:
     """Whether an error is worth retrying: connection failures, timeouts, 408/429/502/503/504
@@ -632,11 +647,6 @@ class QdrantStore(_QdrantBase):
         with self._redo.pending("upsert", ids, vectors, metadata):
             self._write_points(ids, vectors, metadata)
 
-    def _replay_failed(self) -> None:
-        """Finish an earlier call that failed half-way before the next write (keeps log order)."""
-        if self._redo is not None and self._redo.dirty:
-            self._redo.replay(self._write_points, self._delete_points)
-
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._in_batches(ids, vectors, metadata, self.collection, lambda points: self._call(
             "upsert", self.client.upsert, self.collection, points=points, wait=True))
@@ -680,8 +690,8 @@ class QdrantStore(_QdrantBase):
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         if self._redo is not None:  # local files: list the ids so the redo log can hold them
-            with self._guard:  # a write that failed half-way is finished before the listing
-                self._replay_failed()  # (after it, it would re-create what this deletes)
+            with self._guard:  # before the listing
+                self._replay_failed()
             return super()._delete_where(conditions)
         return self._delete_by_filter(conditions)
 

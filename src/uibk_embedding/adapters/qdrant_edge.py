@@ -265,8 +265,7 @@ class QdrantEdgeStore(_QdrantBase):
 
     def _logged(self, op: str, ids: list[str], vectors: list[np.ndarray] | None = None,
                 metadata: list[dict] | None = None) -> None:
-        if self._redo.dirty:  # an earlier call failed half-way: finish it first (keeps the order)
-            self._redo.replay(self._write_points, self._delete_points)
+        self._replay_failed()
         with self._redo.pending(op, ids, vectors, metadata):
             if op == "upsert":
                 self._write_points(ids, vectors or [], metadata or [])
@@ -309,9 +308,7 @@ class QdrantEdgeStore(_QdrantBase):
                 return
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
-        if self._redo.dirty:  # finish a write that failed half-way first: replayed after this
-            self._redo.replay(self._write_points, self._delete_points)  # delete, it re-created matches
-            self.shard.flush()
+        self._replay_failed()
         e = self._e
         flt = self._filter(conditions) or e.Filter(must=[])
         n = int(self.shard.count(e.CountRequest(exact=True, filter=flt)))

@@ -67,7 +67,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -292,6 +292,8 @@ class WarpStore(IndexedStore):
     schema_version = SCHEMA_VERSION
     build_defaults = BUILD_DEFAULTS
     sync_on_write = False
+    _builds_index_at = "at flush(), or at a search once more than buffer_size documents wait"
+    _failed_flush = -1  # the write version at which a search's flush failed (see _before_search)
     ref_column = "pid"
     vector_compact_min_rows = 65536
 
@@ -442,9 +444,6 @@ class WarpStore(IndexedStore):
                 warnings.warn(f"{e}; this search and the next ones until a write or flush() are exact "
                               "over the stored vectors (the index is built again then)", RuntimeWarning,
                               stacklevel=6)
-
-    _failed_flush = -1  # the write version at which a search's flush failed
-    _builds_index_at: ClassVar[str] = "at flush(), or at a search once more than buffer_size documents wait"
 
     # -- the engine interface --------------------------------------------------------------
     def _engine_build(self, folder: Path, seqs: list[int]) -> tuple[Any, list[int]]:

@@ -315,6 +315,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 # backends whose store folder is ours, so a fitted encoder can live inside it (found by `search`)
 _OWN_FOLDERS = ("exact", "plaid", "warp")
 FITTED_ENCODER_DIR = "uibk-encoder"
+FIT_SAMPLE = 5000  # documents `index --fit-projection` reads at most (--fit-sample)
 
 
 def _beside_store(backend: str, opts: dict[str, Any]) -> Path | None:
@@ -345,7 +346,8 @@ def _fit_on_the_corpus(args: argparse.Namespace, enc: Any, docs: list, opts: dic
         raise SystemExit(f"uibk-embed: {out} is not empty: the fitted encoder needs a new folder "
                          "(or search with the encoder already there: `--encoder " + str(out) + "`)")
     rng = np.random.default_rng(0)
-    pick = sorted(rng.choice(len(docs), size=min(len(docs), args.fit_sample or 5000), replace=False).tolist())
+    sample = args.fit_sample or FIT_SAMPLE
+    pick = sorted(rng.choice(len(docs), size=min(len(docs), sample), replace=False).tolist())
     t0 = time.perf_counter()
     try:
         enc.fit_projection([docs[i].full_text for i in pick])
@@ -686,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "by `search`; other backends: --save-encoder DIR). Not a default anywhere: "
                          "docs/model.md says when it helps")
     sp.add_argument("--fit-sample", type=_positive_int, default=None,
-                    help="documents the fit reads at most (a seeded random sample; default 5000)")
+                    help=f"documents the fit reads at most (a seeded random sample; default {FIT_SAMPLE})")
     sp.add_argument("--save-encoder", default=None, metavar="DIR",
                     help="where --fit-projection saves the fitted encoder")
     sp.add_argument("--batch-size", type=_positive_int, default=256,

@@ -622,7 +622,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         m["token_vectors"] += actual - 3 * len(res)
         m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
         held["vectors"] = actual
-        truncated = max(res.truncated, getattr(texts, "cut", 0))  # cut by the tokenizer or the parser
+        truncated = max(res.truncated, texts.cut)  # cut by the tokenizer or by the parser
         headers = {"X-UIBK-Truncated": str(truncated)}
         if openai:
             content = json.dumps(_openai_answer(res, model or public_model_name(shared.model_name), fmt))
