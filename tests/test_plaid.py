@@ -213,11 +213,25 @@ def test_tiny_store_has_no_index_and_is_exact(tmp_path):
         assert [p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("plaid-")] == []
 
 
+def test_a_store_below_fast_plaids_build_floor_is_scanned_whatever_min_index_vectors_says(tmp_path):
+    # fast-plaid cannot train its codec from fewer than 10 vectors: every write raised before
+    small = {**CHEAP, "min_index_vectors": 1}
+    with PlaidStore(tmp_path / "p", **small) as s:
+        rng = np.random.default_rng(9)
+        s.upsert(["a", "b"], [make_list(TaggedFormat(), rng, n) for n in (1, 2)])  # 9 rows
+        assert (s.count(), s.has_index) == (2, False)
+        assert "fast-plaid builds an index from 10 vectors up" in s.stats()["reason"]
+        s.upsert(["c"], [make_list(TaggedFormat(), rng, 1)])  # 13 rows: built
+        assert s.has_index
+        s.delete(["b", "c"])  # 4 rows: half what it was built from would keep it, the floor drops it
+        assert (s.count(), s.has_index) == (1, False)
+
+
 def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
     p = tmp_path / "p"
     s = PlaidStore(p, **CHEAP)
     s.upsert([f"d{i}" for i in range(10)], docs_for(9, 10))
-    with pytest.raises(StoreInUse, match="open in another PlaidStore"):
+    with pytest.raises(StoreInUse, match="open in another store object"):
         PlaidStore(p)
     s.close()
     with pytest.raises(CollectionMismatch, match="nbits=2, not 8"):

@@ -19,7 +19,9 @@ from uibk_embedding._sqlite_state import stored_state
 
 pytest.importorskip("xtr_warp")
 
+from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.warp import WarpStore
+from uibk_embedding.errors import StoreInUse
 from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
@@ -179,13 +181,16 @@ def test_vector_file_is_rewritten_once_mostly_garbage(tmp_path):
 
 def test_reopen_checks_parameters_and_the_lock(tmp_path):
     s = WarpStore(tmp_path / "w", nbits=2)
-    with pytest.raises(RuntimeError, match="open in another WarpStore"):
+    with pytest.raises(RuntimeError, match="open in another store object"):
         WarpStore(tmp_path / "w")
     s.close()
     with pytest.raises(ValueError, match="nbits=2, not 4"):
         WarpStore(tmp_path / "w", nbits=4)
     with pytest.raises(ValueError, match="n_rerank must be a positive int"):
         WarpStore(tmp_path / "x", n_rerank=0)
+    with ExactStore(tmp_path / "e"):  # the message named the WarpStore the folder never held
+        with pytest.raises(StoreInUse, match=r"^the store folder .*/e is open in another store object"):
+            WarpStore(tmp_path / "e")
 
 
 def test_missing_engine_names_the_extra(monkeypatch):

@@ -28,20 +28,21 @@ from typing import IO, Any
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 
-def lock_folder(lock_path: str | os.PathLike, what: str, owner: str) -> IO[bytes]:
+def lock_folder(lock_path: str | os.PathLike, what: str) -> IO[bytes]:
     """An exclusive, non-blocking lock on ``lock_path`` (kept until the returned file is closed);
-    :class:`StoreInUse` naming ``what`` when another ``owner`` object or process holds it."""
+    :class:`StoreInUse` naming ``what`` when another store object (of any class) or process
+    holds it."""
     f = open(lock_path, "a+b")  # held for the store's lifetime
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise StoreInUse(f"{what} is open in another {owner} (this or another process); "
+        raise StoreInUse(f"{what} is open in another store object (this or another process); "
                          "close it first") from None
     return f
 
 
-def lock_directory(path: str | os.PathLike, what: str, owner: str) -> int:
+def lock_directory(path: str | os.PathLike, what: str) -> int:
     """:func:`lock_folder` on the directory itself (an ``flock`` on its descriptor, no file added
     to it): for folders that belong to an engine which allows no foreign files. Returns the
     descriptor; ``os.close`` it to release."""
@@ -50,7 +51,7 @@ def lock_directory(path: str | os.PathLike, what: str, owner: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreInUse(f"{what} is open in another {owner} (this or another process); "
+        raise StoreInUse(f"{what} is open in another store object (this or another process); "
                          "close it first") from None
     return fd
 

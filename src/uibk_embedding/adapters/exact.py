@@ -183,7 +183,7 @@ def convert_op_log(path: Path, format: TaggedFormat | None = None, vector_dtype:
     and nothing at all when its record does not fit ``format`` or ``vector_dtype`` (the store
     would refuse to open it: it stays a store the version that wrote it can open).
     """
-    lock = lock_folder(path / LOCK_NAME, f"the exact store at {path}", "ExactStore")
+    lock = lock_folder(path / LOCK_NAME, f"the store folder {path}")
     try:
         cfg = path / OLD_CONFIG_NAME
         if not cfg.is_file():

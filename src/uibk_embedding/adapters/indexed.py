@@ -285,6 +285,9 @@ class IndexedStore(Reranking, MultiVectorStore):
     search_options: ClassVar[tuple[str, ...]] = (*Reranking.search_options, "candidates_limit")
     default_min_index_vectors: ClassVar[int] = DEFAULT_MIN_INDEX_VECTORS
     """The engine's crossover in stored vectors, the default ``min_index_vectors``."""
+    min_build_vectors: ClassVar[int] = 1
+    """The fewest stored vectors the engine can build an index from; below it the store is
+    scanned exactly whatever ``min_index_vectors`` says."""
     default_candidates_limit: ClassVar[int | None] = None
     """The engine's default ``candidates_limit`` (None: the pool never grows past ``candidates``)."""
     build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": "float16"}
@@ -364,8 +367,7 @@ class IndexedStore(Reranking, MultiVectorStore):
                 # is the folder ours? Decided before the lock file (or anything) is created in it
                 self.path.mkdir(parents=True, exist_ok=True)
                 refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
-                self._lockfile = lock_folder(self.path / LOCK_NAME, f"the {self.label} store at {self.path}",
-                                             type(self).__name__)
+                self._lockfile = lock_folder(self.path / LOCK_NAME, f"the store folder {self.path}")
                 self._db = connect(self.path / DB_NAME)
             self._open(format, given)
         except sqlite3.DatabaseError as e:
@@ -407,12 +409,12 @@ class IndexedStore(Reranking, MultiVectorStore):
         return self._index is not None
 
     def _wants_index(self) -> bool:
-        """Whether the store should have an engine index: it holds at least ``min_index_vectors``
-        vectors, or it has one (``index_dir``) and still holds at least half the vectors it was
-        built from (see ``min_index_vectors``)."""
+        """Whether the store should have an engine index: it holds at least ``min_build_vectors``
+        and either at least ``min_index_vectors`` vectors or an index (``index_dir``) built from
+        at most twice what it holds (see ``min_index_vectors``)."""
         n = self._n_vectors
         kept = bool(self._index_dir) and n > 0 and 2 * n >= self._built_vectors
-        return n >= self.min_index_vectors or kept
+        return n >= self.min_build_vectors and (n >= self.min_index_vectors or kept)
 
     def stats(self) -> dict[str, Any]:
         """Which path answers searches, and why: ``documents``, ``vectors`` (stored, live),
@@ -441,6 +443,9 @@ class IndexedStore(Reranking, MultiVectorStore):
                 reason = f"{why}: the {self.engine_name} index proposes candidates"
             elif self._index_dir or self._dirty:
                 reason = f"the {self.engine_name} index could not be opened or rebuilt: the exact scan"
+            elif limit <= n < self.min_build_vectors:
+                reason = (f"the store holds {n} vectors; {self.engine_name} builds an index from "
+                          f"{self.min_build_vectors} vectors up: the exact scan")
             elif n >= limit and not self._wants_index():  # a store that builds none (exact)
                 reason = f"the {self.label} store scores every document exactly: it builds no index"
             elif n >= limit:

@@ -168,8 +168,7 @@ def open_milvus_lite(path: str | os.PathLike | None = None, collection: str = "u
                                      "its own file, or a new path; nothing was written")
     os.makedirs(os.path.dirname(uri), exist_ok=True)
     # one store object per collection of a Milvus Lite folder, in this and other processes
-    lock = lock_folder(f"{uri}.{collection}.lock", f"the Milvus Lite collection {collection!r} at {uri}",
-                       "MilvusStore")
+    lock = lock_folder(f"{uri}.{collection}.lock", f"the Milvus Lite collection {collection!r} at {uri}")
     with _lite_lock:
         _lite_refs[uri] = _lite_refs.get(uri, 0) + 1
 

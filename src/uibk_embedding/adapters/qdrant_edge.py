@@ -163,7 +163,7 @@ class QdrantEdgeStore(_QdrantBase):
         # our lock before the engine's: a second EdgeShard.load on an open shard damages the
         # first one's payload files before it fails on the WAL lock
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = lock_directory(self.path, f"the Qdrant Edge shard at {self.path}", "QdrantEdgeStore")
+        self._lock_fd = lock_directory(self.path, f"the Qdrant Edge shard at {self.path}")
         if cfg_path.exists():
             # our record is absent only in a shard whose creation died before it was written
             self.format = self._validate(read_record(cfg_path.read_bytes()),

@@ -220,7 +220,8 @@ class PlaidStore(IndexedStore):
         path answers and why). Default (``None``) :attr:`default_min_index_vectors`, the
         crossover measured with the search defaults (6,000,000). A store that has an index keeps
         it until it falls below this *and* below half the vectors it was built from (older
-        stores keep theirs).
+        stores keep theirs). fast-plaid cannot build from fewer than 10 vectors
+        (:attr:`min_build_vectors`): a smaller store is scanned exactly whatever this says.
     num_threads:
         ``torch.set_num_threads`` (process-wide) when given. Under CPU contention libtorch's
         threads can stall each other (one query took 2.2 s instead of 35 ms); 1 avoids that.
@@ -245,6 +246,9 @@ class PlaidStore(IndexedStore):
     build_legacy = _BUILD_LEGACY
     default_candidates_limit = 2000
     default_min_index_vectors = 6_000_000
+    min_build_vectors = 10
+    """fast-plaid trains its residual codec on a held-out slice of the build's vectors, which is
+    empty below 10 ("no heldout samples were generated"; 9 fail and 10 build here)."""
     """PLAID's crossover with its search defaults (a pool of 2000 documents scored in full),
     measured against the exact scan on NPL grown with noisy copies (Intel, 2 cores, alone): PLAID
     took 1.27x the scan's p50 at 4.67M vectors (after a 243 s build), 0.95x at 5.83M, 0.83x at
