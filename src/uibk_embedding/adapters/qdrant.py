@@ -174,9 +174,13 @@ class _QdrantBase(MultiVectorStore):
         doc_id, md = split_payload(point.payload, point.id)
         hit = Hit(doc_id, finite_score(point.score), md)
         if query is not None:
-            vec = point.vector[self.vector_name] if isinstance(point.vector, Mapping) else point.vector
-            hit.decomposition = decompose(query, np.asarray(vec, dtype=np.float32), self.format)
+            hit.decomposition = decompose(query, self._vector(point), self.format)
         return hit
+
+    def _vector(self, point: Any) -> np.ndarray:
+        """The tagged list a point was read with."""
+        vec = point.vector[self.vector_name] if isinstance(point.vector, Mapping) else point.vector
+        return np.asarray(vec, dtype=np.float32)
 
     def _run(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
              mode: str, n: int, explain: bool = False) -> list[list[Hit]]:
@@ -228,14 +232,72 @@ class _QdrantBase(MultiVectorStore):
                 send(points)
                 bar.update(len(points))
 
-    # -- the redo log of local files (local mode, Edge): one engine call at a time ----------------
-    _redo: RedoLog | None = None
+    # -- the interface: each engine supplies its calls (points, scroll, retrieve) ---------------
+    _guard: Any = contextlib.nullcontext()  # local mode: a lock (qdrant-client's is not thread-safe)
+
+    @serialized
+    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        self._logged(ids, vectors, metadata)
+
+    @serialized
+    def _delete(self, ids: list[str]) -> None:
+        self._logged(ids)
+
+    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
+        flt, offset = self._filter(conditions), None
+        while True:  # Qdrant's scroll: pages in point-id order, each with the next page's offset
+            recs, offset = self._scroll(flt, offset, batch_size)
+            if recs:
+                yield [split_payload(r.payload, r.id) for r in recs]
+            if offset is None:
+                return
+
+    @serialized
+    def _get(self, ids: list[str]) -> list[Record]:
+        found = []
+        for chunk in batched(ids, 256):
+            for r in self._retrieve([point_id(x) for x in chunk]):
+                doc_id, md = split_payload(r.payload, r.id)
+                found.append(Record(doc_id, self._vector(r), md))
+        return found
+
+    def _scroll(self, flt: Any, offset: Any, limit: int) -> tuple[list[Any], Any]:
+        """One page of points (payloads, no vectors) and the next page's offset (None: the end)."""
+        raise NotImplementedError
+
+    def _retrieve(self, point_ids: list[str]) -> list[Any]:
+        """The points (payload and the tagged list) of these point ids that exist."""
+        raise NotImplementedError
 
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         raise NotImplementedError
 
     def _delete_points(self, ids: list[str]) -> None:
         raise NotImplementedError
+
+    def _flush_engine(self) -> None:
+        """Make the engine's files durable (Edge); the redo entry is dropped only after it."""
+
+    # -- the redo log of local files (local mode, Edge): one engine call at a time ----------------
+    _redo: RedoLog | None = None
+
+    def _logged(self, ids: list[str], vectors: list[np.ndarray] | None = None,
+                metadata: list[dict] | None = None) -> None:
+        """An upsert (with ``vectors``) or a delete. The engine applies each call of a batch on
+        its own; with a redo log the whole write is all-or-nothing across a crash."""
+        def apply() -> None:
+            if vectors is None:
+                self._delete_points(ids)
+            else:
+                self._write_points(ids, vectors, metadata or [])
+            self._flush_engine()
+
+        if self._redo is None:
+            apply()
+            return
+        self._replay_failed()
+        with self._redo.pending("delete" if vectors is None else "upsert", ids, vectors, metadata):
+            apply()
 
     def _replay_failed(self) -> None:
         """Finish an earlier call that failed half-way, before the next write or delete by
@@ -638,30 +700,12 @@ class QdrantStore(_QdrantBase):
                    self.collection, field_name=json_key(field), field_schema=schema, wait=True)
 
     # -- the interface ------------------------------------------------------------------------
-    @serialized  # the guard: a lock in local mode, nothing on a server
-    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        if self._redo is None:
-            self._write_points(ids, vectors, metadata)
-            return
-        self._replay_failed()
-        with self._redo.pending("upsert", ids, vectors, metadata):
-            self._write_points(ids, vectors, metadata)
-
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._in_batches(ids, vectors, metadata, self.collection, lambda points: self._call(
             "upsert", self.client.upsert, self.collection, points=points, wait=True))
 
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
         return self._models.PointStruct(id=point_id(doc_id), vector=vectors, payload=payload)
-
-    @serialized
-    def _delete(self, ids: list[str]) -> None:
-        if self._redo is None:
-            self._delete_points(ids)
-            return
-        self._replay_failed()
-        with self._redo.pending("delete", ids):
-            self._delete_points(ids)
 
     def _delete_points(self, ids: list[str]) -> None:
         m = self._models
@@ -674,19 +718,9 @@ class QdrantStore(_QdrantBase):
         return int(self._call("count", self.client.count, self.collection, exact=True).count)
 
     @serialized
-    def _scroll_page(self, flt: Any, offset: Any, limit: int) -> tuple[list[tuple[str, dict]], Any]:
-        recs, nxt = self._call("scroll", self.client.scroll, self.collection, scroll_filter=flt,
-                               limit=limit, offset=offset, with_payload=True, with_vectors=False)
-        return [split_payload(r.payload, r.id) for r in recs], nxt
-
-    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        flt, offset = self._filter(conditions), None
-        while True:  # Qdrant's scroll: pages in point-id order, each with the next page's offset
-            page, offset = self._scroll_page(flt, offset, batch_size)
-            if page:
-                yield page
-            if offset is None:
-                return
+    def _scroll(self, flt: Any, offset: Any, limit: int) -> tuple[list[Any], Any]:
+        return self._call("scroll", self.client.scroll, self.collection, scroll_filter=flt,
+                          limit=limit, offset=offset, with_payload=True, with_vectors=False)
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         if self._redo is not None:  # local files: list the ids so the redo log can hold them
@@ -705,18 +739,9 @@ class QdrantStore(_QdrantBase):
                        points_selector=m.FilterSelector(filter=flt), wait=True)
         return n
 
-    @serialized
-    def _get(self, ids: list[str]) -> list[Record]:
-        found = []
-        for chunk in batched(ids, 256):
-            recs = self._call("retrieve", self.client.retrieve, self.collection,
-                              ids=[point_id(x) for x in chunk], with_payload=True,
-                              with_vectors=[self.vector_name])
-            for r in recs:
-                doc_id, md = split_payload(r.payload, r.id)
-                vec = r.vector[self.vector_name] if isinstance(r.vector, Mapping) else r.vector
-                found.append(Record(doc_id, np.asarray(vec, dtype=np.float32), md))
-        return found
+    def _retrieve(self, point_ids: list[str]) -> list[Any]:
+        return self._call("retrieve", self.client.retrieve, self.collection, ids=point_ids,
+                          with_payload=True, with_vectors=[self.vector_name])
 
     def _requests(self, queries: list[np.ndarray], k: int, flt: Any, mode: str, n: int,
                   explain: bool = False) -> list:

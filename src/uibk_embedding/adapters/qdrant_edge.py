@@ -34,7 +34,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ import numpy as np
 from uibk_embedding._durable import atomic_write_text, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
-from uibk_embedding.adapters.base import Hit, Record, check_positive, read_record, record_problems
+from uibk_embedding.adapters.base import Hit, check_positive, read_record, record_problems
 from uibk_embedding.adapters.common import batched
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.qdrant import (
@@ -53,7 +53,6 @@ from uibk_embedding.adapters.qdrant import (
     json_key,
     point_id,
     refuse_integer_index,
-    split_payload,
     unwritten_dense,
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, bool_token
@@ -260,18 +259,8 @@ class QdrantEdgeStore(_QdrantBase):
     # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``
     # points: a redo log (as for local-mode Qdrant) makes the whole call all-or-nothing across a
     # crash; the entry is dropped only after the shard is flushed, so a power cut cannot lose it
-    def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        self._logged("upsert", ids, vectors, metadata)
-
-    def _logged(self, op: str, ids: list[str], vectors: list[np.ndarray] | None = None,
-                metadata: list[dict] | None = None) -> None:
-        self._replay_failed()
-        with self._redo.pending(op, ids, vectors, metadata):
-            if op == "upsert":
-                self._write_points(ids, vectors or [], metadata or [])
-            else:
-                self._delete_points(ids)
-            self.shard.flush()
+    def _flush_engine(self) -> None:
+        self.shard.flush()
 
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._in_batches(ids, vectors, metadata, self.path.name,
@@ -287,9 +276,6 @@ class QdrantEdgeStore(_QdrantBase):
     def _point(self, doc_id: str, vectors: dict[str, list], payload: dict) -> Any:
         return self._e.Point(point_id(doc_id), vectors, payload)
 
-    def _delete(self, ids: list[str]) -> None:
-        self._logged("delete", ids)
-
     def _delete_points(self, ids: list[str]) -> None:
         for chunk in batched(ids, 1024):
             self.shard.update(self._e.UpdateOperation.delete_points([point_id(x) for x in chunk]))
@@ -297,15 +283,9 @@ class QdrantEdgeStore(_QdrantBase):
     def count(self) -> int:
         return int(self.shard.count(self._e.CountRequest(exact=True)))
 
-    def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        e, flt, offset = self._e, self._filter(conditions), None
-        while True:
-            recs, offset = self.shard.scroll(e.ScrollRequest(offset=offset, limit=batch_size, filter=flt,
-                                                             with_payload=True, with_vector=False))
-            if recs:
-                yield [split_payload(r.payload, r.id) for r in recs]
-            if offset is None:
-                return
+    def _scroll(self, flt: Any, offset: Any, limit: int) -> tuple[list[Any], Any]:
+        return self.shard.scroll(self._e.ScrollRequest(offset=offset, limit=limit, filter=flt,
+                                                       with_payload=True, with_vector=False))
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         self._replay_failed()
@@ -316,16 +296,9 @@ class QdrantEdgeStore(_QdrantBase):
             self.shard.update(e.UpdateOperation.delete_points_by_filter(flt))
         return n
 
-    def _get(self, ids: list[str]) -> list[Record]:
-        found = []
-        for chunk in batched(ids, 256):
-            # with_payload must be given although the stub marks it optional (docs/engines.md#pitfalls)
-            recs = self.shard.retrieve([point_id(x) for x in chunk], with_payload=True,
-                                       with_vector=[self.vector_name])
-            for r in recs:
-                doc_id, md = split_payload(r.payload, r.id)
-                found.append(Record(doc_id, np.asarray(r.vector[self.vector_name], np.float32), md))
-        return found
+    def _retrieve(self, point_ids: list[str]) -> list[Any]:
+        # with_payload must be given although the stub marks it optional (docs/engines.md#pitfalls)
+        return self.shard.retrieve(point_ids, with_payload=True, with_vector=[self.vector_name])
 
     def _request(self, q: np.ndarray, k: int, flt: Any, mode: str, n: int, explain: bool = False) -> Any:
         e = self._e
