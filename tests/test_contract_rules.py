@@ -19,7 +19,7 @@ import pytest
 
 from uibk_embedding.adapters.base import check_record, read_record, record_problems
 from uibk_embedding.adapters.exact import ExactStore
-from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.errors import CollectionMismatch, StoreNotFound
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
 from uibk_embedding.testing.old_formats import write_exact_store_04
@@ -228,13 +228,13 @@ def test_qdrant_local_create_false_creates_nothing(tmp_path):
     from uibk_embedding.adapters.qdrant import QdrantStore
 
     missing = tmp_path / "none"
-    with pytest.raises(CollectionMismatch, match=r"does not exist .*nothing was created"):
+    with pytest.raises(StoreNotFound, match=r"does not exist .*nothing was created"):
         QdrantStore("c", path=missing, create=False)
     assert not missing.exists()
     folder = tmp_path / "q"
     QdrantStore("c", path=folder).close()
     before = _listing(folder)
-    with pytest.raises(CollectionMismatch, match="'d' does not exist"):
+    with pytest.raises(StoreNotFound, match="'d' does not exist"):
         QdrantStore("d", path=folder, create=False)
     assert _listing(folder) == before
     with QdrantStore("c", path=folder, create=False) as s:

@@ -124,3 +124,14 @@ def test_a_write_into_a_place_that_is_not_the_backends_is_refused(tmp_path, back
         s.upsert(["a"], [make_list(TaggedFormat(), np.random.default_rng(0), 4)])
     with open_store(backend, create=False, **FOREIGN[backend](tmp_path / "new")) as s:
         assert s.count() == 1
+
+
+@pytest.mark.parametrize("backend", ["qdrant", "milvus", "weaviate", "pgvector", "lancedb"])
+def test_server_backends_get_create_from_open_store(backend):
+    # their class refuses a missing collection itself (tests/conformance: create=False); MilvusStore
+    # never got ``create`` (its __new__ hid __init__'s parameters) and PgVectorStore took none
+    from uibk_embedding.adapters.registry import _parameters, backend_factory
+
+    pytest.importorskip({"qdrant": "qdrant_client", "milvus": "pymilvus", "weaviate": "weaviate",
+                         "pgvector": "psycopg", "lancedb": "lancedb"}[backend])
+    assert "create" in _parameters(backend_factory(backend))

@@ -261,6 +261,68 @@ def test_bad_options(dsn):
         PgVectorStore(connection=conn)
 
 
+def test_options_that_only_failed_inside_postgres_are_refused_by_name(dsn, store, fmt, rng):
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with pytest.raises(ValueError, match="ef_search must be a positive int"):
+        PgVectorStore(dsn, ef_search=0)  # every approximate search failed in the server
+    with pytest.raises(TypeError, match="exact must be True or False"):
+        PgVectorStore(dsn, exact="false")  # read as True: an exact store
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        with pytest.raises(ValueError, match="tuple rows"):  # KeyError: 0 before
+            PgVectorStore(connection=conn)
+    store.upsert(["a", "b"], [make_list(fmt, rng, 4) for _ in range(2)])
+    q = make_list(fmt, rng, 3)
+    with pytest.raises(TypeError, match="exact must be True or False"):
+        store.search(q, k=1, exact="false")
+    # hnsw.max_scan_tuples was 20 x k, past PostgreSQL's int for k > 107,374,182
+    assert {h.id for h in store.search(q, k=2**31 - 1, exact=False)} == {"a", "b"}
+
+
+def test_filters_past_postgres_limits_answer_as_the_reference(store, fmt, rng):
+    """A long $in was one bind parameter per value (65,535 at most per statement); a NUL in a
+    filter's key or value (which jsonb cannot hold, so no stored value has one) raised in the
+    server; both now answer as :func:`~uibk_embedding.adapters.filters.matches`."""
+    ids, md = ["a", "b", "c"], [{"n": 5}, {"n": 70_000}, {"s": "x"}]
+    store.upsert(ids, [make_list(fmt, rng, 4) for _ in ids], md)
+    many = list(range(70_000))
+    for f in ({"n": {"$in": many}}, {"n": {"$nin": many}}, {"s": "x\x00"}, {"s": {"$ne": "\x00"}},
+              {"s": {"$in": ["x", "\x00"]}}, {"a\x00": 1}, {"a\x00": {"$exists": False}},
+              {"a\x00": {"$gt": 1}}, {"$not": {"a\x00": 1}}):
+        want = {x for x, m in zip(ids, md, strict=True) if matches(m, parse_filter(f))}
+        assert {x for x, _ in store.scan(f)} == want, f
+    with pytest.raises(ValueError, match="65535"):
+        list(store.scan({"$or": [{f"k{i}": i} for i in range(22_000)]}))
+    assert store.count() == 3
+
+
+def test_close_waits_for_a_call_in_flight_in_another_thread(dsn, tmp_path, fmt, rng):
+    # close() closed the connection under a running search, which then opened a new one that
+    # the closed store held for good
+    import threading
+
+    store = PgVectorStore(dsn, table=table_name(tmp_path, "race"))
+    store.upsert(["a"], [make_list(fmt, rng, 4)])
+    entered, original = threading.Event(), store._search_exact
+
+    def slow(*args, **kwargs):
+        entered.set()
+        time.sleep(0.3)
+        return original(*args, **kwargs)
+
+    store._search_exact = slow
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("hits", store.search(make_list(fmt, rng, 3), k=1)))
+    th.start()
+    entered.wait(10)
+    store.close()
+    th.join()
+    assert [h.id for h in out["hits"]] == ["a"] and store.conn.closed
+    with PgVectorStore(dsn, table=store.table) as again:
+        again.drop()
+
+
 def test_a_given_connection_is_used_and_left_open(dsn, tmp_path, fmt, rng):
     import psycopg
 

@@ -27,6 +27,7 @@ from uibk_embedding.adapters.qdrant import (  # noqa: E402
     point_id,
 )
 from uibk_embedding.adapters.qdrant_edge import QdrantEdgeStore  # noqa: E402
+from uibk_embedding.errors import StoreNotFound  # noqa: E402
 from uibk_embedding.maxsim import maxsim  # noqa: E402
 from uibk_embedding.tagged import TaggedFormat  # noqa: E402
 from uibk_embedding.testing import make_list  # noqa: E402
@@ -110,7 +111,7 @@ def test_matching_existing_collection_is_used_as_is(client, fmt, rng):
 
 
 def test_missing_collection_without_create(client):
-    with pytest.raises(CollectionMismatch, match="does not exist"):
+    with pytest.raises(StoreNotFound, match="does not exist"):
         QdrantStore("nothing", client=client, create=False)
     assert not client.collection_exists("nothing")
 

@@ -31,8 +31,9 @@ def _index(d: Path, **kw):
 
 
 SPECS = [
-    BackendSpec("lancedb-exact", make=_exact, reopen=_exact, skip=SKIP, shared_writers=True),
+    BackendSpec("lancedb-exact", make=_exact, reopen=_exact, skip=SKIP, shared_writers=True,
+                takes_create=True),
     BackendSpec("lancedb-index", make=_index, reopen=_index, contract="approximate", recall_floor=0.95,
-                skip=SKIP, shared_writers=True, index_used=engine_indexed,
+                skip=SKIP, shared_writers=True, index_used=engine_indexed, takes_create=True,
                 variant=True),
 ]

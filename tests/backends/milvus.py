@@ -81,10 +81,11 @@ def _skip_standalone() -> str | None:
 
 
 SPECS = [
-    BackendSpec("milvus-lite", make=_lite, reopen=_lite,
+    BackendSpec("milvus-lite", make=_lite, reopen=_lite, takes_create=True,
                 skip=None if HAVE_LITE else "pymilvus / milvus-lite not installed"),
     BackendSpec("milvus-standalone", make=lambda d: _standalone(d, True),
-                reopen=lambda d, **kw: _standalone(d, False, **kw), skip=_skip_standalone()),
+                reopen=lambda d, **kw: _standalone(d, False, **kw), skip=_skip_standalone(),
+                takes_create=True),
     BackendSpec("milvus-live-embedding-list", make=lambda d: _live(d, "embedding_list"),
                 contract="approximate", recall_floor=0.9,
                 skip=None if MILVUS_URI else "MILVUS_URI is not set (a Milvus >= 2.6.4 server)",

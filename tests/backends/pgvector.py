@@ -84,10 +84,11 @@ def _skip_local() -> str | None:
 
 
 SPECS = [
-    BackendSpec("pgvector-exact", make=_local, reopen=_local, skip=_skip_local(), shared_writers=True),
+    BackendSpec("pgvector-exact", make=_local, reopen=_local, skip=_skip_local(), shared_writers=True,
+                takes_create=True),
     BackendSpec("pgvector-hnsw", make=_local_hnsw, reopen=_local_hnsw, contract="approximate",
-                recall_floor=0.95, skip=_skip_local(), shared_writers=True, variant=True),
-    BackendSpec("pgvector-live", make=_live, reopen=_live, shared_writers=True,
+                recall_floor=0.95, skip=_skip_local(), shared_writers=True, takes_create=True, variant=True),
+    BackendSpec("pgvector-live", make=_live, reopen=_live, shared_writers=True, takes_create=True,
                 skip=None if PG_DSN and HAVE_PSYCOPG else "PG_DSN is not set (a PostgreSQL server "
                 "with pgvector to test against)"),
 ]

@@ -56,9 +56,9 @@ def _drop_test_collections() -> None:
 SPECS = [
     BackendSpec("qdrant-memory", make=lambda d: _qdrant(location=":memory:")),
     BackendSpec("qdrant-path", make=lambda d: _qdrant(path=d / "qdrant"),
-                reopen=lambda d, **kw: _qdrant(path=d / "qdrant", **kw), variant=True),
+                reopen=lambda d, **kw: _qdrant(path=d / "qdrant", **kw), takes_create=True, variant=True),
     BackendSpec("qdrant-edge", make=lambda d: _edge(d / "edge"),
                 reopen=lambda d, **kw: _edge(d / "edge", **kw)),
-    BackendSpec("qdrant-server", make=_server, reopen=_server,
+    BackendSpec("qdrant-server", make=_server, reopen=_server, takes_create=True,
                 skip=None if URL else "QDRANT_URL is not set (no live Qdrant server to test against)"),
 ]

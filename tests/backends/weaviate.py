@@ -88,9 +88,9 @@ def _make(variant: str, **kw):
 
 SPECS = [
     BackendSpec("weaviate", make=_make("plain"), reopen=_make("plain"), contract="approximate",
-                recall_floor=0.9, skip=SKIP),
+                recall_floor=0.9, skip=SKIP, takes_create=True),
     BackendSpec("weaviate-rerank", make=_make("rerank", rerank=True), reopen=_make("rerank", rerank=True),
-                contract="approximate", recall_floor=0.9, skip=SKIP, variant=True),
+                contract="approximate", recall_floor=0.9, skip=SKIP, takes_create=True, variant=True),
     BackendSpec("weaviate-muvera", make=_make("muvera", muvera=True), contract="approximate",
                 recall_floor=0.7, skip=SKIP, variant=True),
 ]

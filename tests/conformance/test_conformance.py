@@ -359,6 +359,26 @@ print("opened and wrote")
 """
 
 
+def test_create_false_refuses_a_missing_store_and_creates_nothing(spec, tmp_path, fmt, rng):
+    """A read never creates: ``create=False`` on a store that does not exist is StoreNotFound,
+    twice (the first refusal left nothing for the second to open); a store that exists opens."""
+    from uibk_embedding.errors import StoreNotFound
+
+    if not spec.takes_create or spec.skip:
+        pytest.skip(f"{spec.name}: open_store checks its folder before the class runs "
+                    "(tests/test_open_store.py)" if not spec.skip else spec.skip)
+    for _ in range(2):
+        with pytest.raises(StoreNotFound, match="nothing was created"):
+            spec.reopen(tmp_path / "never", create=False)
+    first = spec.make(tmp_path / "made")
+    try:
+        ids, _, _ = fill(first, fmt, rng, n=4)
+    finally:
+        first.close()
+    with spec.reopen(tmp_path / "made", create=False) as again:
+        assert again.count() == len(ids)
+
+
 def test_a_second_store_object_or_process_on_the_same_files_is_refused(spec, tmp_path, fmt, rng):
     """One writer per local store: a second store object (this process) and a second process on
     the same files get StoreInUse and write nothing; the first keeps every document."""

@@ -391,6 +391,20 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False, allow_non
         raise ValueError(f"{name} must be {kind} int{' or None' if allow_none else ''}, got {value!r}")
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool, else a ``TypeError`` naming ``name`` (``"false"`` or ``0`` is no flag:
+    ``bool()`` would read the string as True).
+
+    >>> check_flag("exact", "false")
+    Traceback (most recent call last):
+    ...
+    TypeError: exact must be True or False, got 'false'
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_choice(name: str, value: Any, choices: Collection[Any]) -> None:
     """``ValueError`` naming ``name`` and every valid choice unless ``value`` is one of ``choices``.
 

@@ -44,7 +44,7 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.common import batched, serialized
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreNotFound
 from uibk_embedding.tagged import TaggedFormat
 
 LAYOUTS = ("token_rows", "embedding_list")
@@ -226,6 +226,8 @@ class MilvusStore(MultiVectorStore):
     format: the tagged format; stored with the collection and checked on reopen.
     batch_rows: vectors per insert call; ``show_progress`` draws a bar over insert batches.
     client: an existing ``pymilvus.MilvusClient`` to use instead of ``uri``.
+    create: create the collections when missing (``False``:
+        :class:`~uibk_embedding.errors.StoreNotFound`, nothing created).
 
     Example
     -------
@@ -275,6 +277,7 @@ class MilvusStore(MultiVectorStore):
         batch_rows: int = 8192,
         show_progress: bool = False,
         client: Any = None,
+        create: bool = True,
         _on_close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(format)
@@ -315,7 +318,12 @@ class MilvusStore(MultiVectorStore):
         self._check_server(self.server_version)
         self.rows_name = f"{collection}_rows"
         self.docs_name = f"{collection}{self._docs_suffix}"
-        self._open_or_create(format)
+        try:
+            self._open_or_create(format, create)
+        except BaseException:
+            if self._owns_client:
+                self.client.close()
+            raise
 
     def _given_pool(self, candidates: Any, rows_per_vector: Any, stacklevel: int = 3) -> int | None:
         """The pool option given (None: not given), under this layout's name
@@ -390,7 +398,7 @@ class MilvusStore(MultiVectorStore):
         """The schema and index parameters collection ``name`` is created with."""
         raise NotImplementedError
 
-    def _open_or_create(self, format: TaggedFormat | None) -> None:
+    def _open_or_create(self, format: TaggedFormat | None, create: bool) -> None:
         names = self._names()
         present = [n for n in names if self.client.has_collection(n, timeout=self.timeout)]
         if present and len(present) != len(names):
@@ -403,6 +411,9 @@ class MilvusStore(MultiVectorStore):
         if present:
             for n in reversed(names):  # the docs collection (with the marker) first
                 self._validate_existing(n, format)
+        elif not create:
+            raise StoreNotFound(f"no Milvus store {self.collection!r} at {self.uri} (create=False): "
+                                f"{' and '.join(names)} do not exist; nothing was created")
         else:
             for n in names:
                 schema, ip = self._build_schema(n)

@@ -69,9 +69,11 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import (
+    MAX_K,
     Hit,
     MultiVectorStore,
     Record,
+    check_flag,
     check_positive,
     finite_score,
     record_problems,
@@ -79,7 +81,7 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.common import exact_number, parse_version
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreNotFound
 from uibk_embedding.maxsim import maxsim_scores, top_k
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
@@ -91,6 +93,8 @@ ITERATIVE_VECTOR = (0, 8, 0)  # hnsw.iterative_scan: filtered index scans that k
 DEFAULT_CANDIDATES = 100
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 _RETRIES = 8
+_MAX_PARAMS = 65535  # bind parameters of one PostgreSQL statement
+_CONTAIN_MAX = 1000  # equality values per condition also matched by containment (the GIN index)
 
 
 def _psycopg():
@@ -125,6 +129,9 @@ def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
         sql, p = _node_sql(c)
         parts.append(sql)
         params += p
+    if len(params) > _MAX_PARAMS - 8:  # the statement's own parameters beside the filter's
+        raise ValueError(f"the filter needs {len(params)} query parameters; PostgreSQL takes at most "
+                         f"{_MAX_PARAMS} in one statement: put long lists of values in one $in")
     return (" AND ".join(parts) or "TRUE"), params
 
 
@@ -141,6 +148,9 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
     if isinstance(n, Not):
         sql, p = _node_sql(n.child)
         return f"NOT {sql}", p
+    negated = n.op in ("$ne", "$nin") or (n.op == "$exists" and not n.values[0])
+    if _has_nul(n.field):  # no stored key holds NUL (refused on write): the field is missing
+        return ("TRUE" if negated else "FALSE"), []
     if n.op == "$exists":
         sql = "COALESCE((fields -> %s) NOT IN ('null'::jsonb, '[]'::jsonb), false)"
         return (sql if n.values[0] else f"NOT {sql}"), [n.field]
@@ -148,12 +158,17 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
         sql = (f"COALESCE(jsonb_typeof(fields -> %s) = 'number' AND (fields -> %s) {SQL_RANGES[n.op]} "
                "%s::jsonb, false)")
         return sql, [n.field, n.field, json.dumps(exact_number(n.values[0]))]
-    values = [exact_number(v) for v in n.values]
-    contain = " OR ".join(["fields @> %s::jsonb"] * len(values))
-    sql = f"COALESCE(({contain}) AND (fields -> %s) = ANY(%s::jsonb[]), false)"
-    params = [json.dumps({n.field: v}, ensure_ascii=False) for v in values]
+    values = [exact_number(v) for v in n.values if not _has_nul(v)]  # no stored value holds NUL
+    if not values:
+        return ("TRUE" if negated else "FALSE"), []
+    if len(values) > _CONTAIN_MAX:  # one parameter for them all (the index would take one each)
+        sql, params = "COALESCE((fields -> %s) = ANY(%s::jsonb[]), false)", []
+    else:
+        contain = " OR ".join(["fields @> %s::jsonb"] * len(values))
+        sql = f"COALESCE(({contain}) AND (fields -> %s) = ANY(%s::jsonb[]), false)"
+        params = [json.dumps({n.field: v}, ensure_ascii=False) for v in values]
     params += [n.field, [json.dumps(v, ensure_ascii=False) for v in values]]
-    return (sql if n.op in ("$eq", "$in") else f"NOT {sql}"), params
+    return (f"NOT {sql}" if negated else sql), params
 
 
 def _where(dsn: str | None) -> str:
@@ -202,7 +217,8 @@ class PgVectorStore(MultiVectorStore):
     connection: an open ``psycopg.Connection`` in autocommit mode to use instead (not closed
         by :meth:`close`).
     table: the table name (lowercase letters, digits, underscores; at most 40 characters); it
-        is created when missing, validated when present.
+        is created when missing (``create=False``: :class:`~uibk_embedding.errors.StoreNotFound`,
+        nothing created, not even the ``vector`` extension), validated when present.
     exact: score every document passing the filter (default) or only HNSW candidates.
     candidates: documents taken from the dense HNSW index per query (``exact=False``), rescored
         exactly (:func:`~uibk_embedding.adapters.rerank.rerank_candidates`).
@@ -241,6 +257,7 @@ class PgVectorStore(MultiVectorStore):
         connect_timeout: float = 10.0,
         batch_size: int = 256,
         format: TaggedFormat | None = None,
+        create: bool = True,
     ) -> None:
         super().__init__(format)
         if (dsn is None) == (connection is None):
@@ -251,8 +268,9 @@ class PgVectorStore(MultiVectorStore):
         for name, v in (("candidates", candidates), ("m", m), ("ef_construction", ef_construction),
                         ("batch_size", batch_size)):
             check_positive(name, v)
+        check_positive("ef_search", ef_search, allow_none=True)
         self.table = table
-        self.exact = bool(exact)  # instance value: this store's guarantee
+        self.exact = check_flag("exact", exact)  # instance value: this store's guarantee
         self.candidates = candidates
         self._ef_search_given = ef_search
         self.ef_search = min(ef_search if ef_search is not None else max(candidates, 40), 1000)
@@ -266,15 +284,19 @@ class PgVectorStore(MultiVectorStore):
             if not getattr(connection, "autocommit", False):
                 raise ValueError("connection= must be in autocommit mode (psycopg.connect(..., "
                                  "autocommit=True)): the store runs its own transactions")
+            if connection.row_factory is not psycopg.rows.tuple_row:
+                raise ValueError(f"connection= must return tuple rows (its row_factory is "
+                                 f"{getattr(connection.row_factory, '__name__', connection.row_factory)}): "
+                                 "give a connection made without row_factory, or dsn=")
             self.conn, self._owns = connection, False
         else:
             self._dsn, self._timeout = dsn, connect_timeout
             self.conn, self._owns = self._connect(), True
         try:
-            self.vector_version = self._check_server()
+            self.vector_version = self._check_server(create)
             self._iterative = self.vector_version >= ITERATIVE_VECTOR
             require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
-            self._open_or_create(format)
+            self._open_or_create(format, create)
         except BaseException:
             self.close()
             raise
@@ -305,8 +327,9 @@ class PgVectorStore(MultiVectorStore):
         ids = {"t": self._ident(), **{k: self._ident(v) for k, v in names.items()}}
         return self._sql.SQL(text).format(**ids)
 
-    def _check_server(self) -> tuple[int, ...]:
-        """The ``vector`` extension's version, created in this database when missing."""
+    def _check_server(self, create: bool) -> tuple[int, ...]:
+        """The ``vector`` extension's version, created in this database when missing (without
+        ``create`` no table of ours can exist then: :class:`StoreNotFound`)."""
         server = int(self.conn.info.server_version)
         if server < MIN_SERVER:
             raise ServerTooOld(f"PostgreSQL {server // 10000}.{server % 10000} is too old: the pgvector "
@@ -315,6 +338,10 @@ class PgVectorStore(MultiVectorStore):
         if row is None:
             avail = self.conn.execute(
                 "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+            if not create:
+                raise StoreNotFound(f"no PostgreSQL table {self.table!r} at {_where(self.conn.info.dsn)}: "
+                                    "the vector extension is not enabled in this database; nothing "
+                                    "was created")
             if avail is None:
                 raise ServerTooOld("this PostgreSQL server has no pgvector extension ('vector' is not in "
                                    "pg_available_extensions): install pgvector on the server")
@@ -342,11 +369,14 @@ class PgVectorStore(MultiVectorStore):
         "id": "text", "seq": "bigint", "metadata": "json", "fields": "jsonb", "n_rows": "integer",
         "vectors": "bytea", "dense": f"vector({DENSE_DIM})"}
 
-    def _open_or_create(self, format: TaggedFormat | None) -> None:
+    def _open_or_create(self, format: TaggedFormat | None, create: bool) -> None:
         with self._lock, self.conn.transaction():
             # one creator at a time per table name (other processes and hosts)
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"uibk-pgvector:{self.table}",))
             kind = self._relkind("")
+            if kind is None and not create:
+                raise StoreNotFound(f"no PostgreSQL table {self.table!r} at {_where(self.conn.info.dsn)} "
+                                    "(create=False); nothing was created")
             if kind is None:
                 taken = [self.table + s for s in _HELPERS if self._relkind(s) is not None]
                 if taken:  # another store's (table "papers" names "papers_dense") or the user's
@@ -606,7 +636,7 @@ class PgVectorStore(MultiVectorStore):
 
     def _search_params(self, exact: bool | None, candidates: int | None) -> tuple[bool, int, int]:
         """``(exact, pool, ef_search)`` of one search: the per-query options over the store's."""
-        exact = self.exact if exact is None else bool(exact)
+        exact = self.exact if exact is None else check_flag("exact", exact)
         if candidates is None:
             return exact, self.candidates, self.ef_search
         pool = check_rerank_options(candidates=candidates)[1]
@@ -679,7 +709,7 @@ class PgVectorStore(MultiVectorStore):
             if self._iterative:
                 self.conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 self.conn.execute(self._sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
-                    self._sql.Literal(max(20000, 20 * limit))))
+                    self._sql.Literal(min(MAX_K, max(20000, 20 * limit)))))
             with self.conn.cursor(binary=True) as cur:
                 rows = cur.execute(
                     self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
@@ -709,9 +739,11 @@ class PgVectorStore(MultiVectorStore):
 
     def close(self) -> None:
         """Close the connection (one given as ``connection=`` stays open); later calls raise
-        :class:`StoreInUse`."""
-        if self._closed:
-            return
-        self._closed = True
-        if getattr(self, "_owns", False):
-            self.conn.close()
+        :class:`StoreInUse`. A call in flight in another thread finishes first (it would open a
+        new connection on finding this one closed, which nothing would close)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if getattr(self, "_owns", False):
+                self.conn.close()

@@ -73,7 +73,7 @@ from uibk_embedding.adapters.qdrant_filters import (
     to_qdrant_filter,
 )
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse, StoreNotFound
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 T = TypeVar("T")
@@ -510,8 +510,8 @@ class QdrantStore(_QdrantBase):
                 raise ValueError("pass location= or path=, not both")
             if not create and path is not None and not local_collection_exists(path, collection):
                 # before the client, which makes the folder, its lock and meta.json
-                raise CollectionMismatch(f"Qdrant collection {collection!r} does not exist at {path} "
-                                         "(create=False); nothing was created")
+                raise StoreNotFound(f"Qdrant collection {collection!r} does not exist at {path} "
+                                    "(create=False); nothing was created")
             if path is not None:
                 refuse_foreign_entries(path, "a Qdrant local-mode folder", lambda names: "meta.json" in names)
             try:
@@ -612,9 +612,8 @@ class QdrantStore(_QdrantBase):
                                           self.collection))
                 return
             if not create:
-                raise CollectionMismatch(
-                    f"Qdrant collection {self.collection!r} does not exist at {self.where} "
-                    "(create=False)")
+                raise StoreNotFound(f"Qdrant collection {self.collection!r} does not exist at "
+                                    f"{self.where} (create=False); nothing was created")
             try:
                 # not retried blindly: after a lost reply, the existence check decides
                 self.client.create_collection(

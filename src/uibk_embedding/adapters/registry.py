@@ -66,9 +66,9 @@ def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -
     :class:`~uibk_embedding.errors.StoreNotFound` naming the path and the backend, before the
     store class runs, so nothing is created or changed. Without a ``path`` those backends would
     make a new store in memory or a temporary folder, so ``create=False`` refuses that too. A
-    backend whose class takes ``create`` (``qdrant`` and ``weaviate`` servers, ``lancedb`` on
-    object storage) gets it, and refuses a missing collection itself; ``milvus`` and ``pgvector``
-    servers are not checked.
+    backend whose class takes ``create`` (``qdrant``, ``milvus`` and ``weaviate`` servers,
+    ``pgvector``, ``lancedb`` on object storage) gets it, and refuses a missing collection or
+    table itself.
 
     >>> import pathlib, tempfile
     >>> store = open_store("exact")
@@ -96,8 +96,8 @@ def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -
 
 
 def _parameters(factory: Any) -> set[str]:
-    try:
-        return set(inspect.signature(factory).parameters)
+    try:  # a class's own __init__ (MilvusStore's __new__ takes **kwargs)
+        return set(inspect.signature(factory.__init__ if isinstance(factory, type) else factory).parameters)
     except (TypeError, ValueError):
         return set()
 

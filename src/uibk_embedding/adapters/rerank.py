@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from uibk_embedding.adapters.base import Hit, check_positive, finite_score, renamed_option
+from uibk_embedding.adapters.base import Hit, check_flag, check_positive, finite_score, renamed_option
 from uibk_embedding.maxsim import top_k
 from uibk_embedding.rank import rerank
 from uibk_embedding.tagged import TaggedFormat, decompose
@@ -135,12 +135,11 @@ def check_rerank_options(rerank: Any = None, candidates: Any = None,
     ...
     ValueError: candidates must be a positive int, got 0
     """
-    if rerank is not None and not isinstance(rerank, bool | np.bool_):
-        raise TypeError(f"rerank must be True or False, got {rerank!r}")
+    rerank = None if rerank is None else check_flag("rerank", rerank)
     for name, value in (("candidates", candidates), ("candidates_limit", candidates_limit)):
         if value is not None:
             check_positive(name, value)
-    return None if rerank is None else bool(rerank), candidates, candidates_limit
+    return rerank, candidates, candidates_limit
 
 
 class Reranking:

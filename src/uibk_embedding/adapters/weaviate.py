@@ -70,7 +70,7 @@ from uibk_embedding.adapters.base import (
 from uibk_embedding.adapters.common import batched, exact_number, parse_version
 from uibk_embedding.adapters.filters import And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreNotFound
 from uibk_embedding.tagged import DIM, TaggedFormat, decompose
 
 DEFAULT_COLLECTION = "UibkEmbedding"
@@ -626,7 +626,7 @@ class WeaviateStore(MultiVectorStore):
             self.format = saved_format(config) or self.format
             return col
         if not create:
-            raise CollectionMismatch(f"Weaviate collection {name!r} does not exist (create=False); "
+            raise StoreNotFound(f"Weaviate collection {name!r} does not exist (create=False); "
                                      "nothing was created")
         return cols.create(**collection_spec(name, vector_name=self.vector_name, format=self.format,
                                              muvera=muvera, **hnsw))

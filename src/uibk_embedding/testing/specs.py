@@ -57,6 +57,9 @@ class BackendSpec:
     index_used(store) -> bool: after the real-data searches, whether they went through the
     engine's index (for stores that scan small collections exactly, so a spec meant to test
     the engine cannot silently test the scan); None: not checked.
+    takes_create: ``reopen(dir, create=False)`` opens only a store that exists (the class takes
+        ``create``); the folder backends are checked by ``open_store`` before their class runs
+        (tests/test_open_store.py).
     variant: another configuration of a backend that a main spec (variant False) stands for in
     the framework suites (LangChain's standard suites, the LlamaIndex store tests): the
     conformance suite runs it, those suites do not (unless ``UIBK_ALL_SPECS=1``).
@@ -72,6 +75,7 @@ class BackendSpec:
     skip: str | None = None
     shared_writers: bool = False
     index_used: Callable[[MultiVectorStore], bool] | None = None
+    takes_create: bool = False
     variant: bool = False
 
 
