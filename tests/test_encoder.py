@@ -88,6 +88,32 @@ def test_truncation_reported_once(encoder):
     assert len(out[0]) == 3 + 510  # the model's 512 positions less [CLS] and [SEP]
 
 
+@pytest.mark.parametrize("family", ["roberta", "mpnet"])
+def test_models_whose_positions_start_past_padding_cut_at_their_real_length(tmp_path, family):
+    # RoBERTa, XLM-R and MPNet count max_position_embeddings with the padding offset (514 for 512
+    # tokens): a document past 512 tokens indexed past the table and crashed
+    import string
+
+    import torch
+    from transformers import MPNetConfig, MPNetModel, RobertaConfig, RobertaModel
+
+    from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert
+
+    vocab = [*SPECIAL, *string.ascii_lowercase, "wing", "lift"]
+    tiny_bert(tmp_path, vocab, seed=0)
+    config, model = {"roberta": (RobertaConfig, RobertaModel), "mpnet": (MPNetConfig, MPNetModel)}[family]
+    cfg = config(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=64, max_position_embeddings=66, pad_token_id=1)
+    torch.manual_seed(0)
+    model(cfg).save_pretrained(tmp_path)
+    enc = load_encoder(tmp_path, device="cpu")
+    assert enc.doc_max_length == 64  # 66 positions less the offset of padding index 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = enc.encode_documents(["wing lift " * 50])
+    assert len(out[0]) == 3 + 62 and any("truncated" in str(w.message) for w in caught)
+
+
 def test_save_and_load_round_trip(encoder, tmp_path):
     encoder.save_projections(tmp_path)
     again = load_encoder(tmp_path)

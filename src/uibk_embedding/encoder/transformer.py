@@ -134,7 +134,7 @@ class TransformerEncoder(TaggedEncoder):
             self.model = AutoModel.from_pretrained(str(path), trust_remote_code=trust).to(self.device).eval()
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         hidden = int(self.model.config.hidden_size)
-        self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
+        self.model_max_length = self._max_positions()
         if kwargs.get("projection") == "pca" and kwargs.get("projections") is None:
             if self.model_name != EMBEDDED_NAME:
                 raise ValueError(
@@ -151,6 +151,20 @@ class TransformerEncoder(TaggedEncoder):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "model": self._model_ref}
+
+    def _max_positions(self) -> int:
+        """The longest input the model embeds: ``max_position_embeddings``, less the offset of
+        models whose positions start after the padding index (RoBERTa, XLM-R, MPNet: 514 holds
+        512 tokens), and no more than the tokenizer's own ``model_max_length`` when it sets one."""
+        limit = int(getattr(self.model.config, "max_position_embeddings", 512))
+        positions = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)
+        pad = getattr(positions, "padding_idx", None)
+        if pad is not None:  # positions are padding_idx + 1, + 2, ...
+            limit -= int(pad) + 1
+        told = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(told, int) and 0 < told < limit:  # unset: a huge sentinel
+            limit = told
+        return limit
 
     # -- the pipeline's two hooks (see TaggedEncoder) ---------------------------------------
     def _fast_tokenizer(self, max_len: int) -> Any:
