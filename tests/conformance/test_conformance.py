@@ -359,6 +359,37 @@ print("opened and wrote")
 """
 
 
+def test_a_delete_by_filter_lists_and_deletes_in_one_step(spec, tmp_path, fmt, rng):
+    """A write from another thread of the same store object that lands between a delete by
+    filter's listing and its delete waits for the delete: a document it made stop matching is
+    kept (it was deleted all the same, on every store that deletes what it listed)."""
+    import threading
+
+    store = spec.make(tmp_path)
+    try:
+        v = make_list(fmt, rng, 4)
+        store.upsert(["x", "y"], [v, v], [{"v": 0}, {"v": 0}])
+        listing, writer = store._scan, []
+
+        def scan(conditions, batch_size):
+            for page in listing(conditions, batch_size):
+                if not writer:  # the write starts once the listing has read x
+                    writer.append(threading.Thread(target=store.upsert, args=(["x"], [v], [{"v": 1}])))
+                    writer[0].start()
+                    writer[0].join(0.5)  # done by now unless it waits for the delete
+                yield page
+
+        store._scan = scan
+        deleted = store.delete(filter={"v": 0})
+        if not writer:
+            pytest.skip(f"{spec.name} deletes by filter in the engine (nothing listed)")
+        writer[0].join()
+        assert deleted == 2
+        assert [(r.id, r.metadata) for r in store.get(["x", "y"])] == [("x", {"v": 1})]
+    finally:
+        store.close()
+
+
 def test_create_false_refuses_a_missing_store_and_creates_nothing(spec, tmp_path, fmt, rng):
     """A read never creates: ``create=False`` on a store that does not exist is StoreNotFound,
     twice (the first refusal left nothing for the second to open); a store that exists opens."""

@@ -31,6 +31,7 @@ ValueError: multivectors[0] (id 'a'): needs at least 4 rows (3 slots + tokens), 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -540,6 +541,9 @@ class MultiVectorStore(ABC):
     """
 
     _store_closed: bool = False
+    _guard: Any = contextlib.nullcontext()
+    """The lock of this store object's threads where the engine needs one (:func:`serialized`);
+    it also makes the default :meth:`_delete_where`'s listing and delete one step."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap the subclass's public methods (and its mixins') so that a closed store refuses
@@ -620,7 +624,8 @@ class MultiVectorStore(ABC):
         md = validate_metadata(metadata, len(ids))
         if not ids:
             return
-        self._upsert(ids, arrays, md)
+        with self._guard:
+            self._upsert(ids, arrays, md)
 
     @_refuse_when_closed
     def delete(self, ids: Sequence[str] | None = None, *, filter: Filter | None = None) -> int | None:
@@ -637,7 +642,8 @@ class MultiVectorStore(ABC):
             return self._delete_where(self._parse_filter(filter))
         ids = validate_ids(ids, unique=False)
         if ids:
-            self._delete(list(dict.fromkeys(ids)))
+            with self._guard:
+                self._delete(list(dict.fromkeys(ids)))
         return None
 
     @_refuse_when_closed
@@ -762,11 +768,14 @@ class MultiVectorStore(ABC):
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         """Delete every match; returns how many. Default: list the matches with ``_scan``, then
-        one ``_delete``. Engines with a native filtered delete override this."""
-        ids = list(dict.fromkeys(x for page in self._scan(conditions, 1000) for x, _ in page))
-        if ids:
-            self._delete(ids)
-        return len(ids)
+        one ``_delete``, under ``_guard`` (a write between them could make a listed document stop
+        matching, and it was deleted all the same). Engines with a native filtered delete override
+        this."""
+        with self._guard:
+            ids = list(dict.fromkeys(x for page in self._scan(conditions, 1000) for x, _ in page))
+            if ids:
+                self._delete(ids)
+            return len(ids)
 
     def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           **options: Any) -> list[Hit]:

@@ -334,7 +334,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         check_positive("memory_budget", memory_budget, allow_none=True)
         self._memory_budget = None if memory_budget is None else int(memory_budget)
 
-        self._lock = threading.RLock()
+        self._lock = self._guard = threading.RLock()
         self._closed = False
         self._tmpdir: str | None = None
         if path is None and not self.in_memory_without_path:

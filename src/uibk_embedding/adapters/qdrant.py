@@ -233,8 +233,6 @@ class _QdrantBase(MultiVectorStore):
                 bar.update(len(points))
 
     # -- the interface: each engine supplies its calls (points, scroll, retrieve) ---------------
-    _guard: Any = contextlib.nullcontext()  # local mode: a lock (qdrant-client's is not thread-safe)
-
     @serialized
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._logged(ids, vectors, metadata)
@@ -723,9 +721,9 @@ class QdrantStore(_QdrantBase):
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
         if self._redo is not None:  # local files: list the ids so the redo log can hold them
-            with self._guard:  # before the listing
+            with self._guard:  # the replay before the listing
                 self._replay_failed()
-            return super()._delete_where(conditions)
+                return super()._delete_where(conditions)
         return self._delete_by_filter(conditions)
 
     @serialized

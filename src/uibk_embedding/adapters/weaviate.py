@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -547,10 +548,11 @@ class WeaviateStore(MultiVectorStore):
             raise ValueError("collection must be a non-empty string")
         check_positive("batch_size", batch_size)
         check_positive("max_rows_per_request", max_rows_per_request)
-        check_rerank_options(candidates=candidates)
+        check_rerank_options(rerank=rerank, candidates=candidates)
         self.vector_name, self.where = vector_name, collection  # where: the name messages give
         self.rerank, self.candidates = bool(rerank), candidates
         self.batch_size, self.max_rows_per_request = int(batch_size), int(max_rows_per_request)
+        self._guard = threading.RLock()  # a delete by filter lists, then deletes
         wv = _wv()
         self._owns_client = client is None
         if client is None:
