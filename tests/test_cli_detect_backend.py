@@ -59,3 +59,32 @@ def test_eval_reads_the_store_that_is_there(qdrant_folder, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out.strip().splitlines()[-1])["backend"] == "qdrant"
     assert "reading it with --backend qdrant" in err
+
+
+def test_a_record_that_is_no_object_is_no_store(tmp_path):
+    # valid JSON but a list: AttributeError ('list' object has no attribute 'get') before
+    (tmp_path / "store.json").write_text('[{"id": 1}]')
+    assert detect_backend(tmp_path) is None
+    edge = tmp_path / "edge"
+    edge.mkdir()
+    (edge / "edge_config.json").write_text("{}")
+    (edge / "uibk_embedding.json").write_text("[1]")
+    assert detect_backend(edge) == "qdrant-edge"
+
+
+def test_the_backend_of_a_store_whose_writer_was_killed_is_read_from_its_wal(tmp_path):
+    # the configuration of a new store lies in the SQLite WAL until a checkpoint; the immutable
+    # read ignored it, so every folder backend matched and the first, "exact", was picked
+    import subprocess
+    import sys
+
+    pytest.importorskip("xtr_warp")
+    child = ("import os, sys, numpy as np\n"
+             "from uibk_embedding.adapters.warp import WarpStore\n"
+             "from uibk_embedding.testing import make_list\n"
+             "s = WarpStore(sys.argv[1])\n"
+             "s.upsert(['a'], [make_list(s.format, np.random.default_rng(0), 5)])\n"
+             "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", child, str(tmp_path / "w")], check=True, timeout=300)
+    assert (tmp_path / "w" / "store.sqlite-wal").is_file()
+    assert detect_backend(tmp_path / "w") == "warp"

@@ -305,4 +305,6 @@ def test_stats_say_the_exact_store_builds_no_index():
     st = s.stats()
     assert st["vectors"] > s.min_index_vectors and not st["has_index"] and st["search"] == "exact"
     assert "builds no index" in st["reason"] and st["pending"] == s.n_pending == 0
+    s.min_index_vectors = 10**6  # below it too: "no index is built" read as if one would be above
+    assert "builds no index" in s.stats()["reason"]
     s.close()

@@ -489,6 +489,7 @@ def test_stats_of_an_index_reopened_below_its_keep_rule_say_what_happens(tmp_pat
         assert st["has_index"] and st["vectors"] == 300
         assert st["reason"] == ("its index was built from 1000 vectors; it holds 300, below "
                                 "min_index_vectors=10000 and below half of them: the scan index "
-                                "proposes candidates until the next write or flush drops it")
+                                "proposes candidates until the next rebuild drops it (at the next "
+                                "write or flush())")
         s.upsert(["one"], docs_for(5, 1, rows=7))
         assert not s.has_index and "below min_index_vectors=10000: no index is built" in s.stats()["reason"]

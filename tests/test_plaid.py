@@ -444,8 +444,25 @@ def test_index_is_rebuilt_when_the_store_has_doubled(tmp_path):
             PlaidStore(tmp_path / "q", rebuild_growth=bad)
 
 
-@pytest.mark.parametrize(("option", "value"), [("nbits", -1), ("kmeans_niters", 2.5), ("seed", True)])
-def test_a_bad_build_option_is_refused_by_name_before_anything_is_written(tmp_path, option, value):
-    with pytest.raises(ValueError, match=rf"^{option} must be a non-negative int or None, got {value!r}$"):
+@pytest.mark.parametrize(("option", "value", "kind"), [
+    ("nbits", -1, "a positive int or None"), ("kmeans_niters", 2.5, "a non-negative int or None"),
+    ("seed", True, "a non-negative int or None"),
+    # 0 was saved, then every build failed (no training points) and a reopen with a fix was refused
+    ("max_points_per_centroid", 0, "a positive int or None"),
+    ("n_samples_kmeans", 0, "a positive int or None"),
+    ("vector_dtype", np.dtype("float32"), "'float16' or 'float32'"),  # equal to the string; unsaveable
+])
+def test_a_bad_build_option_is_refused_by_name_before_anything_is_written(tmp_path, option, value, kind):
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(f"{option} must be {kind}, got {value!r}") + "$"):
         PlaidStore(tmp_path / "p", **{option: value})
+
+
+@pytest.mark.parametrize("device", ["banana", "cuda:99", 0])
+def test_a_device_the_engine_cannot_use_is_refused_before_anything_is_written(tmp_path, device):
+    # accepted before: the first build raised after committing its batch
+    with pytest.raises(ValueError, match="device"):
+        PlaidStore(tmp_path / "p", device=device)
+    assert not (tmp_path / "p").exists()
     assert not (tmp_path / "p").exists()

@@ -97,6 +97,7 @@ class ExactStore(IndexedStore):
     search_options: ClassVar[tuple[str, ...]] = ()
     build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": DEFAULT_VECTOR_DTYPE}
     sync_on_write = False  # no index to keep in line: a write is one transaction
+    builds_index = False
     vector_compact_min_rows = 1024  # a small file is not copied for every few deleted rows
     in_memory_without_path = True
 
@@ -126,9 +127,6 @@ class ExactStore(IndexedStore):
     def vector_dtype(self) -> str:
         """``"float32"`` or ``"float16"``: how the rows are kept (saved with the store)."""
         return self._build["vector_dtype"]
-
-    def _wants_index(self) -> bool:
-        return False
 
     @property
     def n_pending(self) -> int:

@@ -83,6 +83,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -218,6 +219,12 @@ assignment of every vector), and 8,192 held recall with the deepening rerank at 
 measured (docs/plaid.md, docs/warp.md)."""
 
 
+def _cuda_devices() -> int:
+    import torch  # every engine that takes a device runs on torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def default_partitions(n_vectors: int, device: str = "cpu") -> int:
     """The number of centroids of a build that was given none: the engine's heuristic,
     the power of two at or below ``16 * sqrt(n_vectors)``, at most :data:`CPU_MAX_PARTITIONS` on
@@ -251,15 +258,16 @@ class IndexedStore(Reranking, MultiVectorStore):
         engine's default (:attr:`default_candidates_limit`; no growth when that is None too).
         Also per query: ``search(..., candidates_limit=)``.
     min_index_vectors:
-        The crossover: below this many stored vectors no index is built and search is the
-        exact scan (:meth:`stats` says which path answers and why). ``None``: the engine's
-        measured :attr:`default_min_index_vectors` (below it the scan answered no slower than
-        the index, benchmarks/results/crossover.md, and a build costs minutes). A store that
-        reaches it builds its index at that write (``sync_on_write`` engines, PLAID) or at the
-        next flush or search (WARP). A store that has an index keeps it (updated, rebuilt)
-        until it holds fewer than ``min_index_vectors`` *and* fewer than half the vectors the
-        index was built from, so stores indexed under a lower threshold (older versions, or
-        the option) keep their index, and a store at the line does not build and drop by turns.
+        The crossover: below this many stored vectors no index is built and search is the exact
+        scan (:meth:`stats` says which path answers and why). ``None``: the engine's measured
+        :attr:`default_min_index_vectors` (below it the scan answered no slower than the index,
+        benchmarks/results/crossover.md, and a build costs minutes). A store that reaches it
+        builds its index at that write (``sync_on_write`` engines, PLAID) or at the next flush
+        (WARP; or a search once more than ``buffer_size`` documents wait). A store that has an
+        index keeps it (updated, rebuilt) until it holds fewer than ``min_index_vectors`` *and*
+        fewer than half the vectors the index was built from, so stores indexed under a lower
+        threshold (older versions, or the option) keep their index, and a store at the line does
+        not build and drop by turns.
     vector_compact_fraction:
         When deleted or overwritten documents' rows exceed this fraction of the vector file
         (and ``vector_compact_min_rows``), the live rows are copied into a new generation.
@@ -285,6 +293,8 @@ class IndexedStore(Reranking, MultiVectorStore):
     search_options: ClassVar[tuple[str, ...]] = (*Reranking.search_options, "candidates_limit")
     default_min_index_vectors: ClassVar[int] = DEFAULT_MIN_INDEX_VECTORS
     """The engine's crossover in stored vectors, the default ``min_index_vectors``."""
+    builds_index: ClassVar[bool] = True
+    """False: the store scores every document exactly, whatever its size (the exact store)."""
     min_build_vectors: ClassVar[int] = 1
     """The fewest stored vectors the engine can build an index from; below it the store is
     scanned exactly whatever ``min_index_vectors`` says."""
@@ -330,6 +340,10 @@ class IndexedStore(Reranking, MultiVectorStore):
         self.min_index_vectors = min_index_vectors or self.default_min_index_vectors
         self.vector_compact_fraction = float(vcf)
         self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
+        if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        if device != "cpu" and not _cuda_devices() > int(device.partition(":")[2] or 0):
+            raise ValueError(f"device {device!r}: torch sees {_cuda_devices()} CUDA device(s) here")
         self.device = device
         check_positive("memory_budget", memory_budget, allow_none=True)
         self._memory_budget = None if memory_budget is None else int(memory_budget)
@@ -386,7 +400,8 @@ class IndexedStore(Reranking, MultiVectorStore):
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
         """Refuse bad build parameters (``None``: the saved value). Engines extend this."""
-        if given.get("vector_dtype") not in (None, "float16", "float32"):
+        if not isinstance(given.get("vector_dtype"), str | None) or given.get("vector_dtype") not in (
+                None, "float16", "float32"):  # a numpy dtype compares equal, then fails to save
             raise ValueError(f"vector_dtype must be 'float16' or 'float32', got {given['vector_dtype']!r}")
 
     @property
@@ -414,7 +429,7 @@ class IndexedStore(Reranking, MultiVectorStore):
         at most twice what it holds (see ``min_index_vectors``)."""
         n = self._n_vectors
         kept = bool(self._index_dir) and n > 0 and 2 * n >= self._built_vectors
-        return n >= self.min_build_vectors and (n >= self.min_index_vectors or kept)
+        return self.builds_index and n >= self.min_build_vectors and (n >= self.min_index_vectors or kept)
 
     def stats(self) -> dict[str, Any]:
         """Which path answers searches, and why: ``documents``, ``vectors`` (stored, live),
@@ -435,7 +450,8 @@ class IndexedStore(Reranking, MultiVectorStore):
             if self._index is not None and not self._wants_index():  # reopened with a higher limit
                 reason = (f"its index was built from {self._built_vectors} vectors; it holds {n}, below "
                           f"min_index_vectors={limit} and below half of them: the {self.engine_name} "
-                          "index proposes candidates until the next write or flush drops it")
+                          "index proposes candidates until the next rebuild drops it "
+                          f"({self._builds_index_at})")
             elif self._index is not None:
                 why = (f"the store holds {n} vectors, at least min_index_vectors={limit}" if n >= limit else
                        f"its index was built from {self._built_vectors} vectors and it still holds {n}, "
@@ -443,11 +459,11 @@ class IndexedStore(Reranking, MultiVectorStore):
                 reason = f"{why}: the {self.engine_name} index proposes candidates"
             elif self._index_dir or self._dirty:
                 reason = f"the {self.engine_name} index could not be opened or rebuilt: the exact scan"
+            elif not self.builds_index:
+                reason = f"the {self.label} store scores every document exactly: it builds no index"
             elif limit <= n < self.min_build_vectors:
                 reason = (f"the store holds {n} vectors; {self.engine_name} builds an index from "
                           f"{self.min_build_vectors} vectors up: the exact scan")
-            elif n >= limit and not self._wants_index():  # a store that builds none (exact)
-                reason = f"the {self.label} store scores every document exactly: it builds no index"
             elif n >= limit:
                 reason = (f"the store holds {n} vectors, at least min_index_vectors={limit}: the index "
                           f"is built {self._builds_index_at}")

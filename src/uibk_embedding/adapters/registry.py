@@ -163,26 +163,35 @@ def detect_backend(path: str | os.PathLike, options: dict[str, Any] | None = Non
     return None
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``; None when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
 
 
 def _sqlite_rows(db: Path, sql: str, args: tuple = ()) -> list | None:
     """Rows of a query on an SQLite file opened read-only and immutable (nothing written, not even
-    a ``-wal``/``-shm`` file); ``None`` when it cannot be read that way."""
-    try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        return con.execute(sql, args).fetchall()
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
+    a ``-wal``/``-shm`` file); ``None`` when it cannot be read that way. When that finds nothing
+    and a ``-wal`` file lies beside it (a writer was killed before its checkpoint), the file is
+    read again read-only through the WAL, where the rows then are."""
+    rows = None
+    for mode in ("ro&immutable=1", "ro"):
+        if rows or (mode == "ro" and not Path(f"{db}-wal").is_file()):
+            return rows
+        try:
+            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True)
+        except sqlite3.Error:
+            continue
+        try:
+            rows = con.execute(sql, args).fetchall()
+        except sqlite3.Error:
+            pass
+        finally:
+            con.close()
+    return rows
 
 
 def _lacks(what: str, name: str, have: Iterable[str]) -> str:
@@ -217,7 +226,7 @@ def _engine(name: str):
         if not db.is_file():
             return "the folder holds no store.sqlite"
         rows = _sqlite_rows(db, "SELECT value FROM state WHERE key = 'config'")
-        if rows:  # else (a crash left the configuration in the WAL): the store class decides
+        if rows:  # else (none, even in a WAL): a store whose creation died; the class decides
             try:
                 found = json.loads(rows[0][0]).get("backend")
             except (ValueError, AttributeError):

@@ -245,17 +245,16 @@ class WarpStore(IndexedStore):
         are pending or dead (pending ones are scored exactly meanwhile). 0 flushes on every
         search after a write.
     min_index_vectors:
-        The crossover: below this many stored vectors no index is built and search is the
-        exact scan; the first flush or search after the store reaches it builds the index
-        (:meth:`stats` says which path answers and why). Default (``None``)
-        :attr:`default_min_index_vectors`, 1,000,000, measured: on random vectors WARP answered
-        2.6-3.5x slower than the exact scan (54k, 161k vectors); on real text it was 0.31x
-        exact at 582k (NPL, after a 211 s build) and 0.11x at 1.44M: the default keeps the
-        shared collections (up to NPL) on the scan, with no build of minutes
+        The crossover: below this many stored vectors no index is built and search is the exact
+        scan; once the store reaches it, :meth:`flush` builds the index, or a search once more
+        than ``buffer_size`` documents wait (:meth:`stats` says which path answers and why).
+        Default (``None``) :attr:`default_min_index_vectors`, 1,000,000, measured: on random
+        vectors WARP answered 2.6-3.5x slower than the exact scan (54k, 161k vectors); on real
+        text it was 0.31x exact at 582k (NPL, after a 211 s build) and 0.11x at 1.44M: the default
+        keeps the shared collections (up to NPL) on the scan, with no build of minutes
         (benchmarks/results/crossover.md; lower it for NPL-sized collections when query time
-        matters more than the build). A store
-        that has an index keeps it until it falls below this *and* below half the vectors it
-        was built from (older stores keep theirs).
+        matters more than the build). A store that has an index keeps it until it falls below this
+        *and* below half the vectors it was built from (older stores keep theirs).
     min_outliers, max_growth_rate:
         xtr-warp-rs ``add`` centroid expansion (engine defaults 50 and 0.1).
     compact_threshold:

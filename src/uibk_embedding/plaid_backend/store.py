@@ -316,10 +316,8 @@ class PlaidStore(IndexedStore):
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
         for name in ("nbits", "kmeans_niters", "max_points_per_centroid", "n_samples_kmeans", "seed",
-                     "n_centroids"):
-            check_positive(name, given[name], allow_zero=True, allow_none=True)
-        if given["n_centroids"] == 0:
-            raise ValueError("n_centroids must be a positive int or None, got 0")
+                     "n_centroids"):  # 0 trains no codec (saved, it failed every later build)
+            check_positive(name, given[name], allow_zero=name in ("seed", "kmeans_niters"), allow_none=True)
         if given["nbits"] is not None and given["nbits"] not in (1, 2, 4, 8):
             raise ValueError(f"nbits must be 1, 2, 4 or 8, got {given['nbits']!r}")
         IndexedStore._check_build_params(given)
