@@ -182,6 +182,23 @@ def test_truncation_is_reported(composed):
     assert msgs == ["1 of 6 documents were longer than 40 tokens and were truncated"]
 
 
+def test_truncation_without_a_document_marker_counts_every_position(models, tmp_path):
+    # the limit assumed PyLate's marker: a document of exactly document_length tokens was
+    # reported as truncated, though all 40 of them were kept
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(2)
+        pylate_models.ColBERT(model_name_or_path=str(models["colbert"].parent / "hf_colbert"), device="cpu",
+                              query_length=16, document_length=40, document_prefix="",
+                              query_prefix="").save(str(tmp_path / "plain"))
+        enc = load_encoder(dense=models["dense"], tokens=tmp_path / "plain", device="cpu")
+    for words, rows, cut in ((38, 3 + 40, False), (39, 3 + 40, True)):  # [CLS] words [SEP]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = enc.encode_documents([" ".join(["wing"] * words)])[0]
+        assert len(out) == rows and any("truncated" in str(w.message) for w in caught) == cut, words
+
+
 # -- the format: docs/format.md#identity on the composed lists -----------------------------------------------
 def test_identity_of_design_1_2(composed):
     fmt = composed.format

@@ -52,7 +52,7 @@ def test_dense_weight(encoder):
     q4 = encoder.encode_queries(["flutter of panels"], dense_weight=4.0)[0]
     np.testing.assert_allclose(q4[:3], 4 * q1[:3], atol=1e-5)
     np.testing.assert_allclose(q4[3:], q1[3:], atol=1e-6)
-    for bad in (0, -1, float("nan"), float("inf"), True):
+    for bad in (0, -1, float("nan"), float("inf"), True, 1e39):  # 1e39: slot rows of -inf before
         with pytest.raises(ValueError, match="dense_weight"):
             encoder.encode_queries(["x"], dense_weight=bad)
 
@@ -133,3 +133,5 @@ def test_streaming(encoder):
     texts = (f"text number {i}" for i in range(7))
     out = list(encoder.encode_documents_iter(texts, chunk_size=3))
     assert len(out) == 7
+    with pytest.raises(ValueError, match=r"^texts\[3\] is empty"):  # named texts[1] of its chunk before
+        list(encoder.encode_documents_iter(["wing", "lift", "heat", "   "], chunk_size=2))

@@ -457,6 +457,9 @@ def test_junk_bodies_are_refused_without_building_the_junk(checkpoint):
         assert r.status_code == 200 and len(unpack_payload(r.content, expected=2)) == 2
         r = client.post("/encode", content=b'{"kind": "documents", "texts": ["a"], "kind": "queries"}')
         assert r.status_code == 400 and "appears twice" in r.json()["detail"]
+        # answered 200 with slot rows of -inf (and, as JSON, "-Infinity") before
+        r = client.post("/encode", json={"kind": "queries", "texts": ["a"], "dense_weight": 1e39})
+        assert r.status_code == 400 and "dense_weight must be at most" in r.json()["detail"]
     finally:
         shared.close()
 

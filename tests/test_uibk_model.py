@@ -58,6 +58,20 @@ def test_saved_layout_and_round_trip_is_identical(tiny):
     assert (path.parent / "again" / weights).read_bytes() == (path / weights).read_bytes()
 
 
+def test_a_fitted_projection_saved_alone_loads_with_its_weights(tmp_path, cranfield):
+    # save_projections wrote uibk_encoder.json + projections.npz only: a store indexed with
+    # --fit-projection --encoder UIBK could not load its encoder ("not a complete UIBK checkpoint")
+    cfg = UIBKConfig.tiny(hidden_size=128, num_attention_heads=2, intermediate_size=192)
+    texts = [d.text for d in cranfield.corpus[:300]]
+    enc = UIBKEncoder.random(cfg, train_tokenizer(cfg, texts), seed=3)
+    enc.fit_projection(texts)
+    enc.save_projections(tmp_path / "fitted")
+    again = load_encoder(tmp_path / "fitted")
+    assert again.config()["projection"] == enc.config()["projection"]
+    for a, b in zip(again.encode_documents(CORPUS), enc.encode_documents(CORPUS), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
 def test_output_invariants(tiny):
     enc, _ = tiny
     fmt = enc.format

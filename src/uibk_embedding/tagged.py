@@ -97,10 +97,15 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+MAX_DENSE_WEIGHT = 1e6
+"""The largest dense weight: past it the weighted slots overflow float32 (from about 1e38) long
+before, at float32's 7 digits, the dense part has drowned the token part of every score."""
+
+
 def check_dense_weight(w: Any) -> float:
     """The query-time dense weight ``w`` as a float; a ``ValueError`` unless it is a positive
-    finite real number (a bool is not a weight). Every encoder, the integrations and the
-    tagged construction check a weight with this function.
+    finite real number up to :data:`MAX_DENSE_WEIGHT` (a bool is not a weight). Every encoder,
+    the integrations and the tagged construction check a weight with this function.
 
     >>> check_dense_weight(2)
     2.0
@@ -112,6 +117,9 @@ def check_dense_weight(w: Any) -> float:
     if (isinstance(w, bool | np.bool_) or not isinstance(w, numbers.Real) or not math.isfinite(w)
             or w <= 0):
         raise ValueError(f"dense_weight must be a positive finite number, got {w!r}")
+    if w > MAX_DENSE_WEIGHT:
+        raise ValueError(f"dense_weight must be at most {MAX_DENSE_WEIGHT:g}, got {w!r} (the weighted "
+                         "dense rows would overflow float32)")
     return float(w)
 
 

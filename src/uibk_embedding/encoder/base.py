@@ -40,7 +40,13 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME, FixedProjections
-from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype, validate_texts, warn_truncated
+from uibk_embedding.encoder.inputs import (
+    resolve_device,
+    resolve_dtype,
+    text_chunks,
+    validate_texts,
+    warn_truncated,
+)
 from uibk_embedding.encoder.padding import TokenBatch, length_order, pad_ids, padded_batches
 from uibk_embedding.encoder.pipeline import (
     Pending,
@@ -174,13 +180,7 @@ class TaggedEncoder(FixedProjections):
         self, texts: Iterable[str], *, chunk_size: int = 1024
     ) -> Iterator[np.ndarray]:
         """Stream over any iterable of texts, ``chunk_size`` at a time (bounded memory)."""
-        chunk: list[str] = []
-        for t in texts:
-            chunk.append(t)
-            if len(chunk) >= chunk_size:
-                yield from self.encode_documents(chunk)
-                chunk = []
-        if chunk:
+        for chunk in text_chunks(texts, chunk_size):
             yield from self.encode_documents(chunk)
 
     def _encode(

@@ -349,8 +349,9 @@ class ComposedEncoder(TaggedEncoder):
         return cut
 
     def _colbert_truncated(self, texts: list[str], mask: Any) -> np.ndarray:
-        limit = int(self.colbert.document_length) - 1  # PyLate inserts its marker after cutting
-        lengths = mask.sum(1).numpy() - 1
+        marker = int(self.colbert.document_prefix_id is not None)  # inserted after cutting
+        limit = int(self.colbert.document_length) - marker
+        lengths = mask.sum(1).numpy() - marker
         cut = np.zeros(len(texts), dtype=bool)
         full = np.flatnonzero(lengths >= limit)
         if len(full):

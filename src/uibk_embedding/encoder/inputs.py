@@ -8,15 +8,17 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from uibk_embedding.tagged import check_text
 
 
-def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
+def validate_texts(texts: Sequence[str], what: str = "texts", start: int = 0) -> list[str]:
     """Texts must be a list of non-empty strings of valid Unicode (no lone surrogate such as
     ``"\\ud800"``, which Python strings allow and tokenizers refuse with an unclear error).
+    ``start``: the position of ``texts[0]`` in the caller's whole list or stream (for messages).
 
     >>> validate_texts(["a", "b"])
     ['a', 'b']
@@ -28,13 +30,30 @@ def validate_texts(texts: Sequence[str], what: str = "texts") -> list[str]:
     if isinstance(texts, str | bytes):
         raise TypeError(f"{what} must be a list of strings, not a single string")
     out = list(texts)
-    for i, t in enumerate(out):
+    for i, t in enumerate(out, start):
         if not isinstance(t, str):
             raise TypeError(f"{what}[{i}] must be a str, got {type(t).__name__}")
         if not t.strip():
             raise ValueError(f"{what}[{i}] is empty or whitespace only; there is nothing to encode")
         check_text(t, f"{what}[{i}]")
     return out
+
+
+def text_chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Validated lists of ``size`` texts (the last shorter) from any iterable; a bad text is
+    named by its position in the whole stream.
+
+    >>> list(text_chunks(iter("abc"), 2))
+    [['a', 'b'], ['c']]
+    >>> list(text_chunks(["a", "b", " "], 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: texts[2] is empty or whitespace only; there is nothing to encode
+    """
+    it, start = iter(texts), 0
+    while chunk := list(itertools.islice(it, size)):
+        yield validate_texts(chunk, start=start)
+        start += len(chunk)
 
 
 def cut_text(text: str, max_chars: int) -> str:

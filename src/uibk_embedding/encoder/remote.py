@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding.encoder.inputs import cut_text, validate_texts, warn_truncated
+from uibk_embedding.encoder.inputs import cut_text, text_chunks, validate_texts, warn_truncated
 from uibk_embedding.errors import BackendUnavailable, UIBKError
 from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
@@ -243,13 +243,7 @@ class RemoteEncoder:
 
     def encode_documents_iter(self, texts: Iterable[str], *, chunk_size: int = 256) -> Iterator[np.ndarray]:
         """Stream over any iterable of texts, ``chunk_size`` at a time (bounded memory)."""
-        chunk: list[str] = []
-        for t in texts:
-            chunk.append(t)
-            if len(chunk) >= chunk_size:
-                yield from self.encode_documents(chunk, show_progress=False)
-                chunk = []
-        if chunk:
+        for chunk in text_chunks(texts, chunk_size):
             yield from self.encode_documents(chunk, show_progress=False)
 
     def _encode(self, texts: list[str], kind: str, w: float | None,

@@ -18,8 +18,9 @@ touches the model. It is what ``uibk-embed serve`` exposes over HTTP.
   several requests (or several clients of a server).
 
 Results of a text can differ in the last bits depending on which texts share its batch (the
-padding length changes the arithmetic); a single caller gets exactly the batches that the
-wrapped encoder would make itself.
+padding length changes the arithmetic); a single caller's call of at most ``chunk_texts``
+texts gets the batches the wrapped encoder would make itself, a longer one is cut into
+requests that may be batched otherwise (within the batching noise, docs/model.md).
 
 Example
 -------
@@ -50,7 +51,7 @@ import numpy as np
 
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import TaggedEncoder
-from uibk_embedding.encoder.inputs import resolve_device, validate_texts, warn_truncated
+from uibk_embedding.encoder.inputs import resolve_device, text_chunks, validate_texts, warn_truncated
 from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
@@ -201,17 +202,11 @@ class SharedEncoder:
         """Stream tagged lists over any iterable, in order, ``in_flight`` chunks queued at most."""
         size = int(chunk_size or self.chunk_texts)
         pending: deque[Future] = deque()
-        it = iter(texts)
-        offset = 0
+        chunks = text_chunks(texts, size)
         while True:
-            chunk = list(itertools.islice(it, size))
+            chunk = next(chunks, None)
             if chunk:
-                try:
-                    chunk = validate_texts(chunk)
-                except (TypeError, ValueError) as e:  # name the position in the whole stream
-                    raise type(e)(f"in the chunk starting at text {offset}: {e}") from None
                 pending.append(self.submit(chunk, is_query=False))
-                offset += len(chunk)
             while pending and (len(pending) >= in_flight or not chunk):
                 res = pending.popleft().result()
                 warn_truncated(res.truncated, len(res), self.encoder.doc_max_length, "documents")

@@ -406,8 +406,14 @@ class UIBKEncoder(TaggedEncoder):
         state = {k: v.detach().float().cpu().contiguous() for k, v in self.model.state_dict().items()}
         save_file(state, str(p / WEIGHTS_NAME))
         self.tokenizer.save(str(p / TOKENIZER_NAME))
-        self.save_projections(p)  # projections.npz + uibk_encoder.json
+        super().save_projections(p)  # projections.npz + uibk_encoder.json
         return p
+
+    def save_projections(self, path: str | os.PathLike) -> None:
+        """The whole checkpoint (:meth:`save_pretrained`): a UIBK folder loads only with its
+        weights, so a fitted projection saved beside a store (``index --fit-projection``) or by
+        ``fit-projection --out`` carries them."""
+        self.save_pretrained(path)
 
     # -- encoding --------------------------------------------------------------------------
     def token_ids(self, texts: Sequence[str], is_query: bool) -> tuple[list[list[int]], list[bool]]:
