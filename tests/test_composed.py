@@ -320,6 +320,30 @@ def test_one_pass_honours_cls_pooling_and_normalize(models):
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 
 
+def test_one_pass_honours_the_folders_lower_casing(tmp_path):
+    # do_lower_case in sentence_bert_config.json was ignored: on a cased tokenizer the sentence
+    # vector of "Wing LIFT Heat" had cosine 0.81 to the model's own
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
+             *(f"##{c}" for c in string.ascii_lowercase), "wing", "lift", "heat"]
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(tmp_path / "hf")
+    cased = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=False)
+    cased.save_pretrained(tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st.SentenceTransformer(modules=[st.models.Transformer(str(tmp_path / "hf"), do_lower_case=True),
+                                        st.models.Pooling(32), st.models.Normalize()],
+                               device="cpu").save(str(tmp_path / "st"))
+        ref = st.SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    enc = load_encoder(tmp_path / "st", device="cpu")
+    texts = ["Wing LIFT Heat", "wing lift heat"]
+    got = np.stack([g for g, _ in enc._embed(texts, False)])
+    np.testing.assert_allclose(got, ref.encode(texts, normalize_embeddings=True), atol=TOL, rtol=0)
+
+
 def test_one_pass_honours_concatenated_pooling_without_normalize(models):
     enc = load_encoder(models["maxmean"], device="cpu")
     assert enc.pooling == PoolingSpec(modes=("max", "mean"), normalize=False,

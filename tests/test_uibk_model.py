@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.uibk import (
     REQUIRED_FILES,
@@ -268,3 +269,7 @@ def test_empty_and_bad_input(tiny):
         enc.encode_documents(["fine", ""])
     with pytest.raises(TypeError, match="single string"):
         enc.encode_queries("a query")
+    # a text the tokenizer reads as nothing: 3 slot rows and no token row, which stores refuse
+    for lists in (enc.encode_documents(["\u200b", "\x00"]), enc.encode_queries(["\u200b"])):
+        assert [x.shape for x in lists] == [(4, 128)] * len(lists)
+    ExactStore().upsert(["z"], enc.encode_documents(["\u200b"]))

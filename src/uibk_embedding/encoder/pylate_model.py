@@ -592,7 +592,7 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
         branched = {"architecture": "transformer", "max_seq_length": encoder.doc_max_length,
                     "uibk": {}, "pooling": {"modes": list(encoder.pooling.modes),
                                             "normalize": bool(encoder.pooling.normalize)},
-                    "strip_marker": True, "do_lower_case": False}
+                    "strip_marker": True, "do_lower_case": bool(encoder.do_lower_case)}
         prompts, default_prompt = {"query": "", "document": ""}, None
         lengths = (encoder.query_max_length + 1, encoder.doc_max_length + 1)  # + the marker
         token_dim = int(encoder.model.config.hidden_size)

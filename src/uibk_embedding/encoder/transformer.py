@@ -20,6 +20,7 @@ Example
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -123,6 +124,7 @@ class TransformerEncoder(TaggedEncoder):
         trust = trust_remote_code is True
         require_trust(path, trust, what="a Hugging Face model")
         self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
+        self.do_lower_case = _lower_cases(path)  # a sentence-transformers folder's Transformer
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
@@ -195,6 +197,8 @@ class TransformerEncoder(TaggedEncoder):
         import torch
 
         max_len = self.query_max_length if is_query else self.doc_max_length
+        if self.do_lower_case:  # as sentence-transformers' Transformer module does
+            texts = [t.lower() for t in texts]
         fast = self._fast_tokenizer(max_len)
         if fast is not None:
             encs = fast.encode_batch(texts)  # special tokens added, cut at max_len (Rust)
@@ -226,6 +230,17 @@ class TransformerEncoder(TaggedEncoder):
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
             states = self.model(**inputs).last_hidden_state.float()
         return self.pooling.pool(states, inputs["attention_mask"]), states
+
+
+def _lower_cases(folder: Path) -> bool:
+    """Whether a sentence-transformers folder's Transformer module lower-cases texts before its
+    tokenizer (``do_lower_case`` in ``sentence_bert_config.json``; a cased tokenizer then sees
+    lower case only)."""
+    try:
+        cfg = json.loads((folder / "sentence_bert_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("do_lower_case") is True
 
 
 def embedded_default(**kwargs: Any) -> TransformerEncoder:

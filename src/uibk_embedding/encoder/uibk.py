@@ -466,9 +466,10 @@ class UIBKEncoder(TaggedEncoder):
         ids[:, 2] = ids_["prompt_word"]
         ids[np.arange(len(n)), N_PREFIX + n] = ids_["sep_token_id"]
         mask = (np.arange(ids.shape[1]) <= (N_PREFIX + n)[:, None]).astype(np.int64)
-        # token vectors: the text's own positions (the slots replace the first three)
+        # token vectors: the text's own positions (the slots replace the first three); a text with
+        # no token (e.g. "\u200b") keeps [SEP]'s: every list holds a token row, as stores require
         return TokenBatch({"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)},
-                          starts=np.full_like(n, N_PREFIX), ends=N_PREFIX + n, truncated=cut)
+                          starts=np.full_like(n, N_PREFIX), ends=N_PREFIX + np.maximum(n, 1), truncated=cut)
 
     def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
         return self.model(inputs["input_ids"], inputs["attention_mask"])

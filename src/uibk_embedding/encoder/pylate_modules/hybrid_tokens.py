@@ -135,7 +135,9 @@ class HybridTokens(Dense):
         first = FIRST_TOKEN[self.layout]
         n_tok = mask.sum(1) - first - 1
         is_query = ids[:, 1] == self.query_marker_id
-        n_tok = torch.where(is_query, n_tok.clamp(max=self.query_token_cap), n_tok).clamp(min=0)
+        # a text with no token (e.g. "\u200b") keeps [SEP] as its one token row, as the native
+        # encoders do (a list without token rows is refused by every store)
+        n_tok = torch.where(is_query, n_tok.clamp(max=self.query_token_cap), n_tok).clamp(min=1)
         rows = torch.arange(t, device=dev)
         src = (rows - N_SLOTS + first).clamp(0, t - 1)
         out = torch.gather(toks, 1, src.view(1, t, 1).expand(b, t, self.out_features))
