@@ -791,6 +791,19 @@ class MultiVectorStore(ABC):
         return hits
 
 
+class BatchSearch:
+    """For engines that search a batch of queries at once: a search, explained or not, is a
+    batch of one of ``_search_batch(queries, k, conditions, explain=False, **options)``.
+    Listed before :class:`MultiVectorStore` among the bases."""
+
+    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
+        return self._search_batch([query], k, conditions, **options)[0]  # type: ignore[attr-defined]
+
+    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
+                          **options: Any) -> list[Hit]:
+        return self._search_batch([q], k, conditions, explain=True, **options)[0]  # type: ignore[attr-defined]
+
+
 def finite_score(x: float) -> float:
     """Scores handed back by engines, as Python floats (refusing NaN)."""
     x = float(x)

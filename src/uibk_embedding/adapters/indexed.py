@@ -108,6 +108,7 @@ from uibk_embedding._sqlite_state import (
     transaction,
 )
 from uibk_embedding.adapters.base import (
+    BatchSearch,
     Hit,
     MultiVectorStore,
     Record,
@@ -237,7 +238,7 @@ def default_partitions(n_vectors: int, device: str = "cpu") -> int:
     return heuristic if device.startswith("cuda") else min(heuristic, CPU_MAX_PARTITIONS)
 
 
-class IndexedStore(Reranking, MultiVectorStore):
+class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
     """A file-backed store whose engine index proposes candidates (see the module docstring).
 
     Parameters shared by every engine
@@ -992,14 +993,6 @@ class IndexedStore(Reranking, MultiVectorStore):
         """The engine (rerank off) found fewer than ``k`` of the allowed ``seqs``: by default
         every allowed document is scored exactly."""
         return self._exact([q], seqs, k)[0]
-
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                **options: Any) -> list[Hit]:
-        return self._search_batch([query], k, conditions, **options)[0]
-
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          **options: Any) -> list[Hit]:
-        return self._search_batch([q], k, conditions, explain=True, **options)[0]
 
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       candidates_limit: int | None = None, explain: bool = False,

@@ -33,6 +33,7 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import (
+    BatchSearch,
     Hit,
     MultiVectorStore,
     Record,
@@ -205,7 +206,7 @@ class _Version:
 
 
 # -- the store -----------------------------------------------------------------------------------
-class MilvusStore(MultiVectorStore):
+class MilvusStore(BatchSearch, MultiVectorStore):
     """Tagged multi-vectors in Milvus; ``MilvusStore(...)`` makes the store of the ``layout``
     asked for (see :mod:`uibk_embedding.adapters.milvus` for the layouts).
 
@@ -623,10 +624,6 @@ class MilvusStore(MultiVectorStore):
         return [Record(x, found[0], found[1]) for x, found in self._fetch(ids).items()]
 
     @serialized
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
-        return self._search_batch([query], k, conditions, **options)[0]
-
-    @serialized
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       candidates: int | None = None, rows_per_vector: int | None = None,
                       explain: bool = False) -> list[list[Hit]]:
@@ -634,11 +631,6 @@ class MilvusStore(MultiVectorStore):
         n = getattr(self, self.pool_option) if n is None else n
         return [self._search_one(q, k, conditions, n, explain) for q in queries]
 
-    @serialized
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          **options: Any) -> list[Hit]:
-        """The rescoring decomposes the hits from the lists it fetched: no second read."""
-        return self._search_batch([q], k, conditions, explain=True, **options)[0]
 
     def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
                     explain: bool) -> list[Hit]:

@@ -70,6 +70,7 @@ import numpy as np
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import (
     MAX_K,
+    BatchSearch,
     Hit,
     MultiVectorStore,
     Record,
@@ -207,7 +208,7 @@ def _from_bytes(b: bytes, n_rows: int) -> np.ndarray:
     return arr.reshape(n_rows, DIM).astype(np.float32)
 
 
-class PgVectorStore(MultiVectorStore):
+class PgVectorStore(BatchSearch, MultiVectorStore):
     """Tagged multi-vectors in a PostgreSQL table with pgvector (see the module docstring).
 
     Parameters
@@ -619,20 +620,12 @@ class PgVectorStore(MultiVectorStore):
 
         return [Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in self._call(read)]
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
-        return self._search_batch([query], k, conditions, exact=exact, candidates=candidates)[0]
-
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-                      exact: bool | None = None, candidates: int | None = None) -> list[list[Hit]]:
+                      exact: bool | None = None, candidates: int | None = None,
+                      explain: bool = False) -> list[list[Hit]]:
+        """``explain``: both paths decompose the hits from the lists the search read."""
         exact, pool, ef = self._search_params(exact, candidates)
-        return self._call(lambda: self._search_all(queries, k, conditions, exact, pool, ef))
-
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          exact: bool | None = None, candidates: int | None = None) -> list[Hit]:
-        """Both paths decompose the hits from the lists the search read (no second read)."""
-        exact, pool, ef = self._search_params(exact, candidates)
-        return self._call(lambda: self._search_all([q], k, conditions, exact, pool, ef, explain=True))[0]
+        return self._call(lambda: self._search_all(queries, k, conditions, exact, pool, ef, explain))
 
     def _search_params(self, exact: bool | None, candidates: int | None) -> tuple[bool, int, int]:
         """``(exact, pool, ef_search)`` of one search: the per-query options over the store's."""

@@ -55,6 +55,7 @@ from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters.base import (
     RESERVED_PREFIX,
+    BatchSearch,
     Hit,
     MultiVectorStore,
     Record,
@@ -115,7 +116,7 @@ def progress(total: int, desc: str, show: bool | None, batches: int) -> Any:
     return tqdm(total=total, desc=desc, unit="doc", disable=disable)
 
 
-class _QdrantBase(MultiVectorStore):
+class _QdrantBase(BatchSearch, MultiVectorStore):
     """What the client store and the Edge store share: search modes and id/payload mapping."""
 
     backend = "qdrant-base"
@@ -147,19 +148,10 @@ class _QdrantBase(MultiVectorStore):
         n = self.prefetch if prefetch is None else self._check_prefetch(prefetch)
         return m, n
 
-    def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...],
-                mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
-        return self._run([query], k, conditions, *self._resolve(mode, prefetch))[0]
-
-    def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
-                          mode: str | None = None, prefetch: int | None = None) -> list[Hit]:
-        return self._run([q], k, conditions, *self._resolve(mode, prefetch), explain=True)[0]
-
-    def _search_batch(
-        self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
-        mode: str | None = None, prefetch: int | None = None,
-    ) -> list[list[Hit]]:
-        return self._run(queries, k, conditions, *self._resolve(mode, prefetch))
+    def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
+                      mode: str | None = None, prefetch: int | None = None,
+                      explain: bool = False) -> list[list[Hit]]:
+        return self._run(queries, k, conditions, *self._resolve(mode, prefetch), explain=explain)
 
     @staticmethod
     def _query_dense(q: np.ndarray) -> list[float]:
