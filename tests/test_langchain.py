@@ -263,3 +263,58 @@ def test_as_retriever_leaves_the_callers_tags_alone_and_one_encoder(vs, encoder)
     with pytest.raises(ValueError, match="not two different encoders"):
         UIBKRetriever(vectorstore=vs, encoder="not an encoder")
     assert UIBKRetriever(vectorstore=vs, encoder=vs.encoder).encoder is vs.encoder
+
+
+def test_explanation_keys_never_replace_the_users_metadata(vs, encoder):
+    # before: {"score": 5} was stored, then silently replaced by the MaxSim score in explained results
+    n = vs.store.count()
+    for key in ("score", "relevance", "token_part", "dense_part"):
+        with pytest.raises(ValueError, match=rf"metadata\[1\] has the key '{key}'.*explanation"):
+            vs.add_texts(["fine", "great wing review"], [{}, {key: 5}], ids=["ok", "a"])
+    assert vs.store.count() == n
+    # a store written elsewhere (e.g. uibk-embed index) may hold such a key: it comes back as stored
+    store = ExactStore()
+    store.upsert(["a"], encoder.encode_documents(["great wing review"]),
+                 [{"text": "great wing review", "score": 5, "relevance": "high"}])
+    other = UIBKVectorStore.from_existing_store(store, encoder)
+    got = [*other.as_retriever().invoke("wing"), *other.similarity_search_with_explanation("wing"),
+           *other.as_retriever(search_type="mmr").invoke("wing"),
+           *other.as_retriever(search_kwargs={"score_threshold": 0.0}).invoke("wing")]
+    for d in got:
+        assert (d.metadata["score"], d.metadata["relevance"]) == (5, "high") and "token_part" in d.metadata
+
+
+def test_one_string_of_texts_is_refused_not_split(vs, encoder, tmp_path):
+    # before: add_texts("gh") and from_texts("wing lift") stored one document per character
+    n = vs.store.count()
+    with pytest.raises(TypeError, match="texts must be a list of strings, not a single string"):
+        vs.add_texts("gh")
+    assert vs.store.count() == n
+    with pytest.raises(TypeError, match="texts must be a list of strings, not a single string"):
+        UIBKVectorStore.from_texts("wing lift", encoder)
+    with pytest.raises(TypeError, match="texts must be a list of strings, not a single string"):
+        UIBKVectorStore.from_texts("wing lift", encoder, path=tmp_path / "idx")
+    assert not (tmp_path / "idx").exists()  # refused before a store is created
+    assert vs.add_texts(t for t in ["a generator of texts"]) and vs.store.count() == n + 1
+
+
+def test_retriever_checks_search_kwargs_and_fields_when_built(vs):
+    # before: these built a retriever that failed (or ignored the value) only at invoke
+    for kwargs, msg in [
+        ({"search_kwargs": {"filter": {"t": {"$like": "x"}}}}, r"'\$like'"),
+        ({"search_kwargs": {"k": -3}}, "k must be positive, got -3"),
+        ({"search_kwargs": {"k": "3"}}, "k must be an int"),
+        ({"search_kwargs": {"fetch_k": 0}, "search_type": "mmr"}, "fetch_k must be positive, got 0"),
+        ({"search_kwargs": {"lambda_mult": 1.5}, "search_type": "mmr"}, r"lambda_mult must be in \[0, 1\]"),
+        ({"search_kwargs": {"lambda_mult": "0.5"}, "search_type": "mmr"}, r"lambda_mult must be in \[0, 1\]"),
+        ({"search_kwargs": {"score_threshold": 5}}, r"relevance in \[0, 1\]"),
+        ({"search_kwargs": {"dense_weight": -1.0}}, "dense_weight"),
+        ({"search_kwargs": {"score_threshold": 0.5}, "search_type": "mmr"},
+         "does not apply to search_type 'mmr'"),
+        ({"k": 0}, "k must be positive, got 0"),
+        ({"dense_weight": 0.0}, "dense_weight"),
+    ]:
+        with pytest.raises((TypeError, ValueError), match=msg):
+            vs.as_retriever(**kwargs)
+    with pytest.raises(ValueError, match="fetch_k must be positive, got -1"):
+        vs.as_retriever(search_type="mmr").invoke("wing", fetch_k=-1)

@@ -270,3 +270,73 @@ def test_store_options_are_honoured_or_refused(encoder):
         UIBKVectorStore(encoder=encoder, store=store, dense_wieght=50.0)
     with pytest.raises(ValueError, match="sparse"):
         UIBKVectorStore(encoder=encoder, store=store, retrieval_mode="sparse")
+
+
+@pytest.fixture
+def exact_vs(encoder) -> UIBKVectorStore:
+    from uibk_embedding.adapters.exact import ExactStore
+
+    v = UIBKVectorStore(encoder=encoder, store=ExactStore())
+    v.add(make_nodes())
+    return v
+
+
+def test_one_string_of_doc_ids_or_node_ids_is_refused_not_split(exact_vs):
+    # before: doc_ids="doc-a" filtered ref_doc_id in ["d", "o", "c", "-", "a"] and returned []
+    index = index_from_store(exact_vs)
+    with pytest.raises(TypeError, match="doc_ids must be a list of strings, not a single string"):
+        index.as_retriever(doc_ids="doc-a").retrieve("propeller")
+    with pytest.raises(TypeError, match="node_ids must be a list of strings, not a single string"):
+        exact_vs.query(VectorStoreQuery(query_str="bread", node_ids="bread"))
+    with pytest.raises(TypeError, match="not a single string"):
+        exact_vs.core.rank_ids("bread", "bread", k=1)
+    assert {n.node.node_id for n in index.as_retriever(doc_ids=["doc-a"]).retrieve("propeller")} == {
+        "wing-1", "wing-2"}
+
+
+def test_explanation_keys_never_replace_the_nodes_metadata(exact_vs, encoder):
+    # before: a node's own "score" / "relevance" came back replaced by the explanation
+    n = exact_vs.client.count()
+    for key in ("score", "relevance", "token_part", "dense_part"):
+        with pytest.raises(ValueError, match=rf"metadata\[0\] has the key '{key}'.*explanation"):
+            exact_vs.add([TextNode(id_="r", text="great wing review", metadata={key: 5})])
+    assert exact_vs.client.count() == n
+    # a store written elsewhere (e.g. uibk-embed index) may hold such a key: it comes back as stored
+    from uibk_embedding.adapters.exact import ExactStore
+
+    store = ExactStore()
+    store.upsert(["a"], encoder.encode_documents(["great wing review"]),
+                 [{"text": "great wing review", "score": 5, "relevance": "high"}])
+    other = UIBKVectorStore(encoder=encoder, store=store)
+    for node in (UIBKRetriever(vector_store=other).retrieve("wing")[0].node,
+                 other.query(VectorStoreQuery(query_str="wing", node_ids=["a"])).nodes[0]):
+        assert (node.metadata["score"], node.metadata["relevance"]) == (5, "high")
+        assert "token_part" in node.metadata and "score" in node.get_content(metadata_mode="llm")
+
+
+def test_a_filter_on_the_text_answers_the_same_on_every_path(exact_vs):
+    # before: with node_ids (query and get_nodes) the text was not matched, so nothing came back
+    text = dict((n[0], n[2]) for n in NODES)["bread"]
+    f = flt(MetadataFilter(key="text", value=text))
+    every = [n[0] for n in NODES]
+    for node_ids in (None, every):
+        res = exact_vs.query(VectorStoreQuery(query_str="bread", similarity_top_k=3, filters=f,
+                                              node_ids=node_ids))
+        assert ids(res) == ["bread"], node_ids
+        assert [n.node_id for n in exact_vs.get_nodes(node_ids, filters=f)] == ["bread"], node_ids
+    assert ids(exact_vs.query(VectorStoreQuery(query_str="bread", node_ids=every, similarity_top_k=6,
+                                               filters=flt(MetadataFilter(key="text", value="x"))))) == []
+
+
+def test_mmr_mode_applies_to_node_ids(exact_vs):
+    # before: with node_ids the MMR mode was ignored and the plain ranking came back
+    def run(**kw):
+        q = VectorStoreQuery(query_str="propeller slipstream and wing lift", similarity_top_k=2,
+                             mmr_threshold=0.1, **kw)
+        return ids(exact_vs.query(q))
+
+    plain = run(node_ids=["wing-1", "wing-2", "plate"])
+    assert set(plain) == {"wing-1", "wing-2"}  # the near-duplicates rank first
+    mmr = run(node_ids=["wing-1", "wing-2", "plate"], mode=VectorStoreQueryMode.MMR)
+    assert mmr == run(doc_ids=["doc-a", "doc-b"], mode=VectorStoreQueryMode.MMR)  # the same candidates
+    assert mmr[1] == "plate"

@@ -132,3 +132,38 @@ def test_llama_index_mmr_mode_as_its_docs_use_it(encoder, core):
     retriever = index.as_retriever(similarity_top_k=3, vector_store_query_mode="mmr",
                                    vector_store_kwargs={"mmr_threshold": 0.25})
     assert [n.node.node_id for n in retriever.retrieve(QUERY)] == res.ids
+
+
+def test_bad_fetch_k_and_threshold_are_named(encoder, core):
+    pytest.importorskip("langchain_core")
+    from uibk_embedding.integrations.langchain import UIBKVectorStore
+
+    vs = UIBKVectorStore(encoder=encoder, store=core.store)
+    # before: "k must be positive, got 0" named the wrong argument
+    with pytest.raises(ValueError, match="fetch_k must be positive, got 0"):
+        vs.max_marginal_relevance_search(QUERY, k=1, fetch_k=0)
+    with pytest.raises(TypeError, match="fetch_k must be an int"):
+        core.mmr_search(QUERY, k=1, fetch_k=2.5)
+    # before: thresholds outside [0, 1] were accepted silently and "0.5" gave a bare TypeError
+    for bad in (5, -1, "0.5", True):
+        with pytest.raises(ValueError, match=r"score_threshold is a relevance in \[0, 1\]"):
+            vs.similarity_search_with_relevance_scores(QUERY, k=3, score_threshold=bad)
+        with pytest.raises(ValueError, match=r"score_threshold is a relevance in \[0, 1\]"):
+            asyncio.run(vs.asimilarity_search_with_relevance_scores(QUERY, k=3, score_threshold=bad))
+        with pytest.raises(ValueError, match=r"score_threshold is a relevance in \[0, 1\]"):
+            vs.search(QUERY, "similarity_score_threshold", k=3, score_threshold=bad)
+
+
+def test_llama_index_mmr_fetch_k_is_checked(encoder, core):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
+    from uibk_embedding.integrations.llama_index import UIBKVectorStore
+
+    vs = UIBKVectorStore(encoder=encoder, store=core.store)
+    q = VectorStoreQuery(query_str=QUERY, similarity_top_k=3, mode=VectorStoreQueryMode.MMR)
+    # before: mmr_fetch_k=0 (or a negative) silently meant the default
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match=f"mmr_fetch_k must be positive, got {bad}"):
+            vs.query(q, mmr_fetch_k=bad)
+    assert vs.query(q, mmr_fetch_k=10).ids == [h.id for h in core.mmr_search(QUERY, 3, 10, 0.5)]

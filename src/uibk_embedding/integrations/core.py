@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding.adapters.base import (
+    MAX_K,
     MultiVectorStore,
     settle_format,
     validate_ids,
     validate_k,
     validate_metadata,
 )
-from uibk_embedding.adapters.filters import Filter, parse_filter
+from uibk_embedding.adapters.filters import Filter, matches, parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.qdrant_filters import native_filter_kind, native_filter_refused
 from uibk_embedding.encoder.base import Encoder, validate_texts
@@ -62,6 +63,9 @@ from uibk_embedding.tagged import (
 DEFAULT_TEXT_KEY = "text"
 DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
 ADD_BATCH = 256  # texts encoded and upserted per store call
+# metadata keys under which the wrappers return each hit's explanation (ScoredText.explanation):
+# refused in the metadata of added texts, so a user's own value is never replaced
+EXPLAIN_KEYS = ("score", "token_part", "dense_part", "relevance")
 
 
 class _NeverMatches:
@@ -179,6 +183,51 @@ def relevance(query: np.ndarray, score: float) -> float:
     return float(np.interp(hybrid_fraction(query, score), xs, ys))
 
 
+def check_fetch_k(fetch_k: Any, name: str = "fetch_k") -> int:
+    """``fetch_k`` (MMR's number of candidates) as an int in 1 .. ``MAX_K``, else a
+    ``TypeError`` / ``ValueError`` that names it (``name``: the caller's word for it).
+
+    >>> check_fetch_k(20)
+    20
+    >>> check_fetch_k(0, "mmr_fetch_k")
+    Traceback (most recent call last):
+    ...
+    ValueError: mmr_fetch_k must be positive, got 0
+    """
+    if isinstance(fetch_k, bool) or not isinstance(fetch_k, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(fetch_k).__name__}")
+    if not 0 < fetch_k <= MAX_K:
+        raise ValueError(f"{name} must be positive, got {fetch_k}" if fetch_k <= 0 else
+                         f"{name} must be at most {MAX_K:,} (MAX_K), got {fetch_k}")
+    return int(fetch_k)
+
+
+def check_score_threshold(threshold: Any) -> float:
+    """``score_threshold``: a relevance in [0, 1] (the scale of :func:`relevance`), else a
+    ``ValueError``.
+
+    >>> check_score_threshold(5)
+    Traceback (most recent call last):
+    ...
+    ValueError: score_threshold is a relevance in [0, 1] (start with 0.5), got 5
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
+        raise ValueError(f"score_threshold is a relevance in [0, 1] (start with 0.5), got {threshold!r}")
+    return float(threshold)
+
+
+def check_lambda_mult(lambda_mult: Any) -> float:
+    """MMR's ``lambda_mult`` as a float in [0, 1], else a ``ValueError``.
+
+    >>> check_lambda_mult(1)
+    1.0
+    """
+    if (isinstance(lambda_mult, bool) or not isinstance(lambda_mult, int | float | np.integer | np.floating)
+            or not 0.0 <= lambda_mult <= 1.0):
+        raise ValueError(f"lambda_mult must be in [0, 1], got {lambda_mult!r}")
+    return float(lambda_mult)
+
+
 def mmr_select(relevances: Sequence[float], similarity: np.ndarray, k: int, lambda_mult: float) -> list[int]:
     """Maximal marginal relevance (Carbonell and Goldstein, 1998), greedy: repeatedly take the
     candidate maximising ``lambda_mult * relevance - (1 - lambda_mult) * max similarity to the
@@ -190,8 +239,7 @@ def mmr_select(relevances: Sequence[float], similarity: np.ndarray, k: int, lamb
     >>> mmr_select([1.0, .95, .5], sim, 2, 1.0)   # lambda 1: plain relevance order
     [0, 1]
     """
-    if not 0.0 <= lambda_mult <= 1.0:
-        raise ValueError(f"lambda_mult must be in [0, 1], got {lambda_mult!r}")
+    lambda_mult = check_lambda_mult(lambda_mult)
     rel = np.asarray(relevances, dtype=np.float64)
     chosen: list[int] = []
     left = list(range(len(rel)))
@@ -281,6 +329,12 @@ class RetrievalCore:
                     f"metadata[{i}] has the key {self.text_key!r}, which holds the document text in "
                     "this store; rename that metadata key or choose another text_key"
                 )
+            for key in EXPLAIN_KEYS:
+                if key in m:
+                    raise ValueError(
+                        f"metadata[{i}] has the key {key!r}, under which search results return their "
+                        f"explanation ({', '.join(EXPLAIN_KEYS)}); rename that metadata key"
+                    )
             m[self.text_key] = texts[i]
         upsert_batches(self.store, out_ids, mds, texts=texts, encode=self.encoder.encode_documents,
                        batch_size=ADD_BATCH)
@@ -303,9 +357,12 @@ class RetrievalCore:
             yield self._stored(doc_id, md)
 
     # -- reading ---------------------------------------------------------------------------
-    def get(self, ids: Sequence[str]) -> list[StoredText]:
-        """Stored documents for the ids that exist, in the order asked (missing ids skipped)."""
-        return [self._stored(r.id, r.metadata) for r in self.store.get(ids)]
+    def get(self, ids: Sequence[str], filter: Filter | None = None) -> list[StoredText]:
+        """Stored documents for the ids that exist, in the order asked (missing ids skipped);
+        with ``filter``, those whose stored metadata (the text under ``text_key`` included, as
+        :meth:`search` and :meth:`scan` match it) matches."""
+        conds = parse_filter(filter)
+        return [self._stored(r.id, r.metadata) for r in self.store.get(ids) if matches(r.metadata, conds)]
 
     def count(self) -> int:
         """Number of stored documents."""
@@ -354,12 +411,14 @@ class RetrievalCore:
         """``(hit, relevance in [0, 1])`` pairs (:func:`relevance`), best first; with
         ``score_threshold`` only those at or above it."""
         k = validate_k(k)
+        if score_threshold is not None:
+            score_threshold = check_score_threshold(score_threshold)
         if filter is NEVER_MATCHES:
             return []
         q = self.encode_query(query, dense_weight, retrieval_mode)
         out = [(h, h.relevance) for h in self._hits(q, k, filter, explain=True)]
         if score_threshold is not None:
-            out = [(h, r) for h, r in out if r >= float(score_threshold)]
+            out = [(h, r) for h, r in out if r >= score_threshold]
         return out
 
     def mmr_search(
@@ -375,17 +434,22 @@ class RetrievalCore:
         independent of the documents' lengths (MaxSim between two lists is neither), and what
         "says the same thing" means for a sentence encoder. :func:`mmr_select` picks.
         """
-        k, fetch_k = validate_k(k), validate_k(fetch_k)
+        k, fetch_k, lambda_mult = validate_k(k), check_fetch_k(fetch_k), check_lambda_mult(lambda_mult)
         if filter is NEVER_MATCHES:
             return []
         q = self.encode_query(query, dense_weight, retrieval_mode)
-        hits = self._hits(q, max(k, fetch_k), filter, explain=True)
+        return self.mmr_pick(self._hits(q, max(k, fetch_k), filter, explain=True), k, lambda_mult)
+
+    def mmr_pick(self, hits: Sequence[ScoredText], k: int, lambda_mult: float) -> list[ScoredText]:
+        """``k`` of ``hits`` (candidates of one query, with their relevance) chosen by
+        :func:`mmr_select`, the similarity between two the cosine of their dense heads (see
+        :meth:`mmr_search`)."""
         if not hits:
             return []
         recs = {r.id: r.vectors for r in self.store.get([h.id for h in hits])}
         hits = [h for h in hits if h.id in recs]  # deleted meanwhile
         dense = np.stack([dense_vector(recs[h.id]) for h in hits]).astype(np.float64)
-        picked = mmr_select([relevance(q, h.score) for h in hits], dense @ dense.T, k, lambda_mult)
+        picked = mmr_select([float(h.relevance or 0.0) for h in hits], dense @ dense.T, k, lambda_mult)
         return [hits[i] for i in picked]
 
     def _hits(self, q: np.ndarray, k: int, filter: Filter | _NeverMatches | None,
@@ -397,17 +461,22 @@ class RetrievalCore:
                 for h in hits]
 
     def rank_ids(
-        self, query: str, ids: Sequence[str], k: int, *, dense_weight: float | None = None,
-        retrieval_mode: str | None = None,
+        self, query: str, ids: Sequence[str], k: int, filter: Filter | _NeverMatches | None = None, *,
+        dense_weight: float | None = None, retrieval_mode: str | None = None,
     ) -> list[ScoredText]:
-        """Exact MaxSim ranking of the stored documents ``ids`` only (best ``k``).
+        """Exact MaxSim ranking of the stored documents ``ids`` only (best ``k``), with
+        ``filter`` those whose stored metadata matches it (as :meth:`search` matches it).
 
         For callers that restrict a search to known ids (LlamaIndex ``node_ids``): the
         vectors are fetched and scored here, exactly, whatever the backend.
         """
         k = validate_k(k)
+        ids = validate_ids(ids, unique=False)  # one string is refused, not split into characters
+        if filter is NEVER_MATCHES:
+            return []
+        conds = parse_filter(filter)
         q = self.encode_query(query, dense_weight, retrieval_mode)
-        recs = self.store.get(list(dict.fromkeys(ids)))
+        recs = [r for r in self.store.get(list(dict.fromkeys(ids))) if matches(r.metadata, conds)]
         out = []
         for i, score in rerank(q, [r.vectors for r in recs], k, dtype=np.float64):
             r = recs[i]

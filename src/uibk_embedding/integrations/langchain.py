@@ -48,17 +48,21 @@ from typing import Any
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
-from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.base import MultiVectorStore, validate_k
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
+    DEFAULT_FETCH_K,
     DEFAULT_TEXT_KEY,
     NEVER_MATCHES,
     RetrievalCore,
     ScoredText,
     StoredText,
+    check_fetch_k,
+    check_lambda_mult,
+    check_score_threshold,
     translate_langchain_filter,
 )
-from uibk_embedding.tagged import check_retrieval_mode, dense_vector
+from uibk_embedding.tagged import check_dense_weight, check_retrieval_mode, dense_vector
 
 require("langchain_core", "langchain", "the LangChain integration")
 
@@ -80,7 +84,16 @@ SEARCH_TYPES = ("similarity", "mmr", "similarity_score_threshold")
 
 
 def _document(t: StoredText, extra: dict[str, Any] | None = None) -> Document:
-    return Document(page_content=t.text, metadata={**t.metadata, **(extra or {})}, id=t.id)
+    # the stored metadata wins: add_texts refuses the explanation's keys, so they clash only in
+    # a store written elsewhere (e.g. by uibk-embed index), whose values come back as stored
+    return Document(page_content=t.text, metadata={**(extra or {}), **t.metadata}, id=t.id)
+
+
+def _texts(texts: Iterable[str]) -> list[str]:
+    """``texts`` as a list; one string is refused (``list("gh")`` would be two texts)."""
+    if isinstance(texts, str | bytes):
+        raise TypeError("texts must be a list of strings, not a single string")
+    return list(texts)
 
 
 def _default_encoder() -> Any:
@@ -102,12 +115,22 @@ def _encoder_argument(embedding: Any, encoder: Any) -> Any:
     return embedding
 
 
-def _check_threshold(threshold: Any) -> float:
-    """``score_threshold``: a relevance in [0, 1] (the scale of
-    :func:`~uibk_embedding.integrations.core.relevance`), else a ``ValueError``."""
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
-        raise ValueError(f"score_threshold is a relevance in [0, 1] (start with 0.5), got {threshold!r}")
-    return float(threshold)
+def _check_search_params(p: dict[str, Any], search_type: str) -> None:
+    """Every search parameter of a retriever (fields, ``search_kwargs``, per-call arguments
+    merged), checked as the searches check them: when the retriever is built, and per call."""
+    translate_langchain_filter(p["filter"])
+    validate_k(p["k"])
+    check_fetch_k(p["fetch_k"])
+    check_lambda_mult(p["lambda_mult"])
+    if p["dense_weight"] is not None:
+        check_dense_weight(p["dense_weight"])
+    if p["retrieval_mode"] is not None:
+        check_retrieval_mode(p["retrieval_mode"])
+    if p["score_threshold"] is not None:
+        check_score_threshold(p["score_threshold"])
+        if search_type == "mmr":
+            raise ValueError("score_threshold does not apply to search_type 'mmr' (it ranks by "
+                             "diversity too); use 'similarity' or 'similarity_score_threshold'")
 
 
 def _store_target(backend: str | None, collection_name: str | None, path: Any, url: str | None,
@@ -276,6 +299,7 @@ class UIBKVectorStore(VectorStore):
         >>> vs.similarity_search("lift of a wing", k=1)[0].id
         'w'
         """
+        texts = _texts(texts)  # before a store is created
         where = (backend, path, url, client, collection_name)
         if store is not None and any(x is not None for x in where):
             raise TypeError("give store=, or backend= / path= / url= / client= / collection_name=, "
@@ -320,7 +344,7 @@ class UIBKVectorStore(VectorStore):
         """Encode and add ``texts``; ids not given (or ``None``) get a UUID."""
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
-        return self.core.add_texts(list(texts), metadatas, ids)
+        return self.core.add_texts(_texts(texts), metadatas, ids)
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
         """Delete by ``ids``, or every document matching ``filter=`` (``filter={}``: all).
@@ -357,7 +381,6 @@ class UIBKVectorStore(VectorStore):
         if threshold is None:
             return self.core.search(query, k, translate_langchain_filter(filter),
                                     dense_weight=dense_weight, explain=explain, retrieval_mode=mode)
-        _check_threshold(threshold)
         pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
                                                 dense_weight=dense_weight, score_threshold=threshold,
                                                 retrieval_mode=mode)
@@ -410,6 +433,23 @@ class UIBKVectorStore(VectorStore):
         pairs = self.core.search_with_relevance(query, k, translate_langchain_filter(filter),
                                                 dense_weight=dense_weight, retrieval_mode=retrieval_mode)
         return [(_document(t), r) for t, r in pairs]
+
+    def similarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
+        """``(document, relevance in [0, 1])`` pairs, best first; ``score_threshold=`` (a
+        relevance in [0, 1]) keeps those at or above it."""
+        if kwargs.get("score_threshold") is not None:
+            check_score_threshold(kwargs["score_threshold"])  # LangChain's own would take any number
+        return super().similarity_search_with_relevance_scores(query, k, **kwargs)
+
+    async def asimilarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
+        """The async :meth:`similarity_search_with_relevance_scores`, with the same checks."""
+        if kwargs.get("score_threshold") is not None:
+            check_score_threshold(kwargs["score_threshold"])
+        return await super().asimilarity_search_with_relevance_scores(query, k, **kwargs)
 
     async def _asimilarity_search_with_relevance_scores(
         self, query: str, k: int = 4, **kwargs: Any,
@@ -491,10 +531,9 @@ class UIBKRetriever(BaseRetriever):
             raise ValueError(f"search_type {self.search_type!r} is not supported; "
                              f"one of {list(SEARCH_TYPES)}")
         threshold = self.search_kwargs.get("score_threshold")
-        bad = isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1
-        if self.search_type == "similarity_score_threshold" and bad:
+        if self.search_type == "similarity_score_threshold" and threshold is None:
             raise ValueError("search_type 'similarity_score_threshold' needs search_kwargs "
-                             f"score_threshold, a number in [0, 1]; got {threshold!r}")
+                             "score_threshold, a number in [0, 1]")
         if self.vectorstore is not None:
             if self.store is not None and self.store is not self.vectorstore.store:
                 raise ValueError("give store= or vectorstore=, not two different stores")
@@ -511,10 +550,10 @@ class UIBKRetriever(BaseRetriever):
             self.encoder = self._core.encoder
         if self.store is None:
             self.store = self._core.store
-        translate_langchain_filter(self.filter)  # refuse a bad filter now, not at query time
         for mode in (self.retrieval_mode, self.search_kwargs.get("retrieval_mode")):
             if mode is not None:
-                check_retrieval_mode(mode)
+                check_retrieval_mode(mode)  # the field too, when search_kwargs overrides it
+        _check_search_params(self._params({}), self.search_type)  # refuse bad values now, not per query
         return self
 
     def _params(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -522,7 +561,7 @@ class UIBKRetriever(BaseRetriever):
         if unknown:
             raise TypeError(f"unexpected arguments {sorted(unknown)}; allowed: {list(SEARCH_KWARGS)}")
         p = {"k": self.k, "filter": self.filter, "dense_weight": self.dense_weight,
-             "fetch_k": 20, "lambda_mult": 0.5, "score_threshold": None,
+             "fetch_k": DEFAULT_FETCH_K, "lambda_mult": 0.5, "score_threshold": None,
              "retrieval_mode": self.retrieval_mode}
         p.update(self.search_kwargs)
         p.update(kwargs)
@@ -532,15 +571,11 @@ class UIBKRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         p = self._params(kwargs)
+        _check_search_params(p, self.search_type)
         flt = translate_langchain_filter(p["filter"])
         mode = p["retrieval_mode"]
         threshold = p["score_threshold"]
-        if threshold is not None:
-            _check_threshold(threshold)
         if self.search_type == "mmr":
-            if threshold is not None:
-                raise ValueError("score_threshold does not apply to search_type 'mmr' (it ranks by "
-                                 "diversity too); use 'similarity' or 'similarity_score_threshold'")
             hits = self._core.mmr_search(query, p["k"], p["fetch_k"], p["lambda_mult"], flt,
                                          dense_weight=p["dense_weight"], retrieval_mode=mode)
             return [_document(t, t.explanation()) for t in hits]

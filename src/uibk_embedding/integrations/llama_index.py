@@ -58,6 +58,7 @@ from uibk_embedding.integrations.core import (
     NEVER_MATCHES,
     RetrievalCore,
     ScoredText,
+    check_fetch_k,
 )
 from uibk_embedding.tagged import check_retrieval_mode, dense_vector
 
@@ -84,7 +85,6 @@ __all__ = ["NoEmbedding", "UIBKEmbedding", "UIBKRetriever", "UIBKVectorStore", "
            "translate_filters"]
 
 REF_DOC_KEY = "ref_doc_id"  # written by LlamaIndex's node_to_metadata_dict
-EXPLAIN_KEYS = ("score", "token_part", "dense_part", "relevance")
 DEFAULT_TOP_K = 2  # LlamaIndex's DEFAULT_SIMILARITY_TOP_K
 
 
@@ -368,9 +368,7 @@ class UIBKVectorStore(BasePydanticVectorStore):
             return []
         if node_ids is None:
             return [self._to_node(t.id, t.text, t.metadata) for t in self._core.scan(flt)]
-        conds = parse_filter(flt)
-        return [self._to_node(t.id, t.text, t.metadata) for t in self._core.get(node_ids)
-                if matches({**t.metadata}, conds)]
+        return [self._to_node(t.id, t.text, t.metadata) for t in self._core.get(node_ids, flt)]
 
     # -- searching -----------------------------------------------------------------------------
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
@@ -399,22 +397,32 @@ class UIBKVectorStore(BasePydanticVectorStore):
                 f"query mode {query.mode.value!r} is not supported: UIBKVectorStore runs one hybrid "
                 "MaxSim search (mode 'default' or 'hybrid'), or 'mmr' over its candidates"
             )
+        for name in ("doc_ids", "node_ids"):
+            if isinstance(getattr(query, name), str | bytes):  # list("d1") would be "d", "1"
+                raise TypeError(f"{name} must be a list of strings, not a single string")
+        if fetch_k is not None:
+            check_fetch_k(fetch_k, "mmr_fetch_k")
         parts = [translate_filters(query.filters)] if query.filters is not None else []
         if query.doc_ids:
             parts.append({REF_DOC_KEY: {"$in": list(query.doc_ids)}})
         flt = parts[0] if len(parts) == 1 else {"$and": parts} if parts else None
         k = query.similarity_top_k
-        if query.node_ids:
-            hits = [h for h in self._core.rank_ids(query.query_str, query.node_ids, len(query.node_ids),
-                                                   dense_weight=dense_weight, retrieval_mode=mode)
-                    if flt is not NEVER_MATCHES and matches({**h.metadata}, parse_filter(flt))][:k]
-        elif query.mode == VectorStoreQueryMode.MMR:
+        if query.mode == VectorStoreQueryMode.MMR:
             # lambda: query.mmr_threshold (LlamaIndex's name; 0.5 when unset); candidates:
             # mmr_fetch_k= (default max(20, 4 k)); see RetrievalCore.mmr_search
             lam = query.mmr_threshold if query.mmr_threshold is not None else mmr_lambda
             lam = 0.5 if lam is None else float(lam)
-            hits = self._core.mmr_search(query.query_str, k, int(fetch_k or max(DEFAULT_FETCH_K, 4 * k)), lam,
-                                         flt, dense_weight=dense_weight, retrieval_mode=mode)
+            fetch_k = fetch_k or max(DEFAULT_FETCH_K, 4 * k)
+            if query.node_ids:  # MMR among those nodes, the best fetch_k of them
+                cands = self._core.rank_ids(query.query_str, query.node_ids, max(k, fetch_k), flt,
+                                            dense_weight=dense_weight, retrieval_mode=mode)
+                hits = self._core.mmr_pick(cands, k, lam)
+            else:
+                hits = self._core.mmr_search(query.query_str, k, fetch_k, lam, flt,
+                                             dense_weight=dense_weight, retrieval_mode=mode)
+        elif query.node_ids:  # exact ranking of those nodes only
+            hits = self._core.rank_ids(query.query_str, query.node_ids, k, flt, dense_weight=dense_weight,
+                                       retrieval_mode=mode)
         else:
             hits = self._core.search(query.query_str, k, flt, dense_weight=dense_weight, explain=explain,
                                      retrieval_mode=mode)
@@ -432,9 +440,12 @@ class UIBKVectorStore(BasePydanticVectorStore):
         else:  # stored by someone else (e.g. uibk-embed index): text + metadata only
             node = TextNode(id_=id, text=text, metadata=dict(metadata))
         if hit is not None and hit.decomposition is not None:
-            node.metadata.update(hit.explanation())
+            # the stored metadata wins: add() refuses these keys, so they clash only in a store
+            # written elsewhere (e.g. by uibk-embed index), whose values come back as stored
+            added = {k: v for k, v in hit.explanation().items() if k not in node.metadata}
+            node.metadata.update(added)
             for keys in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
-                keys.extend(k for k in EXPLAIN_KEYS if k not in keys)
+                keys.extend(k for k in added if k not in keys)
         return node
 
 
