@@ -49,3 +49,23 @@ def test_padding_never_wins_with_negative_scores():
     docs = [np.array([[-1.0, 0.0]] * k, np.float32) for k in (1, 3, 2)]
     mat, off = M.pack(docs)
     assert M.maxsim_scores([q], mat, off, dtype=np.float64).tolist() == [[-1.0, -1.0, -1.0]]
+
+
+def test_offsets_past_the_matrix_are_refused():
+    # the fused kernel read past the matrix (garbage scores, or a segfault for 10**9)
+    mat, q = np.ones((4, 8), np.float32), [np.ones((1, 8), np.float32)]
+    for offsets in ([0, 4, 40], [0, 4, 10**9], [0, 3, 3, 4], [-1, 4], [[0, 4]]):
+        with pytest.raises(ValueError, match="doc_offsets"):
+            M.maxsim_scores(q, mat, np.array(offsets))
+
+
+def test_a_bad_thread_count_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setattr(M, "THREADS", None)
+    monkeypatch.setenv("UIBK_MAXSIM_THREADS", "auto")
+    with pytest.raises(ValueError, match="UIBK_MAXSIM_THREADS"):
+        M._thread_count()
+
+
+def test_top_k_keeps_infinite_scores_first():
+    # +inf was dropped with -inf: an overflowing best document vanished from the ranking
+    assert M.top_k(np.array([1.0, np.inf, -np.inf, np.nan, 2.0]), 5).tolist() == [1, 4, 0]

@@ -31,6 +31,14 @@ def test_recall_and_missing_queries():
     assert overlap_at_k({"q": ["a", "b", "c"]}, {"q": ["c", "a", "d"]}, 3) == pytest.approx(2 / 3)
 
 
+@pytest.mark.parametrize("k", [0, -1, 2.5, True])
+def test_k_must_be_a_positive_int(k):
+    # k=0 divided by zero in nDCG; k=-1 scored ranked[:-1]
+    for metric in (ndcg_at_k, recall_at_k):
+        with pytest.raises(ValueError, match="k must be a positive int"):
+            metric({"q": ["a"]}, {"q": {"a": 1}}, k)
+
+
 def test_a_run_that_lists_a_document_twice_is_refused():
     """Scored twice, ``a`` gave nDCG@2 = 1.0 where it ranks one relevant document of two."""
     qrels = {"q": {"a": 1, "b": 1}}

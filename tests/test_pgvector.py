@@ -469,9 +469,9 @@ def test_explained_candidate_search_reads_the_lists_once(dsn, tmp_path, fmt, rng
         assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in plain]
         for h in hits + scanned:
             assert h.decomposition == s.explain(q, h.id)
-        # the rerank scores in float64, the scan in float32: each within the a-priori rounding
-        # bound of its dot products (len(q) maxima of DIM-term sums)
-        for found, dtype in ((hits, np.float64), (scanned, np.float32)):
+        # the rerank and the scan score in float32: each within the a-priori rounding bound of
+        # its dot products (len(q) maxima of DIM-term sums)
+        for found, dtype in ((hits, np.float32), (scanned, np.float32)):
             for h in found:
                 doc = s.get([h.id])[0].vectors
                 bound = len(q) * DIM * np.finfo(dtype).eps * np.linalg.norm(q, axis=1).max() \

@@ -29,7 +29,8 @@ def test_explain_decomposes_the_fetched_lists_without_a_second_fetch():
     assert sorted(asked) == sorted(ids)  # every candidate fetched exactly once
     ref = rerank(q, [stored[x][0] for x in ids], 4, dtype=np.float64)
     assert [h.id for h in hits] == [ids[i] for i, _ in ref]
-    assert [h.score for h in hits] == pytest.approx([s for _, s in ref], abs=1e-12)
+    # float32 scores (as the exact store's) against float64 ones: the conformance suite's 1e-5
+    assert [h.score for h in hits] == pytest.approx([s for _, s in ref], rel=1e-5)
     for h in hits:
         assert h.decomposition == decompose(q, stored[h.id][0], fmt)
         assert h.metadata == stored[h.id][1]
@@ -88,8 +89,27 @@ def test_the_pool_grows_while_the_best_lie_deep_and_fetches_each_key_once():
     assert fetched == [ids[0], *worst_first]
     best = sorted(ids, key=lambda x: -exact[x])[:3]
     assert [h.id for h in hits] == best
-    assert [h.score for h in hits] == pytest.approx([exact[x] for x in best], abs=1e-12)
+    assert [h.score for h in hits] == pytest.approx([exact[x] for x in best], rel=1e-5)
     _, fetched = run(worst_first[::-1])
     assert fetched == worst_first[::-1][:5]  # the best lead the engine's order: no growth
     _, fetched = run(worst_first[:12])  # the caller's limit: 12 candidates
     assert fetched == worst_first[:12]
+
+
+def test_identical_lists_tie_and_keep_the_engines_order():
+    # float64 BLAS scores parted identical lists by an ulp depending on their batch: the later
+    # copy ranked first in 57 of 300 such trials
+    fmt, rng = TaggedFormat(), np.random.default_rng(0)
+
+    def mk(m):
+        return fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(m, 127)))
+
+    for _ in range(100):
+        q, dup = mk(int(rng.integers(1, 33))), mk(int(rng.integers(1, 10)))
+        others = {f"o{i}": (mk(int(n)), {}) for i, n in enumerate(rng.integers(1, 10, 5))}
+        stored = {"first": (dup, {}), **others, "second": (dup, {})}
+        hits = rerank_candidates(q, [(x, None) for x in stored], lambda ks, s=stored: {x: s[x] for x in ks},
+                                 k=7, first=1)
+        ids = [h.id for h in hits]
+        assert ids.index("first") == ids.index("second") - 1
+        assert hits[ids.index("first")].score == hits[ids.index("second")].score

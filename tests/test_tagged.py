@@ -36,6 +36,13 @@ def test_beta_is_validated(beta):
         TaggedFormat(beta=beta)
 
 
+def test_a_lambda_that_breaks_property_i_names_the_largest_that_keeps_it():
+    # the message said "use lambda_ <= 1", which breaks it too at beta=0.99
+    with pytest.raises(ValueError, match=r"use lambda_ <= 0\.84\d* with beta=0\.99"):
+        TaggedFormat(beta=0.99, lambda_=1.0)
+    TaggedFormat(beta=0.99, lambda_=0.84)
+
+
 def test_bounds_table():
     """Paper Table 12 values for the released constants; property (i) fails above ~1.16."""
     table = {lam: compute_bounds(0.9, lam) for lam in (0.5, 0.75, 1.0, 1.5)}

@@ -112,6 +112,10 @@ def maxsim_scores(
     if n_docs and qmat.shape[1] != doc_matrix.shape[1]:
         raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {doc_matrix.shape[1]}")
     offsets = np.ascontiguousarray(doc_offsets, dtype=np.int64)
+    if (offsets.ndim != 1 or len(offsets) == 0 or offsets[0] < 0 or offsets[-1] > len(doc_matrix)
+            or np.any(np.diff(offsets) <= 0)):  # the kernel would read past the matrix
+        raise ValueError(f"doc_offsets must rise strictly from 0 or more to at most the {len(doc_matrix)} "
+                         "rows of doc_matrix (every document at least one row)")
     lib = _fused() if dtype == np.float32 and doc_matrix.dtype in (np.float32, np.float16) else None
     if lib is None or n_docs == 0 or doc_matrix.ndim != 2:
         return _blas_scores(qmat, qoff, doc_matrix, offsets, n_docs, dtype, max_chunk_bytes)
@@ -213,7 +217,10 @@ def _thread_count() -> int:
         return max(1, THREADS)
     env = os.environ.get("UIBK_MAXSIM_THREADS")
     if env:
-        return max(1, int(env))
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"UIBK_MAXSIM_THREADS must be a whole number of threads, got {env!r}") from None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -285,14 +292,14 @@ def _convert_into(block: np.ndarray, out: np.ndarray) -> np.ndarray:
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` best scores, best first; ties keep the lower index first.
 
-    ``-inf`` entries (filtered out) are never returned.
+    ``-inf`` entries (filtered out) and NaN are never returned; ``+inf`` ranks first.
 
     >>> import numpy as np
     >>> top_k(np.array([0.1, 0.9, -np.inf, 0.9]), 5).tolist()
     [1, 3, 0]
     """
     scores = np.asarray(scores)
-    valid = np.flatnonzero(np.isfinite(scores))
+    valid = np.flatnonzero(~np.isnan(scores) & (scores != -np.inf))
     if k <= 0 or len(valid) == 0:
         return np.zeros(0, dtype=np.int64)
     s = scores[valid]

@@ -33,6 +33,8 @@ def _mean_over_judged(run: Run, qrels: Qrels, k: int,
     qs = _judged(qrels)
     if not qs:
         raise ValueError("no query has a relevant document")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
     total = 0.0
     for q in qs:
         ranked = list(run.get(q, ()))

@@ -243,11 +243,15 @@ class TaggedFormat:
             raise ValueError(f"the format has exactly {N_SLOTS} slots, got n_slots={self.n_slots}")
         b = self.bounds()
         if not b.property_i:
+            lo, hi = 0.0, self.lambda_  # the largest lambda keeping (i) at this beta (it holds near 0)
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if compute_bounds(self.beta, mid).property_i else (lo, mid)
             raise ValueError(
                 f"lambda_={self.lambda_} breaks property (i) of docs/format.md#identity: slot-slot "
                 f"similarity can drop to {b.slot_slot_min:.3f} while slot-token similarity can reach "
                 f"{b.slot_token_max:.3f}, so a query slot could select a document token; "
-                "use lambda_ <= 1"
+                f"use lambda_ <= {math.floor(lo * 1000) / 1000:g} with beta={self.beta:g}"
             )
 
     # -- constants -------------------------------------------------------------------------

@@ -55,7 +55,15 @@ from uibk_embedding.adapters.filters import (
     parse_filter,
 )
 from uibk_embedding.errors import CollectionMismatch, InvalidInput, StoreInUse
-from uibk_embedding.tagged import DIM, N_SLOTS, Decomposition, TaggedFormat, check_text, decompose
+from uibk_embedding.tagged import (
+    DIM,
+    MAX_DENSE_WEIGHT,
+    N_SLOTS,
+    Decomposition,
+    TaggedFormat,
+    check_text,
+    decompose,
+)
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
@@ -282,12 +290,15 @@ def validate_query(x: Any, what: str = "query") -> np.ndarray:
         )
     if np.any(x[:, 0] == 0):
         raise ValueError(f"{what}: a row has tag 0: not a tagged list")
-    norms = np.linalg.norm(x, axis=1)
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)  # float32 norms overflow past 1.8e19
     tok = norms[~slot]
     if len(tok) and np.any(np.abs(tok - 1) > UNIT_TOL):
         raise ValueError(f"{what}: token rows must be unit vectors")
     if n_slots and np.ptp(norms[slot]) > UNIT_TOL * max(1.0, norms[slot].max()):
         raise ValueError(f"{what}: slot rows must share one norm (the dense weight)")
+    if n_slots and norms[slot].max() > MAX_DENSE_WEIGHT * (1 + UNIT_TOL):
+        raise ValueError(f"{what}: slot rows of norm {norms[slot].max():.3g}: the dense weight is at most "
+                         f"{MAX_DENSE_WEIGHT:g} (scores would overflow float32)")
     return x
 
 

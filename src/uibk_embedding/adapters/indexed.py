@@ -1033,7 +1033,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                 elif rerank:
                     with self._scoring():
                         hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
-                                                 head=pending, dtype=np.float32,
+                                                 head=pending,
                                                  explain=self.format if explain else None)
                     out.append([Hit(self._id_of[h.id], h.score, json.loads(json.dumps(h.metadata)),
                                     h.decomposition) for h in hits])

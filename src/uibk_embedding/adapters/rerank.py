@@ -57,7 +57,7 @@ scored (:func:`rerank_candidates`; chosen on ``benchmarks/rerank_depth.py``, doc
 
 def rerank_candidates(query: np.ndarray, candidates: Sequence[Candidate], fetch: Fetch, k: int, *,
                       pool: int | None = None, head: Sequence[Hashable] = (), bound_slack: float = 0.0,
-                      first: int = 512, piece: int = 512, dtype: type = np.float64,
+                      first: int = 512, piece: int = 512, dtype: type = np.float32,
                       explain: TaggedFormat | None = None) -> list[Hit]:
     """The best ``k`` of ``candidates`` (and ``head``) by exact MaxSim with ``query``, best first.
 
@@ -74,8 +74,10 @@ def rerank_candidates(query: np.ndarray, candidates: Sequence[Candidate], fetch:
       caller cuts ``candidates`` to the most the pool may grow to.
     * Early stop: once ``k`` hits are held and the k-th score is at least the next candidate's
       bound plus ``bound_slack``, nothing later is fetched (bounds must then descend).
-    * Scores are computed in ``dtype`` (float64: reference scores); ties keep the earlier key
-      (``head`` first, then the engine's order).
+    * Scores are computed in ``dtype``: float32 scores as the exact store does (with the fused
+      kernel a document's score does not depend on the others scored beside it, so identical
+      lists tie); ties keep the earlier key (``head`` first, then the engine's order). float64
+      gives reference scores, whose BLAS products may part identical lists by an ulp.
     * With ``explain`` (the store's :class:`~uibk_embedding.tagged.TaggedFormat`) each hit
       carries its :class:`~uibk_embedding.tagged.Decomposition`, computed from the list already
       fetched (no second read).
