@@ -46,3 +46,27 @@ def test_eval_prints_progress_lines(tmp_path, capsys):
     assert any(ln.startswith("uibk-embed: encoding ") and "8 of 8 (100%)" in ln for ln in lines), err
     assert [ln for ln in err.splitlines() if "were truncated" in ln] == [
         "uibk-embed: 4 of 8 documents were longer than 512 tokens and were truncated to them"], err
+
+
+def test_other_warnings_pass_through_once_and_end():
+    # showing another warning while recording appended it to the list being read: the loop
+    # never ended and filled the memory (an `index` into LanceDB died at 20 GB). A child process
+    # with bounded memory and time, so the old code could not take the test run down with it.
+    import subprocess
+    import sys
+
+    child = ("import io, resource, warnings\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+             "from uibk_embedding.apps.cli import truncation_said_once\n"
+             "out = io.StringIO()\n"
+             "with truncation_said_once(out):\n"
+             "    for _ in range(3):\n"
+             "        warnings.warn('an engine deprecation', DeprecationWarning)\n"
+             "        warnings.warn('1 of 2 documents were longer than 512 tokens and were truncated')\n"
+             "print(out.getvalue().strip())\n")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", child], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = "uibk-embed: 3 of 6 documents were longer than 512 tokens and were truncated to them"
+    assert done.stdout.strip() == said
+    assert done.stderr.count("an engine deprecation") == 1

@@ -233,23 +233,29 @@ def truncation_said_once(out: Any = None) -> Iterator[None]:
     uibk-embed: 6 of 30 documents were longer than 512 tokens and were truncated to them
     """
     out = out if out is not None else sys.stderr
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
+            warnings.simplefilter("always")
             yield
-        finally:
-            cut: dict[tuple[str, str], list[int]] = {}
-            for w in caught:
-                m = _TRUNCATED.match(str(w.message))
-                if m is None:
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-                    continue
-                n = cut.setdefault((m.group(3), m.group(4)), [0, 0])
-                n[0] += int(m.group(1))
-                n[1] += int(m.group(2))
-            for (what, limit), (n, total) in cut.items():
-                print(f"uibk-embed: {n} of {total} {what} were longer than {limit} tokens and were "
-                      "truncated to them", file=out)
+    finally:
+        # after the recording: showing a warning while it records appended it to ``caught``
+        # again, so the loop never ended (and filled the memory)
+        cut: dict[tuple[str, str], list[int]] = {}
+        others: dict[tuple, warnings.WarningMessage] = {}
+        for w in caught:
+            m = _TRUNCATED.match(str(w.message))
+            if m is None:  # each other warning once per place, as Python's default filter shows it
+                others.setdefault((w.category, str(w.message), w.filename, w.lineno), w)
+                continue
+            n = cut.setdefault((m.group(3), m.group(4)), [0, 0])
+            n[0] += int(m.group(1))
+            n[1] += int(m.group(2))
+        for w in others.values():
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        for (what, limit), (n, total) in cut.items():
+            print(f"uibk-embed: {n} of {total} {what} were longer than {limit} tokens and were "
+                  "truncated to them", file=out)
 
 
 # -- subcommands ---------------------------------------------------------------------------
