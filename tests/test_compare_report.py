@@ -65,6 +65,27 @@ def test_compare_counts_must_be_positive(tmp_path, capsys, option, value):
     assert e.value.code == 2 and f"{option}: must be positive, got {value}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_compare_timeout_must_be_positive_seconds(tmp_path, capsys, value):
+    # -1 skipped every backend ("timed out after -1 s") and exited 0
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path), "--timeout", value])
+    assert e.value.code == 2 and "--timeout: must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_a_backend_that_ran_no_query_reports_no_latency_not_nan():
+    # _percentile([]) was NaN, which compare.json wrote as NaN: not JSON
+    import json
+
+    from uibk_embedding.apps.compare_metrics import summarise
+
+    res = {"runs": {}, "latencies_s": [], "build_s": 50.0, "upsert_s": 49.0, "peak_rss_mb": 1.0,
+           "base_rss_mb": 1.0, "count": 6, "queries_run": 0}
+    out = summarise(res, {"q1": {"d0": 1}}, {"q1": ["d0"]})
+    assert out["latency_ms_p50"] is None and out["latency_ms_p95"] is None
+    json.loads(json.dumps(out), parse_constant=lambda c: pytest.fail(f"{c} in the report"))
+
+
 def test_an_exact_run_cut_short_by_its_time_budget_is_not_the_reference(monkeypatch, tmp_path):
     """The exact store stopped after one query of three (its worker's time budget): the other
     backends' agreement figures were computed over that one query (1.0 where they agree on 1 of 3)."""

@@ -322,3 +322,29 @@ def test_index_upkeep_prunes_old_versions(tmp_path, fmt, rng):
     assert pruned_bytes < kept_bytes / 2, (pruned_bytes, kept_bytes)
     with pytest.raises(ValueError, match="keep_versions"):
         LanceDBStore(tmp_path, table="x", keep_versions=-1)
+
+
+def test_exact_mode_prunes_old_versions_too(tmp_path, fmt, rng):
+    # exact mode never ran the upkeep: 111 overwrites of 100 documents kept 113 versions (29 MB
+    # for 2 MB of rows), keep_versions silently unused
+    from uibk_embedding.adapters.lancedb import PRUNE_EVERY
+
+    doc = make_list(fmt, rng, 6)
+    with pytest.warns(UserWarning, match="removes every version except the latest"):  # LanceDB's
+        with LanceDBStore(tmp_path, table="t", keep_versions=0) as s:
+            for i in range(PRUNE_EVERY + 20):
+                s.upsert([f"d{i % 5}"], [doc])
+            assert len(s._tbl.list_versions()) <= 20 + 2 and s.count() == 5
+
+
+def test_index_mode_takes_any_k_and_returns_k_when_k_match(tmp_path, fmt, rng):
+    # a k past the rows made LanceDB allocate for k (10**8: the process died); probing one
+    # partition returned 7-9 of the 10 documents that matched a filter
+    docs = [make_list(fmt, rng, 8) for _ in range(400)]
+    with LanceDBStore(tmp_path, table="t", mode="index", index_min_rows=64) as s:
+        s.upsert([f"d{i}" for i in range(400)], docs, [{"g": i % 40} for i in range(400)])
+        assert s.has_index
+        assert len(s.search(docs[0], k=10**8)) == 400
+        for q in docs[:5]:
+            hits = s.search(q, k=10, filter={"g": 3}, nprobes=1, candidates=10)
+            assert sorted(h.id for h in hits) == sorted(f"d{i}" for i in range(3, 400, 40))

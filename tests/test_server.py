@@ -425,6 +425,34 @@ def _junk(kind: str, size: int) -> bytes:
     raise AssertionError(kind)
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--port", "99999"], "--port: must be at least 0 and at most 65535"),  # OverflowError traceback
+    (["--threads", "-1"], "--threads: must be at least 1"),  # RuntimeError traceback
+    (["--batch-tokens", "-5"], "--batch-tokens: must be at least 1"),  # accepted
+    (["--idle-timeout-s", "-1"], "--idle-timeout-s: must be at least 0"),  # accepted
+    (["--log-level", "foo"], "--log-level: invalid choice"),  # "not found: foo", after "listening"
+])
+def test_serve_options_are_checked_before_anything_loads(capsys, argv, said):
+    from uibk_embedding.encoder.server import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_serve_names_a_port_in_use_before_saying_it_listens(capsys):
+    import socket
+
+    from uibk_embedding.encoder.server import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(SystemExit, match=r"cannot listen on 127\.0\.0\.1:"):
+            main(["--port", str(taken.getsockname()[1])])
+    assert "listening" not in capsys.readouterr().err
+
+
 def test_junk_bodies_are_refused_without_building_the_junk(checkpoint):
     """Valid JSON that is not a request (an extra key, a list of {} as texts, deep nesting) is a
     400 naming the problem; the server's memory while refusing it stays near the body's size

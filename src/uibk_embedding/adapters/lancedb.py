@@ -34,6 +34,9 @@ from uibk_embedding.maxsim import pack
 from uibk_embedding.tagged import DIM, TaggedFormat
 
 RECORD_KEY = b"uibk_embedding"
+PRUNE_EVERY = 64
+"""Writes of one store object between two :meth:`LanceDBStore.optimize` runs of the upkeep (each
+write is a table version; exact mode kept every one: 113 versions, 29 MB for 2 MB of rows)."""
 PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}  # concurrent inserts of one id conflict
 _LISTED = ("id", "vectors", "metadata")
 
@@ -104,12 +107,14 @@ class LanceDBStore(MultiVectorStore):
     format: the tagged format (recorded in the table's schema metadata).
     mode: "exact" (default: flat MaxSim, metric ``dot``) or "index": ``candidates`` documents from
         an IVF_FLAT cosine index (``nprobes`` partitions probed, LanceDB's ``refine_factor``),
-        unindexed rows searched flat; all four also per-query options. Hits are scored here in
-        float64 (exact MaxSim, :func:`~uibk_embedding.adapters.rerank.rerank_candidates`).
+        unindexed rows searched flat; all four also per-query options. Hits are scored here by
+        exact MaxSim (:func:`~uibk_embedding.adapters.rerank.rerank_candidates`); when the probed
+        partitions hold fewer than ``k`` matches, the search is flat.
     index_min_rows, reindex_share: the index upkeep of mode "index": built at ``index_min_rows``
         rows, ``optimize()`` past ``reindex_share`` unindexed (a failure warns; the write stands).
-    keep_versions: seconds a superseded version stays readable (``optimize()`` prunes older ones;
-        LanceDB's 7 days took 4.5 GiB on NPL). 0: one process only (older readers would fail).
+    keep_versions: seconds a superseded version stays readable (``optimize()`` prunes older ones,
+        run every :data:`PRUNE_EVERY` writes in either mode; LanceDB's 7 days took 4.5 GiB on
+        NPL). 0: one process only (older readers would fail).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -139,10 +144,10 @@ class LanceDBStore(MultiVectorStore):
         self._defaults = self._options(mode=mode, candidates=candidates, nprobes=nprobes,
                                        refine_factor=refine_factor, index_min_rows=index_min_rows)
         self.exact, self.index_min_rows, self.reindex_share = mode == "exact", index_min_rows, reindex_share
+        if not 0 <= reindex_share < 1 or not 0 <= keep_versions <= 10**9:  # (timedelta's own limit: 1e14 s)
+            raise ValueError(f"reindex_share must be in [0, 1) and keep_versions in [0, 1e9] seconds, got "
+                             f"{reindex_share!r} and {keep_versions!r}")
         self.keep_versions = timedelta(seconds=keep_versions)
-        if not 0 <= reindex_share < 1 or not keep_versions >= 0:
-            raise ValueError(f"reindex_share must be in [0, 1) and keep_versions >= 0, got {reindex_share!r} "
-                             f"and {keep_versions!r}")
         self._tmp = uri is None and path is None
         if self._tmp and not create:
             raise StoreNotFound("LanceDBStore(create=False) needs uri= or path=: without one it would make "
@@ -225,12 +230,16 @@ class LanceDBStore(MultiVectorStore):
         return self._upkeep(int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows))
 
     def _upkeep(self, result: Any = None) -> Any:
-        """Index mode, after a write's commit (``result`` passed through): the class's index upkeep."""
+        """After a write's commit (``result`` passed through): index mode's index upkeep, and in
+        either mode an :meth:`optimize` (compaction, versions older than ``keep_versions`` pruned)
+        every :data:`PRUNE_EVERY` writes of this store object (each write is a new version)."""
+        self._writes = getattr(self, "_writes", 0) + 1
         try:
             n = 0 if self.exact else self.count()
             if n >= self.index_min_rows and not self.has_index:  # partitions: ~sqrt(token rows), docs
                 self.create_index(num_partitions=int(np.sqrt(n * getattr(self, "_mean_rows", 0))) or None)
-            elif n and self.has_index and self.n_pending > self.reindex_share * n:
+            elif (n and self.has_index and self.n_pending > self.reindex_share * n) \
+                    or self._writes % PRUNE_EVERY == 0:
                 self.optimize()
         except Exception as e:  # the rows are stored; the next write tries again
             warnings.warn(f"LanceDB table {self.table!r} at {self.uri}: index upkeep failed ({e}); the "
@@ -272,11 +281,14 @@ class LanceDBStore(MultiVectorStore):
         if opts["mode"] == "exact":
             search = search.distance_type("dot").bypass_vector_index().limit(k)
         else:
+            limit = max(k, opts["candidates"])  # k past the rows: LanceDB allocated for all k (and died)
             search = (search.distance_type("cosine").nprobes(opts["nprobes"])
-                      .refine_factor(opts["refine_factor"]).limit(max(k, opts["candidates"])))
+                      .refine_factor(opts["refine_factor"]).limit(min(limit, max(self.count(), 1))))
         found = _found(search.select([*_LISTED, "_distance"]).to_arrow())  # _distance: Lance wants it
+        if opts["mode"] == "index" and len(found) < k:  # the probed partitions missed matches: flat
+            return self._search(q, k, conditions, explain, **{**given, "mode": "exact"})
         return rerank_candidates(q, [(x, None) for x in found], lambda _: found, k, first=max(len(found), 1),
-                                 explain=self.format if explain else None)  # exact MaxSim, float64
+                                 explain=self.format if explain else None)  # exact MaxSim
 
     _search_explained = partialmethod(_search, explain=True)  # the hits' lists came with the search
 

@@ -366,6 +366,17 @@ def first_part(coll: Collection, max_docs: int | None, max_queries: int | None) 
                       {q: r for q, r in coll.qrels.items() if q in queries})
 
 
+def _seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds (-1 skipped every backend, NaN ran them all)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="uibk-embed compare", description=__doc__.split("\n\n")[0])
     p.add_argument("data", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
@@ -393,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queries", type=_positive_int, default=None, help="use the first N queries only")
     p.add_argument("--scale", default=None,
                    help="comma-separated collection sizes (synthetic documents beyond the real ones)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per backend")
+    p.add_argument("--timeout", type=_seconds, default=3600.0, help="seconds per backend")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="cap the worker's BLAS/OpenMP/Rayon threads (default: the libraries' own)")
     p.add_argument("--no-cache", action="store_true", help="do not cache the encoded vectors")

@@ -101,6 +101,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
 import weakref
@@ -698,6 +699,31 @@ def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str
                 proc.wait()
 
 
+def _number(kind: type, low: float, high: float | None = None, *, above: bool = False) -> Any:
+    """An argparse type: a ``kind`` number at least ``low`` (above it with ``above``), at most ``high``.
+
+    >>> _number(int, 1)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be at least 1, got 0
+    """
+    def parse(text: str) -> Any:
+        try:
+            x = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not (x > low if above else x >= low) or (high is not None and x > high) or x != x:
+            bound = f"above {low:g}" if above else f"at least {low:g}"
+            bound += f" and at most {high:g}" if high else ""
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return x
+    return parse
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="uibk-embed serve",
                                 description="serve one shared encoder over HTTP")
@@ -706,27 +732,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let a PyLate model folder run the Python code it ships (read it first)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--port", type=_number(int, 0, 65535), default=DEFAULT_PORT,
                    help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
+    p.add_argument("--max-wait-ms", type=_number(float, 0), default=5.0,
                    help="how long to wait for more requests to batch together")
-    p.add_argument("--batch-tokens", type=int, default=None, help="padded tokens per forward pass")
-    p.add_argument("--max-texts", type=int, default=1024, help="texts per request at most")
+    p.add_argument("--batch-tokens", type=_number(int, 1), default=None,
+                   help="padded tokens per forward pass")
+    p.add_argument("--max-texts", type=_number(int, 1), default=1024, help="texts per request at most")
     p.add_argument("--max-text-chars", type=int, default=100_000,
                    help="a longer text is cut to this many characters before tokenizing (then truncated "
                         "at the token limit, as in-process; default 100000)")
-    p.add_argument("--max-body-mb", type=float, default=32.0, help="request body size limit")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--max-body-mb", type=_number(float, 0, above=True), default=32.0,
+                   help="request body size limit")
+    p.add_argument("--threads", type=_number(int, 1), default=None, help="CPU threads for torch")
     p.add_argument("--api-key-file", default=None,
                    help="file holding the API key that clients must send as 'Authorization: Bearer KEY' "
                         "(default: $UIBK_API_KEY; none: no authentication, fine on 127.0.0.1). A key "
                         "on the command line would show in the process list, so it is read from a file")
     p.add_argument("--max-concurrent-requests", type=int, default=64,
                    help="requests served at once; more answer 429 with Retry-After")
-    p.add_argument("--body-timeout-s", type=float, default=30.0,
+    p.add_argument("--body-timeout-s", type=_number(float, 0, above=True), default=30.0,
                    help="seconds to receive a request body (slow clients get 408)")
-    p.add_argument("--idle-timeout-s", type=float, default=5.0,
+    p.add_argument("--idle-timeout-s", type=_number(float, 0), default=5.0,
                    help="seconds an idle keep-alive connection stays open")
     p.add_argument("--max-queued-mb", type=float, default=256.0,
                    help="request bodies being received plus texts waiting for the encoder, all requests "
@@ -736,8 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-vectors", type=int, default=2**22,
                    help="token vectors (an upper bound per text) of the requests not yet answered in full, "
                         "all together; more answer 429 (1 KiB of memory each)")
-    p.add_argument("--log-level", default="warning",
-                   help="uvicorn's log level: critical, error, warning (default), info, debug, trace")
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
+                   help="uvicorn's log level (default warning)")
     return p
 
 
@@ -752,9 +780,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    shared = SharedEncoder(args.encoder, device=args.device, batch_tokens=args.batch_tokens,
-                           max_wait_ms=args.max_wait_ms, show_progress=False,
-                           **({"trust_remote_code": True} if args.trust_remote_code else {}))
+    try:
+        shared = SharedEncoder(args.encoder, device=args.device, batch_tokens=args.batch_tokens,
+                               max_wait_ms=args.max_wait_ms, show_progress=False,
+                               **({"trust_remote_code": True} if args.trust_remote_code else {}))
+    except (RuntimeError, ValueError, OSError) as e:  # a device torch lacks, a folder that is none
+        raise SystemExit(f"uibk-embed serve: cannot load the encoder: {str(e).splitlines()[0]}") from None
     key = os.environ.get("UIBK_API_KEY", "").strip() or None  # a newline from `echo` is no part of it
     if args.api_key_file:
         key = Path(args.api_key_file).read_text().strip()
@@ -771,6 +802,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         shared.close()
         raise SystemExit(f"uibk-embed serve: {e}") from None
+    try:  # the address is free (as uvicorn binds it): said before "listening", not after it
+        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+    except OSError as e:
+        shared.close()
+        raise SystemExit(f"uibk-embed serve: cannot listen on {args.host}:{args.port}: "
+                         f"{e.strerror or e}") from None
     print(f"uibk-embed serve: {shared.model_name} on {shared.device}, "
           f"listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
