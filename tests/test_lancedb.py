@@ -348,3 +348,23 @@ def test_index_mode_takes_any_k_and_returns_k_when_k_match(tmp_path, fmt, rng):
         for q in docs[:5]:
             hits = s.search(q, k=10, filter={"g": 3}, nprobes=1, candidates=10)
             assert sorted(h.id for h in hits) == sorted(f"d{i}" for i in range(3, 400, 40))
+
+
+def test_deep_filters_parse_or_are_refused_by_name(tmp_path, fmt, rng):
+    # 23 nested $not or 24 nested $or failed in LanceDB's SQL parser ("recursion limit exceeded")
+    from uibk_embedding.adapters.filters import matches, parse_filter
+
+    with LanceDBStore(tmp_path, table="t") as s:
+        md = [{"n": 3, "m": 1}, {"n": 4, "m": 2}]
+        s.upsert(["a", "b"], [make_list(fmt, rng, 4) for _ in md], md)
+        nots, ors = {"n": 3}, {"n": 3}
+        for _ in range(31):
+            nots, ors = {"$not": nots}, {"$or": [{"m": 9}, ors]}
+        for f in (nots, ors):  # both flatten: a double negation and an OR in an OR change nothing
+            want = [x for x, m in zip("ab", md, strict=True) if matches(m, parse_filter(f))]
+            assert [x for x, _ in s.scan(f)] == want
+        alternating = {"n": 3}
+        for i in range(30):
+            alternating = {"$or": [{"m": 9}, alternating]} if i % 2 else {"$and": [{"n": 3}, alternating]}
+        with pytest.raises(ValueError, match="LanceDB's SQL parser takes 22 at most"):
+            list(s.scan(alternating))

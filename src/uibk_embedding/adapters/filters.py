@@ -258,6 +258,26 @@ def _group(nodes: list[Node]) -> Node:
     return nodes[0] if len(nodes) == 1 else And(tuple(nodes))  # {}: And(()), which always holds
 
 
+def flattened(node: Node) -> Node:
+    """``node`` with the nesting that changes nothing taken out: a double negation, an AND inside
+    an AND, an OR inside an OR (for engines whose parser limits how deep a filter nests).
+
+    >>> c = Condition("n", "$eq", (1,))
+    >>> flattened(Not(Not(Or((c, Or((c, Not(Not(c)))))))))
+    Or(children=(Condition(field='n', op='$eq', values=(1,)), Condition(field='n', op='$eq', values=(1,)), \
+Condition(field='n', op='$eq', values=(1,))))
+    """
+    if isinstance(node, Not):
+        child = flattened(node.child)
+        return child.child if isinstance(child, Not) else Not(child)
+    if isinstance(node, And | Or):
+        kind, children = type(node), []
+        for c in map(flattened, node.children):
+            children += c.children if isinstance(c, kind) else (c,)
+        return kind(tuple(children))
+    return node
+
+
 def parse_filter(filter: Filter | None) -> tuple[Node, ...]:
     """Validate a filter and return its conditions, all of which must hold (empty for ``None``
     or ``{}``, which match every document).

@@ -27,13 +27,27 @@ from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters import base
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import batched
-from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Condition, Node, Not, Or, is_number
+from uibk_embedding.adapters.filters import (
+    OPERATORS,
+    SQL_RANGES,
+    And,
+    Condition,
+    Node,
+    Not,
+    Or,
+    flattened,
+    is_number,
+)
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, StoreNotFound
 from uibk_embedding.maxsim import pack
 from uibk_embedding.tagged import DIM, TaggedFormat
 
 RECORD_KEY = b"uibk_embedding"
+MAX_NESTING = 22
+"""The deepest nesting of ``$and``/``$or``/``$not`` (after :func:`~uibk_embedding.adapters.filters.flattened`,
+a negated condition counting one more) that LanceDB's SQL parser takes (measured: every filter tried
+of 22 levels parsed, some of 24 hit its recursion limit)."""
 PRUNE_EVERY = 64
 """Writes of one store object between two :meth:`LanceDBStore.optimize` runs of the upkeep (each
 write is a table version; exact mode kept every one: 113 versions, 29 MB for 2 MB of rows)."""
@@ -72,6 +86,14 @@ def quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _nesting(node: Node) -> int:
+    if isinstance(node, Not):
+        return 1 + _nesting(node.child)
+    if isinstance(node, And | Or):
+        return 1 + max(map(_nesting, node.children), default=0)
+    return 1  # a negated condition is wrapped once more
+
+
 def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
     """The LanceDB ``where`` of parsed filter conditions (two-valued: a missing field makes a
     comparison false and its negation true).
@@ -80,8 +102,13 @@ def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
     >>> filter_sql(parse_filter({"n": {"$gte": 2}}))  # doctest: +ELLIPSIS
     "(COALESCE(json_get_float(_uibk_num, '...') >= 2.0, false))"
     """
-    if isinstance(nodes, tuple | And):
-        nodes = nodes if isinstance(nodes, tuple) else nodes.children
+    if isinstance(nodes, tuple):  # the top: nesting that changes nothing is dropped first
+        nodes = flattened(And(nodes))
+        if _nesting(nodes) > MAX_NESTING:
+            raise ValueError(f"the filter nests {_nesting(nodes)} levels of $and/$or/$not; LanceDB's SQL "
+                             f"parser takes {MAX_NESTING} at most")
+    if isinstance(nodes, And):
+        nodes = nodes.children
         return "(" + " AND ".join(filter_sql(n) for n in nodes) + ")" if nodes else "TRUE"
     if isinstance(nodes, Or):
         return "(" + " OR ".join(filter_sql(c) for c in nodes.children) + ")"
