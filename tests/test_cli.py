@@ -117,6 +117,19 @@ def test_eval_reads_an_existing_store_as_it_is(tmp_path, datasets, capsys):
         assert sorted(s.ids()) == ["mine0", "mine1", "mine2"]
 
 
+def test_eval_without_a_store_warns_of_judged_documents_the_corpus_lacks(tmp_path, capsys):
+    # they scored 0 without a word (with --path the same case warned)
+    data = tmp_path / "tiny"
+    (data / "qrels").mkdir(parents=True)
+    texts = ["the lift of a wing", "a sourdough bread recipe", "boundary layer transition"]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+    (data / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "wing lift"}) + "\n")
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq\td0\t1\nq\tgone\t1\n")
+    assert main(["eval", str(data), "--json", "--no-cache"]) == 0
+    assert "1 of 2 documents the qrels name are not in the corpus of" in capsys.readouterr().err
+
+
 def test_eval_builds_a_store_only_when_asked(tmp_path, datasets, capsys):
     data, new = str(datasets / "limit-small"), tmp_path / "new-store"
     with pytest.raises(SystemExit) as e:

@@ -513,13 +513,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     encoded = encode_collection(enc, coll, use_cache=not args.no_cache,
                                                 on_batch=lines.update if lines.enabled else None)
                 index_into(store, encoded, coll)
+            named = {d for rel in coll.qrels.values() for d in rel}
+            if new:  # the qrels may name documents the corpus lacks (scored 0 without a word before)
+                missing, where = named - set(encoded.doc_ids), f"the corpus of {args.data}"
             else:
                 encoded, missing = encode_queries_for_store(enc, coll, store)
-                named = len({d for rel in coll.qrels.values() for d in rel})
-                if missing:
-                    print(f"uibk-embed eval: warning: {len(missing)} of {named} documents the qrels name "
-                          f"are not in the store at {_where(args.backend, opts)} (it holds "
-                          f"{len(encoded.doc_ids)}); they cannot be found", file=sys.stderr)
+                where = f"the store at {_where(args.backend, opts)}"
+            if missing:
+                print(f"uibk-embed eval: warning: {len(missing)} of {len(named)} documents the qrels name "
+                      f"are not in {where} (it holds {len(encoded.doc_ids)}); they cannot be found",
+                      file=sys.stderr)
             result = run_eval(coll, encoded, store, w)
             if args.retrieval_mode != "hybrid":
                 result = _store_run_in_mode(result, coll, encoded, store, w, args.retrieval_mode)
