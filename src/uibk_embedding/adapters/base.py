@@ -805,7 +805,12 @@ class MultiVectorStore(ABC):
 class BatchSearch:
     """For engines that search a batch of queries at once: a search, explained or not, is a
     batch of one of ``_search_batch(queries, k, conditions, explain=False, **options)``.
-    Listed before :class:`MultiVectorStore` among the bases."""
+    Listed before :class:`MultiVectorStore` among the bases.
+
+    >>> from uibk_embedding.adapters.exact import ExactStore
+    >>> issubclass(ExactStore, BatchSearch)
+    True
+    """
 
     def _search(self, query: np.ndarray, k: int, conditions: tuple[Node, ...], **options: Any) -> list[Hit]:
         return self._search_batch([query], k, conditions, **options)[0]  # type: ignore[attr-defined]
