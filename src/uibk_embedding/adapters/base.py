@@ -433,19 +433,24 @@ MAX_K = 2**31 - 1
 """The largest ``k`` a search takes (engines keep it in a C int or long; past it they overflowed)."""
 
 
-def validate_k(k: Any) -> int:
+def validate_k(k: Any, name: str = "k") -> int:
     """``k`` as an int in 1 .. :data:`MAX_K` (a larger ``k`` than the store's count returns every
-    document), else a ``TypeError`` / ``ValueError`` naming it.
+    document), else a ``TypeError`` / ``ValueError`` naming it (``name``: the caller's word for
+    it, e.g. MMR's ``fetch_k``).
 
     >>> validate_k(10), validate_k(np.int64(3))
     (10, 3)
+    >>> validate_k(0, "fetch_k")
+    Traceback (most recent call last):
+    ...
+    ValueError: fetch_k must be positive, got 0
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
+        raise TypeError(f"{name} must be an int, got {type(k).__name__}")
     if k <= 0:
-        raise ValueError(f"k must be positive, got {k}")
+        raise ValueError(f"{name} must be positive, got {k}")
     if k > MAX_K:
-        raise ValueError(f"k must be at most {MAX_K:,} (MAX_K), got {k}")
+        raise ValueError(f"{name} must be at most {MAX_K:,} (MAX_K), got {k}")
     return int(k)
 
 

@@ -55,7 +55,8 @@ def exact_number(v: Any) -> Any:
 def serialized(method: Callable[..., T]) -> Callable[..., T]:
     """Run a store method under the store's ``_guard`` (a lock, or a no-op context), so calls of
     one store object in one process take turns where the engine needs it (Milvus: a write spans
-    two collections; qdrant-client's local mode is not thread-safe)."""
+    two collections; qdrant-client's local mode is not thread-safe). The base's ``upsert`` and
+    ``delete`` already run ``_upsert``/``_delete`` under it; reads and maintenance use this."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:

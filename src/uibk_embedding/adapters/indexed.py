@@ -343,8 +343,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self.rebuild_growth = None if rebuild_growth is None else float(rebuild_growth)
         if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-        if device != "cpu" and not _cuda_devices() > int(device.partition(":")[2] or 0):
-            raise ValueError(f"device {device!r}: torch sees {_cuda_devices()} CUDA device(s) here")
+        if device != "cpu" and (seen := _cuda_devices()) <= int(device.partition(":")[2] or 0):
+            raise ValueError(f"device {device!r}: torch sees {seen} CUDA device(s) here")
         self.device = device
         check_positive("memory_budget", memory_budget, allow_none=True)
         self._memory_budget = None if memory_budget is None else int(memory_budget)

@@ -104,8 +104,8 @@ def filter_sql(nodes: tuple[Node, ...] | Node) -> str:
     """
     if isinstance(nodes, tuple):  # the top: nesting that changes nothing is dropped first
         nodes = flattened(And(nodes))
-        if _nesting(nodes) > MAX_NESTING:
-            raise ValueError(f"the filter nests {_nesting(nodes)} levels of $and/$or/$not; LanceDB's SQL "
+        if (depth := _nesting(nodes)) > MAX_NESTING:
+            raise ValueError(f"the filter nests {depth} levels of $and/$or/$not; LanceDB's SQL "
                              f"parser takes {MAX_NESTING} at most")
     if isinstance(nodes, And):
         nodes = nodes.children
@@ -308,9 +308,11 @@ class LanceDBStore(MultiVectorStore):
         if opts["mode"] == "exact":
             search = search.distance_type("dot").bypass_vector_index().limit(k)
         else:
-            limit = max(k, opts["candidates"])  # k past the rows: LanceDB allocated for all k (and died)
+            limit = opts["candidates"]
+            if k > limit:  # k past the rows: LanceDB allocated for all k (10**8 killed the process)
+                limit = min(k, max(self.count(), 1))
             search = (search.distance_type("cosine").nprobes(opts["nprobes"])
-                      .refine_factor(opts["refine_factor"]).limit(min(limit, max(self.count(), 1))))
+                      .refine_factor(opts["refine_factor"]).limit(limit))
         found = _found(search.select([*_LISTED, "_distance"]).to_arrow())  # _distance: Lance wants it
         if opts["mode"] == "index" and len(found) < k:  # the probed partitions missed matches: flat
             return self._search(q, k, conditions, explain, **{**given, "mode": "exact"})

@@ -508,7 +508,6 @@ class MilvusStore(BatchSearch, MultiVectorStore):
                              f"Milvus VARCHAR holds at most {MAX_META_BYTES}")
         return text
 
-    @serialized
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         for x in ids:
             if _CONTROL.search(x):
@@ -555,7 +554,6 @@ class MilvusStore(BatchSearch, MultiVectorStore):
             for name in names:
                 self.client.delete(name, filter=expr, timeout=self.timeout)
 
-    @serialized
     def _delete(self, ids: list[str]) -> None:
         self._delete_versions(ids)
 

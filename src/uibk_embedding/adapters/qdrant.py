@@ -224,12 +224,11 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
                 send(points)
                 bar.update(len(points))
 
-    # -- the interface: each engine supplies its calls (points, scroll, retrieve) ---------------
-    @serialized
+    # -- the interface: each engine supplies its calls (points, scroll, retrieve); the base's
+    # upsert and delete run _upsert and _delete under _guard
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         self._logged(ids, vectors, metadata)
 
-    @serialized
     def _delete(self, ids: list[str]) -> None:
         self._logged(ids)
 

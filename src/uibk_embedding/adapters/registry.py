@@ -177,21 +177,23 @@ def _sqlite_rows(db: Path, sql: str, args: tuple = ()) -> list | None:
     a ``-wal``/``-shm`` file); ``None`` when it cannot be read that way. When that finds nothing
     and a ``-wal`` file lies beside it (a writer was killed before its checkpoint), the file is
     read again read-only through the WAL, where the rows then are."""
-    rows = None
-    for mode in ("ro&immutable=1", "ro"):
-        if rows or (mode == "ro" and not Path(f"{db}-wal").is_file()):
-            return rows
-        try:
-            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True)
-        except sqlite3.Error:
-            continue
-        try:
-            rows = con.execute(sql, args).fetchall()
-        except sqlite3.Error:
-            pass
-        finally:
-            con.close()
+    rows = _read_only(db, "ro&immutable=1", sql, args)
+    if not rows and Path(f"{db}-wal").is_file():
+        rows = _read_only(db, "ro", sql, args) or rows
     return rows
+
+
+def _read_only(db: Path, mode: str, sql: str, args: tuple) -> list | None:
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return con.execute(sql, args).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
 
 
 def _lacks(what: str, name: str, have: Iterable[str]) -> str:

@@ -41,9 +41,10 @@ def rank_agreement(run: Sequence[str], reference: Sequence[str]) -> float:
     return 1.0 if not pairs else sum(a < b for a, b in pairs) / len(pairs)
 
 
-def _percentile(xs: Sequence[float], q: float) -> float | None:
-    """None without latencies (no query ran): JSON has no NaN."""
-    return float(np.percentile(np.asarray(xs), q)) if xs else None
+def _percentile_ms(xs: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile of latencies in seconds, in milliseconds; None without latencies
+    (no query ran): JSON has no NaN."""
+    return float(np.percentile(np.asarray(xs), q)) * 1e3 if xs else None
 
 
 def exact_runs(docs: Sequence[np.ndarray], doc_ids: Sequence[str], queries: Sequence[np.ndarray],
@@ -75,8 +76,8 @@ def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
                                                  for q, r in reference.items()) if reference else None),
         "identical_top10": (statistics.mean(float(runs.get(q, [])[:K] == r[:K])
                                             for q, r in reference.items()) if reference else None),
-        "latency_ms_p50": None if not lat else _percentile(lat, 50) * 1e3,
-        "latency_ms_p95": None if not lat else _percentile(lat, 95) * 1e3,
+        "latency_ms_p50": _percentile_ms(lat, 50),
+        "latency_ms_p95": _percentile_ms(lat, 95),
         "qps": len(lat) / sum(lat) if sum(lat) > 0 else None,
         "batch_qps": len(runs) / res["batch_s"] if res.get("batch_s") else None,
         "index_bytes": res.get("index_bytes"),

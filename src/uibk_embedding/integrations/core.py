@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding.adapters.base import (
-    MAX_K,
     MultiVectorStore,
     settle_format,
     validate_ids,
@@ -181,25 +180,6 @@ def relevance(query: np.ndarray, score: float) -> float:
     """
     xs, ys = zip(*RELEVANCE_KNOTS, strict=True)
     return float(np.interp(hybrid_fraction(query, score), xs, ys))
-
-
-def check_fetch_k(fetch_k: Any, name: str = "fetch_k") -> int:
-    """``fetch_k`` (MMR's number of candidates) as an int in 1 .. ``MAX_K``, else a
-    ``TypeError`` / ``ValueError`` that names it (``name``: the caller's word for it).
-
-    >>> check_fetch_k(20)
-    20
-    >>> check_fetch_k(0, "mmr_fetch_k")
-    Traceback (most recent call last):
-    ...
-    ValueError: mmr_fetch_k must be positive, got 0
-    """
-    if isinstance(fetch_k, bool) or not isinstance(fetch_k, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(fetch_k).__name__}")
-    if not 0 < fetch_k <= MAX_K:
-        raise ValueError(f"{name} must be positive, got {fetch_k}" if fetch_k <= 0 else
-                         f"{name} must be at most {MAX_K:,} (MAX_K), got {fetch_k}")
-    return int(fetch_k)
 
 
 def check_score_threshold(threshold: Any) -> float:
@@ -434,7 +414,8 @@ class RetrievalCore:
         independent of the documents' lengths (MaxSim between two lists is neither), and what
         "says the same thing" means for a sentence encoder. :func:`mmr_select` picks.
         """
-        k, fetch_k, lambda_mult = validate_k(k), check_fetch_k(fetch_k), check_lambda_mult(lambda_mult)
+        k, fetch_k = validate_k(k), validate_k(fetch_k, "fetch_k")
+        lambda_mult = check_lambda_mult(lambda_mult)
         if filter is NEVER_MATCHES:
             return []
         q = self.encode_query(query, dense_weight, retrieval_mode)

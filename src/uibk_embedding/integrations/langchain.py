@@ -57,7 +57,6 @@ from uibk_embedding.integrations.core import (
     RetrievalCore,
     ScoredText,
     StoredText,
-    check_fetch_k,
     check_lambda_mult,
     check_score_threshold,
     translate_langchain_filter,
@@ -120,7 +119,7 @@ def _check_search_params(p: dict[str, Any], search_type: str) -> None:
     merged), checked as the searches check them: when the retriever is built, and per call."""
     translate_langchain_filter(p["filter"])
     validate_k(p["k"])
-    check_fetch_k(p["fetch_k"])
+    validate_k(p["fetch_k"], "fetch_k")
     check_lambda_mult(p["lambda_mult"])
     if p["dense_weight"] is not None:
         check_dense_weight(p["dense_weight"])

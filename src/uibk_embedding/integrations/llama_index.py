@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from uibk_embedding._optional import require
-from uibk_embedding.adapters.base import MultiVectorStore
+from uibk_embedding.adapters.base import MultiVectorStore, validate_k
 from uibk_embedding.adapters.filters import matches, parse_filter
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.integrations.core import (
@@ -58,7 +58,6 @@ from uibk_embedding.integrations.core import (
     NEVER_MATCHES,
     RetrievalCore,
     ScoredText,
-    check_fetch_k,
 )
 from uibk_embedding.tagged import check_retrieval_mode, dense_vector
 
@@ -401,7 +400,7 @@ class UIBKVectorStore(BasePydanticVectorStore):
             if isinstance(getattr(query, name), str | bytes):  # list("d1") would be "d", "1"
                 raise TypeError(f"{name} must be a list of strings, not a single string")
         if fetch_k is not None:
-            check_fetch_k(fetch_k, "mmr_fetch_k")
+            validate_k(fetch_k, "mmr_fetch_k")
         parts = [translate_filters(query.filters)] if query.filters is not None else []
         if query.doc_ids:
             parts.append({REF_DOC_KEY: {"$in": list(query.doc_ids)}})
