@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -121,7 +122,8 @@ def bench_hybrid(enc, texts: list[str], runs: int, device: str) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation notices
-        ta, tb, tc = (median_time(f, runs) for f in (a, b, c))
+        t = median_times({"a": a, "b": b, "c": c}, runs)  # taking turns: ratios side by side
+    ta, tb, tc = t["a"], t["b"], t["c"]
     n = len(texts)
     return {
         "texts": n,
@@ -334,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = load_texts(args.datasets, args.docs)
     result: dict = {"device": device, "torch_threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-                    "datasets": args.datasets, "runs": args.runs, "sections": args.sections}
+                    "datasets": args.datasets, "runs": args.runs, "sections": args.sections,
+                    "load_average_before": list(os.getloadavg())}
     where = result["gpu"] or f"{result['torch_threads']} CPU threads"
     enc = TransformerEncoder(EMBEDDED_NAME, device=device)
     print(f"device {device} ({where}), {len(texts)} documents from {', '.join(args.datasets)}, "
@@ -387,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         result["profile_top"] = prof = profile_a(enc, texts, args.profile)
         print("\ncProfile of one run of (a), by own time:\n" + prof)
+    result["load_average_after"] = list(os.getloadavg())
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -76,9 +77,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     args = p.parse_args(argv)
+    load_before = list(os.getloadavg())  # another load on the cores changes every timing
     seconds = {str(b): {dt: time_product(args.tokens, args.partitions, dt, args.rounds, b)
                         for dt in ("float32", "float16", "bfloat16")} for b in args.batch}
-    result = {**cpu_facts(), "tokens": args.tokens, "partitions": args.partitions,
+    result = {**cpu_facts(), "load_average": {"before": load_before, "after": list(os.getloadavg())},
+              "tokens": args.tokens, "partitions": args.partitions,
               "rounds": args.rounds, "seconds": seconds,
               "vs_float32": {b: {dt: round(x / by["float32"], 2) for dt, x in by.items()}
                              for b, by in seconds.items()}}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queries", type=int, default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    load_before = list(os.getloadavg())  # another load on the cores changes every timing
 
     from uibk_embedding.apps.data import load_beir
     from uibk_embedding.apps.evaluation import encode_collection
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hr = head_runs(enc, k=10)
     result: dict = {
+        "load_average": {"before": load_before, "after": list(os.getloadavg())},
         "dataset": coll.name, "n_docs": len(ids), "n_queries": nq, "depth": args.depth,
         "ndcg@10": {name: round(ndcg_at_k(r, qrels, 10), 4) for name, r in runs.items()}
         | {"dense_only": round(ndcg_at_k(hr["dense"], qrels, 10), 4),

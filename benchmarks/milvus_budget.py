@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    load_before = list(os.getloadavg())  # another load on the cores changes every timing
 
     coll = load_beir(datasets_dir() / args.dataset)
     t = time.perf_counter()
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = {
+        "load_average": {"before": load_before, "after": list(os.getloadavg())},
         "dataset": coll.name + (f" (first {args.docs} docs)" if args.docs else ""),
         "docs": len(enc.docs), "vectors": int(sum(len(d) for d in enc.docs)),
         "queries": len(enc.queries), "engine": engine, "default_rows_per_vector": DEFAULT_CANDIDATES,

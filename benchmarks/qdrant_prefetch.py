@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--overhead-queries", type=int, default=5)
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
+    load_before = list(os.getloadavg())  # another load on the cores changes every timing
     enc = load(args.dataset, args.docs, args.queries)
     print(f"{args.dataset}: {len(enc.docs)} docs, {len(enc.queries)} queries, "
           f"{np.mean([len(d) for d in enc.docs]):.1f} vectors/doc", flush=True)
@@ -196,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"adapter overhead ({ov['engine']}, {ov['docs']} docs upserted + {ov['queries']} exact "
               f"queries, median of {ov['runs']} runs): direct {ov['direct_s']:.3f} s, adapter "
               f"{ov['adapter_s']:.3f} s, ratio {ov['ratio']:.3f}")
-    result = {"dataset": args.dataset, "docs": len(enc.docs), "queries": len(enc.queries),
+    result = {"load_average": {"before": load_before, "after": list(os.getloadavg())},
+              "dataset": args.dataset, "docs": len(enc.docs), "queries": len(enc.queries),
               "prefetch": rows, "overhead": ovs}
     if args.json:
         with open(args.json, "w") as f:

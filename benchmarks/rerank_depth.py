@@ -42,6 +42,7 @@ def probe(args: argparse.Namespace, docs: int) -> dict[str, Any]:
     reference = exact_top10(work, docs, queries)
     store = _open("warp", work / f"warp-{docs}")
     store.search(queries[0], k=K)  # loads the index
+    defaults = dict(store.search_params)  # --params-at changes them per query; the check uses these
     rows, engine_s = [], []
     for q, ref in zip(queries, reference, strict=True):
         t = time.perf_counter()
@@ -59,6 +60,7 @@ def probe(args: argparse.Namespace, docs: int) -> dict[str, Any]:
         rows.append({"ids": ids, "engine": [round(sc, 5) for _, sc in cands],
                      "exact": [round(exact[x], 5) for x in ids],
                      "reference": ref, "reference_rank": [pos.get(x, -1) for x in ref]})
+    store.search_params = defaults
     check = {}
     for pool in args.check:
         got = [[h.id for h in store.search(q, k=K, candidates=pool, candidates_limit=pool)] for q in queries]

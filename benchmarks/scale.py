@@ -187,6 +187,7 @@ def _open(engine: str, path: Path, loading: bool = False, **options: Any) -> Any
 def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.work) / f"{args.engine}-{args.docs}"
     shutil.rmtree(path, ignore_errors=True)
+    forget_top10(Path(args.work), args.engine, args.docs)  # of the store this load replaces
     harness = _status()
     t0 = time.perf_counter()
     store = _open(args.engine, path, loading=True, **_options(args))
@@ -595,11 +596,33 @@ def _built(args: argparse.Namespace, engine: str) -> Path:
     return path
 
 
+def forget_top10(work: Path, store: str, docs: int) -> list[Path]:
+    """Delete the cached top 10s of the store ``{store}-{docs}`` (every dense weight's), which
+    :func:`exact_top10` would otherwise reuse as the reference after the store is loaded anew
+    (e.g. from vectors of another projection); returns the files deleted.
+
+    >>> import tempfile
+    >>> w = Path(tempfile.mkdtemp())
+    >>> for name in ("exact-60.top10.json", "exact-60-w4.top10.json", "exact-600.top10.json"):
+    ...     _ = (w / name).write_text("[]")
+    >>> sorted(p.name for p in forget_top10(w, "exact", 60))
+    ['exact-60-w4.top10.json', 'exact-60.top10.json']
+    >>> sorted(p.name for p in w.iterdir())
+    ['exact-600.top10.json']
+    """
+    gone = [p for p in work.glob(f"{store}-{docs}*.top10.json")
+            if p.name == f"{store}-{docs}.top10.json" or p.name.startswith(f"{store}-{docs}-")]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
 def exact_top10(work: Path, docs: int, queries: list[np.ndarray], tag: str = "",
                 exact: Any = None, reference: str = "exact") -> list[list[str]]:
     """The exact store's top 10 of each query, cached next to the stores (``tag``: of queries
     changed, e.g. ``-w4`` for another dense weight; ``exact``: the store, already open;
-    ``reference``: ``exact`` or ``exact16``, the store that gives them)."""
+    ``reference``: ``exact`` or ``exact16``, the store that gives them). ``load`` of that store
+    deletes the cache (:func:`forget_top10`)."""
     cache = work / f"{reference}-{docs}{tag}.top10.json"
     top = json.loads(cache.read_text()) if cache.exists() else None
     if top is None or len(top) != len(queries):

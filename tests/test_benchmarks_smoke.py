@@ -166,6 +166,10 @@ def test_scale_plaid_smoke(tmp_path, rng):
     assert swept[1]["score_err_max"] > swept[0]["score_err_max"]  # PLAID's compressed scores
     assert swept[0]["exact_p50_ms"] > 0 and swept[0]["raw_score_vs_maxsim"]["median_ratio"] > 0
     assert (tmp_path / "w" / "exact-60-w4.top10.json").exists()
+    # loading the reference store anew (other vectors) drops its cached top 10s, which the next
+    # sweep would otherwise take as the exact reference
+    assert mod.main(["load", *stores, "--engine", "exact", "--chunk", "25"]) == 0
+    assert not list((tmp_path / "w").glob("exact-60*.top10.json"))
     runs = [*stores, "--runs", "1", "--out", str(tmp_path / "more.jsonl")]
     assert mod.main(["rerank", *runs, "--candidates", "20"]) == 0
     assert mod.main(["profile", *runs, "--engine", "plaid"]) == 0

@@ -165,3 +165,21 @@ def test_compare_interleaved_runs_every_backend_in_one_process_side_by_side(data
 def test_compare_interleaved_refuses_threads(tmp_path):
     with pytest.raises(SystemExit, match="--threads caps the worker processes"):
         compare.main([str(tmp_path), "--interleave", "--threads", "1"])
+
+
+def test_compare_times_the_plaid_and_warp_engines_and_says_which_path_answered(datasets, tmp_path):
+    """PLAID and WARP search exactly below ``min_index_vectors`` (millions of vectors by default),
+    so with the stores' defaults compare timed the exact scan under their names. Its defaults
+    index them at any size, and the report says which path answered each backend and the load
+    average around the run."""
+    pytest.importorskip("fast_plaid")
+    pytest.importorskip("xtr_warp")
+    out = tmp_path / "out"
+    assert compare.main([str(datasets / "limit-small"), "--interleave", "--max-queries", "4",
+                         "--backends", "exact,plaid,warp", "--out", str(out), "--quiet"]) == 0
+    res = json.loads((out / "compare.json").read_text())
+    assert {label: r["search"] for label, r in res["backends"].items()} == {
+        "exact": "exact", "plaid": "index", "warp": "index"}
+    assert all(len(res["load_average"][w]) == 3 for w in ("before", "after"))
+    md = (out / "compare.md").read_text()
+    assert "| search |" in md and "Load average (1, 5, 15 min) before: " in md

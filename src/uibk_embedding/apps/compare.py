@@ -3,8 +3,8 @@
 The collection is encoded once (cached on disk by :func:`~uibk_embedding.apps.evaluation.encode_collection`)
 and written as plain arrays to a work folder. Each backend then runs in a FRESH Python process
 (so its peak memory is its own and a crash or a missing dependency only skips that backend):
-open the store, upsert every document, run one warm-up query (which also triggers lazy index
-builds, e.g. WARP's), time every query one by one (``--repeat`` passes; a backend that reaches
+open the store, upsert every document, ``flush()`` it where it has one (WARP builds its index
+there) and run one warm-up query, time every query one by one (``--repeat`` passes; a backend that reaches
 80% of ``--timeout`` stops there and its figures cover the queries it ran, ``queries_run``) and
 once as a batch,
 measure the store's folder on disk, close. The parent scores the top-10 of each backend against
@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -104,7 +105,9 @@ from uibk_embedding.apps.compare_worker import (
     _run_backend,
     _save_arrays,
     _worker_main,
+    finish_build,
     run_worker,
+    search_path,
 )
 from uibk_embedding.apps.data import Collection, DataError, load_beir
 from uibk_embedding.apps.evaluation import _fingerprint, cache_dir, encode_collection, with_dense_weight
@@ -235,11 +238,13 @@ def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[
     """Every ``(label, backend)`` in this process, side by side (``compare --interleave``): the
     raw figures per label that :func:`~uibk_embedding.apps.compare_metrics.summarise` reads.
 
-    Each store is built in turn (``build_s``: upserts of 512 documents and one warm-up query,
-    which triggers lazy index builds). Then ``repeat`` passes over the queries: query ``i`` goes
-    to every store before query ``i + 1``, the stores' order rotated by one per query and pass,
-    and a query's latency is the median of its passes. Sizes on disk are read after the queries.
-    A store that fails to open, build or answer is reported as skipped with the reason.
+    Each store is built in turn (``build_s``: upserts of 512 documents, the store's ``flush()``
+    where it has one and one warm-up query,
+    :func:`~uibk_embedding.apps.compare_worker.finish_build`). Then ``repeat`` passes over the
+    queries: query ``i`` goes to every store before query ``i + 1``, the stores' order rotated
+    by one per query and pass, and a query's latency is the median of its passes. Sizes on disk
+    are read after the queries. A store that fails to open, build or answer is reported as
+    skipped with the reason.
 
     >>> import numpy as np, tempfile
     >>> from uibk_embedding.testing import make_list
@@ -270,7 +275,7 @@ def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[
                 for i in range(0, len(docs), 512):
                     store.upsert(doc_ids[i:i + 512], docs[i:i + 512])
                 upsert_s = time.perf_counter() - t0
-                store.search(queries[0], k=K)
+                finish_build(store, queries[0])
                 raw[label] = {"open_s": open_s, "upsert_s": upsert_s, "build_s": time.perf_counter() - t0,
                               "count": store.count(), "peak_rss_mb": None, "base_rss_mb": None}
             except Exception as e:  # reported, as the worker reports it
@@ -299,7 +304,7 @@ def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[
             if "skipped" not in raw[label]:
                 store, folder = stores[label]
                 raw[label].update(runs=runs[label], latencies_s=[statistics.median(x) for x in lat[label]],
-                                  index_bytes=_store_bytes(store, folder))
+                                  index_bytes=_store_bytes(store, folder), search=search_path(store))
     finally:
         for store, _ in stores.values():
             store.close()
@@ -443,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rounds = sizes or [None]
+    load_before = os.getloadavg()  # another load on the cores changes every timing: said in the report
     bar = tqdm(total=1 + len(rounds) * len(backends) + 1, desc="compare", unit="stage",
                disable=args.quiet)
     try:
@@ -480,7 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         key = str(len(enc.doc_ids)) if not sizes else str(max(int(k) for k in per_size))
         report = {"dataset": coll.name, "n_docs": int(key), "n_queries": len(enc.query_ids),
                   "k": K, "dense_weight": w, "retrieval_mode": mode, "interleaved": args.interleave,
-                  "repeat": args.repeat, "backends": per_size[key]}
+                  "repeat": args.repeat,
+                  "load_average": {"before": [round(x, 2) for x in load_before],
+                                   "after": [round(x, 2) for x in os.getloadavg()]},
+                  "backends": per_size[key]}
         if sizes:
             report["scale"] = per_size
         (out / "compare.json").write_text(json.dumps(report, indent=2))
@@ -488,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
               f"retrieval mode {mode}"
               + (f", queries interleaved across the backends (median of {args.repeat} passes)"
                  if args.interleave else "") + "\n",
+              "Load average (1, 5, 15 min) before: {}; after: {}\n".format(
+                  *(", ".join(f"{x:.2f}" for x in report["load_average"][w]) for w in ("before", "after"))),
               markdown_table(per_size[key])]
         if sizes:
             md.append("\n### Latency p50 (ms) by collection size\n")

@@ -87,6 +87,7 @@ def summarise(res: dict[str, Any], qrels: dict[str, dict[str, int]],
         "base_rss_mb": res["base_rss_mb"],
         "count": res["count"],
         "queries_run": res.get("queries_run", len(runs)),
+        "search": res.get("search"),
     }
     if "server_peak_rss_mb" in res:
         out["server_peak_rss_mb"] = res["server_peak_rss_mb"]

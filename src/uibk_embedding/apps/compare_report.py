@@ -24,13 +24,14 @@ def markdown_table(backends: dict[str, dict[str, Any]]) -> str:
     Against exact MaxSim: ``recall@10 vs exact`` (the overlap of the top-10 sets), ``identical
     top-10 vs exact`` (the share of queries with the very same ids in the same order) and ``shared
     pairs in exact order`` (of the documents in both top-10s, the share of pairs ordered alike).
+    ``search``: which path answered (``index`` or ``exact``) where the store tells.
 
     >>> print(markdown_table({"x": {"skipped": "no server"}}).splitlines()[-1])
     - x: skipped (no server)
     """
     head = ("| backend | nDCG@10 | recall@10 | recall@10 vs exact | identical top-10 vs exact "
             "| shared pairs in exact order | build (s) "
-            "| index (MiB) | peak RSS (MiB) | p50 (ms) | p95 (ms) | QPS | queries |")
+            "| index (MiB) | peak RSS (MiB) | p50 (ms) | p95 (ms) | QPS | queries | search |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     skipped = []
     for name, r in backends.items():
@@ -43,7 +44,8 @@ def markdown_table(backends: dict[str, dict[str, Any]]) -> str:
             f"| {_fmt(r.get('identical_top10'))} | {_fmt(r.get('shared_pair_order@10'))} "
             f"| {_fmt(r['build_s'], 1)} | {_fmt(size, 1)} "
             f"| {_fmt(r['peak_rss_mb'], 0)} | {_fmt(r['latency_ms_p50'], 2)} "
-            f"| {_fmt(r['latency_ms_p95'], 2)} | {_fmt(r['qps'], 1)} | {r.get('queries_run', '-')} |")
+            f"| {_fmt(r['latency_ms_p95'], 2)} | {_fmt(r['qps'], 1)} | {r.get('queries_run', '-')} "
+            f"| {r.get('search') or '-'} |")
     return "\n".join(lines + (["", *skipped] if skipped else []))
 
 
