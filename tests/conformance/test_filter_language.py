@@ -198,6 +198,25 @@ def test_delete_by_filter_deletes_exactly_the_matches(spec, filled):
     assert store.count() == 0
 
 
+RESERVED_FILTERS = [{"_uibk_id": {"$exists": True}}, {"_uibk_id": "d0"},
+                    {"$or": [{"s": "a"}, {"_uibk_lists": "y"}]},
+                    {"$not": {"_uibk_bools": {"$exists": False}}}]
+
+
+def test_filters_on_reserved_keys_are_refused_and_delete_nothing(spec, filled, fmt):
+    """No metadata can hold a ``_uibk`` key, so on the exact store such a filter matched nothing,
+    while on Qdrant it reached the store's own payload (``{"_uibk_id": {"$exists": True}}``
+    matched every document, and ``delete(filter=)`` emptied the store). Refused everywhere."""
+    store, stored, _docs = filled
+    q = make_list(fmt, np.random.default_rng(4), 5)
+    for flt in RESERVED_FILTERS:
+        for call in (lambda f: list(store.scan(f)), lambda f: store.search(q, k=5, filter=f),
+                     lambda f: store.search_batch([q], k=5, filter=f), lambda f: store.delete(filter=f)):
+            with pytest.raises(ValueError, match="reserved prefix '_uibk'"):
+                call(flt)
+    assert {x for x, _ in store.scan()} == set(stored), f"{spec.name}: a refused filter deleted"
+
+
 def _nots(depth: int) -> dict:
     f: dict = {"n": 1}
     for _ in range(depth):

@@ -47,6 +47,7 @@ import numpy as np
 
 from uibk_embedding.adapters.filters import (
     BASIC,
+    RESERVED_PREFIX,
     Filter,
     Node,
     check_int,
@@ -67,7 +68,6 @@ from uibk_embedding.tagged import (
 
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
-RESERVED_PREFIX = "_uibk"
 UNIT_TOL = 1e-3
 MAX_METADATA_DEPTH = 32
 """How deep one document's metadata may nest: the dict itself is level 1, each dict or list

@@ -37,10 +37,13 @@ Traceback (most recent call last):
 ValueError: filter on 'a': 'b' is not an operator (they start with '$'); a nested path ...
 
 Limits, the same on every backend (past them: :class:`~uibk_embedding.errors.InvalidInput`, a
-``ValueError``, before any engine sees the filter): at most :data:`MAX_FILTER_DEPTH` levels of
-``$and`` / ``$or`` / ``$not``; integers within signed 64 bits (:data:`MIN_INT` ..
-:data:`MAX_INT`, that is ``-(2**63 - 1) .. 2**63 - 1``); field names and strings valid Unicode (no lone
-surrogate: every engine encodes them as UTF-8).
+``ValueError``, before any engine sees the filter): at most :data:`MAX_FILTER_DEPTH` levels
+(the filter itself is level 1, each ``$and`` / ``$or`` / ``$not`` one more: 31 nested
+combinators); integers within signed 64 bits (:data:`MIN_INT` .. :data:`MAX_INT`, that is
+``-(2**63 - 1) .. 2**63 - 1``); field names and strings valid Unicode (no lone surrogate: every
+engine encodes them as UTF-8). A field name with the reserved prefix :data:`RESERVED_PREFIX`
+(``_uibk``) is refused: no metadata can hold one, and engines keep their own data under such
+names (Qdrant's payload, LanceDB's columns), which a filter must not reach.
 
 Negations are complements: ``$ne``, ``$nin`` and ``$not`` match every document the positive
 form does not match, *including documents without the field*. To require the field as well,
@@ -74,6 +77,8 @@ from uibk_embedding.tagged import check_text
 
 Scalar = str | int | float | bool
 Filter = Mapping[str, Any]
+RESERVED_PREFIX = "_uibk"
+"""Metadata keys and filter fields may not start with it: the stores' own fields do."""
 
 EQUALITY = ("$eq", "$ne", "$in", "$nin")
 RANGES = ("$gt", "$gte", "$lt", "$lte")
@@ -224,8 +229,8 @@ def _field_conditions(field: str, cond: Any) -> list[Node]:
 
 def _parse(filter: Any, where: str, depth: int = 1) -> list[Node]:
     if depth > MAX_FILTER_DEPTH:  # checked before going deeper: never a RecursionError
-        raise InvalidInput(f"the filter nests more than {MAX_FILTER_DEPTH} levels of "
-                           f"{', '.join(COMBINATORS)} (at {where})")
+        raise InvalidInput(f"the filter nests more than {MAX_FILTER_DEPTH} levels (the filter itself "
+                           f"is level 1, each {', '.join(COMBINATORS)} one more; at {where})")
     if not isinstance(filter, Mapping):
         raise TypeError(f"{where} must be a mapping of field -> condition, got {type(filter).__name__}")
     out: list[Node] = []
@@ -233,6 +238,9 @@ def _parse(filter: Any, where: str, depth: int = 1) -> list[Node]:
         if not isinstance(key, str) or not key:
             raise ValueError(f"filter field names must be non-empty strings, got {key!r}")
         check_text(key, "a filter field name")
+        if key.startswith(RESERVED_PREFIX):
+            raise ValueError(f"filter field {key!r} uses the reserved prefix {RESERVED_PREFIX!r}: "
+                             "no metadata holds such a key")
         if key in ("$and", "$or"):
             if isinstance(cond, str | bytes | Mapping) or not hasattr(cond, "__iter__"):
                 raise TypeError(f"{key} takes a list of filters, got {cond!r}")
