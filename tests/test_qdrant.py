@@ -330,6 +330,30 @@ def test_payload_indexes_on_request(tmp_path, fmt, rng):
     assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
 
 
+
+@pytest.mark.parametrize("kind", ["qdrant", "edge"])
+def test_equality_at_2_53_matches_as_in_the_exact_store(kind, tmp_path, fmt, rng):
+    """2**53 itself went down the float64 range path, where 2**53 + 1 rounds to it: on Edge
+    ``{"a": 2**53}`` matched the stored int 2**53 + 1 (and ``$ne`` left it out)."""
+    from uibk_embedding.adapters import open_store
+
+    md = {"p1": {"a": 2**53 + 1}, "p0": {"a": 2**53}, "n1": {"a": -(2**53) - 1}, "n0": {"a": -(2**53)},
+          "small": {"a": 2**53 - 1}}
+    docs = [make_list(fmt, rng, 4) for _ in md]
+    qdrant = QdrantStore(location=":memory:") if kind == "qdrant" else QdrantEdgeStore(path=tmp_path / "e")
+    stores = {"exact": open_store("exact"), kind: qdrant}
+    try:
+        for s in stores.values():
+            s.upsert(list(md), docs, list(md.values()))
+        q = make_list(fmt, rng, 3)
+        for v in (2**53, -(2**53)):
+            for flt in ({"a": v}, {"a": {"$in": [v]}}, {"a": {"$ne": v}}, {"a": {"$nin": [v]}}):
+                got = {name: {h.id for h in s.search(q, k=10, filter=flt)} for name, s in stores.items()}
+                assert got[kind] == got["exact"], flt
+    finally:
+        for s in stores.values():
+            s.close()
+
 # -- retries and unreachable servers ---------------------------------------------------------------
 def test_transient_errors_are_classified():
     import httpx
@@ -517,3 +541,162 @@ def test_edge_max_search_threads_is_a_creation_option(tmp_path):
         QdrantEdgeStore(path=tmp_path / "e", max_search_threads=2)
     with QdrantEdgeStore(path=tmp_path / "e") as s:
         assert s.count() == 0
+
+
+# -- local-mode folders: one redo log per collection, nothing of another collection or owner ------
+def _torn_upsert(store, monkeypatch, doc, doc_id="old"):
+    """An upsert whose engine call fails transiently (disk full): its redo entry stays logged."""
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_write_points", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            store.upsert([doc_id], [doc], [{"from": "the dropped collection"}])
+    assert store._redo.dirty
+
+
+def test_a_dropped_collections_unfinished_write_never_reaches_a_new_one(tmp_path, fmt, rng, monkeypatch):
+    """drop() left ``uibk-redo/<collection>`` behind, and a new collection of the same name
+    replayed the dropped one's unfinished write into itself (count 1 instead of 0)."""
+    from uibk_embedding.adapters.qdrant import redo_folder
+
+    path = tmp_path / "q"
+    s = QdrantStore("papers", path=path)
+    _torn_upsert(s, monkeypatch, make_list(fmt, rng, 4))
+    s.drop()
+    s.close()
+    assert not redo_folder(path, "papers").exists()
+    with QdrantStore("papers", path=path) as s:
+        assert s.created and s.count() == 0
+    with QdrantStore("papers", path=path) as s:
+        assert s.count() == 0
+
+
+def test_a_log_left_by_a_collection_that_is_gone_is_not_replayed_into_a_new_one(tmp_path, fmt, rng):
+    """A crash between drop's two steps (collection deleted, its log not yet): the log is
+    forgotten when the collection is created again, before it exists, so no later open replays it."""
+    from uibk_embedding.adapters.qdrant import redo_folder
+    from uibk_embedding.adapters.redo import RedoLog
+
+    path = tmp_path / "q"
+    QdrantStore("other", path=path).close()
+    RedoLog(redo_folder(path, "papers"))._write("upsert", ["old"], [make_list(fmt, rng, 4)], [{}])
+    with QdrantStore("papers", path=path) as s:
+        assert s.created and s.count() == 0
+        s.upsert(["new"], [make_list(fmt, rng, 4)])
+    with QdrantStore("papers", path=path) as s:
+        assert sorted(x for x, _ in s.scan()) == ["new"]
+    with QdrantStore("other", path=path) as s:
+        assert s.count() == 0
+    # a 0.2.0 log (no collection named) in a folder that holds no collection any more
+    path = tmp_path / "q2"
+    s = QdrantStore("x", path=path)
+    s.drop()
+    s.close()
+    RedoLog(path / "uibk-redo")._write("upsert", ["old"], [make_list(fmt, rng, 4)], [{}])
+    for _ in range(2):
+        with QdrantStore("papers", path=path) as s:
+            assert s.count() == 0
+
+
+def test_a_collection_named_like_a_log_file_opens(tmp_path, fmt, rng):
+    """``uibk-redo/papers.npz`` (the log folder of collection ``papers.npz``) was taken for an
+    entry of the 0.2.0 log: IsADirectoryError on create and on every open, and every other
+    collection of the folder warned of unfinished writes."""
+    import warnings
+
+    path = tmp_path / "q"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QdrantStore("other", path=path).close()
+        with QdrantStore("papers.npz", path=path) as s:
+            s.upsert(["a"], [make_list(fmt, rng, 4)])
+        with QdrantStore("papers.npz", path=path) as s:
+            assert s.count() == 1
+        with QdrantStore("other", path=path) as s:
+            assert s.count() == 0
+    # a 0.2.0 log beside it, in a folder whose only collection is papers.npz: replayed into it
+    from uibk_embedding.adapters.redo import RedoLog
+
+    path = tmp_path / "q2"
+    QdrantStore("papers.npz", path=path).close()
+    RedoLog(path / "uibk-redo")._write("upsert", ["old"], [make_list(fmt, rng, 4)], [{}])
+    with QdrantStore("papers.npz", path=path) as s:
+        assert [r.id for r in s.get(["old"])] == ["old"]
+
+
+@pytest.mark.parametrize("content", ['{"name": "my dataset", "rows": 3}', "[1, 2]", "not json",
+                                     '{"collections": [1], "aliases": {}}', '{"collections": {"c": 1}}',
+                                     None])
+def test_a_folder_with_someone_elses_meta_json_is_refused(tmp_path, content):
+    """Any folder holding a file named meta.json was taken for a local-mode folder, and
+    qdrant-client failed on it (KeyError, TypeError, JSONDecodeError, IsADirectoryError)."""
+    from uibk_embedding.errors import CollectionMismatch as Mismatch
+
+    path = tmp_path / "data"
+    path.mkdir()
+    (path / "data.csv").write_text("a,b\n")
+    if content is None:
+        (path / "meta.json").mkdir()
+    else:
+        (path / "meta.json").write_text(content)
+    before = sorted(p.name for p in path.iterdir())
+    for create in (True, False):
+        with pytest.raises(Mismatch, match=r"meta\.json.*not .*Qdrant local-mode.*nothing was written"):
+            QdrantStore("c", path=path, create=create)
+    assert sorted(p.name for p in path.iterdir()) == before
+    if content is not None:
+        assert (path / "meta.json").read_text() == content
+
+
+# -- Qdrant Edge: our record and the flush before a redo entry goes ---------------------------------
+def test_an_edge_shard_without_our_record_gets_one_on_reopen(tmp_path):
+    """Creation killed between the engine's flush and our record: every format= was accepted on
+    each open and no record was ever written, so writes under two formats mixed in one shard."""
+    from uibk_embedding.adapters.qdrant_edge import CONFIG_FILE
+
+    other = TaggedFormat(beta=0.8)
+    for given, kept in ((other, other), (None, TaggedFormat())):
+        path = tmp_path / f"e-{given is None}"
+        QdrantEdgeStore(path=path).close()
+        (path / CONFIG_FILE).unlink()  # what the killed creation left
+        with QdrantEdgeStore(path=path, format=given) as s:
+            assert s.format == kept
+        assert (path / CONFIG_FILE).exists()
+        with pytest.raises(CollectionMismatch, match="it holds lists of"):
+            QdrantEdgeStore(path=path, format=TaggedFormat(beta=0.7))
+        with QdrantEdgeStore(path=path) as s:
+            assert s.format == kept
+
+
+def test_edge_flushes_before_a_redo_entry_is_removed(tmp_path, fmt, rng, monkeypatch):
+    """The redo entry may go only once the shard is flushed (a power cut could otherwise lose
+    the write and its entry both). Replays (on open, and after a failed write) removed entries
+    with no flush at all, and a delete by filter was never flushed. The real flush is wrapped to
+    record how many entries are still logged when it runs."""
+    from uibk_embedding.adapters.qdrant_edge import REDO_DIR
+    from uibk_embedding.adapters.redo import RedoLog
+
+    path = tmp_path / "e"
+    doc = make_list(fmt, rng, 4)
+    QdrantEdgeStore(path=path).close()
+    RedoLog(path / REDO_DIR)._write("upsert", ["a"], [doc], [{}])  # a write that did not finish
+    logged: list[int] = []
+    real = QdrantEdgeStore._flush_engine
+
+    def flush(self):
+        logged.append(len(list((path / REDO_DIR).glob("*.npz"))))
+        real(self)
+
+    monkeypatch.setattr(QdrantEdgeStore, "_flush_engine", flush)
+    with QdrantEdgeStore(path=path) as s:
+        assert logged == [1] and s.count() == 1  # replayed on open, flushed before its entry went
+        logged.clear()
+        _torn_upsert(s, monkeypatch, doc, "b")
+        s.upsert(["c"], [doc], [{"k": 1}])  # replays b first
+        assert logged == [1, 1] and s.count() == 3
+        logged.clear()
+        assert s.delete(filter={"k": 1}) == 1
+        assert logged == [0]
+    assert list((path / REDO_DIR).glob("*.npz")) == []

@@ -99,3 +99,20 @@ def test_a_write_the_engine_refuses_is_quarantined_at_once(tmp_path):
     with log.pending("delete", ["b"]):
         pass
     assert log.replay(lambda *a: None, lambda *a: None) == 0
+
+
+def test_only_regular_files_are_entries(tmp_path):
+    """A folder named like an entry (``papers.npz``: the log of collection "papers.npz" inside
+    a 0.2.0 log folder) or like a leftover (``.tmp-x``: collection ".tmp-x") is not one: it made
+    the log dirty, replay ran np.load on it (IsADirectoryError, kept as transient) or unlinked it."""
+    (tmp_path / "papers.npz").mkdir()
+    (tmp_path / ".tmp-x").mkdir()
+    log = RedoLog(tmp_path)
+    assert not log.dirty
+    _entry(log)
+    log = RedoLog(tmp_path)
+    assert log.dirty
+    calls = []
+    assert log.replay(lambda ids, v, md: calls.append(ids), lambda ids: None) == 1
+    assert calls == [["a"]] and not log.dirty
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-x", "papers.npz"]

@@ -41,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from uibk_embedding._durable import fsync_dir
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters.base import (
@@ -274,25 +276,32 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
                 metadata: list[dict] | None = None) -> None:
         """An upsert (with ``vectors``) or a delete. The engine applies each call of a batch on
         its own; with a redo log the whole write is all-or-nothing across a crash."""
-        def apply() -> None:
-            if vectors is None:
-                self._delete_points(ids)
-            else:
-                self._write_points(ids, vectors, metadata or [])
-            self._flush_engine()
-
         if self._redo is None:
-            apply()
+            self._apply(ids, vectors, metadata)
             return
         self._replay_failed()
         with self._redo.pending("delete" if vectors is None else "upsert", ids, vectors, metadata):
-            apply()
+            self._apply(ids, vectors, metadata)
+
+    def _apply(self, ids: list[str], vectors: list[np.ndarray] | None = None,
+               metadata: list[dict] | None = None) -> None:
+        """The engine calls of one upsert (with ``vectors``) or delete, then the engine's flush:
+        a redo entry is removed only after this returns."""
+        if vectors is None:
+            self._delete_points(ids)
+        else:
+            self._write_points(ids, vectors, metadata or [])
+        self._flush_engine()
+
+    def _replay(self, log: RedoLog) -> int:
+        """Replay ``log`` into this collection, each entry flushed by the engine before it is removed."""
+        return log.replay(self._apply, self._apply)
 
     def _replay_failed(self) -> None:
         """Finish an earlier call that failed half-way, before the next write or delete by
         filter (keeps log order; replayed after a delete, it would re-create what was deleted)."""
         if self._redo is not None and self._redo.dirty:
-            self._redo.replay(self._write_points, self._delete_points)
+            self._replay(self._redo)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -363,6 +372,51 @@ def local_collection_exists(path: str | os.PathLike, collection: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, Mapping) and collection in (meta.get("collections") or {})
+
+
+def local_meta_problem(path: str | os.PathLike) -> str | None:
+    """Why the ``meta.json`` in ``path`` is not the metadata of a qdrant-client local-mode folder
+    (None: there is none, or it is one): a JSON object with ``collections`` (a mapping of
+    collection configurations) and ``aliases`` (a mapping), as qdrant-client writes it.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> local_meta_problem(d) is None
+    True
+    >>> _ = (d / "meta.json").write_text('{"name": "my dataset"}')
+    >>> local_meta_problem(d)
+    'it has no "collections" mapping'
+    >>> _ = (d / "meta.json").write_text('{"collections": {}, "aliases": {}}')
+    >>> local_meta_problem(d) is None
+    True
+    """
+    meta_path = Path(path) / "meta.json"
+    if not meta_path.exists() and not meta_path.is_symlink():
+        return None
+    if not meta_path.is_file():
+        return "it is not a regular file"
+    try:
+        meta = json.loads(meta_path.read_bytes())
+    except ValueError as e:
+        return f"it is not JSON ({e})"
+    if not isinstance(meta, Mapping):
+        return f"it holds a JSON {type(meta).__name__}, not an object"
+    collections = meta.get("collections")
+    if not isinstance(collections, Mapping):
+        return 'it has no "collections" mapping'
+    bad = sorted(str(name) for name, cfg in collections.items() if not isinstance(cfg, Mapping))
+    if bad:
+        return f"the configuration of collection(s) {bad[:5]} is not a JSON object"
+    if not isinstance(meta.get("aliases"), Mapping):
+        return 'it has no "aliases" mapping'
+    return None
+
+
+def _remove_log(folder: Path) -> None:
+    """Remove a redo log folder (with its quarantine) durably: gone, and its parent fsync'd."""
+    if folder.exists():
+        shutil.rmtree(folder)
+        fsync_dir(folder.parent)
 
 
 def redo_folder(path: str | os.PathLike, collection: str) -> Path:
@@ -497,6 +551,12 @@ class QdrantStore(_QdrantBase):
         else:
             if location is not None and path is not None:
                 raise ValueError("pass location= or path=, not both")
+            problem = None if path is None else local_meta_problem(path)
+            if problem is not None:  # someone else's meta.json: qdrant-client would fail on it
+                raise CollectionMismatch(
+                    f"{Path(path) / 'meta.json'} is not the metadata of a Qdrant local-mode folder "
+                    f"({problem}): give the store its own folder, or an empty or new one; nothing "
+                    "was written")
             if not create and path is not None and not local_collection_exists(path, collection):
                 # before the client, which makes the folder, its lock and meta.json
                 raise StoreNotFound(f"Qdrant collection {collection!r} does not exist at {path} "
@@ -524,13 +584,14 @@ class QdrantStore(_QdrantBase):
         # one log per collection (a folder may hold several), so a torn write is replayed into
         # the collection it was meant for and no other
         self._redo: RedoLog | None = None
+        self._redo_dir = None if path is None else redo_folder(path, collection)
         try:
             self._open(create, shard_number, replication_factor, on_disk, on_disk_payload,
                        dense_distance, multivector_hnsw, dense_hnsw)
-            if path is not None:  # made once the collection is known to fit: none in a refused folder
-                self._redo = RedoLog(redo_folder(path, collection))
-                self._replay_legacy_log(Path(path))
-                self._redo.replay(self._write_points, self._delete_points)
+            if self._redo_dir is not None:  # made once the collection fits: none in a refused folder
+                self._redo = RedoLog(self._redo_dir)
+                self._replay_legacy_log(self._redo_dir.parent.parent)
+                self._replay(self._redo)
             for field, schema in (payload_indexes or {}).items():
                 self.create_payload_index(field, schema)
         except BaseException:
@@ -541,18 +602,17 @@ class QdrantStore(_QdrantBase):
         """A redo log written by uibk-embedding 0.2.0 or older (``uibk-redo/*.npz``, no collection
         recorded): replayed only when this collection is the folder's only one, else kept, with a
         warning, for the user to decide (replaying it into another collection would corrupt it)."""
-        legacy = path / "uibk-redo"
-        if not any(legacy.glob("*.npz")):
+        # its quarantine must not be uibk-redo/failed: that is the log of a collection "failed"
+        legacy = RedoLog(path / "uibk-redo", failed=path / "uibk-redo-failed-0.2.0")
+        if not legacy.dirty:  # its entries are files; uibk-redo/x.npz/ is the log of collection x.npz
             return
         names = [c.name for c in self.client.get_collections().collections]
         if names == [self.collection]:
-            # its quarantine must not be uibk-redo/failed: that is the log of a collection "failed"
-            RedoLog(legacy, failed=path / "uibk-redo-failed-0.2.0").replay(self._write_points,
-                                                                          self._delete_points)
+            self._replay(legacy)
             return
-        warnings.warn(f"{legacy} holds writes of uibk-embedding <= 0.2.0 that did not finish and do not "
-                      f"name their collection; the folder holds collections {sorted(names)}, so they were "
-                      "not replayed. Open the collection they belong to alone (or delete the files)",
+        warnings.warn(f"{legacy.folder} holds writes of uibk-embedding <= 0.2.0 that did not finish and do "
+                      f"not name their collection; the folder holds collections {sorted(names)}, so they "
+                      "were not replayed. Open the collection they belong to alone (or delete the files)",
                       stacklevel=3)
 
     # -- connection and collection ------------------------------------------------------------
@@ -603,6 +663,7 @@ class QdrantStore(_QdrantBase):
             if not create:
                 raise StoreNotFound(f"Qdrant collection {self.collection!r} does not exist at "
                                     f"{self.where} (create=False); nothing was created")
+            self._forget_logs_of_gone_collections()
             try:
                 # not retried blindly: after a lost reply, the existence check decides
                 self.client.create_collection(
@@ -619,6 +680,22 @@ class QdrantStore(_QdrantBase):
                     raise
                 time.sleep(self.backoff)
         raise QdrantUnavailable(f"Qdrant at {self.where}: could not create {self.collection!r}")
+
+    def _forget_logs_of_gone_collections(self) -> None:
+        """Before the collection is created (local mode on disk): a redo log under its name is an
+        earlier collection's (dropped, the process killed before drop() removed the log), never
+        the new one's; removed first, so that no crash leaves it to be replayed into the new
+        collection. So are the entries of a 0.2.0 log when the folder holds no collection at all."""
+        if self._redo_dir is None:
+            return
+        _remove_log(self._redo_dir)
+        legacy = self._redo_dir.parent
+        if legacy.is_dir() and not self.client.get_collections().collections:
+            gone = [p for p in legacy.glob("*.npz") if p.is_file()]
+            for p in gone:
+                p.unlink()
+            if gone:
+                fsync_dir(legacy)
 
     def _validate(self, info: Any) -> None:
         """Refuse a collection whose layout differs, saying exactly what differs."""
@@ -768,12 +845,18 @@ class QdrantStore(_QdrantBase):
         return results
 
     def drop(self) -> None:
-        """Delete the collection, only if this store created it (a user's collection never is)."""
+        """Delete the collection, only if this store created it (a user's collection never is).
+        In local mode on disk its redo log goes too, after the collection (a crash in between
+        leaves a log that the next creation of the name removes before it creates)."""
         if not self.created:
             raise PermissionError(f"collection {self.collection!r} was not created by this store; "
                                   "refusing to drop it")
-        self._call("delete_collection", self.client.delete_collection, self.collection)
-        self.created = False
+        with self._guard:
+            self._call("delete_collection", self.client.delete_collection, self.collection)
+            self.created = False
+            if self._redo_dir is not None:
+                self._redo = None  # the unfinished writes of a collection that is gone
+                _remove_log(self._redo_dir)
 
     def drop_collection(self) -> None:
         """Deprecated name of :meth:`drop` (the name every backend uses)."""

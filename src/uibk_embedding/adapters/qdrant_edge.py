@@ -165,26 +165,34 @@ class QdrantEdgeStore(_QdrantBase):
         self._lock_fd = lock_directory(self.path, f"the Qdrant Edge shard at {self.path}")
         if cfg_path.exists():
             # our record is absent only in a shard whose creation died before it was written
+            recorded = ours.exists()
             self.format = self._validate(read_record(cfg_path.read_bytes()),
-                                         read_record(ours.read_bytes()) if ours.exists() else None,
+                                         read_record(ours.read_bytes()) if recorded else None,
                                          format) or self.format
             if max_search_threads is not None:  # qdrant-edge takes it on load only with the vectors
                 raise ValueError(f"max_search_threads is set when a shard is created; {self.path} "
                                  "exists: open it without max_search_threads")
             self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), None))
+            if not recorded:  # finish that creation: later opens check their format against it
+                self._write_record()
             self._redo = RedoLog(self.path / REDO_DIR)
-            self._redo.replay(self._write_points, self._delete_points)
+            self._replay(self._redo)
             return
         if self.path.exists() and any(self.path.iterdir()):
             raise CollectionMismatch(f"{self.path} exists and is not an empty directory or an Edge "
                                      "shard; refusing to write into it")
         config = self._config(max_search_threads)
         self.shard = self._engine_open(lambda: e.EdgeShard.create(str(self.path), config))
-        self.shard.flush()  # the engine's own config file on disk before ours names the shard a store
-        fsync_tree(self.path)
-        atomic_write_text(ours, json.dumps({"backend": "qdrant-edge", "version": 1,
-                                            "format": self.format.to_stored()}))
+        self._write_record()
         self._redo = RedoLog(self.path / REDO_DIR)
+
+    def _write_record(self) -> None:
+        """Our record (``uibk_embedding.json``: backend, version, format), written durably once
+        the engine's own files are on disk, so that the record names a shard that exists."""
+        self.shard.flush()
+        fsync_tree(self.path)
+        atomic_write_text(self.path / CONFIG_FILE, json.dumps({"backend": "qdrant-edge", "version": 1,
+                                                               "format": self.format.to_stored()}))
 
     def _engine_open(self, fn: Any) -> Any:
         """The engine's open or create, its folder lock refusal as :class:`StoreInUse`."""
@@ -294,6 +302,7 @@ class QdrantEdgeStore(_QdrantBase):
         n = int(self.shard.count(e.CountRequest(exact=True, filter=flt)))
         if n:
             self.shard.update(e.UpdateOperation.delete_points_by_filter(flt))
+            self._flush_engine()  # durable when it returns, as every logged write
         return n
 
     def _retrieve(self, point_ids: list[str]) -> list[Any]:

@@ -5,7 +5,8 @@ Qdrant's own matching differs from :func:`~uibk_embedding.adapters.filters.match
 places, and the translation closes each gap:
 
 * numbers: ``MatchValue(1)`` does not match ``1.0``, so a number is the range ``[v, v]``
-  (integers beyond 2**53, which a float64 range cannot tell apart, match exactly). Qdrant's
+  (integers of magnitude 2**53 or more, which a float64 range cannot tell apart: ``2**53 + 1``
+  rounds to ``2**53``, match exactly). Qdrant's
   ranges are float64, so a *range* (``$gt`` ...) near an integer beyond 2**53 compares as float64
   does (``2**62 + 1`` is not ``$gt 2**62`` on Edge; local mode compares the stored int exactly
   against the float64 bound);
@@ -87,7 +88,12 @@ def list_fields(metadata: dict) -> list[str]:
 def split_values(values: Iterable[Any]) -> tuple[list[str], list[bool], list[int | float], list[int]]:
     """Filter values by how Qdrant must match them: strings, booleans, numbers compared as
     numbers (range ``[v, v]``: ``1`` matches ``1`` and ``1.0`` but never ``True``), and integers
-    beyond 2**53 (exact integer match: a float64 range could not tell them apart)."""
+    of magnitude 2**53 or more (exact integer match: a float64 range could not tell them apart;
+    2**53 itself included, as ``2**53 + 1`` rounds to it).
+
+    >>> split_values(["x", True, 1, 2**53 - 1, 2**53, -(2**53)])
+    (['x'], [True], [1, 9007199254740991], [9007199254740992, -9007199254740992])
+    """
     strs: list[str] = []
     bools: list[bool] = []
     nums: list[int | float] = []
@@ -97,7 +103,7 @@ def split_values(values: Iterable[Any]) -> tuple[list[str], list[bool], list[int
             bools.append(v)
         elif isinstance(v, str):
             strs.append(v)
-        elif isinstance(v, int) and abs(v) > MAX_SAFE_INT:
+        elif isinstance(v, int) and abs(v) >= MAX_SAFE_INT:
             big.append(v)
         else:
             nums.append(v)

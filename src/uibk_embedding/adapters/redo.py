@@ -87,7 +87,12 @@ class RedoLog:
         self.folder = durable_mkdir(folder)
         self.failed = Path(failed) if failed is not None else self.folder / FAILED_DIR
         self.transient = transient
-        self.dirty = any(self.folder.glob("*.npz"))
+        self.dirty = bool(self._entries())
+
+    def _entries(self) -> list[Path]:
+        """The logged operations, oldest first: the regular ``*.npz`` files of the folder (a folder
+        of that name, e.g. the log of a collection called ``x.npz`` beside a 0.2.0 log, is none)."""
+        return sorted(p for p in self.folder.glob("*.npz") if p.is_file())
 
     def _write(self, op: str, ids: Sequence[str], vectors: Sequence[np.ndarray] | None,
                metadata: Sequence[dict] | None) -> Path:
@@ -144,9 +149,10 @@ class RedoLog:
         error is raised); one that fails deterministically is moved to quarantine with a
         :class:`ReplayFailed` warning, and the replay goes on with the next."""
         for p in self.folder.glob(".tmp-*"):  # never renamed into place: never acknowledged
-            p.unlink(missing_ok=True)
+            if p.is_file():
+                p.unlink(missing_ok=True)
         done = 0
-        for path in sorted(self.folder.glob("*.npz")):
+        for path in self._entries():
             what = "operation"
             try:
                 with np.load(path, allow_pickle=False) as z:
