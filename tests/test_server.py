@@ -559,3 +559,167 @@ def test_token_vectors_past_the_budget_answer_429(budgeted):
     assert "uibk_queued_vectors 0" in metrics and "uibk_queued_bytes 0" in metrics
     assert httpx.post(budgeted + "/encode", json={"kind": "documents", "texts": [long] * 2},
                       timeout=60).status_code == 200
+
+
+# -- the second review: a restarted server, body sizes, counting cuts, options, keys, heads ---------
+
+
+def test_a_server_restarted_with_another_model_is_an_error_not_mixed_vectors(checkpoint, tmp_path):
+    """The client read the format from /health once: a server restarted on the same port with
+    another model answered with its vectors, which the client returned as if of the first model
+    (a store would then hold lists of two models). Every answer now says its format."""
+    cfg = UIBKConfig.tiny()
+    other = UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS), seed=7).save_pretrained(tmp_path / "other")
+    port = free_port()
+    with serve_subprocess("--encoder", str(checkpoint), "--device", "cpu", port=port) as url:
+        enc = RemoteEncoder(url)
+        first = enc.format
+        assert len(enc.encode_documents(TEXTS[:2])) == 2
+    with serve_subprocess("--encoder", str(other), "--device", "cpu", port=port):
+        with pytest.raises(RemoteEncoderError) as e:
+            enc.encode_documents(TEXTS[:2])
+        msg = str(e.value)
+        now = RemoteEncoder(url)
+        assert first.projection in msg and now.format.projection in msg and "restarted" in msg, msg
+        with pytest.raises(RemoteEncoderError, match="restarted"):
+            enc.encode_queries(TEXTS[:1])
+        # the binary and the JSON answer say it alike (and a new client reads the new model)
+        body = {"kind": "documents", "texts": TEXTS[:1]}
+        binary = httpx.post(url + "/encode", json=body)
+        as_json = httpx.post(url + "/encode", json=body, headers={"Accept": "application/json"})
+        for r in (binary, as_json):
+            assert r.headers["X-UIBK-Format"] == binary.headers["X-UIBK-Format"]
+            assert float(r.headers["X-UIBK-Dense-Weight"]) == now.dense_weight
+        assert now.format.projection in binary.headers["X-UIBK-Format"]
+        assert len(now.encode_documents(TEXTS[:2])) == 2
+        now.close()
+    enc.close()
+
+
+def test_long_non_ascii_texts_are_sent_under_the_body_limit_not_refused(server, budgeted, checkpoint, local):
+    """The client split requests by text count only and sent JSON with non-ASCII escaped (6 bytes a
+    CJK character): 16 texts of 8,000 characters made a 790 KB body, and the server (0.25 MB)
+    refused it with 413, although over-long texts are cut, never refused. The client now sends
+    UTF-8 and splits requests by the server's body limit too."""
+    texts = ["機翼の揚力 " * 1600] * MAX_TEXTS  # 8,000 characters, 25,600 bytes of UTF-8 each
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 8,000 tokens each: truncated at the document length
+        want = local.encode_documents(texts[:1])[0]
+        with RemoteEncoder(server) as enc:
+            before = httpx.get(server + "/stats").json()["requests"]
+            got = enc.encode_documents(texts)
+            sent = httpx.get(server + "/stats").json()["requests"] - before
+            assert enc.max_body_bytes == 2**18
+    assert len(got) == MAX_TEXTS and sent == 2  # 10 texts fit in 0.25 MB, not 16
+    for a in got:
+        np.testing.assert_allclose(a, want, atol=1e-5, rtol=0)
+    # one text larger than the whole body limit (10,240 bytes) after the server's character cut:
+    # cut to fit, counted and warned about as any over-long text, as in-process
+    one = "機翼の揚力" * 1000  # 5,000 characters, 15,000 bytes; the first 2,044 tokens are read
+    with RemoteEncoder(budgeted) as enc:
+        with pytest.warns(UserWarning, match="1 of 1 documents were longer than 2048 tokens"):
+            (got,) = enc.encode_documents([one])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert got.tobytes() == local.encode_documents([one])[0].tobytes()
+
+
+def test_a_text_cut_twice_is_counted_once_and_each_cut_text_is_counted(server):
+    """X-UIBK-Truncated was max(texts cut at max_text_chars, texts cut at the token limit): a
+    request with one text of each said 1 (and the client warned of 1 of 2)."""
+    cut_by_chars = "x" * (MAX_CHARS + 100)  # one [UNK] token: under the token limit once cut
+    cut_by_tokens = "wing " * 600  # 3,000 characters, 600 tokens: past the query length
+    r = httpx.post(server + "/encode", json={"kind": "queries", "texts": [cut_by_chars, cut_by_tokens]},
+                   timeout=60)
+    assert r.status_code == 200 and r.headers["X-UIBK-Truncated"] == "2"
+    r = httpx.post(server + "/encode", json={"kind": "queries", "texts": [cut_by_chars + " wing" * 600]},
+                   timeout=60)
+    assert r.headers["X-UIBK-Truncated"] == "1"  # cut by both: one text
+    with RemoteEncoder(server) as enc, pytest.warns(UserWarning, match="2 of 2 queries"):
+        enc.encode_queries([cut_by_chars, cut_by_tokens])
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--max-wait-ms", "inf"], "--max-wait-ms: must be at least 0 and at most 60000"),  # hung every request
+    (["--max-body-mb", "inf"], "--max-body-mb: must be above 0 and at most"),  # OverflowError traceback
+    (["--max-queued-mb", "inf"], "--max-queued-mb: must be above 0 and at most"),  # the same
+    (["--max-text-chars", "0"], "--max-text-chars: must be at least 1"),  # refused after loading
+    (["--max-concurrent-requests", "0"], "--max-concurrent-requests: must be at least 1"),
+    (["--max-queued-texts", "0"], "--max-queued-texts: must be at least 1"),
+    (["--max-queued-vectors", "0"], "--max-queued-vectors: must be at least 1"),
+])
+def test_serve_sizes_are_refused_by_name_before_the_encoder_loads(capsys, argv, said):
+    """Each of these passed the parser: the encoder loaded, and then the server hung, failed with
+    a traceback or said a message not naming the option. With a port in use, a run that gets past
+    the parser ends at "cannot listen" (the test then fails) instead of serving."""
+    from uibk_embedding.encoder.server import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--port", str(taken.getsockname()[1])])
+    assert e.value.code == 2, e.value.code
+    assert said in capsys.readouterr().err
+
+
+def test_an_api_key_an_http_header_cannot_carry_is_refused_on_both_sides(server, tmp_path, capsys):
+    """A non-ASCII key: the client raised a bare UnicodeEncodeError; the server took it from its
+    key file, and no client could ever send it."""
+    with pytest.raises(ValueError, match=r"API key .*printable ASCII"):
+        RemoteEncoder(server, api_key="clé-secrète-0123456789")
+    from uibk_embedding.encoder.server import create_app, main
+
+    key_file = tmp_path / "key"
+    key_file.write_text("clé-secrète-0123456789\n", encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(SystemExit) as e:
+            main(["--api-key-file", str(key_file), "--port", str(taken.getsockname()[1])])
+    assert "API key" in str(e.value) and "printable ASCII" in str(e.value), e.value
+    with pytest.raises(ValueError, match="printable ASCII"):
+        create_app(None, api_key="clé-secrète-0123456789")  # type: ignore[arg-type]
+
+
+def test_a_connection_that_never_sends_a_whole_request_head_is_closed(guarded):
+    """uvicorn has no timeout for a request head: a connection that sent nothing, or half a head,
+    stayed open for good (each held a socket and a place in the server). They are closed after
+    the body timeout (2 s here)."""
+    host, port = guarded.removeprefix("http://").split(":")
+    silent = socket.create_connection((host, int(port)))
+    half = socket.create_connection((host, int(port)))
+    try:
+        half.sendall(b"POST /encode HTTP/1.1\r\nHost: x\r\n")
+        for sock in (silent, half):
+            sock.settimeout(60)  # a bound against a hang, not a timing
+            assert sock.recv(4096) == b""  # closed by the server
+    finally:
+        silent.close()
+        half.close()
+    r = httpx.get(guarded + "/health")  # the server still serves
+    assert r.status_code == 200
+
+
+def test_a_failed_encoder_worker_answers_500_and_health_503(checkpoint):
+    """The shared encoder's worker thread died silently (with --max-wait-ms inf, say): every
+    /encode waited forever while /health said 200. Its failure now reaches both."""
+    from fastapi.testclient import TestClient
+
+    from uibk_embedding.encoder.server import create_app
+    from uibk_embedding.encoder.shared import SharedEncoder
+
+    shared = SharedEncoder(load_encoder(checkpoint, device="cpu"))
+    try:
+        client = TestClient(create_app(shared))
+        assert client.get("/health").json()["status"] == "ok"
+        shared.max_wait = float("inf")  # past the constructor's check: the worker's queue.get fails
+        r = client.post("/encode", json={"kind": "documents", "texts": TEXTS[:1]})
+        assert r.status_code == 500 and "Traceback" not in r.text
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "failed", r.text
+        assert "worker thread failed (OverflowError)" in r.json()["error"]
+        r = client.post("/encode", json={"kind": "documents", "texts": TEXTS[:1]})
+        assert r.status_code == 500
+    finally:
+        shared.close()

@@ -167,3 +167,73 @@ def test_an_over_long_text_is_truncated_as_in_process_on_both_endpoints(local):
         np.testing.assert_allclose(r.json()["data"][0]["embedding"], dense_vector(want), atol=1e-5)
     finally:
         shared.close()
+
+
+def _call(app, path: str, body: bytes, accept: str,
+          keep: bool) -> tuple[int, dict[str, str], bytes, int, int]:
+    """One request straight through the ASGI interface (no client buffering the answer):
+    ``(status, headers, body, body bytes, peak bytes traced while the server answered)``. With
+    ``keep=False`` the body is counted and dropped, so the peak is the server's alone."""
+    import asyncio
+    import tracemalloc
+
+    got = {"status": 0, "headers": {}, "body": [], "size": 0}
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            got["status"] = message["status"]
+            got["headers"] = {k.decode().lower(): v.decode() for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            got["size"] += len(message["body"])
+            if keep:
+                got["body"].append(message["body"])
+
+    headers = [(b"content-type", b"application/json"), (b"accept", accept.encode()),
+               (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    tracemalloc.start()
+    try:
+        asyncio.run(app(scope, receive, send))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return got["status"], got["headers"], b"".join(got["body"]), got["size"], peak
+
+
+def test_a_json_answer_holds_no_more_memory_than_the_binary_one(local):
+    """``Accept: application/json`` answers were built whole, on the event loop: about 10 KB of
+    Python floats and strings per token vector at the peak (the documented bound is 1 KiB per
+    queued vector, which max_queued_vectors counts), and the loop answered nothing (not /health)
+    meanwhile. They are now written in slices, in a worker thread: the same peak as the binary
+    answer (the vectors themselves), plus one slice."""
+    texts = [" ".join(TEXTS * 40)] * 8  # 8 texts of about 300 tokens: some 2,500 token vectors
+    body = json.dumps({"kind": "documents", "texts": texts}).encode()
+    shared = SharedEncoder(local)
+    try:
+        app = create_app(shared)
+        status, headers, content, _, _ = _call(app, "/encode", body, "application/json", keep=True)
+        assert status == 200 and headers["content-type"].startswith("application/json")
+        got = json.loads(content)
+        want = local.encode_documents(texts)
+        assert got["kind"] == "documents" and got["dim"] == 128 and got["truncated"] == 0
+        for a, b in zip(got["vectors"], want, strict=True):
+            np.testing.assert_allclose(np.asarray(a, dtype=np.float32), b, atol=1e-6)
+        vectors = sum(len(a) for a in want)
+        _, _, _, binary_size, binary_peak = _call(app, "/encode", body, MEDIA_TYPE, keep=False)
+        _, _, _, json_size, json_peak = _call(app, "/encode", body, "application/json", keep=False)
+    finally:
+        shared.close()
+    assert binary_size < vectors * 520 < 4 * vectors * 520 < json_size  # the JSON answer is larger
+    # the JSON answer's peak: the vectors (as the binary answer holds them) and one slice at most
+    assert json_peak < binary_peak + 2**21, (f"{json_peak / vectors:.0f} B per vector at the peak for JSON, "
+                                             f"{binary_peak / vectors:.0f} for binary")

@@ -226,3 +226,45 @@ def test_a_request_that_fails_does_not_fail_its_batch_mates(inner, bound, monkey
     for a, b in zip(got, inner.encode_documents(TEXTS[3:5]), strict=True):  # batched with others
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, atol=bound, rtol=0)
+
+
+@pytest.mark.parametrize("ms", [float("inf"), 1e13, float("nan"), -1.0, 60_001.0])
+def test_a_merging_window_that_is_not_a_finite_minute_at_most_is_refused(inner, ms):
+    """``max_wait_ms=inf`` (or past about 9e12) was accepted, and the worker thread died on its
+    first request (an OverflowError in queue.get): every call waited forever."""
+    with pytest.raises(ValueError, match="max_wait_ms must be"):
+        SharedEncoder(inner, max_wait_ms=ms).close()
+
+
+def test_a_worker_that_fails_fails_its_callers_instead_of_leaving_them_waiting(inner):
+    """A failure of the worker thread itself (not of the model: that one reaches the request it
+    belongs to) killed the thread silently, and every queued and later request waited forever.
+    It now fails them, and ``worker_error`` says why (the server's /health reads it)."""
+    enc = SharedEncoder(inner)
+    enc.max_wait = float("inf")  # past the constructor's check: queue.get(timeout=inf) fails
+    try:
+        future = enc.submit(TEXTS[:1], is_query=False)
+        with pytest.raises(RuntimeError, match=r"worker thread failed.*OverflowError"):
+            future.result(timeout=60)  # a bound against a hang, not a timing
+        assert isinstance(enc.worker_error, OverflowError)
+        with pytest.raises(RuntimeError, match=r"worker thread failed.*OverflowError"):
+            enc.encode_documents(TEXTS[:1])
+    finally:
+        enc.close()
+
+
+def test_a_chunk_size_below_one_is_refused_not_an_empty_stream(inner):
+    """``encode_documents_iter(texts, chunk_size=0)`` returned nothing, silently: the texts were
+    never encoded (and SharedEncoder took 0 for its default)."""
+    from uibk_embedding.encoder.inputs import text_chunks
+
+    for size in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+            text_chunks(TEXTS, size)
+        with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+            list(inner.encode_documents_iter(TEXTS, chunk_size=size))
+    with SharedEncoder(inner) as enc:
+        with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+            list(enc.encode_documents_iter(TEXTS, chunk_size=0))
+        assert len(list(enc.encode_documents_iter(TEXTS, chunk_size=None))) == len(TEXTS)
+    assert list(text_chunks(iter("abc"), 2)) == [["a", "b"], ["c"]]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -41,7 +42,8 @@ def validate_texts(texts: Sequence[str], what: str = "texts", start: int = 0) ->
 
 def text_chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
     """Validated lists of ``size`` texts (the last shorter) from any iterable; a bad text is
-    named by its position in the whole stream.
+    named by its position in the whole stream. ``size`` (a caller's ``chunk_size``) must be a
+    positive integer, checked at once: 0 would give no chunk at all, so no text encoded.
 
     >>> list(text_chunks(iter("abc"), 2))
     [['a', 'b'], ['c']]
@@ -49,8 +51,22 @@ def text_chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
     Traceback (most recent call last):
     ...
     ValueError: texts[2] is empty or whitespace only; there is nothing to encode
+    >>> text_chunks(["a"], 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: chunk_size must be a positive integer, got 0
     """
-    it, start = iter(texts), 0
+    try:
+        n = operator.index(size) if not isinstance(size, bool) else 0
+    except TypeError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {size!r}")
+    return _chunks(iter(texts), n)
+
+
+def _chunks(it: Iterator[str], size: int) -> Iterator[list[str]]:
+    start = 0
     while chunk := list(itertools.islice(it, size)):
         yield validate_texts(chunk, start=start)
         start += len(chunk)

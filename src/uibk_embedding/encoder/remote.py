@@ -7,8 +7,14 @@ format of :func:`pack_payload`), never as JSON lists of floats; they are the sam
 server's encoder produced.
 
 Errors say what happened: :class:`ServerUnavailable` (nothing listening, timeout),
-:class:`RemoteEncoderError` (the answer is not a valid payload, or the server failed), and
-``ValueError`` / ``TypeError`` for bad input, as in-process.
+:class:`RemoteEncoderError` (the answer is not a valid payload, the server failed, or it now
+serves another format than the one the client read at its start), and ``ValueError`` /
+``TypeError`` for bad input, as in-process.
+
+Every ``/encode`` answer of the server names its format (:func:`format_id`, header
+``X-UIBK-Format``) and its default dense weight (``X-UIBK-Dense-Weight``): a server restarted
+with another model is an error, never vectors of two models mixed in one store. An answer
+without them (a server older than these headers) is accepted, as before.
 
 Example
 -------
@@ -38,6 +44,8 @@ from uibk_embedding.tagged import DIM, TaggedFormat, check_dense_weight
 
 MAGIC = b"UIBKVEC1"
 MEDIA_TYPE = "application/x-uibk-vectors"
+FORMAT_HEADER = "X-UIBK-Format"
+DENSE_WEIGHT_HEADER = "X-UIBK-Dense-Weight"
 _HEAD = struct.Struct("<8sII")  # magic, number of lists, dimension
 
 
@@ -47,6 +55,36 @@ class RemoteEncoderError(UIBKError, RuntimeError):
 
 class ServerUnavailable(RemoteEncoderError, BackendUnavailable):
     """No uibk-embed server answered at the URL (refused, unreachable or timed out)."""
+
+
+def format_id(fmt: TaggedFormat) -> str:
+    """The format as one header value (``X-UIBK-Format``): its constants and projection, all that
+    decides whether two lists can share a store.
+
+    >>> format_id(TaggedFormat(projection="random-1a2b"))
+    'beta=0.9; lambda_=0.75; projection=random-1a2b'
+    """
+    return f"beta={fmt.beta!r}; lambda_={fmt.lambda_!r}; projection={fmt.projection}"
+
+
+def check_api_key(key: str, what: str = "the API key") -> str:
+    """``key`` when an HTTP header can carry it (``Authorization: Bearer KEY``): printable ASCII.
+    Any other character is refused here, by position (the key itself is never repeated), not by
+    the HTTP library later (a bare ``UnicodeEncodeError``) or never (a server's key no client
+    could send).
+
+    >>> check_api_key("k3y-0123456789abcdef")
+    'k3y-0123456789abcdef'
+    >>> check_api_key("clé-0123456789abcdef")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: the API key holds a character that is not printable ASCII (at position 2): ...
+    """
+    for i, c in enumerate(key):
+        if not (c.isascii() and c.isprintable()):
+            raise ValueError(f"{what} holds a character that is not printable ASCII (at position {i}): an "
+                             "HTTP header cannot carry it")
+    return key
 
 
 def pack_payload(arrays: Sequence[np.ndarray]) -> bytes:
@@ -103,15 +141,21 @@ class RemoteEncoder:
     connect_timeout: seconds to wait for a connection.
     show_progress: progress bar for long calls (None: on a terminal, 256 texts or more).
     request_texts: texts per request (default: the server's ``max_texts`` limit, at most 256).
+        A request also stays under the server's body limit (``limits.max_body_bytes`` of
+        ``/health``): texts are sent as UTF-8, and a list is split where its body would pass
+        the limit. A single text over the limit even after the server's character cut
+        (``max_text_chars``) is cut to fit, and counted and warned about as any over-long text.
     in_flight: requests one call keeps open at a time (default 2): a long list is sent as several
         requests, and while the server encodes one, the next is already on its way, so the
         server's worker does not idle during a round trip. Results keep the input order.
     api_key: sent as ``Authorization: Bearer KEY`` (default ``$UIBK_API_KEY``), for a server
-        started with an API key. A busy server's 429 is retried after its ``Retry-After``
-        (``retries_429`` times at most).
+        started with an API key; printable ASCII (``ValueError`` otherwise). A busy server's 429
+        is retried after its ``Retry-After`` (``retries_429`` times at most).
 
     On construction the client reads ``/health`` (format, dense weight, limits); a server that is
-    down raises :class:`ServerUnavailable` there, with the command to start one.
+    down raises :class:`ServerUnavailable` there, with the command to start one. Each answer is
+    checked against that format and dense weight: one of another (a server restarted with
+    another model) raises :class:`RemoteEncoderError` naming both.
 
     >>> RemoteEncoder("http://127.0.0.1:9", connect_timeout=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -137,7 +181,8 @@ class RemoteEncoder:
         headers = {"X-UIBK-Client": self.client_id}
         key = (api_key if api_key is not None else os.environ.get("UIBK_API_KEY", "")).strip()
         if key:  # stripped: a key read from a file ends in a newline, which no header can carry
-            headers["Authorization"] = f"Bearer {key}"
+            what = "the API key" if api_key is not None else "the API key in $UIBK_API_KEY"
+            headers["Authorization"] = f"Bearer {check_api_key(key, what)}"
         self.retries_429 = int(retries_429)
         self._client = httpx.Client(
             timeout=httpx.Timeout(self.timeout, connect=connect_timeout), headers=headers)
@@ -149,6 +194,9 @@ class RemoteEncoder:
             self.max_texts = int(info["limits"]["max_texts"])
             self.request_texts = min(self.max_texts, int(request_texts or 256))
             self.max_text_chars = int(info["limits"]["max_text_chars"])
+            body = info["limits"].get("max_body_bytes")  # absent from older servers: not split by size
+            self.max_body_bytes = None if body is None else int(body)
+            self._format_id = format_id(self.format)
             self.query_max_length = int(info["query_max_length"])
             self.doc_max_length = int(info["doc_max_length"])
         except (KeyError, TypeError, ValueError) as e:
@@ -205,7 +253,7 @@ class RemoteEncoder:
         return r.json()
 
     def _post(self, texts: list[str], kind: str, w: float | None) -> tuple[list[np.ndarray], int]:
-        body = json.dumps({"kind": kind, "texts": texts, "dense_weight": w}).encode()
+        body = json.dumps({"kind": kind, "texts": texts, "dense_weight": w}, ensure_ascii=False).encode()
         r = self._request("POST", "/encode", content=body,
                           headers={"Content-Type": "application/json", "Accept": MEDIA_TYPE})
         if r.status_code != 200:
@@ -217,6 +265,7 @@ class RemoteEncoder:
                 raise ValueError(f"the uibk-embed server refused the request: {detail}")
             raise RemoteEncoderError(f"the uibk-embed server at {self.url} failed "
                                      f"(HTTP {r.status_code}): {detail}")
+        self._check_same_model(r.headers)
         if r.headers.get("content-type", "").split(";")[0].strip() != MEDIA_TYPE:
             raise RemoteEncoderError(
                 f"the server at {self.url} answered {r.headers.get('content-type')!r}, "
@@ -227,6 +276,68 @@ class RemoteEncoder:
         except ValueError:
             cut = 0
         return arrays, cut
+
+    def _check_same_model(self, headers: Any) -> None:
+        """The answer's format and default dense weight must be those read from ``/health`` at
+        construction; an answer without them (an older server) is taken, as before."""
+        theirs = headers.get(FORMAT_HEADER)
+        if theirs is not None and theirs != self._format_id:
+            raise RemoteEncoderError(
+                f"the uibk-embed server at {self.url} now answers with format {theirs}, not "
+                f"{self._format_id} as when this RemoteEncoder was made (was it restarted with another "
+                "model?): the lists of two formats do not mix in one store. Make a new RemoteEncoder "
+                "for the new model")
+        weight = headers.get(DENSE_WEIGHT_HEADER)
+        if weight is None:
+            return
+        try:
+            same = float(weight) == self.dense_weight
+        except ValueError:
+            raise RemoteEncoderError(f"the server at {self.url} answered a malformed {DENSE_WEIGHT_HEADER} "
+                                     f"header: {weight[:40]!r}") from None
+        if not same:
+            raise RemoteEncoderError(
+                f"the uibk-embed server at {self.url} now has the default dense weight {weight}, not "
+                f"{self.dense_weight!r} as when this RemoteEncoder was made (was it restarted with another "
+                "model?): make a new RemoteEncoder for the new model")
+
+    def _requests(self, texts: list[str], kind: str, w: float | None) -> tuple[list[list[str]], set[int]]:
+        """``texts`` as the lists of the requests to send: ``request_texts`` texts at most, and a
+        body (UTF-8 JSON) within the server's ``max_body_bytes``; and the positions of the
+        requests whose one text was cut to fit that limit (the server does not know it was)."""
+        step, limit = self.request_texts, self.max_body_bytes
+        if limit is None:
+            return [texts[i:i + step] for i in range(0, len(texts), step)], set()
+        head = len(json.dumps({"kind": kind, "texts": [], "dense_weight": w}).encode())
+        size = lambda t: len(json.dumps(t, ensure_ascii=False).encode())  # noqa: E731
+        chunks: list[list[str]] = []
+        forced: set[int] = set()
+        body = 0  # the body size of chunks[-1]
+        for i, text in enumerate(texts):
+            n = size(text)
+            joins = chunks and len(chunks) - 1 not in forced and len(chunks[-1]) < step
+            if joins and body + 2 + n <= limit:  # ", " between two texts
+                chunks[-1].append(text)
+                body += 2 + n
+                continue
+            if head + n > limit:  # alone past the limit: cut to fit (alone), as an over-long text is
+                text = self._cut_to_fit(text, limit - head, size, i)
+                forced.add(len(chunks))
+            chunks.append([text])
+            body = head + size(text)
+        return chunks, forced
+
+    def _cut_to_fit(self, text: str, room: int, size: Any, i: int) -> str:
+        """The longest :func:`cut_text` of ``text`` whose JSON string takes ``room`` bytes at most."""
+        lo, hi = 0, len(text.lstrip())  # characters after the leading whitespace
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if size(cut_text(text, mid)) <= room else (lo, mid - 1)
+        if lo == 0:
+            raise ValueError(f"texts[{i}] cannot be sent: the uibk-embed server at {self.url} takes request "
+                             f"bodies of at most {self.max_body_bytes} bytes, too few for any of this text "
+                             "(its leading whitespace alone is larger)")
+        return cut_text(text, lo)
 
     # -- the protocol ------------------------------------------------------------------------
     def encode_queries(self, texts: Sequence[str], *, dense_weight: float | None = None,
@@ -250,57 +361,50 @@ class RemoteEncoder:
                 show_progress: bool | None) -> list[np.ndarray]:
         if not texts:
             return []
-        # an over-long text is not refused: cut here as the server would (a smaller body), then
-        # truncated at the token limit and counted, as in-process (a warning)
-        sent = [cut_text(t, self.max_text_chars) for t in texts]
-        shortened = sum(len(s) < len(t) for s, t in zip(sent, texts, strict=True))
-        texts = sent
+        # an over-long text is not refused: cut here (a smaller body) one character past where
+        # the server cuts, so that the server cuts it too and counts it once, with the texts it
+        # truncates at the token limit (as in-process, a warning)
+        texts = [cut_text(t, self.max_text_chars + 1) for t in texts]
         from tqdm.auto import tqdm
 
         progress = self.show_progress if show_progress is None else show_progress
         disable = {True: False, False: True}.get(progress, None if len(texts) >= 256 else True)
-        step = self.request_texts
-        chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
+        chunks, forced = self._requests(texts, kind, w)
         out: list[np.ndarray] = []
         cut = 0
         with tqdm(total=len(texts), desc=f"encoding {kind}", unit="text", disable=disable) as bar:
             if len(chunks) == 1 or self.in_flight == 1:
-                answers = (self._post(c, kind, w) for c in chunks)
-                for arrays, n_cut in answers:
-                    out.extend(arrays)
-                    cut += n_cut
-                    bar.update(len(arrays))
+                answers: Iterable[tuple[list[np.ndarray], int]] = (self._post(c, kind, w) for c in chunks)
             else:
-                out, cut = self._pipelined(chunks, kind, w, bar)
+                answers = self._pipelined(chunks, kind, w)
+            for k, (arrays, n_cut) in enumerate(answers):
+                out.extend(arrays)
+                cut += max(n_cut, k in forced)  # a text the client cut to fit the body: cut once
+                bar.update(len(arrays))
         limit = self.query_max_length if kind == "queries" else self.doc_max_length
-        warn_truncated(max(cut, shortened), len(texts), limit, kind)  # as the server counts (max)
+        warn_truncated(cut, len(texts), limit, kind)
         return out
 
-    def _pipelined(self, chunks: list[list[str]], kind: str, w: float | None,
-                   bar: Any) -> tuple[list[np.ndarray], int]:
+    def _pipelined(self, chunks: list[list[str]], kind: str,
+                   w: float | None) -> Iterator[tuple[list[np.ndarray], int]]:
         """Send ``chunks`` with up to ``in_flight`` requests open; answers in input order. The
         first failure is raised once the requests already sent have finished (none is left
         running behind the caller's back)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        out: list[np.ndarray] = []
-        cut = 0
         with ThreadPoolExecutor(self.in_flight, thread_name_prefix="uibk-remote") as pool:
             pending = [pool.submit(self._post, c, kind, w) for c in chunks[:self.in_flight]]
             nxt = len(pending)
             try:
                 while pending:
-                    arrays, n_cut = pending.pop(0).result()
+                    answer = pending.pop(0).result()
                     if nxt < len(chunks):
                         pending.append(pool.submit(self._post, chunks[nxt], kind, w))
                         nxt += 1
-                    out.extend(arrays)
-                    cut += n_cut
-                    bar.update(len(arrays))
+                    yield answer
             finally:
                 for f in pending:
                     f.cancel()
-        return out, cut
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -313,4 +417,5 @@ class RemoteEncoder:
         self.close()
 
 
-__all__ = ["RemoteEncoder", "RemoteEncoderError", "ServerUnavailable", "pack_payload", "unpack_payload"]
+__all__ = ["RemoteEncoder", "RemoteEncoderError", "ServerUnavailable", "format_id", "pack_payload",
+           "unpack_payload"]

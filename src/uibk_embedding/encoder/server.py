@@ -5,7 +5,9 @@ Endpoints
 ``GET /health``
     JSON: ``service`` ("uibk-embed"), ``model`` (a name, never a server path), ``device``,
     ``format`` (beta, lambda_, projection), ``dense_weight``, ``dim``, length caps, ``limits`` and
-    ``auth`` (whether an API key is required). Open without a key, for load balancers.
+    ``auth`` (whether an API key is required). Open without a key, for load balancers. Should the
+    shared encoder's worker thread fail (it encodes nothing more), it answers 503 with ``status``
+    ``"failed"`` and ``error``.
 ``GET /metrics``
     Prometheus text format: requests by status, texts, token vectors, requests in flight and
     queued, request latency and texts-per-forward-pass histograms.
@@ -16,12 +18,19 @@ Endpoints
 ``POST /encode``
     JSON request ``{"kind": "documents" | "queries", "texts": [...], "dense_weight": w | null}``
     and nothing else; the answer is ``application/x-uibk-vectors``, the binary float32 payload of
-    :func:`~uibk_embedding.encoder.remote.pack_payload`, with header ``X-UIBK-Truncated`` (texts
-    cut at the length limit). Bad input answers 400 with a JSON ``detail``; a request over
-    the limits answers 413; more than ``max_concurrent`` requests at once answer 429 with
-    ``Retry-After``; a body not received within ``body_timeout`` seconds answers 408. A failed
-    encoding answers 500 without internal details (they go to the server's log). A request whose
-    client disconnects is cancelled before it reaches the model when it is still queued.
+    :func:`~uibk_embedding.encoder.remote.pack_payload`, with headers ``X-UIBK-Truncated`` (the
+    texts cut, each counted once: at ``max_text_chars`` characters, at the token limit or both),
+    ``X-UIBK-Format`` (:func:`~uibk_embedding.encoder.remote.format_id`) and
+    ``X-UIBK-Dense-Weight`` (the default dense weight), on every answer of vectors (binary, JSON,
+    ``/v1/embeddings``): a client checks them against the ``/health`` it read, so that a server
+    restarted with another model is not taken for the first one. Bad input answers 400 with a
+    JSON ``detail``; a request over the limits (``max_texts`` texts, ``max_body_bytes`` bytes)
+    answers 413; more than ``max_concurrent`` requests at once answer 429 with ``Retry-After``; a
+    body not received within ``body_timeout`` seconds answers 408 (and ``uibk-embed serve``
+    closes a connection that has sent no whole request head that long after it opened or after
+    its last answer). A failed encoding answers 500 without internal details (they go to the
+    server's log). A request whose client disconnects is cancelled before it reaches the model
+    when it is still queued.
 
 Memory is bounded, not only bytes: the body is parsed by :func:`parse_request`, which takes only
 the three keys above and refuses anything else (another key, a text that is not a string, a
@@ -36,12 +45,15 @@ admission until its answer is sent (a client that does not read its answer keeps
 past ``max_queued_vectors`` in all it answers 429 too, unless no other request holds vectors.
 The server's memory beyond the model is then about ``max_queued_bytes`` plus twice
 ``max_body_bytes`` (the one body being parsed: requests are parsed one at a time), plus 1 KiB
-per token vector of ``max_queued_vectors`` (the vectors and their packed answer).
+per token vector of ``max_queued_vectors`` (the vectors and their packed answer; a JSON answer
+is written 64 vectors at a time, so it holds no more).
 
 ``POST /encode`` with ``Accept: application/json``
     The same request; the answer is JSON instead: ``{"kind", "dim": 128, "truncated": n,
-    "vectors": [[[128 floats] per vector] per text]}`` (about ten times the bytes of the binary
-    payload: the binary answer stays the default, and what :class:`RemoteEncoder` reads).
+    "vectors": [[[128 floats] per vector] per text]}`` (about 5.5 times the bytes of the binary
+    payload: the binary answer stays the default, and what :class:`RemoteEncoder` reads). It is
+    written in slices of 64 vectors in a worker thread (never whole, never on the event loop),
+    sent with chunked transfer encoding.
 ``POST /v1/embeddings``
     OpenAI-compatible, so any OpenAI client can use the server (``base_url=URL + "/v1"``,
     ``api_key=`` the server's key). Request ``{"input": "text" | ["text", ...], "model": name,
@@ -116,8 +128,15 @@ import numpy as np
 
 from uibk_embedding._optional import require
 from uibk_embedding.encoder.inputs import cut_text
-from uibk_embedding.encoder.remote import MEDIA_TYPE, pack_payload
-from uibk_embedding.encoder.shared import Histogram, SharedEncoder
+from uibk_embedding.encoder.remote import (
+    DENSE_WEIGHT_HEADER,
+    FORMAT_HEADER,
+    MEDIA_TYPE,
+    check_api_key,
+    format_id,
+    pack_payload,
+)
+from uibk_embedding.encoder.shared import MAX_WAIT_MS, Histogram, SharedEncoder
 from uibk_embedding.errors import InvalidInput
 from uibk_embedding.tagged import DIM, N_SLOTS, check_dense_weight, check_text, dense_vector
 
@@ -190,17 +209,21 @@ def parse_request(body: bytes | bytearray, *, max_texts: int = 1024,
 
 
 class Texts(list):
-    """The texts of a request, and ``cut``: how many the parser cut to ``max_text_chars``."""
+    """The texts of a request, and ``cut``: the positions of those the parser cut to
+    ``max_text_chars``."""
 
-    cut = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut: set[int] = set()
 
 
 def _text(raw: str, max_text_chars: int, where: str, texts: Texts) -> str:
     """One text of a request: cut, not refused, when over-long (see "Text length" in the module
-    docstring; counted in ``texts.cut``); refused (400) when empty or not valid Unicode (a lone
+    docstring; its position goes into ``texts.cut``); refused (400) when empty or not valid Unicode (a lone
     surrogate, which the tokenizer would fail on, failing every request encoded with it)."""
     text = cut_text(raw, max_text_chars)
-    texts.cut += len(text) < len(raw)
+    if len(text) < len(raw):
+        texts.cut.add(len(texts))  # the position it is appended at
     if not text.strip():
         raise RequestRefused(400, f"{where} is empty or whitespace only; there is nothing to encode")
     try:
@@ -380,7 +403,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
     """
     require("fastapi", "serve", "uibk-embed serve")
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
     # (no "from __future__ import annotations" here: FastAPI reads the Request annotation)
     limits = _Limits(max_texts, max_text_chars, max_body_bytes)
@@ -394,12 +417,15 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         raise ValueError("max_queued_vectors must be positive")
     if api_key is not None and len(api_key) < 16:
         raise ValueError("the API key must be at least 16 characters long")
+    if api_key is not None:
+        check_api_key(api_key)  # what a client can send in a header: printable ASCII
     key = api_key.encode() if api_key else None
     # no /docs, /redoc (their scripts come from a CDN); /openapi.json is served below, behind the key
     app = FastAPI(title="uibk-embed", description="tagged multi-vector encoder", docs_url=None,
                   redoc_url=None, openapi_url=None)
     clients: OrderedDict[str, None] = OrderedDict()
     enc = shared.encoder
+    model_format = format_id(shared.format)
     m: dict[str, Any] = {"in_flight": 0, "queued_bytes": 0, "queued_texts": 0, "queued_vectors": 0,
                          "status": {}, "texts": 0,
                          "token_vectors": 0, "latency": Histogram(LATENCY_BUCKETS)}
@@ -419,9 +445,9 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                           "(RemoteEncoder(url, api_key=...) or $UIBK_API_KEY)",
                      {"WWW-Authenticate": "Bearer"})
 
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {
+    @app.get("/health", response_model=None)
+    def health() -> dict[str, Any] | JSONResponse:
+        report = {
             "service": "uibk-embed",
             "status": "ok",
             "auth": key is not None,
@@ -436,6 +462,12 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             "doc_max_length": enc.doc_max_length,
             "limits": limits.as_dict(),
         }
+        if shared.worker_error is not None:  # nothing is encoded any more: not healthy
+            e = shared.worker_error
+            report.update(status="failed", error=f"the encoder's worker thread failed ({type(e).__name__}); "
+                                                 "restart the server (the error is in its log)")
+            return JSONResponse(report, status_code=503)
+        return report
 
     @app.get("/openapi.json", include_in_schema=False, response_model=None)
     def openapi(request: Request) -> dict[str, Any] | JSONResponse:
@@ -508,10 +540,10 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         if n:
             m["queued_vectors"] -= n
 
-    class _Answer(Response):
-        """The vectors' answer: the request's token vectors stay counted until it is sent."""
+    class _Holding:
+        """An answer of vectors: the request's token vectors stay counted until it is sent."""
 
-        def __init__(self, content: bytes, held: dict[str, int], **kwargs: Any) -> None:
+        def __init__(self, content: Any, held: dict[str, int], **kwargs: Any) -> None:
             super().__init__(content, **kwargs)
             held["until_sent"] = 1
             # a backstop: an answer dropped unsent (its task cancelled) still frees its vectors
@@ -523,6 +555,13 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                 await super().__call__(scope, receive, send)
             finally:
                 release_vectors(self._held)
+
+    class _Answer(_Holding, Response):
+        """The binary (or a small JSON) answer, built whole."""
+
+    class _StreamedAnswer(_Holding, StreamingResponse):
+        """The JSON answer of ``/encode``: Starlette runs its generator in a worker thread, one
+        slice at a time, each sent before the next is made."""
 
     def hold_bytes(held: dict[str, int], n: int) -> bool:
         """Count ``n`` bytes for this request (its total so far); False when past the budget."""
@@ -623,18 +662,54 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
         m["token_vectors"] += actual - 3 * len(res)
         m["queued_vectors"] += actual - held["vectors"]  # the bound, now the real count, until sent
         held["vectors"] = actual
-        truncated = max(res.truncated, texts.cut)  # cut by the tokenizer or by the parser
-        headers = {"X-UIBK-Truncated": str(truncated)}
-        if openai:
-            content = json.dumps(_openai_answer(res, model or public_model_name(shared.model_name), fmt))
-            return _Answer(content.encode(), held, media_type="application/json", headers=headers)
-        if wants_json(request.headers.get("accept", "")):
-            content = json.dumps({"kind": kind, "dim": DIM, "truncated": truncated,
-                                  "vectors": [np.asarray(a, dtype=np.float32).tolist() for a in res]})
-            return _Answer(content.encode(), held, media_type="application/json", headers=headers)
+        truncated = len(res.cut | texts.cut)  # each text once, cut by the parser, the tokenizer or both
+        # the format and default dense weight of every answer: a client checks them against what it
+        # read from /health, so that a server restarted with another model is not taken for the first
+        headers = {"X-UIBK-Truncated": str(truncated), FORMAT_HEADER: model_format,
+                   DENSE_WEIGHT_HEADER: repr(float(enc.dense_weight))}
+        if openai:  # small (a 381-d vector a text), but not built on the event loop either
+            name = model or public_model_name(shared.model_name)
+            content = await asyncio.to_thread(lambda: json.dumps(_openai_answer(res, name, fmt)).encode())
+            return _Answer(content, held, media_type="application/json", headers=headers)
+        if wants_json(request.headers.get("accept", "")):  # written in slices, in a worker thread
+            return _StreamedAnswer(_json_answer(kind, truncated, res), held, media_type="application/json",
+                                   headers=headers)
         return _Answer(pack_payload(res), held, media_type=MEDIA_TYPE, headers=headers)
 
     return app
+
+
+JSON_SLICE = 64  # token vectors a JSON answer writes at a time (about 180 KB of text)
+
+
+def _json_answer(kind: str, truncated: int, res: Sequence[np.ndarray]) -> Iterator[bytes]:
+    """The JSON answer of ``/encode`` (``{"kind", "dim", "truncated", "vectors"}``, the bytes of
+    ``json.dumps``) in pieces of about 256 KB, made from ``JSON_SLICE`` vectors at a time: its
+    text (about 2.8 KB a vector) and its Python floats (4 KB) never exist whole, so it holds no
+    more memory than the binary answer does, beyond a slice.
+
+    >>> b"".join(_json_answer("queries", 0, [np.zeros((1, 2), np.float32)]))
+    b'{"kind": "queries", "dim": 128, "truncated": 0, "vectors": [[[0.0, 0.0]]]}'
+    """
+    def pieces() -> Iterator[str]:
+        yield f'{{"kind": {json.dumps(kind)}, "dim": {DIM}, "truncated": {int(truncated)}, "vectors": ['
+        for t, a in enumerate(res):
+            yield ", [" if t else "["
+            for i in range(0, len(a), JSON_SLICE):
+                part = json.dumps(np.asarray(a[i:i + JSON_SLICE], dtype=np.float32).tolist())[1:-1]
+                yield ", " + part if i else part
+            yield "]"
+        yield "]}"
+
+    buf: list[str] = []
+    size = 0
+    for piece in pieces():
+        buf.append(piece)
+        size += len(piece)
+        if size >= 2**18:
+            yield "".join(buf).encode()
+            buf, size = [], 0
+    yield "".join(buf).encode()
 
 
 def _openai_answer(res: Sequence[Any], model: str, fmt: str) -> dict[str, Any]:
@@ -651,8 +726,8 @@ def _openai_answer(res: Sequence[Any], model: str, fmt: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str]:
-    """Run ``uibk-embed serve ARGS`` in a child process on a free local port; yield its URL once
+def serve_subprocess(*args: str, startup_timeout: float = 300.0, port: int | None = None) -> Iterator[str]:
+    """Run ``uibk-embed serve ARGS`` in a child process on a free local port (or ``port``); yield its URL once
     ``/health`` answers, stop the child (terminate, then kill) on exit. A child that exits or
     stays unhealthy past ``startup_timeout`` seconds raises ``RuntimeError`` (with its output when it exited).
 
@@ -666,9 +741,10 @@ def serve_subprocess(*args: str, startup_timeout: float = 300.0) -> Iterator[str
     import time
 
     httpx = require("httpx", "serve", "serve_subprocess")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", "uibk_embedding.encoder.server",
@@ -721,6 +797,57 @@ def _number(kind: type, low: float, high: float | None = None, *, above: bool = 
     return parse
 
 
+def head_timeout_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol plus the timeout it lacks: a connection that has sent no whole
+    request head ``seconds`` after it opened, or after its last answer, is closed (uvicorn keeps a
+    connection that sent nothing, or half a head, open for good; its keep-alive timeout starts only
+    after an answer and stops at the first byte).
+
+    >>> head_timeout_protocol(30.0).__name__
+    'HeadTimeoutH11Protocol'
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._wait_for_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._head_seen()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._wait_for_head()
+            self._head_seen()  # a pipelined request may have been read already
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+        def _wait_for_head(self) -> None:
+            if self._head_timer is None and not self.transport.is_closing():
+                self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
+
+        def _head_seen(self) -> None:
+            if self._head_timer is not None and self.conn.their_state is not h11.IDLE:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutH11Protocol
+
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -735,33 +862,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_number(int, 0, 65535), default=DEFAULT_PORT,
                    help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: CUDA when present)")
-    p.add_argument("--max-wait-ms", type=_number(float, 0), default=5.0,
+    p.add_argument("--max-wait-ms", type=_number(float, 0, MAX_WAIT_MS), default=5.0,
                    help="how long to wait for more requests to batch together")
     p.add_argument("--batch-tokens", type=_number(int, 1), default=None,
                    help="padded tokens per forward pass")
     p.add_argument("--max-texts", type=_number(int, 1), default=1024, help="texts per request at most")
-    p.add_argument("--max-text-chars", type=int, default=100_000,
+    p.add_argument("--max-text-chars", type=_number(int, 1, 10**8), default=100_000,
                    help="a longer text is cut to this many characters before tokenizing (then truncated "
                         "at the token limit, as in-process; default 100000)")
-    p.add_argument("--max-body-mb", type=_number(float, 0, above=True), default=32.0,
+    p.add_argument("--max-body-mb", type=_number(float, 0, 2**16, above=True), default=32.0,
                    help="request body size limit")
     p.add_argument("--threads", type=_number(int, 1), default=None, help="CPU threads for torch")
     p.add_argument("--api-key-file", default=None,
                    help="file holding the API key that clients must send as 'Authorization: Bearer KEY' "
                         "(default: $UIBK_API_KEY; none: no authentication, fine on 127.0.0.1). A key "
                         "on the command line would show in the process list, so it is read from a file")
-    p.add_argument("--max-concurrent-requests", type=int, default=64,
+    p.add_argument("--max-concurrent-requests", type=_number(int, 1, 10**5), default=64,
                    help="requests served at once; more answer 429 with Retry-After")
-    p.add_argument("--body-timeout-s", type=_number(float, 0, above=True), default=30.0,
-                   help="seconds to receive a request body (slow clients get 408)")
-    p.add_argument("--idle-timeout-s", type=_number(float, 0), default=5.0,
+    p.add_argument("--body-timeout-s", type=_number(float, 0, 86_400, above=True), default=30.0,
+                   help="seconds to receive a request body (slow clients get 408), and a request head "
+                        "(a connection that has sent no whole head this long after it opened, or after "
+                        "its last answer, is closed)")
+    p.add_argument("--idle-timeout-s", type=_number(float, 0, 86_400), default=5.0,
                    help="seconds an idle keep-alive connection stays open")
-    p.add_argument("--max-queued-mb", type=float, default=256.0,
+    p.add_argument("--max-queued-mb", type=_number(float, 0, 2**20, above=True), default=256.0,
                    help="request bodies being received plus texts waiting for the encoder, all requests "
                         "together; more answer 429 (at least --max-body-mb)")
-    p.add_argument("--max-queued-texts", type=int, default=8192,
+    p.add_argument("--max-queued-texts", type=_number(int, 1, 10**9), default=8192,
                    help="texts waiting for the encoder, all requests together; more answer 429")
-    p.add_argument("--max-queued-vectors", type=int, default=2**22,
+    p.add_argument("--max-queued-vectors", type=_number(int, 1, 10**12), default=2**22,
                    help="token vectors (an upper bound per text) of the requests not yet answered in full, "
                         "all together; more answer 429 (1 KiB of memory each)")
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
@@ -776,6 +905,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     uvicorn = require("uvicorn", "serve", "uibk-embed serve")
+    key = os.environ.get("UIBK_API_KEY", "").strip() or None  # a newline from `echo` is no part of it
+    where = "the API key in $UIBK_API_KEY"
+    if args.api_key_file:
+        where = f"the API key in {args.api_key_file}"
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"uibk-embed serve: cannot read the API key file {args.api_key_file}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    if key is not None:  # refused before the encoder loads: a key no client could send, or too short
+        try:
+            check_api_key(key, where)
+        except ValueError as e:
+            raise SystemExit(f"uibk-embed serve: {e}") from None
+        if len(key) < 16:
+            raise SystemExit(f"uibk-embed serve: {where} must be at least 16 characters long")
     if args.threads:
         import torch
 
@@ -786,9 +931,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                **({"trust_remote_code": True} if args.trust_remote_code else {}))
     except (RuntimeError, ValueError, OSError) as e:  # a device torch lacks, a folder that is none
         raise SystemExit(f"uibk-embed serve: cannot load the encoder: {str(e).splitlines()[0]}") from None
-    key = os.environ.get("UIBK_API_KEY", "").strip() or None  # a newline from `echo` is no part of it
-    if args.api_key_file:
-        key = Path(args.api_key_file).read_text().strip()
     if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"uibk-embed serve: WARNING: listening on {args.host} without an API key: anyone who can "
               "reach this port can use the encoder (--api-key-file, $UIBK_API_KEY)", file=sys.stderr)
@@ -814,7 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"listening on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_keep_alive=args.idle_timeout_s)
+                    timeout_keep_alive=args.idle_timeout_s, http=head_timeout_protocol(args.body_timeout_s))
     finally:
         shared.close()
     return 0

@@ -36,14 +36,16 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,7 @@ from uibk_embedding.encoder.inputs import resolve_device, text_chunks, validate_
 from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
+log = logging.getLogger("uibk_embedding.shared")
 
 
 @dataclass
@@ -66,7 +69,7 @@ class _Request:
     future: Future = field(default_factory=Future)
     results: list[np.ndarray | None] = field(default_factory=list)
     remaining: int = 0
-    truncated: int = 0
+    cut: set[int] = field(default_factory=set)  # texts truncated at the token limit
     rid: int = 0
 
     def __post_init__(self) -> None:
@@ -75,10 +78,17 @@ class _Request:
 
 
 class EncodeResult(list):
-    """The tagged lists of one request, with ``truncated``: how many texts were cut."""
+    """The tagged lists of one request, with ``cut``: the positions of the texts truncated at the
+    token limit, and ``truncated``: how many they are."""
 
-    truncated: int = 0
+    cut: frozenset[int] = frozenset()
 
+    @property
+    def truncated(self) -> int:
+        return len(self.cut)
+
+
+MAX_WAIT_MS = 60_000  # the merging window's cap: a minute (queue.get fails past about 9e12 ms)
 
 
 PASS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -116,10 +126,15 @@ class SharedEncoder:
         (None: the embedded default), loaded on ``device``.
     device: where to load a model given by path (default: CUDA when present, else CPU).
     batch_tokens: padded tokens per forward pass (default: the encoder's).
-    max_wait_ms: how long the worker waits for more requests before a pass (merging window).
+    max_wait_ms: how long the worker waits for more requests before a pass (merging window), a
+        finite number of milliseconds from 0 to 60,000.
     chunk_texts: texts per queued request when a caller passes a long list.
     show_progress: progress bar for long calls (None: on a terminal, 256 texts or more).
     **load_options: passed to ``load_encoder`` when ``encoder`` is a path.
+
+    Should the worker thread itself fail (a bug, not a model error: those reach the request
+    they belong to), the requests it holds and every later call raise ``RuntimeError`` naming
+    the failure, and ``worker_error`` holds it (the server's ``/health`` then answers 503).
 
     >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
     >>> cfg = UIBKConfig.tiny()
@@ -146,8 +161,12 @@ class SharedEncoder:
             raise TypeError(
                 f"SharedEncoder wraps an in-process TaggedEncoder, got {type(encoder).__name__}; "
                 "a RemoteEncoder is already shared by its server")
-        if max_wait_ms < 0 or chunk_texts < 1:
-            raise ValueError("max_wait_ms must be >= 0 and chunk_texts >= 1")
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int | float) or not (
+                0 <= max_wait_ms <= MAX_WAIT_MS):  # NaN and infinity fail the comparison
+            raise ValueError(f"max_wait_ms must be a number of milliseconds from 0 to {MAX_WAIT_MS}, "
+                             f"got {max_wait_ms!r}")
+        if isinstance(chunk_texts, bool) or not isinstance(chunk_texts, int) or chunk_texts < 1:
+            raise ValueError(f"chunk_texts must be a positive integer, got {chunk_texts!r}")
         self.encoder = encoder
         if batch_tokens is not None:
             encoder.batch_tokens = int(batch_tokens)
@@ -162,6 +181,8 @@ class SharedEncoder:
                        "multi_client_passes": 0, "max_requests_per_pass": 0, "errors": 0}
         self.pass_sizes = Histogram(PASS_BUCKETS)  # texts per forward pass
         self._closed = False
+        self.worker_error: BaseException | None = None  # set when the worker thread failed
+        self._submit_lock = threading.Lock()  # a request is queued before the worker fails, or refused
         self._worker = threading.Thread(target=self._run, name="uibk-shared-encoder", daemon=True)
         self._worker.start()
 
@@ -200,9 +221,8 @@ class SharedEncoder:
     def encode_documents_iter(self, texts: Iterable[str], *, chunk_size: int | None = None,
                               in_flight: int = 2) -> Iterator[np.ndarray]:
         """Stream tagged lists over any iterable, in order, ``in_flight`` chunks queued at most."""
-        size = int(chunk_size or self.chunk_texts)
         pending: deque[Future] = deque()
-        chunks = text_chunks(texts, size)
+        chunks = text_chunks(texts, self.chunk_texts if chunk_size is None else chunk_size)
         while True:
             chunk = next(chunks, None)
             if chunk:
@@ -221,16 +241,24 @@ class SharedEncoder:
 
         ``client`` names the caller in :meth:`stats` (the server passes the client's id).
         """
-        if self._closed:
-            raise RuntimeError("this SharedEncoder is closed")
         req = _Request(list(texts), bool(is_query), float(dense_weight), client, rid=next(self._ids))
-        with self._stats_lock:
-            self._stats["requests"] += 1
-        if not req.texts:
-            req.future.set_result(EncodeResult())
-        else:
-            self._queue.put(req)
+        with self._submit_lock:
+            if self.worker_error is not None:
+                raise self._failure()
+            if self._closed:
+                raise RuntimeError("this SharedEncoder is closed")
+            with self._stats_lock:
+                self._stats["requests"] += 1
+            if not req.texts:
+                req.future.set_result(EncodeResult())
+            else:
+                self._queue.put(req)
         return req.future
+
+    def _failure(self) -> RuntimeError:
+        e = self.worker_error
+        return RuntimeError(f"the SharedEncoder's worker thread failed ({type(e).__name__}: {e}); it encodes "
+                            "nothing more: make a new SharedEncoder (restart the server)")
 
     def _call(self, texts: list[str], is_query: bool, w: float,
               show_progress: bool | None) -> list[np.ndarray]:
@@ -256,10 +284,11 @@ class SharedEncoder:
         return out
 
     # -- the worker ------------------------------------------------------------------------
-    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
-        reqs, stop = [first], False
+    def _gather(self, reqs: list[_Request]) -> bool:
+        """Add the requests that wait (or arrive within ``max_wait``) to ``reqs``; True on _STOP."""
+        stop = False
         budget = 8 * self.encoder.batch_tokens
-        est = len(first.texts)
+        est = len(reqs[0].texts)
         deadline = time.monotonic() + self.max_wait
         while est * 64 < budget:
             timeout = deadline - time.monotonic()
@@ -272,25 +301,44 @@ class SharedEncoder:
                 break
             reqs.append(item)
             est += len(item.texts)
-        return reqs, stop
+        return stop
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            reqs, stop = self._gather(first)
-            # a request whose caller cancelled its future (a client gone during shutdown) is
-            # dropped here; the others are marked running, so they can no longer be cancelled
-            # and resolving them cannot fail (before, the cancelled one made set_result raise,
-            # which failed every request batched with it)
-            reqs = [r for r in reqs if r.future.set_running_or_notify_cancel()]
-            for is_query in (True, False):
-                group = [r for r in reqs if r.is_query == is_query]
-                if group:
-                    self._process(group, is_query)
-            if stop:
-                return
+        taken: list[_Request] = []  # the requests out of the queue, for the callers' sake on a failure
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    return
+                taken = [first]
+                stop = self._gather(taken)
+                # a request whose caller cancelled its future (a client gone during shutdown) is
+                # dropped here; the others are marked running, so they can no longer be cancelled
+                # and resolving them cannot fail (before, the cancelled one made set_result raise,
+                # which failed every request batched with it)
+                reqs = [r for r in taken if r.future.set_running_or_notify_cancel()]
+                for is_query in (True, False):
+                    group = [r for r in reqs if r.is_query == is_query]
+                    if group:
+                        self._process(group, is_query)
+                if stop:
+                    return
+        except BaseException as e:  # the worker itself failed (before, its thread died silently and
+            # every caller waited forever): no request is left waiting, and none is taken any more
+            with self._submit_lock:
+                self.worker_error = e
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not _STOP:
+                        taken.append(item)
+            log.error("the SharedEncoder's worker thread failed; it encodes nothing more", exc_info=e)
+            err = self._failure()
+            for r in taken:
+                with contextlib.suppress(InvalidStateError):  # done, or cancelled meanwhile
+                    r.future.set_exception(err)
 
     def _process(self, group: list[_Request], is_query: bool) -> None:
         enc = self.encoder
@@ -313,18 +361,19 @@ class SharedEncoder:
                 for j, arr, was_cut in zip(batch, arrays, cut, strict=True):
                     req, i = items[j]
                     req.results[i] = arr
-                    req.truncated += bool(was_cut)
+                    if was_cut:
+                        req.cut.add(i)
                     req.remaining -= 1
                     if req.remaining == 0:
                         res = EncodeResult(req.results)
-                        res.truncated = min(req.truncated, len(res))
+                        res.cut = frozenset(req.cut)
                         req.future.set_result(res)
         except BaseException as e:  # the callers get the error; the worker lives on
             if len(group) > 1 and isinstance(e, Exception):
                 # one request's input may be what failed: each alone, so the others get their lists
                 for r in group:
                     if not r.future.done():
-                        r.results, r.remaining, r.truncated = [None] * len(r.texts), len(r.texts), 0
+                        r.results, r.remaining, r.cut = [None] * len(r.texts), len(r.texts), set()
                         self._process([r], is_query)
                 return
             with self._stats_lock:
