@@ -1,5 +1,6 @@
 """One corpus reader, one set of bad-row rules: ``read_corpus`` (CLI, evaluation) and the
-distributed run's ``read_rows`` find the same rows bad, for the same reason."""
+distributed run's ``read_rows`` find the same rows bad, for the same reason; ``read_queries``
+refuses the same ids and texts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.indexing import stored_metadata, upsert_batches
-from uibk_embedding.apps.data import DataError, read_corpus
+from uibk_embedding.apps.data import DataError, read_corpus, read_queries
 from uibk_embedding.apps.distributed import read_rows
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
@@ -37,6 +38,17 @@ def test_both_readers_refuse_a_bad_row_for_the_same_reason(tmp_path, row):
     with pytest.raises(DataError) as e:
         read_corpus(p)
     assert str(e.value) == f"{p}:2: {rows[1]['_error']}"
+
+
+@pytest.mark.parametrize("row", BAD_ROWS[:5], ids=lambda r: json.dumps(r)[:40])
+def test_the_query_reader_refuses_a_bad_id_or_text_as_the_corpus_reader_does(tmp_path, row):
+    """queries.jsonl had laxer rules: an empty id became a query id, the number 42 the query "42"."""
+    p = tmp_path / "queries.jsonl"
+    p.write_text(json.dumps({"_id": "ok", "text": "a wing"}) + "\n" + json.dumps(row) + "\n")
+    reason = read_rows(p)[1]["_error"].replace("document id", "query id")
+    with pytest.raises(DataError) as e:
+        read_queries(p)
+    assert str(e.value).startswith(f"{p}:2: ") and str(e.value).endswith(reason), (str(e.value), reason)
 
 
 def test_rows_without_text_are_skipped_by_one_and_reported_by_the_other(tmp_path):

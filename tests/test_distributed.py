@@ -323,3 +323,145 @@ def test_stores_one_process_only_are_refused():
         cli.main(["index", "x.jsonl", "--backend", "milvus", "--option", "uri=/tmp/x.db", "--ray"])
     with pytest.raises(SystemExit, match="--workers needs --ray"):
         cli.main(["index", "x.jsonl", "--backend", "exact", "--workers", "2"])
+
+
+_ONE_CPU_RUN = """
+import json, sys
+import ray
+ray.init(num_cpus=1, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False,
+         _temp_dir=sys.argv[1])
+import pyarrow.parquet as pq
+from uibk_embedding.apps.distributed import index_distributed
+got = []
+for name, data in (("parquet", sys.argv[2]), ("dataset", ray.data.from_arrow(pq.read_table(sys.argv[2])))):
+    r = index_distributed(data, "lancedb", {"uri": sys.argv[3], "table": name}, workers=1, batch_size=8,
+                          progress=False)
+    got.append({"indexed": r.indexed, "total": r.total, "bad": len(r.bad)})
+print("RESULT", json.dumps(got))
+ray.shutdown()
+"""
+HANG_GUARD_S = 300  # a guard against a hang, not a timing: the run takes ~30 s here
+
+
+def test_parquet_input_runs_when_the_actors_take_every_cpu(tmp_path):
+    """A Parquet file, then a Ray Dataset, on a 1-CPU Ray cluster with one 1-CPU actor (`uibk-embed
+    index x.parquet --ray` on 2 cores does the same with its 2 default actors): the file-listing,
+    read and row-check tasks each asked for a CPU the actors held, so none was ever scheduled and
+    the run waited forever. Run in a child process (its own 1-CPU cluster), ended if it has not
+    finished well past its usual time."""
+    import signal
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pytest.importorskip("lancedb")
+    data = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist([{"_id": f"d{i}", "text": f"a wing {i}"} for i in range(3)]), data)
+    ray_tmp = tempfile.mkdtemp(prefix="uibk-ray-")  # short: Ray's socket paths have a length limit
+    child = subprocess.Popen([sys.executable, "-c", _ONE_CPU_RUN, ray_tmp, str(data), str(tmp_path / "db")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        out, _ = child.communicate(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGTERM)  # the child, its Ray processes (its own session)
+        try:
+            out, _ = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, _ = child.communicate()
+        pytest.fail(f"index_distributed on Parquet with every CPU held by the actors did not finish in "
+                    f"{HANG_GUARD_S} s (it hangs); its output ends:\n{out[-3000:]}")
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert child.returncode == 0, out[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result == [{"indexed": 3, "total": 3, "bad": 0}] * 2
+
+
+def test_parquet_rows_are_read_as_jsonl_reads_them(ray_cluster, tmp_path):
+    """Nullable ints, big ints and struct metadata from Parquet = the same rows in a JSONL file.
+    Read as numpy, an int column with a null became float64 (every id refused as "1.0 ... a JSON
+    number with a fraction", the null one too), an int64 past 2**53 lost digits, and a struct
+    column gave every row every key of every row (None where the row had none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from uibk_embedding.apps.distributed import read_rows
+
+    rows = [{"id": 1, "text": "a wing", "metadata": {"n": 2**60 + 1, "src": {"page": 3},
+                                                     "authors": [{"name": "A"}]}},
+            {"id": 2, "text": "b wing", "metadata": {"lang": "en", "src": {"file": "x.pdf"},
+                                                     "authors": [{"name": "B", "aff": "U"}]}},
+            {"id": None, "text": "c wing", "metadata": {}},
+            {"id": 4, "text": "d wing", "metadata": None}]
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parquet = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+
+    def seen(rs):
+        return [(r["_id"], json.loads(r["_meta"]), r["_error"]) for r in rs]
+
+    want = seen(read_rows(jsonl))
+    assert want[0] == ("1", rows[0]["metadata"], "") and "missing field" in want[2][2]
+    ds, _ = to_dataset(parquet, batch_size=8)
+    assert seen(ds.take_all()) == want
+    # string ids, a Ray Dataset of the same rows
+    srows = [{**r, "id": None if r["id"] is None else f"s{r['id']}"} for r in rows]
+    ds, _ = to_dataset(ray.data.from_arrow(pa.Table.from_pylist(srows)), batch_size=8)
+    assert seen(ds.take_all()) == [("s" + x if x else x, m, e) for x, m, e in want]
+
+
+def test_a_dataset_with_steps_left_is_warned_about_when_the_actors_hold_every_cpu(ray_cluster, tmp_path):
+    """A user's lazy Dataset (a read, a map_batches still to run) whose tasks ask for a CPU cannot
+    run behind actors that hold every CPU: a warning says so before the run (a materialized one
+    has nothing left to run: no warning). Its step here asks for no CPU, so the run finishes."""
+    import warnings
+
+    pytest.importorskip("lancedb")
+    rows = [{"_id": f"d{i}", "text": f"a wing {i}"} for i in range(3)]
+    starved = r"the actors take 2 of the cluster's 2 CPUs: the steps of the given Dataset"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = index_distributed(ray.data.from_items(rows), "lancedb", {"uri": str(tmp_path / "a")}, workers=2,
+                              progress=False)
+    assert r.indexed == 3 and not [w for w in caught if "the actors take" in str(w.message)]
+    lazy = ray.data.from_items(rows).map_batches(lambda b: b, num_cpus=0)
+    with pytest.warns(UserWarning, match=starved):
+        r = index_distributed(lazy, "lancedb", {"uri": str(tmp_path / "b")}, workers=2, progress=False)
+    assert r.indexed == 3
+
+
+def test_gpus_the_cluster_lacks_are_refused_before_the_pool_starts(ray_cluster, corpus, tmp_path):
+    """num_gpus=1 on a cluster without a GPU waited forever for an actor Ray could never place."""
+    pytest.importorskip("lancedb")
+    where = tmp_path / "db"
+    with pytest.raises(ValueError, match=r"num_gpus=1 .*the Ray cluster has 0 GPU"):
+        index_distributed(corpus, "lancedb", {"uri": str(where)}, num_gpus=1, progress=False)
+    with pytest.raises(SystemExit, match=r"num_gpus=1 .*the Ray cluster has 0 GPU"):
+        cli.main(["index", str(corpus), "--backend", "lancedb", "--option", f"uri={where}", "--quiet",
+                  "--ray", "--num-gpus", "1"])
+    assert not where.exists(), "the store was opened before the refusal"
+
+
+@pytest.mark.parametrize(("name", "value", "match"), [
+    ("batch_size", 0, "batch_size must be a positive int, got 0"),
+    ("batch_size", 2.5, "batch_size must be a positive int, got 2.5"),
+    ("upsert_batch", 0, "upsert_batch must be a positive int, got 0"),
+    ("retries", -1, "retries must be a non-negative int, got -1"),
+    ("retries", True, "retries must be a non-negative int, got True"),
+    ("num_cpus", 0, "num_cpus must be a positive number, got 0"),
+    ("num_gpus", -1, "num_gpus must be a non-negative number, got -1"),
+    ("total", -5, "total must be a non-negative int or None, got -5"),
+])
+def test_numeric_arguments_are_checked_before_ray_starts(tmp_path, name, value, match):
+    """batch_size=0 was a ZeroDivisionError after ray.init; retries=-1 unlimited restarts in Ray."""
+    was_running = ray.is_initialized()
+    with pytest.raises(ValueError, match=match):
+        index_distributed(tmp_path / "missing.jsonl", "lancedb", {"uri": str(tmp_path / "db")},
+                          progress=False, **{name: value})
+    assert ray.is_initialized() == was_running
+    assert not (tmp_path / "db").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -96,6 +97,52 @@ def test_queries_errors_name_the_line(tmp_path):
         p.write_text(content)
         with pytest.raises(DataError, match=match):
             read_queries(p)
+
+
+def test_queries_follow_the_corpus_rules(tmp_path):
+    """An empty or blank query id, a number as text: the corpus reader refuses them, the query
+    reader took them ("" became a query id; 42 the query "42")."""
+    p = tmp_path / "queries.jsonl"
+    cases = [('{"_id": "q1", "text": "ok"}\n{"_id": "", "text": "x"}\n',
+              r"queries\.jsonl:2: id must be a non-empty string, got an empty query id"),
+             ('{"_id": " ", "text": "x"}\n', r":1: id must be a non-empty string, got an empty query id"),
+             ('{"_id": "q2", "text": 42}\n', r":1: query 'q2': text must be a string, got int"),
+             ('{"_id": "q2", "text": ["a"]}\n', r":1: query 'q2': text must be a string, got list"),
+             ('{"_id": 1.5, "text": "x"}\n', r":1: id 1\.5 is a JSON number with a fraction"),
+             ('{"_id": true, "text": "x"}\n', r":1: id must be a non-empty string, got bool True"),
+             ('{"text": "x"}\n', r":1: id must be a non-empty string: missing field '_id' or 'id'"),
+             ('{"_id": "q3"}\n', r":1: query 'q3' has no text")]
+    for content, match in cases:
+        p.write_text(content)
+        with pytest.raises(DataError, match=match):
+            read_queries(p)
+    p.write_text('{"_id": 7, "text": "wing"}\n{"id": "q8", "text": "flap"}\n')
+    assert read_queries(p) == {"7": "wing", "q8": "flap"}  # a JSON integer id as its digits, as in a corpus
+
+
+def test_qrels_refuse_an_empty_id(tmp_path):
+    p = tmp_path / "q.tsv"
+    for content, match in [("query-id\tcorpus-id\tscore\nq1\td1\t1\n\td2\t1\n", r"q\.tsv:3: empty query id"),
+                           ("q1\t \t1\n", r"q\.tsv:1: empty corpus id")]:
+        p.write_text(content)
+        with pytest.raises(DataError, match=match):
+            read_qrels(p)
+
+
+def test_judged_queries_missing_from_queries_jsonl_are_named(tmp_path):
+    """Queries the qrels judge (with a relevant document) that queries.jsonl lacks were dropped
+    without a word: the scores were then averaged over fewer queries than the qrels judge."""
+    _write_beir(tmp_path / "c", [{"_id": "1", "text": "body"}], [{"_id": "q", "text": "?"}],
+                [("q", "1", 1), ("q7", "1", 2), ("q9", "1", 1), ("q0", "1", 0)])
+    want = (r"2 queries with a relevant document in qrels/test\.tsv are not in queries\.jsonl \(q7, q9\); "
+            r"the scores are averaged over the other 1")
+    with pytest.warns(UserWarning, match=want):
+        c = load_beir(tmp_path / "c")
+    assert c.queries == {"q": "?"} and c.qrels == {"q": {"1": 1}}
+    _write_beir(tmp_path / "d", [{"_id": "1", "text": "body"}], [{"_id": "q", "text": "?"}], [("q", "1", 1)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_beir(tmp_path / "d")
 
 
 def test_a_bom_is_read_past_and_unjudged_queries_are_refused_before_encoding(tmp_path):

@@ -87,20 +87,27 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             yield n, obj
 
 
-def _str_field(obj: dict, names: tuple[str, ...], where: str, required: bool = True) -> str:
-    for name in names:
-        if name in obj and obj[name] is not None:
-            v = obj[name]
-            if isinstance(v, bool) or not isinstance(v, str | int | float):
-                raise DataError(f"{where}: field {name!r} must be a string, got {type(v).__name__}")
-            if isinstance(v, float) and names[0] in ("_id", "id"):
-                # 1.10 reads as 1.1: the id would no longer match the qrels that name it
-                raise DataError(f"{where}: id {v!r} is a JSON number with a fraction, which does not keep "
-                                "its spelling (1.10 reads as 1.1): write ids as strings")
-            return str(v)
-    if required:
-        raise DataError(f"{where}: missing field {' or '.join(repr(n) for n in names)}")
-    return ""
+def check_id(value: Any, kind: str = "document") -> tuple[str, str]:
+    """``(id, "")`` for a usable corpus or query id, else ``("", reason)``: the id rules of
+    :func:`check_document`, shared by :func:`read_queries`. A JSON integer is read as its digits;
+    a number with a fraction, a boolean, anything else but a string, and an empty or blank
+    string are refused.
+
+    >>> check_id(7), check_id(" ", "query")
+    (('7', ''), ('', 'id must be a non-empty string, got an empty query id'))
+    """
+    if isinstance(value, float):  # 1.10 reads as 1.1: the id would no longer match its qrels
+        return "", (f"id {value!r} is a JSON number with a fraction, which does not keep its "
+                    "spelling (1.10 reads as 1.1): write ids as strings")
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # BEIR files write numeric ids too
+    if value is None:
+        return "", "id must be a non-empty string: missing field '_id' or 'id'"
+    if not isinstance(value, str):
+        return "", f"id must be a non-empty string, got {type(value).__name__} {value!r}"
+    if not value.strip():
+        return "", f"id must be a non-empty string, got an empty {kind} id"
+    return value, ""
 
 
 @dataclass
@@ -148,17 +155,10 @@ def check_document(doc_id: Any, text: Any, title: Any = None, metadata: Any = No
     def bad(reason: str, no_text: bool = False) -> BadDocument:
         return BadDocument(doc_id, position, reason, no_text)
 
-    if isinstance(doc_id, float):  # 1.10 reads as 1.1: the id would no longer match its qrels
-        return bad(f"id {doc_id!r} is a JSON number with a fraction, which does not keep its "
-                   "spelling (1.10 reads as 1.1): write ids as strings")
-    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-        doc_id = str(doc_id)  # BEIR files write numeric ids too
-    if doc_id is None:
-        return bad("id must be a non-empty string: missing field '_id' or 'id'")
-    if not isinstance(doc_id, str):
-        return bad(f"id must be a non-empty string, got {type(doc_id).__name__} {doc_id!r}")
-    if not doc_id.strip():
-        return bad("id must be a non-empty string, got an empty document id")
+    checked, problem = check_id(doc_id)
+    if problem:
+        return bad(problem)
+    doc_id = checked
     if text is not None and not isinstance(text, str):
         return bad(f"text must be a string, got {type(text).__name__}")
     if title is not None and not isinstance(title, str):
@@ -251,16 +251,38 @@ def read_corpus(path: str | os.PathLike) -> list[Document]:
 
 
 def read_queries(path: str | os.PathLike) -> dict[str, str]:
+    """Queries of a BEIR folder (``queries.jsonl``) or a JSONL file: ``{id: text}``, in file order.
+
+    The corpus rules for ids and texts (:func:`check_id`; a text is a string, not empty, valid
+    Unicode); a bad line or a repeated id is refused with its file and line.
+
+    >>> import json, tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "queries.jsonl"
+    >>> _ = p.write_text(json.dumps({"_id": 1, "text": "wing flutter"}) + chr(10))
+    >>> read_queries(p)
+    {'1': 'wing flutter'}
+    >>> _ = p.write_text(json.dumps({"_id": "q2", "text": 42}) + chr(10))
+    >>> read_queries(p)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.DataError: .../queries.jsonl:1: query 'q2': text must be a string, got int
+    """
     p = Path(path)
     if p.is_dir():
         p = p / "queries.jsonl"
     out: dict[str, str] = {}
     for n, obj in _iter_jsonl(p):
         where = f"{p}:{n}"
-        qid = _str_field(obj, ("_id", "id"), where)
+        qid, problem = check_id(obj.get("_id", obj.get("id")), "query")
+        if problem:
+            raise DataError(f"{where}: {problem}")
         if qid in out:
             raise DataError(f"{where}: duplicate query id {qid!r}")
-        text = _str_field(obj, ("text",), where)
+        text = obj.get("text")
+        if text is None:
+            raise DataError(f"{where}: query {qid!r} has no text")
+        if not isinstance(text, str):
+            raise DataError(f"{where}: query {qid!r}: text must be a string, got {type(text).__name__}")
         if not text.strip():
             raise DataError(f"{where}: query {qid!r} has an empty text")
         try:
@@ -295,13 +317,33 @@ def read_qrels(path: str | os.PathLike, split: str = "test") -> dict[str, dict[s
             raise DataError(f"{p}:{n}: score {parts[2]!r} is not a number") from None
         if not math.isfinite(value) or value != int(value):
             raise DataError(f"{p}:{n}: score {parts[2]!r} is not a finite whole number")
+        for name, field_ in (("query", parts[0]), ("corpus", parts[1])):
+            if not field_.strip():
+                raise DataError(f"{p}:{n}: empty {name} id")
         score = int(value)
         qrels.setdefault(parts[0], {})[parts[1]] = score
     return qrels
 
 
 def load_beir(path: str | os.PathLike, split: str = "test") -> Collection:
-    """A whole BEIR folder. Queries without judgments are dropped (as BEIR evaluation does)."""
+    """A whole BEIR folder. Queries without a relevant document (score > 0) in
+    ``qrels/<split>.tsv`` are dropped (as BEIR evaluation does); queries the qrels judge that
+    ``queries.jsonl`` lacks cannot be scored: a ``UserWarning`` gives their number and the first
+    ids (the metrics average over the others), and none at all is a :class:`DataError`.
+
+    >>> import json, tempfile, pathlib, warnings
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> (d / "qrels").mkdir()
+    >>> _ = (d / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "wing"}) + chr(10))
+    >>> _ = (d / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "wings?"}) + chr(10))
+    >>> qrels = [("q1", "d1", "1"), ("q2", "d1", "1")]
+    >>> _ = (d / "qrels" / "test.tsv").write_text(chr(10).join(chr(9).join(r) for r in qrels))
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     c = load_beir(d)
+    >>> c.queries, str(w[0].message).split(";")[0]
+    ({'q1': 'wings?'}, '1 queries with a relevant document in qrels/test.tsv are not in queries.jsonl (q2)')
+    """
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{p} is not a BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
@@ -313,4 +355,10 @@ def load_beir(path: str | os.PathLike, split: str = "test") -> Collection:
         raise DataError(f"{p}: no query of queries.jsonl has a relevant document (score > 0) in "
                         f"qrels/{split}.tsv ({len(queries)} queries, {len(qrels)} judged): nothing to "
                         "evaluate")
+    lost = [q for q, rel in qrels.items() if q not in queries and any(v > 0 for v in rel.values())]
+    if lost:  # BEIR's own loader refuses the folder; the scores would average over fewer queries
+        shown = ", ".join(lost[:5]) + (", ..." if len(lost) > 5 else "")
+        warnings.warn(f"{len(lost)} queries with a relevant document in qrels/{split}.tsv are not in "
+                      f"queries.jsonl ({shown}); the scores are averaged over the other {len(judged)}",
+                      stacklevel=2)
     return Collection(p.name, corpus, judged, {q: qrels[q] for q in judged})

@@ -51,6 +51,7 @@ ValueError: backend 'exact' lives inside one process; Ray workers need a server 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -64,6 +65,7 @@ from tqdm.auto import tqdm
 
 from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
+from uibk_embedding.adapters.base import check_positive
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.apps.data import BadDocument, Document, check_document, corpus_file, scan_corpus
 from uibk_embedding.encoder import load_encoder
@@ -210,42 +212,65 @@ def _items_rows(items: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _plain(v: Any) -> Any:
-    """A Ray numpy-batch value as plain Python: arrays (a Parquet list, also inside a struct)
-    become lists, numpy scalars their Python values, recursively."""
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    if hasattr(v, "tolist"):  # a numpy array or scalar
-        return _plain(v.tolist()) if getattr(v, "ndim", 0) else v.item()
-    return v
+def _from_arrow(value: Any, typ: Any) -> Any:
+    """One Arrow value (``to_pylist``) as the JSONL reader would have it: a struct field that is
+    null is left out. One Arrow schema covers every row, so a struct column holds every key of
+    every row, null where a row had none: Arrow cannot tell such a key from one a row set to
+    null, and both are dropped (a JSON text column keeps a real null)."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_struct(typ):
+        return {f.name: _from_arrow(value[f.name], f.type) for f in typ if value.get(f.name) is not None}
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        return [_from_arrow(x, typ.value_type) for x in value]
+    return value
 
 
-def _normalise_batch(batch: Mapping[str, Any], id_column: str, text_column: str,
+def _column(batch: Any, col: str | None) -> list[Any] | None:
+    """A column of an Arrow batch as plain Python values (ints stay ints, nulls None), or None."""
+    if col is None or col not in batch.column_names:
+        return None
+    import pyarrow as pa
+
+    column = batch.column(col)
+    values = column.to_pylist()
+    if pa.types.is_nested(column.type):
+        values = [_from_arrow(v, column.type) for v in values]
+    return values
+
+
+def _normalise_batch(batch: Any, id_column: str, text_column: str,
                      title_column: str | None, metadata_column: str | None,
-                     position_column: str | None) -> dict[str, list]:
-    """A user Dataset's batch (numpy format) -> the normalised columns; an id seen earlier in
-    the batch is a bad row (one upsert call takes an id once)."""
-    if id_column not in batch:  # to_dataset checks the schema first; a batch may still differ
-        raise DataError(f"the input has no id column {id_column!r} (its columns: {sorted(batch)})")
-    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+                     position_column: str | None) -> Any:
+    """A user Dataset's batch (a ``pyarrow.Table``) -> the normalised columns; an id seen earlier
+    in the batch is a bad row (one upsert call takes an id once).
 
-    def value(col: str | None, i: int) -> Any:
-        return None if col is None or col not in batch else _plain(batch[col][i])
+    Read as Arrow, not numpy: numpy turned an int column with a null into floats (every id "1.0")
+    and an int64 past 2**53 into a rounded float.
+    """
+    import pyarrow as pa
+
+    names = batch.column_names
+    if id_column not in names:  # to_dataset checks the schema first; a batch may still differ
+        raise DataError(f"the input has no id column {id_column!r} (its columns: {sorted(names)})")
+    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    ids, texts, titles, metas, positions = (_column(batch, c) for c in (
+        id_column, text_column, title_column, metadata_column, position_column))
 
     seen: set[str] = set()
-    for i in range(len(batch[id_column])):
-        pos = value(position_column, i)
-        r = _row(value(id_column, i), value(text_column, i), value(title_column, i),
-                 value(metadata_column, i), pos)
+    for i in range(batch.num_rows):
+        pos = None if positions is None else positions[i]
+        r = _row(ids[i], None if texts is None else texts[i], None if titles is None else titles[i],
+                 None if metas is None else metas[i], pos)
         if not r["_error"] and r["_id"] in seen:
             r = _as_row(BadDocument(r["_id"], pos, "duplicate document id (an earlier row of its "
                                     "batch has it)"), pos)
         seen.add(r["_id"])
         for c in _COLUMNS:
             cols[c].append(r[c])
-    return cols
+    return pa.table({c: pa.array(v, pa.string()) for c, v in cols.items()})
 
 
 def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_column: str = "text",
@@ -271,7 +296,7 @@ def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_colum
         parquet = all(p.suffix == ".parquet" or (p.is_dir() and any(p.glob("*.parquet"))
                                                  and not (p / "corpus.jsonl").exists()) for p in paths)
         if parquet:
-            ds, total = ray.data.read_parquet([str(p) for p in paths]), None
+            ds, total = _read_parquet([str(p) for p in paths]), None
         elif len(paths) == 1:
             return from_rows(read_rows(paths[0]))
         else:
@@ -288,11 +313,40 @@ def to_dataset(data: Any, *, batch_size: int, id_column: str = "_id", text_colum
     if missing:
         raise DataError(f"the input has no {' or '.join(map(repr, missing))} column (its columns: "
                         f"{sorted(names)}); name yours with id_column= / text_column=")
-    ds = ds.map_batches(_normalise_batch, batch_format="numpy",
+    # num_cpus=0 (as the Parquet reads): a row check is light next to encoding, and a task that
+    # asks for a CPU waits forever behind actors that hold every CPU
+    ds = ds.map_batches(_normalise_batch, batch_format="pyarrow", batch_size=batch_size, num_cpus=0,
+                        concurrency=_task_cap(),
                         fn_kwargs={"id_column": id_column, "text_column": text_column,
                                    "title_column": title_column, "metadata_column": metadata_column,
                                    "position_column": position_column})
     return ds, total
+
+
+def _task_cap() -> int | None:
+    """At most as many CPU-free read / row-check tasks at once as the cluster has CPUs (a task
+    that asks for no CPU is not held back by Ray's CPU count)."""
+    ray = _ray()
+    return max(1, int(ray.cluster_resources().get("CPU", 1))) if ray.is_initialized() else None
+
+
+def _read_parquet(paths: list[str]) -> Any:
+    """``ray.data.read_parquet`` whose steps ask for no CPU, so that actors holding every CPU of
+    the cluster cannot starve them (the run waited forever). Ray Data's newer Parquet reader
+    (``use_datasource_v2``) lists the files in a task of one CPU that no argument changes; the
+    older one lists them here, on the driver, and its read tasks take ``num_cpus``."""
+    import ray.data
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    v2 = getattr(ctx, "use_datasource_v2", None)
+    if v2:
+        ctx.use_datasource_v2 = False
+    try:
+        return ray.data.read_parquet(paths, num_cpus=0, concurrency=_task_cap())
+    finally:
+        if v2:
+            ctx.use_datasource_v2 = v2
 
 
 # -- the actor ----------------------------------------------------------------------------------
@@ -465,7 +519,8 @@ def index_distributed(
         actor starts at a random server and takes them in turn, batch by batch.
     workers: actors in the pool (default: the cluster's GPUs / ``num_gpus`` when ``num_gpus`` > 0, else 2).
     num_gpus, num_cpus: resources per actor (``num_gpus=1``: one encoder per GPU); on CPU the
-        actor's torch uses ``num_cpus`` threads.
+        actor's torch uses ``num_cpus`` threads. More than the cluster has is refused
+        (:func:`check_cluster`); the input's read and row-check tasks ask for no CPU.
     batch_size: rows per Ray batch (one task, one encode call, sorted by length inside);
         ``upsert_batch``: documents per store write.
     store_text: keep title and text in the metadata (as ``uibk-embed index`` does).
@@ -473,7 +528,8 @@ def index_distributed(
     skip_bad: leave bad rows out and list them in the result, instead of raising
         :class:`BadDocuments` after the run.
     retries: actor restarts and task retries Ray may spend (``max_restarts`` /
-        ``max_task_retries``); a retried batch rewrites the same ids.
+        ``max_task_retries``, an int >= 0); a retried batch rewrites the same ids. The numeric
+        arguments are checked before Ray starts (:func:`check_arguments`).
     ray_address, ray_options: where to run (None: the running cluster, else a new local one);
         options go to ``ray.init`` when this call starts Ray (and then shuts it down).
     progress: a progress bar on the driver (None: on a terminal).
@@ -489,10 +545,11 @@ def index_distributed(
     ray = _ray()
 
     check_backend(backend, store_options)
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers must be positive, got {workers}")
+    check_arguments(workers=workers, num_gpus=num_gpus, num_cpus=num_cpus, batch_size=batch_size,
+                    upsert_batch=upsert_batch, retries=retries, total=total)
     started = init_ray(ray_address, **dict(ray_options or {}))
     try:
+        check_cluster(ray.cluster_resources(), num_cpus=num_cpus, num_gpus=num_gpus)
         from ray.data import DataContext
 
         ctx = DataContext.get_current()
@@ -514,6 +571,7 @@ def index_distributed(
             if workers is None:
                 gpus = int(ray.cluster_resources().get("GPU", 0)) if num_gpus else 0
                 workers = max(1, int(gpus // num_gpus)) if gpus else 2
+            _warn_if_starved(data, ray.cluster_resources(), workers * num_cpus)
             from ray.data import ActorPoolStrategy
 
             with warnings.catch_warnings():
@@ -540,6 +598,65 @@ def index_distributed(
     if result.bad and not skip_bad:
         raise BadDocuments(result.bad, result.indexed)
     return result
+
+
+def check_arguments(*, workers: int | None = None, num_gpus: float = 0.0, num_cpus: float = 1.0,
+                    batch_size: int = 256, upsert_batch: int = 64, retries: int = 3,
+                    total: int | None = None) -> None:
+    """The numeric arguments of :func:`index_distributed`, checked before Ray starts (``ValueError``
+    naming the first bad one): ``batch_size=0`` was a ZeroDivisionError after ``ray.init``, and a
+    negative ``retries`` is unlimited restarts in Ray.
+
+    >>> check_arguments(retries=-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: retries must be a non-negative int, got -1
+    """
+    check_positive("workers", workers, allow_none=True)
+    check_positive("batch_size", batch_size)
+    check_positive("upsert_batch", upsert_batch)
+    check_positive("retries", retries, allow_zero=True)
+    check_positive("total", total, allow_zero=True, allow_none=True)
+    for name, value, low in (("num_cpus", num_cpus, "a positive"), ("num_gpus", num_gpus, "a non-negative")):
+        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+                or value < 0 or (value == 0 and name == "num_cpus")):
+            raise ValueError(f"{name} must be {low} number, got {value!r}")
+
+
+def check_cluster(resources: Mapping[str, float], *, num_cpus: float = 1.0, num_gpus: float = 0.0) -> None:
+    """Refuse actors the cluster cannot place (``ValueError``): Ray would wait for them forever,
+    without a word (``num_gpus=1`` on a cluster without a GPU). ``resources``:
+    ``ray.cluster_resources()`` (what the cluster has when the run starts; an autoscaling cluster
+    must have its GPU nodes up).
+
+    >>> check_cluster({"CPU": 2.0}, num_gpus=1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: num_gpus=1 per actor, but the Ray cluster has 0 GPUs: no actor could start ...
+    """
+    for name, key, want in (("num_gpus", "GPU", num_gpus), ("num_cpus", "CPU", num_cpus)):
+        have = float(resources.get(key, 0.0))
+        if want and want > have:
+            fix = "; pass num_gpus=0 (no --num-gpus) to encode on CPUs" if key == "GPU" else ""
+            raise ValueError(f"{name}={want:g} per actor, but the Ray cluster has {have:g} {key}s: no actor "
+                             f"could start (Ray would wait for one forever){fix}, or connect to a cluster "
+                             "that has them (ray_address=)")
+
+
+def _warn_if_starved(data: Any, resources: Mapping[str, float], actor_cpus: float) -> None:
+    """A user's Ray Dataset with steps still to run (a ``read_parquet``, a ``map_batches``) whose
+    tasks ask for a CPU waits forever when the actors hold every CPU: say so before it starts."""
+    import ray.data
+    from ray.data.dataset import MaterializedDataset
+
+    if not isinstance(data, ray.data.Dataset) or isinstance(data, MaterializedDataset):
+        return
+    cpus = float(resources.get("CPU", 0.0))
+    if actor_cpus >= cpus:
+        warnings.warn(f"the actors take {actor_cpus:g} of the cluster's {cpus:g} CPUs: the steps of the "
+                      "given Dataset (its reads, its map_batches) that ask for a CPU cannot run, and the run "
+                      "waits forever; give them num_cpus=0, materialize() the Dataset, or leave a CPU "
+                      "free (fewer workers, a smaller num_cpus)", stacklevel=3)
 
 
 def _drive(out: Any, total: int, progress: bool | None) -> DistributedResult:
@@ -580,5 +697,6 @@ def _position_key(p: Any) -> tuple:
     return (head, int(tail)) if tail.isdigit() else (str(p), -1)
 
 
-__all__ = ["BadDocument", "BadDocuments", "DistributedResult", "IndexWorker", "check_backend",
-           "index_distributed", "init_ray", "read_rows", "stored_ids", "to_dataset"]
+__all__ = ["BadDocument", "BadDocuments", "DistributedResult", "IndexWorker", "check_arguments",
+           "check_backend", "check_cluster", "index_distributed", "init_ray", "read_rows", "stored_ids",
+           "to_dataset"]
