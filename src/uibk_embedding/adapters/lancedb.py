@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -51,6 +52,9 @@ of 22 levels parsed, some of 24 hit its recursion limit)."""
 PRUNE_EVERY = 64
 """Writes of one store object between two :meth:`LanceDBStore.optimize` runs of the upkeep (each
 write is a table version; exact mode kept every one: 113 versions, 29 MB for 2 MB of rows)."""
+OPEN_WAIT_S = 1.0
+"""How long an open waits for a table that another process is creating (listed, no version yet;
+a creation takes about 3 ms) before it takes it for a creation killed half-way."""
 PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}  # concurrent inserts of one id conflict
 _LISTED = ("id", "vectors", "metadata")
 
@@ -139,9 +143,10 @@ class LanceDBStore(MultiVectorStore):
         partitions hold fewer than ``k`` matches, the search is flat.
     index_min_rows, reindex_share: the index upkeep of mode "index": built at ``index_min_rows``
         rows, ``optimize()`` past ``reindex_share`` unindexed (a failure warns; the write stands).
-    keep_versions: seconds a superseded version stays readable (``optimize()`` prunes older ones,
-        run every :data:`PRUNE_EVERY` writes in either mode; LanceDB's 7 days took 4.5 GiB on
-        NPL). 0: one process only (older readers would fail).
+    keep_versions: the age in seconds (since it was written) past which ``optimize()`` prunes a
+        superseded version (run every :data:`PRUNE_EVERY` writes in either mode; LanceDB's 7 days
+        took 4.5 GiB on NPL); a version older than that goes at the first upkeep after it is
+        superseded. 0: one process only (older readers would fail).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -187,14 +192,59 @@ class LanceDBStore(MultiVectorStore):
                                    lambda names: all(n.endswith(".lance") for n in names))
         self._db = None if local_missing and not create else self._ldb.connect(
             self.uri, read_consistency_interval=timedelta(0))  # every read: the latest version, any writer's
-        if self._db is not None and table in self._db.list_tables().tables:
+        if self._db is None:
+            raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
+        self._tbl = self._open_or_create(create)
+        if self._tbl is None:  # opened, not created
             self._tbl = self._db.open_table(table)
             self.format = self._validate(format)
-        elif not create:
-            raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
-        else:
-            record = json.dumps({"backend": self.backend, "version": 1, "format": self.format.to_stored()})
-            self._tbl = self._db.create_table(table, schema=self._schema({RECORD_KEY: record}))
+
+    def _open_or_create(self, create: bool) -> Any:
+        """Create the table (returned) or find it there (None: open it). Two processes may open a
+        new table at once: the one whose creation loses opens the winner's, and one that sees the
+        table before its first version is written waits for it (``OPEN_WAIT_S`` at most). A table
+        folder still without a version after that is a creation killed half-way, which committed
+        nothing: created again (``create=False``: :class:`~uibk_embedding.errors.StoreNotFound`)."""
+        deadline = time.monotonic() + OPEN_WAIT_S
+        while True:
+            if self.table not in self._db.list_tables().tables:
+                if not create:
+                    raise StoreNotFound(f"no LanceDB table {self.table!r} at {self.uri}; nothing was created")
+                record = json.dumps({"backend": self.backend, "version": 1,
+                                     "format": self.format.to_stored()})
+                try:
+                    return self._db.create_table(self.table, schema=self._schema({RECORD_KEY: record}))
+                except ValueError as e:  # another process created it meanwhile: open that one
+                    if "already exists" not in str(e):
+                        raise
+            elif self._has_version():
+                return None
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        folder = Path(self.uri) / f"{self.table}.lance"
+        if "://" in self.uri:
+            raise CollectionMismatch(f"LanceDB table {self.table!r} at {self.uri} is listed but has no "
+                                     f"version after {OPEN_WAIT_S:g} s (a creation that did not finish?)")
+        if not create:
+            raise StoreNotFound(f"LanceDB table {self.table!r} at {self.uri} was never created in full (its "
+                                f"folder {folder} holds no version: a creation killed half-way, which "
+                                "committed nothing); create=True creates it; nothing was changed")
+        shutil.rmtree(folder)  # no version: no row was ever committed to it
+        return self._open_or_create(create)
+
+    def _has_version(self) -> bool:
+        """Whether the listed table has a committed version (a local folder: a manifest in its
+        ``_versions``; elsewhere, LanceDB's open answers)."""
+        if "://" not in self.uri:
+            return any((Path(self.uri) / f"{self.table}.lance" / "_versions").glob("*.manifest"))
+        try:
+            self._db.open_table(self.table)
+        except ValueError as e:
+            if "not found" not in str(e):
+                raise
+            return False
+        return True
 
     def _schema(self, metadata: dict | None = None) -> Any:
         pa = self._pa
