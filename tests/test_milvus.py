@@ -424,3 +424,244 @@ def test_milvus_lite_servers_started_at_once_all_come_up(tmp_path):
             if p.returncode != 0:
                 failed.append(out.strip().splitlines()[-1])
     assert not failed, failed
+
+
+def _fail_second_docs_insert(store: MilvusStore) -> None:
+    """The second insert call into the documents collection fails (a network drop mid-upsert)."""
+    real, calls = store.client.insert, []
+
+    def insert(name, *a, **kw):
+        if name == store.docs_name:
+            calls.append(1)
+            if len(calls) == 2:
+                raise ConnectionError("injected: network dropped")
+        return real(name, *a, **kw)
+
+    store.client.insert = insert
+
+
+@pytest.mark.parametrize("fails", ["second part insert", "delete of the old version"])
+def test_scan_and_delete_by_filter_see_the_version_get_sees(lite, fmt, rng, fails):
+    """A failed upsert leaves two versions of "a": ``parts`` an incomplete newer one (its second
+    part never stored), ``delete`` two complete ones. get() showed the newest complete version,
+    but scan() listed both versions (or the invisible one's metadata) and delete(filter=...)
+    deleted "a" by the metadata of a version no read returns."""
+    others = [make_list(fmt, rng, 5) for _ in range(3)]
+    lite.upsert(["o0", "o1", "o2"], others, [{"v": 0}] * 3)
+    old, new = make_list(fmt, rng, 100), make_list(fmt, rng, 100)  # two parts each
+    lite.upsert(["a"], [old], [{"v": 1}])
+    lite.batch_rows = PART_ROWS  # one part per insert call
+    real_insert, real_delete = lite.client.insert, lite._delete_versions
+    if fails == "second part insert":
+        _fail_second_docs_insert(lite)
+    else:
+        lite._delete_versions = lambda *a, **k: (_ for _ in ()).throw(ConnectionError("injected"))
+    with pytest.raises(ConnectionError, match="injected"):
+        lite.upsert(["a"], [new], [{"v": 2}])
+    lite.client.insert, lite._delete_versions = real_insert, real_delete
+    visible, hidden = ({"v": 1}, {"v": 2}) if fails == "second part insert" else ({"v": 2}, {"v": 1})
+    assert [r.metadata for r in lite.get(["a"])] == [visible]
+    for batch_size in (1000, 1):  # both versions in one page, and in two
+        assert sorted(lite.scan(batch_size=batch_size), key=lambda xm: xm[0]) == \
+            [("a", visible), ("o0", {"v": 0}), ("o1", {"v": 0}), ("o2", {"v": 0})]
+    assert list(lite.scan(hidden)) == [] and list(lite.scan(visible)) == [("a", visible)]
+    assert lite.count() == 4
+    assert lite.delete(filter=hidden) == 0
+    assert [r.metadata for r in lite.get(["a"])] == [visible]
+    assert lite.delete(filter=visible) == 1 and lite.get(["a"]) == [] and lite.count() == 3
+
+
+def test_a_retried_part_insert_keeps_an_acknowledged_document(lite, fmt, rng):
+    """pymilvus retries an insert whose reply was lost (UNAVAILABLE, CANCELLED): when the
+    server had applied the first try, each part is stored twice. The version's part numbers
+    were then not exactly 0..n-1, so get(), search and scan lost the acknowledged document,
+    count() counted it twice and repair(abandoned_after=0) deleted it for good."""
+    short, long_ = make_list(fmt, rng, 8), make_list(fmt, rng, 100)
+    lite.upsert(["s", "l"], [make_list(fmt, rng, 8), make_list(fmt, rng, 70)], [{"v": "old"}] * 2)
+    real = lite.client.insert
+
+    def retried(name, rows, **kw):
+        if name == lite.docs_name:
+            real(name, rows, **kw)  # applied, but the reply was lost: pymilvus sends it again
+        return real(name, rows, **kw)
+
+    lite.client.insert = retried
+    lite.upsert(["s", "l"], [short, long_], [{"v": "new"}] * 2)  # acknowledged
+    lite.client.insert = real
+
+    def assert_new() -> None:
+        got = {r.id: r for r in lite.get(["s", "l"])}
+        assert {x: r.metadata for x, r in got.items()} == {"s": {"v": "new"}, "l": {"v": "new"}}
+        np.testing.assert_array_equal(got["s"].vectors, short)
+        np.testing.assert_array_equal(got["l"].vectors, long_)
+        assert lite.search(short, k=1)[0].id == "s" and lite.search(long_, k=1)[0].id == "l"
+        assert sorted(lite.scan(), key=lambda xm: xm[0]) == [("l", {"v": "new"}), ("s", {"v": "new"})]
+        assert lite.count() == 2
+
+    assert_new()
+    lite.repair(abandoned_after=0)
+    assert_new()
+
+
+def test_repair_with_an_infinite_abandoned_after_abandons_nothing(lite, fmt, rng):
+    """repair(abandoned_after=float("inf")) (never count a write as abandoned) and 1e300 raised
+    OverflowError; NaN is refused with a message naming the option."""
+    v = make_list(fmt, rng, 5)
+    lite.upsert(["d"], [v], [{"v": 1}])
+    lite.client.insert(lite.docs_name, [{"doc_id": "d", "ver": lite._versions.next(), "part": 0,
+                                         "n_parts": 2, "n_rows": 100, "meta": "{}", "f": {},
+                                         "vecs": "", "dummy": [0.0, 0.0]}])  # a write in progress
+    assert lite.repair(abandoned_after=float("inf")) == 0
+    assert lite.repair(abandoned_after=1e300) == 0
+    with pytest.raises(ValueError, match="abandoned_after must be a number of seconds >= 0, got nan"):
+        lite.repair(abandoned_after=float("nan"))
+    assert lite.repair(abandoned_after=0) == 1
+    np.testing.assert_array_equal(lite.get(["d"])[0].vectors, v)
+
+
+def _wire_bytes(value) -> int:
+    """About what a value costs in a Milvus gRPC message (independent of the adapter's estimate)."""
+    import json
+
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, dict):
+        return len(json.dumps(value, ensure_ascii=False).encode())
+    if isinstance(value, list | tuple) and value and isinstance(value[0], float):
+        return 4 * len(value)
+    if isinstance(value, list | tuple):  # struct elements (embedding_list): their fields
+        return sum(_wire_bytes(f) for v in value for f in (v.values() if isinstance(v, dict) else [v]))
+    return 8
+
+
+def test_inserts_reads_and_searches_stay_under_the_request_byte_budget(lite, fmt, rng):
+    """Milvus refuses a gRPC message over 64 MiB (RESOURCE_EXHAUSTED on the 2.3.5 server:
+    tests/test_milvus_server.py). Insert batches were sized by vector count only, though every
+    token row carries the document's filter JSON; a fetch asked for 128 documents whatever their
+    length; a row search for every query vector's rows at once. Here the budget is lowered to
+    1 MiB (one query vector's 16,384 rows of 300-character ids take 0.6 MB) and every request and
+    answer is measured (Milvus Lite has no such limit)."""
+    budget = 2**20
+    lite._request_bytes = budget
+    sizes: list[tuple[str, int]] = []
+    client = lite.client
+    real_insert, real_query, real_search = client.insert, client.query, client.search
+
+    def insert(name, rows, **kw):
+        sizes.append(("insert", sum(_wire_bytes(v) for r in rows for v in r.values())))
+        return real_insert(name, rows, **kw)
+
+    def query(name, **kw):
+        res = real_query(name, **kw)
+        sizes.append(("query", sum(_wire_bytes(v) for r in res for v in r.values())))
+        return res
+
+    def search(name, **kw):
+        res = real_search(name, **kw)
+        sizes.append(("search", sum(_wire_bytes(v) for hits in res for h in hits
+                                    for v in h["entity"].values()) + 12 * sum(map(len, res))))
+        return res
+
+    client.insert, client.query, client.search = insert, query, search
+    ids = [f"https://example.org/{'x' * 280}/{i:04d}" for i in range(12)]
+    docs = [make_list(fmt, rng, 97) for _ in range(8)] + [make_list(fmt, rng, 300) for _ in range(4)]
+    md = [{"text": "w" * 12000, "i": i} for i in range(12)]
+    lite.upsert(ids, docs, md)  # 97 token rows of 12 KB filter JSON each: 1.2 MB per document
+    got = {r.id: r for r in lite.get(ids)}  # 4 documents of 5 parts (44 KB each)
+    assert len(got) == 12
+    for x, v, m in zip(ids, docs, md, strict=True):
+        np.testing.assert_array_equal(got[x].vectors, v)
+        assert got[x].metadata == m
+    q = make_list(fmt, rng, 35)
+    hits = lite.search(q, k=12, rows_per_vector=16384)  # every row per query vector: 61 KB each
+    assert sorted(h.id for h in hits) == sorted(ids)
+    assert sorted(x for x, _ in lite.scan(batch_size=1000)) == sorted(ids)  # 12 KB metadata each
+    client.insert, client.query, client.search = real_insert, real_query, real_search
+    kinds = {k for k, _ in sizes}
+    assert kinds == {"insert", "query", "search"}
+    too_big = [(k, n) for k, n in sizes if n > budget]
+    assert not too_big, f"requests over the {budget}-byte budget: {too_big[:5]}"
+
+
+class _EmbeddingListServer:
+    """A stand-in for the pymilvus client of a Milvus >= 2.6.4 server (none runs here): one
+    ``embedding_list`` collection whose search ranks by exact MaxSim and takes no filter, as a
+    filter that Milvus cannot answer exactly is sent as none. Records the bytes of each answer."""
+
+    def __init__(self, fmt: TaggedFormat) -> None:
+        import json
+
+        from pymilvus import DataType
+
+        self.docs: dict[str, tuple[np.ndarray, str]] = {}
+        self.answers: list[int] = []
+        self.desc = {"description": json.dumps({"uibk": "embedding_list", "schema": 1,
+                                                "format": fmt.to_stored()}, sort_keys=True),
+                     "fields": [{"name": "doc_id", "type": DataType.VARCHAR, "params": {"max_length": 2048}},
+                                {"name": "meta", "type": DataType.VARCHAR, "params": {"max_length": 65535}},
+                                {"name": "f", "type": DataType.JSON, "params": {}},
+                                {"name": "n_rows", "type": DataType.INT64, "params": {}}]}
+
+    def get_server_version(self, **kw):
+        return "v2.6.4"
+
+    def has_collection(self, name, **kw):
+        return True
+
+    def describe_collection(self, name, **kw):
+        return self.desc
+
+    def load_collection(self, name, **kw):
+        pass
+
+    def close(self):
+        pass
+
+    def upsert(self, name, rows, **kw):
+        for r in rows:
+            self.docs[r["doc_id"]] = (np.array([e["v"] for e in r["vectors"]], dtype=np.float32), r["meta"])
+
+    def query(self, name, filter, output_fields, **kw):
+        import json
+
+        assert filter.startswith("doc_id in [")
+        out = []
+        for x in json.loads(filter[len("doc_id in "):]):
+            if x in self.docs:
+                v, meta = self.docs[x]
+                row = {"doc_id": x, "n_rows": len(v), "meta": meta, "vectors": [{"v": r} for r in v.tolist()]}
+                out.append({f: row[f] for f in output_fields})
+        self.answers.append(sum(_wire_bytes(v) for r in out for v in r.values()))
+        return out
+
+    def search(self, name, data, limit, filter, **kw):
+        assert filter == ""
+        q = data[0].to_numpy()
+        scores = sorted(((float((q @ v.T).max(axis=1).sum()), x) for x, (v, _) in self.docs.items()),
+                        reverse=True)
+        return [[{"entity": {"doc_id": x}, "distance": s} for s, x in scores[:limit]]]
+
+
+def test_embedding_list_searches_deeper_for_a_filter_milvus_cannot_apply(fmt, rng):
+    """A negation is checked on the rescored documents only; the embedding_list layout rescored
+    the max(k, candidates) documents Milvus named and returned fewer than k hits when k
+    documents matched further down (token_rows searches deeper). Its fetch asked for 256
+    documents at once, up to 4096 vectors each, past Milvus' 64 MiB message limit. Runs on a
+    stand-in client (no Milvus >= 2.6.4 here)."""
+    server = _EmbeddingListServer(fmt)
+    store = MilvusStore(uri="http://stand-in:19530", collection="el", layout="embedding_list",
+                        client=server, candidates=2)
+    store._request_bytes = 2**20
+    ids = [f"d{i}" for i in range(40)]
+    docs = [make_list(fmt, rng, 300) for _ in ids]
+    md = [{"lang": "de" if i % 10 == 0 else "en"} for i in range(40)]
+    store.upsert(ids, docs, md)
+    ref = ExactStore()
+    ref.upsert(ids, docs, md)
+    q = docs[5][:20]  # the nearest documents are "en"
+    for flt, k in (({"lang": {"$ne": "en"}}, 10), ({"lang": {"$nin": ["de"]}}, 5), (None, 12)):
+        want = [(h.id, round(h.score, 4)) for h in ref.search(q, k=k, filter=flt)]
+        assert [(h.id, round(h.score, 4)) for h in store.search(q, k=k, filter=flt)] == want, flt
+    server.answers.clear()
+    assert sorted(r.id for r in store.get(ids)) == sorted(ids)  # 40 lists of 150 KB
+    assert server.answers and max(server.answers) <= 2**20, server.answers

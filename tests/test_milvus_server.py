@@ -83,3 +83,69 @@ def test_a_process_that_exits_while_its_server_starts_leaves_no_server(tmp_path)
         time.sleep(1)
     assert not server_pids(), f"processes of {base} still run three minutes after their parent exited"
     assert not os.path.exists(base)
+
+
+@pytest.mark.skipif(not user_namespaces_available(), reason="unprivileged user namespaces unavailable")
+def test_requests_over_the_grpc_message_limit_are_split(tmp_path):
+    """Milvus 2.3.5 refuses a gRPC message over 64 MiB with a raw RESOURCE_EXHAUSTED. Measured
+    before the fix: an upsert of 80 documents of 97 tokens with 12 KB of metadata (every token
+    row carries the filter JSON: 100 MB in one insert call); get() of 16 documents of 7,000
+    vectors (asked for together: 76 MB), so no search of that store could ever succeed; a
+    35-vector search with rows_per_vector=16384 over ids of 300 characters (185 MB)."""
+    import numpy as np
+
+    from uibk_embedding.adapters.milvus import MilvusStore
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    fmt, rng = TaggedFormat(), np.random.default_rng(7)
+    server = LocalMilvusServer()
+    uri = server.start()
+    try:
+        s = MilvusStore(uri=uri, collection="meta", index_type="FLAT")
+        ids = [f"m{i}" for i in range(80)]
+        md = [{"text": "w" * 12000, "i": i} for i in range(80)]
+        s.upsert(ids, [make_list(fmt, rng, 97) for _ in ids], md)
+        assert {r.id: r.metadata for r in s.get(ids)} == dict(zip(ids, md, strict=True))
+        s.drop()
+        s.close()
+
+        s = MilvusStore(uri=uri, collection="long", index_type="FLAT")
+        ids = [f"L{i}" for i in range(16)]
+        docs = [make_list(fmt, rng, 7000) for _ in ids]
+        for i in range(0, 16, 4):
+            s.upsert(ids[i:i + 4], docs[i:i + 4])
+        got = {r.id: r.vectors for r in s.get(ids)}
+        assert sorted(got) == sorted(ids)
+        for x, v in zip(ids, docs, strict=True):
+            np.testing.assert_array_equal(got[x], v)
+        assert s.search(docs[3][:8], k=16)[0].id == "L3"
+        s.drop()
+        s.close()
+
+        # ids of 2 KB (500 four-byte characters): one query vector's 12,000 rows are 24 MB. The
+        # writer knows its ids' length; another store object guesses shorter ones, asks for three
+        # query vectors at once (73 MB), is refused and asks again in halves.
+        s = MilvusStore(uri=uri, collection="wide", index_type="FLAT")
+        ids = [f"{i:08d}" + "\U0001F600" * 500 for i in range(800)]
+        s.upsert(ids, [make_list(fmt, rng, 15) for _ in ids])  # 12,000 rows
+        q = make_list(fmt, rng, 8)
+        want = [(h.id, h.score) for h in s.search(q, k=10, rows_per_vector=16384)]
+        assert len(want) == 10 and {x for x, _ in want} <= set(ids)
+        with MilvusStore(uri=uri, collection="wide", index_type="FLAT") as other:
+            real, refused = other.client.search, []
+
+            def search(*a, **kw):
+                try:
+                    return real(*a, **kw)
+                except Exception:
+                    refused.append(len(kw["data"]))
+                    raise
+
+            other.client.search = search
+            assert [(h.id, h.score) for h in other.search(q, k=10, rows_per_vector=16384)] == want
+            assert refused and 1 not in refused  # over the limit, then asked again in halves
+        s.drop()
+        s.close()
+    finally:
+        server.stop()

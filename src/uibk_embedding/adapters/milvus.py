@@ -39,15 +39,19 @@ own module over the shared :class:`~uibk_embedding.adapters.milvus_base.MilvusSt
 
 Writes (``upsert``): each call writes a new *version* of its documents (token rows first, then
 the document parts, the commit point), then deletes older versions (parts first). Readers only
-use the newest *complete* version of a document (every part present), and search scores only
-stored lists, so a crash between the steps leaves each document either at its old or its new
-content in every read, search included, never a mix; leftovers (count may overcount, rows of
-an unfinished version may nominate the document, which is then scored on its stored list) are
-removed by the next write of that id or by :meth:`MilvusStore.repair`. repair() deletes only
+use the newest *complete* version of a document (every part present; a part stored twice by
+a retried insert counts once): ``get``, ``scan``, ``count``, ``delete(filter=...)`` and the
+rescoring of a search alike, so a crash between the steps leaves each document either at its
+old or its new content in every read, never a mix; leftovers (rows of an unfinished version may
+nominate the document, which is then scored on its stored list) are removed by the next write
+of that id or by :meth:`MilvusStore.repair`. repair() deletes only
 versions known to be stale, each by its exact number, so a write of another store object
 landing during it survives; an unfinished version may be a running write, and is removed only
 once older than ``abandoned_after`` (one hour; ``repair(abandoned_after=0)`` when no write is
-running).
+running, ``float("inf")`` never).
+
+Requests stay within Milvus' 64 MiB gRPC message limit: inserts, fetches, scan pages and row
+searches are sized to about 16 MiB each (see docs/milvus.md, "Limits").
 
 Filters become Milvus boolean expressions over a JSON field that stores each metadata value
 with its type (strings as ``"s<text>"``, booleans as ``"b1"``/``"b0"``, numbers as numbers), so

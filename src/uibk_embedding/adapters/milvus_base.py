@@ -14,8 +14,9 @@ A layout implements: ``_names`` (its collections), ``_expected_fields`` and ``_b
 ``_write`` (an upsert after the shared checks), ``_fetch`` (stored lists by id) and
 ``_search_one`` (candidates for one query, then :meth:`MilvusStore._rescore`, which hands them
 to :func:`~uibk_embedding.adapters.rerank.rerank_candidates`); optionally
-``_check_server``, ``_doc_filter``, ``_marker``/``_write_marker``, ``_index_problems`` and
-``repair``.
+``_check_server``, ``_doc_filter``, ``_visible`` (with ``_scan_fields``: which metadata rows a
+scan lists), ``_marker``/``_write_marker``, ``_index_problems`` and ``repair``. Every request and
+answer is sized to about :data:`REQUEST_BYTES` (Milvus refuses a gRPC message over 64 MiB).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ MAX_LIMIT = 16384  # Milvus: largest search topk and query() rows per call
 MAX_META_BYTES = 65535  # VARCHAR max_length
 ID_BYTES = 2048  # ids are <= 512 characters, <= 4 bytes each in UTF-8
 SCHEMA_VERSION = 1
+# Milvus refuses a gRPC message over 64 MiB (RESOURCE_EXHAUSTED; measured on 2.3.5): inserts,
+# fetches, scans and row searches are sized to stay within this estimated budget, a quarter of it
+REQUEST_BYTES = 16 * 2**20
+GRPC_LIMIT_BYTES = 64 * 2**20
+_FIELD_BYTES = 8  # an estimate's allowance per field of a row (number, length prefix, tags)
 DEFAULT_CANDIDATES = 64
 # Milvus returns float32 scores: a bound is trusted only this far above an exact score
 _BOUND_SLACK = 1e-4
@@ -185,6 +191,47 @@ def _expression(n: Node, field: str) -> str:
     return "(" + _chain([f"{path} == {_literal(v)}" for v in n.values], "or") + ")"
 
 
+def row_bytes(row: dict, sizes: dict[int, int] | None = None) -> int:
+    """About how many bytes ``row`` takes in a Milvus insert request: UTF-8 text, JSON text of a
+    JSON field, 4 bytes per float of a vector, and a few bytes per field. ``sizes`` caches the
+    size of dict values by identity (the token rows of one document share one filter dict).
+
+    >>> row_bytes({"doc_id": "ab", "ver": 1, "f": {"k": "sv"}, "vec": [0.0] * 128})
+    557
+    """
+    n = 0
+    for v in row.values():
+        n += _FIELD_BYTES
+        if isinstance(v, str):
+            n += len(v.encode())
+        elif isinstance(v, dict):
+            if sizes is None or id(v) not in sizes:
+                size = len(json.dumps(v, ensure_ascii=False).encode())
+                if sizes is None:
+                    n += size
+                    continue
+                sizes[id(v)] = size
+            n += sizes[id(v)]
+        elif isinstance(v, list):
+            n += 4 * len(v) if not v or not isinstance(v[0], dict) else \
+                sum(row_bytes(e, sizes) for e in v)
+    return n
+
+
+def too_large(error: BaseException) -> bool:
+    """Whether ``error`` is Milvus refusing a gRPC message over its size limit.
+
+    >>> too_large(ValueError("grpc: received message larger than max (100 vs. 64)"))
+    True
+    """
+    code = getattr(error, "code", None)
+    try:
+        name = getattr(code() if callable(code) else code, "name", "")
+    except Exception:
+        name = ""
+    return name == "RESOURCE_EXHAUSTED" or "larger than max" in str(error)
+
+
 def _ids_expr(ids: Sequence[str]) -> str:
     return "doc_id in [" + ", ".join(json.dumps(x, ensure_ascii=False) for x in ids) + "]"
 
@@ -245,6 +292,8 @@ class MilvusStore(BatchSearch, MultiVectorStore):
     supports_exact: ClassVar[bool] = False  # whether exact=True can be proven by this layout
     _docs_suffix: ClassVar[str] = "_docs"  # the documents collection: <collection><suffix>
     _layouts: ClassVar[dict[str, type[MilvusStore]]] = {}
+    _request_bytes: int = REQUEST_BYTES  # the estimated size every request and answer stays under
+    _id_bytes: int = 256  # the longest document id (UTF-8) this object wrote or read, at least 256
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -522,22 +571,28 @@ class MilvusStore(BatchSearch, MultiVectorStore):
         """Store checked documents (``texts``: each one's metadata as JSON)."""
         raise NotImplementedError
 
-    def _batches(self, rows: list[dict], sizes: list[int], before: list[dict] | None = None):
-        """Insert batches of at most ``batch_rows`` vectors (``before``: one-vector rows sent
-        first), with an optional progress bar."""
+    def _batches(self, *groups: tuple[list[dict], list[int]]) -> Iterator[list[dict]]:
+        """Insert batches of each group of ``(rows, vectors per row)`` in turn (a batch never
+        mixes groups), each of at most ``batch_rows`` vectors and about ``_request_bytes`` bytes
+        (:func:`row_bytes`: Milvus refuses a message over 64 MiB, and each token row carries its
+        document's filter JSON), with an optional progress bar."""
         from tqdm.auto import tqdm
 
-        batches: list[list[dict]] = [list(b) for b in batched(before or [], self.batch_rows)]
-        cur: list[dict] = []
-        n = 0
-        for r, s in zip(rows, sizes, strict=True):
-            if cur and n + s > self.batch_rows:
+        batches: list[list[dict]] = []
+        sizes: dict[int, int] = {}
+        for rows, counts in groups:
+            cur: list[dict] = []
+            n = nbytes = 0
+            for r, c in zip(rows, counts, strict=True):
+                b = row_bytes(r, sizes)
+                if cur and (n + c > self.batch_rows or nbytes + b > self._request_bytes):
+                    batches.append(cur)
+                    cur, n, nbytes = [], 0, 0
+                cur.append(r)
+                n += c
+                nbytes += b
+            if cur:
                 batches.append(cur)
-                cur, n = [], 0
-            cur.append(r)
-            n += s
-        if cur:
-            batches.append(cur)
         with tqdm(total=len(batches), desc=f"milvus insert {self.collection}", unit="batch",
                   disable=not self.show_progress) as bar:
             for b in batches:
@@ -569,24 +624,32 @@ class MilvusStore(BatchSearch, MultiVectorStore):
                                 timeout=self.timeout)
         return int(res[0]["count(*)"]) if res else 0
 
+    _scan_fields: ClassVar[tuple[str, ...]] = ("doc_id", "meta")
+    """What :meth:`_scan` reads of each metadata row (a layout adds what :meth:`_visible` needs)."""
+
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        """Milvus's query iterator over the document collection (a lock per page, not per scan)."""
+        """Milvus's query iterator over the metadata rows (a lock per page, not per scan); each
+        page keeps the rows :meth:`_visible` says ``get`` would return, each document once."""
         expr = self._doc_filter(filter_expression(conditions))
-        with self._guard:  # Milvus pages hold at most MAX_LIMIT rows
-            it = self.client.query_iterator(self.docs_name, batch_size=min(batch_size, MAX_LIMIT),
-                                            filter=expr, output_fields=["doc_id", "meta"],
-                                            timeout=self.timeout)
-        seen: set[str] = set()  # an overwrite in progress briefly holds two versions of a document
+        # a page of rows with metadata up to MAX_META_BYTES stays within the request budget
+        page_rows = max(1, min(batch_size, MAX_LIMIT, self._request_bytes // (MAX_META_BYTES + ID_BYTES)))
+        with self._guard:
+            it = self.client.query_iterator(self.docs_name, batch_size=page_rows, filter=expr,
+                                            output_fields=list(self._scan_fields), timeout=self.timeout)
+        seen: set[str] = set()  # a document overwritten while the scan runs: listed once
         try:
             while True:
                 with self._guard:
                     self._check_open("scan()")  # closed while the caller iterates: not the client's error
-                    rows = it.next()
-                if not rows:
-                    return
-                page = [(r["doc_id"], md) for r in rows if r["doc_id"] not in seen
-                        and matches(md := json.loads(r["meta"]), conditions)]
-                seen.update(x for x, _ in page)
+                    raw = it.next()
+                    if not raw:
+                        return
+                    rows = self._visible(raw)
+                page = []
+                for r in rows:
+                    if r["doc_id"] not in seen and matches(md := json.loads(r["meta"]), conditions):
+                        seen.add(r["doc_id"])
+                        page.append((r["doc_id"], md))
                 if page:
                     yield page
         finally:
@@ -594,10 +657,16 @@ class MilvusStore(BatchSearch, MultiVectorStore):
                 if not self._closed:  # a closed client's iterator is gone with it
                     it.close()
 
-    def _query_all(self, name: str, expr: str, fields: list[str], *, batch: int = 1024) -> list[dict]:
-        """Every row matching ``expr`` (paged: ``query`` returns at most 16,384 rows per call)."""
+    def _visible(self, rows: list[dict]) -> list[dict]:
+        """The metadata rows of one scan page that ``get`` would return (default: all)."""
+        return rows
+
+    def _query_all(self, name: str, expr: str, fields: list[str], *, batch: int = 1024,
+                   **level: Any) -> list[dict]:
+        """Every row matching ``expr`` (paged: ``query`` returns at most 16,384 rows per call);
+        ``level``: a ``consistency_level`` other than the collection's."""
         it = self.client.query_iterator(name, batch_size=batch, filter=expr, output_fields=fields,
-                                        timeout=self.timeout)
+                                        timeout=self.timeout, **level)
         out: list[dict] = []
         try:
             while True:
@@ -608,6 +677,11 @@ class MilvusStore(BatchSearch, MultiVectorStore):
         finally:
             it.close()
         return out
+
+    def _all_ids(self, expr: str) -> list[str]:
+        """Every document id whose metadata row passes ``expr`` (the last resort of a search)."""
+        e = self._doc_filter(expr)
+        return list(dict.fromkeys(r["doc_id"] for r in self._query_all(self.docs_name, e, ["doc_id"])))
 
     def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
         """Newest complete stored list, metadata and version of each id (missing ids absent).

@@ -23,6 +23,8 @@ from uibk_embedding.adapters.base import Hit
 from uibk_embedding.adapters.common import batched, serialized
 from uibk_embedding.adapters.filters import Node
 from uibk_embedding.adapters.milvus_base import (
+    _FIELD_BYTES,
+    GRPC_LIMIT_BYTES,
     ID_BYTES,
     MAX_LIMIT,
     MAX_META_BYTES,
@@ -32,7 +34,9 @@ from uibk_embedding.adapters.milvus_base import (
     _Stored,
     filter_expression,
     filter_fields,
+    too_large,
 )
+from uibk_embedding.errors import BackendUnavailable
 from uibk_embedding.tagged import DIM
 
 PART_ROWS = 64  # vectors per document part: 32 KiB of float32, 43,692 base64 characters
@@ -46,6 +50,31 @@ def _b64(x: np.ndarray) -> str:
 
 def _unb64(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<f4")
+
+
+_PART_FIELDS = ["pk", "doc_id", "ver", "part", "n_parts", "n_rows"]  # a part row without its data
+_READS = 20  # reads of one document whose chosen version keeps being replaced while it is read
+
+
+def complete_versions(rows: Sequence[dict]) -> dict[str, list[tuple[int, list[dict]]]]:
+    """Each document's complete versions (every part ``0..n_parts-1`` present), newest first, as
+    ``(version, its part rows in part order)``. A part stored twice (pymilvus retries an insert
+    whose reply was lost, and the server may have applied the first try) counts once.
+
+    >>> rows = [{"doc_id": "a", "ver": 2, "part": p, "n_parts": 2} for p in (0, 0, 1)]
+    >>> rows.append({"doc_id": "a", "ver": 3, "part": 0, "n_parts": 2})  # a write that died
+    >>> [(v, [r["part"] for r in parts]) for v, parts in complete_versions(rows)["a"]]
+    [(2, [0, 1])]
+    """
+    groups: dict[tuple[str, int], dict[int, dict]] = defaultdict(dict)
+    for r in rows:
+        groups[(r["doc_id"], int(r["ver"]))].setdefault(int(r["part"]), r)
+    out: dict[str, list[tuple[int, list[dict]]]] = defaultdict(list)
+    for (doc_id, ver), parts in sorted(groups.items(), key=lambda kv: -kv[0][1]):
+        n_parts = int(next(iter(parts.values()))["n_parts"])
+        if n_parts >= 1 and sorted(parts) == list(range(n_parts)):
+            out[doc_id].append((ver, [parts[p] for p in range(n_parts)]))
+    return dict(out)
 
 
 class MilvusTokenRowsStore(MilvusStore):
@@ -158,7 +187,8 @@ class MilvusTokenRowsStore(MilvusStore):
             vec_rows.extend({"doc_id": x, "ver": ver, "f": f, "vec": r} for r in v.tolist())
         # 1. the new version's rows, 2. its lists (the commit point: readers use the newest
         # complete list), 3. drop older versions, lists first (see repair())
-        for batch in self._batches(doc_rows, doc_sizes, before=vec_rows):
+        self._id_bytes = max([self._id_bytes, *(len(x.encode()) for x in ids)])
+        for batch in self._batches((vec_rows, [1] * len(vec_rows)), (doc_rows, doc_sizes)):
             self.client.insert(self.docs_name if "vecs" in batch[0] else self.rows_name, batch,
                                timeout=self.timeout)
         self._delete_versions(ids, f"ver < {ver}")
@@ -178,40 +208,127 @@ class MilvusTokenRowsStore(MilvusStore):
         # one row per document holds its metadata: part 0
         return "part == 0" + (f" and ({expr})" if expr else "")
 
-    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
-        """Newest complete stored list, metadata and version of each id (missing ids absent);
-        an incomplete version (a write that crashed) is never used. ``wait=False``: see
-        :meth:`MilvusStore._fetch` (the ``Strong`` point is one time tick, ~200 ms on 2.3)."""
-        out: dict[str, _Stored] = {}
-        level = {} if wait else {"consistency_level": "Eventually"}
-        fields = ["doc_id", "ver", "part", "n_parts", "n_rows", "meta", "vecs"]
-        todo = [list(c) for c in batched(list(dict.fromkeys(ids)), 128)]
+    _scan_fields = ("doc_id", "ver", "meta")
+
+    def _part_rows(self, ids: Sequence[str], level: dict) -> list[dict]:
+        """Every part row of ``ids`` (:data:`_PART_FIELDS`: no list, no metadata), in queries that
+        each answer at most ``MAX_LIMIT`` rows and about ``_request_bytes`` bytes."""
+        todo = [list(c) for c in batched(list(dict.fromkeys(ids)), 256)]
         rows: list[dict] = []
         while todo:
             chunk = todo.pop()
-            res = self.client.query(self.docs_name, filter=_ids_expr(chunk), output_fields=fields,
-                                    limit=MAX_LIMIT, timeout=self.timeout, **level)
-            if len(res) >= MAX_LIMIT:  # maybe truncated: split and ask again
+            per_row = 6 * _FIELD_BYTES + max(len(x.encode()) for x in chunk)
+            limit = max(1, min(MAX_LIMIT, self._request_bytes // per_row))
+            expr = _ids_expr(chunk) + " and part >= 0"
+            res = self.client.query(self.docs_name, filter=expr, output_fields=_PART_FIELDS,
+                                    limit=limit, timeout=self.timeout, **level)
+            if len(res) >= limit:  # maybe truncated: split and ask again
                 if len(chunk) == 1:
-                    res = self._query_all(self.docs_name, _ids_expr(chunk), fields, batch=256)
+                    res = self._query_all(self.docs_name, expr, _PART_FIELDS,
+                                          batch=max(1, min(4096, limit)), **level)
                 else:
                     todo += [chunk[: len(chunk) // 2], chunk[len(chunk) // 2:]]
                     continue
             rows.extend(res)
-        groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
-        for r in rows:
-            groups[(r["doc_id"], int(r["ver"]))].append(r)
-        for (doc_id, ver), parts in sorted(groups.items(), key=lambda kv: kv[0][1]):
-            parts.sort(key=lambda r: int(r["part"]))
-            n_parts = int(parts[0]["n_parts"])
-            if [int(p["part"]) for p in parts] != list(range(n_parts)):
-                continue  # an incomplete version (a write that crashed): never used
-            flat = np.concatenate([_unb64(p["vecs"]) for p in parts])
-            n_rows = int(parts[0]["n_rows"])
-            if flat.size != n_rows * DIM:
-                continue
-            out[doc_id] = (flat.reshape(n_rows, DIM), json.loads(parts[0]["meta"]), ver)  # newest wins
+        return rows
+
+    def _read_parts(self, parts: list[dict], level: dict) -> dict[int, dict]:
+        """The part rows ``parts`` (from :meth:`_part_rows`) with their lists and metadata, by
+        primary key, in queries of about ``_request_bytes`` bytes (a part holds up to 44 KB of
+        base64, part 0 up to 64 KB of metadata); a part deleted meanwhile is absent."""
+        out: dict[int, dict] = {}
+        chunk: list[int] = []
+        nbytes = 0
+
+        def read() -> None:
+            res = self.client.query(self.docs_name, filter=f"pk in [{', '.join(map(str, chunk))}]",
+                                    output_fields=["pk", "doc_id", "ver", "part", "n_parts", "n_rows",
+                                                   "meta", "vecs"],
+                                    limit=len(chunk), timeout=self.timeout, **level)
+            out.update((int(r["pk"]), r) for r in res)
+
+        for r in parts:
+            n_vecs = min(PART_ROWS, int(r["n_rows"]) - PART_ROWS * int(r["part"]))
+            b = (8 * _FIELD_BYTES + len(r["doc_id"].encode()) + 4 * -(-max(n_vecs, 0) * DIM * 4 // 3)
+                 + (MAX_META_BYTES if int(r["part"]) == 0 else 0))
+            if chunk and nbytes + b > self._request_bytes:
+                read()
+                chunk, nbytes = [], 0
+            chunk.append(int(r["pk"]))
+            nbytes += b
+        if chunk:
+            read()
         return out
+
+    def _fetch(self, ids: Sequence[str], *, wait: bool = True) -> dict[str, _Stored]:
+        """Newest complete stored list, metadata and version of each id (missing ids absent);
+        an incomplete version (a write that crashed) is never used. ``wait=False``: see
+        :meth:`MilvusStore._fetch` (the ``Strong`` point is one time tick, ~200 ms on 2.3).
+
+        Two reads, so that no answer outgrows Milvus' message limit whatever the documents'
+        lengths: which parts each document has (small rows), then the parts of each one's newest
+        complete version by primary key, in pieces of about ``_request_bytes``. The second read
+        does not wait for the consistency point the first one reached; a document whose chosen
+        version is no longer whole by then (a newer write replaced it, or it was deleted) is read
+        again, waiting."""
+        out: dict[str, _Stored] = {}
+        level = {} if wait else {"consistency_level": "Eventually"}
+        pending = list(dict.fromkeys(ids))
+        broken: set[tuple[str, int]] = set()  # complete versions whose stored list does not decode
+        for attempt in range(_READS):
+            if not pending:
+                return out
+            chosen: dict[str, tuple[int, list[dict]]] = {}
+            for doc_id, versions in complete_versions(self._part_rows(pending, level)).items():
+                usable = [v for v in versions if (doc_id, v[0]) not in broken]
+                if usable:
+                    chosen[doc_id] = usable[0]
+            got = self._read_parts([r for _, parts in chosen.values() for r in parts],
+                                   {"consistency_level": "Eventually"} if attempt == 0 else {})
+            pending = []
+            for doc_id, (ver, parts) in chosen.items():
+                rows = [got.get(int(r["pk"])) for r in parts]
+                if any(r is None for r in rows):
+                    pending.append(doc_id)  # replaced or deleted since the first read: read again
+                    continue
+                flat = np.concatenate([_unb64(r["vecs"]) for r in rows])
+                n_rows = int(rows[0]["n_rows"])
+                if flat.size != n_rows * DIM:
+                    broken.add((doc_id, ver))
+                    pending.append(doc_id)
+                    continue
+                out[doc_id] = (flat.reshape(n_rows, DIM), json.loads(rows[0]["meta"]), ver)
+                self._id_bytes = max(self._id_bytes, len(doc_id.encode()))
+            level = {}  # a second read waits for the consistency point
+        if pending:
+            raise BackendUnavailable(f"documents {pending[:5]} were replaced during each of {_READS} reads; "
+                                     "retry when their writers are done")
+        return out
+
+    def _visible(self, rows: list[dict]) -> list[dict]:
+        """The rows of a scan page whose version is the one :meth:`_fetch` reads: the newest
+        complete one (an interrupted write leaves an older or an incomplete version beside it).
+        The versions are read without waiting for the consistency point (a Strong read costs a
+        time tick, 30-60 ms a page here); a row that read finds not visible is checked again,
+        waiting, so a version written just before the page is never left out."""
+
+        def newest(ids: list[str], level: dict) -> dict[str, int]:
+            return {doc_id: versions[0][0] for doc_id, versions in
+                    complete_versions(self._part_rows(ids, level)).items()}
+
+        now = newest([r["doc_id"] for r in rows], {"consistency_level": "Eventually"})
+        doubt = [r["doc_id"] for r in rows if now.get(r["doc_id"]) != int(r["ver"])]
+        if doubt:
+            now.update(newest(doubt, {}))
+        return [r for r in rows if now.get(r["doc_id"]) == int(r["ver"])]
+
+    @serialized
+    def count(self) -> int:
+        """Documents with a complete version (one pass over the part rows, without their lists:
+        an interrupted write leaves a second version, which is not counted twice)."""
+        rows = self._query_all(self.docs_name, "part >= 0", ["doc_id", "ver", "part", "n_parts"],
+                               batch=max(1, min(4096, self._request_bytes // (ID_BYTES + 64))))
+        return len(complete_versions(rows))
 
     # -- search ----------------------------------------------------------------------------
     def _search_one(self, q: np.ndarray, k: int, conditions: tuple[Node, ...], pool: int,
@@ -248,12 +365,12 @@ class MilvusTokenRowsStore(MilvusStore):
         seen: dict[str, int] = {}
         bound = 0.0
         complete = False
-        per_call = max(1, min(len(q), 2_000_000 // depth))
+        # an answer holds depth rows per query vector (id, score, doc_id, ver): sized by the
+        # longest id seen, and split in halves should longer ids outgrow Milvus' message limit
+        per_row = 4 * _FIELD_BYTES + self._id_bytes
+        per_call = max(1, min(len(q), 2_000_000 // depth, self._request_bytes // (depth * per_row)))
         for qs in batched(q, per_call):
-            res = self.client.search(self.rows_name, data=qs.tolist(), limit=depth, filter=expr,
-                                     output_fields=["doc_id", "ver"], search_params=params,
-                                     anns_field="vec", timeout=self.timeout)
-            for hits in res:
+            for hits in self._search_rows(np.asarray(qs), depth, expr, params):
                 if len(hits) < depth:
                     complete = True
                 if not hits:
@@ -268,12 +385,30 @@ class MilvusTokenRowsStore(MilvusStore):
                     seen[d] = max(seen.get(d, 0), int(h["entity"]["ver"]))
                 for d, s in best.items():
                     gain[d] = gain.get(d, 0.0) + (s - last)
+        if gain:
+            self._id_bytes = max(self._id_bytes, *(len(d.encode()) for d in gain))
         upper = {d: bound + g for d, g in sorted(gain.items(), key=lambda kv: -kv[1])}
         return upper, seen, bound, complete
 
-    def _all_ids(self, expr: str) -> list[str]:
-        e = self._doc_filter(expr)
-        return list(dict.fromkeys(r["doc_id"] for r in self._query_all(self.docs_name, e, ["doc_id"])))
+    def _search_rows(self, qs: np.ndarray, depth: int, expr: str, params: dict) -> list:
+        """The ``depth`` nearest rows of each query vector in ``qs``; a call whose answer Milvus
+        refuses as over its message limit is made again in halves."""
+        try:
+            return list(self.client.search(self.rows_name, data=qs.tolist(), limit=depth, filter=expr,
+                                           output_fields=["doc_id", "ver"], search_params=params,
+                                           anns_field="vec", timeout=self.timeout))
+        except Exception as e:
+            if not too_large(e):
+                raise
+            if len(qs) == 1:
+                raise ValueError(
+                    f"the {depth:,} nearest rows of one query vector are over Milvus' gRPC message "
+                    f"limit ({GRPC_LIMIT_BYTES // 2**20} MiB); search with a smaller rows_per_vector"
+                ) from e
+            self._id_bytes = ID_BYTES  # ids longer than estimated: assume the longest from now on
+            half = len(qs) // 2
+            return (self._search_rows(qs[:half], depth, expr, params)
+                    + self._search_rows(qs[half:], depth, expr, params))
 
     # -- maintenance -----------------------------------------------------------------------
     @serialized
@@ -290,7 +425,10 @@ class MilvusTokenRowsStore(MilvusStore):
           its writer's clock when the write began): rows or parts of a write that died, or
           rows of a delete that died between the two collections. A younger one may be a
           write still in progress. ``abandoned_after=0`` when no write is running removes
-          every interrupted write now.
+          every interrupted write now; ``float("inf")`` counts no write as interrupted.
+
+        A version is complete when each of its part numbers is stored, once or more (a retried
+        insert may store a part twice), as :meth:`_fetch` reads it.
 
         >>> from uibk_embedding.adapters.milvus import open_milvus_lite
         >>> with open_milvus_lite() as store:
@@ -306,18 +444,18 @@ class MilvusTokenRowsStore(MilvusStore):
         for r in self._query_all(self.rows_name, "", ["doc_id", "ver"], batch=4096):
             row_vers[r["doc_id"]].add(int(r["ver"]))
         rows = self._query_all(self.docs_name, "part >= 0", ["doc_id", "ver", "part", "n_parts"])
-        old_enough = time.time_ns() - int(abandoned_after * 1e9)
-        by_doc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-        n_parts: dict[tuple[str, int], int] = {}
+        now = time.time_ns()
+        # versions are nanosecond clocks: a float of seconds past now (inf) abandons nothing
+        old_enough = now - int(abandoned_after * 1e9) if abandoned_after * 1e9 < now else 0
+        by_doc: dict[str, set[int]] = defaultdict(set)
         for r in rows:
-            by_doc[r["doc_id"]][int(r["ver"])].append(int(r["part"]))
-            n_parts[(r["doc_id"], int(r["ver"]))] = int(r["n_parts"])
+            by_doc[r["doc_id"]].add(int(r["ver"]))
+        complete = complete_versions(rows)  # a part stored twice (a retried insert) counts once
         fixed = 0
         for doc_id in sorted(set(by_doc) | set(row_vers)):
-            vers = by_doc.get(doc_id, {})
+            vers = by_doc.get(doc_id, set())
             with_rows = row_vers.get(doc_id, set())
-            keep = max((v for v, parts in vers.items() if v in with_rows
-                        and sorted(parts) == list(range(n_parts[(doc_id, v)]))), default=None)
+            keep = max((v for v, _ in complete.get(doc_id, []) if v in with_rows), default=None)
             stale = {v for v in set(vers) | with_rows if v != keep and (
                 (keep is not None and v < keep)  # superseded by a complete version
                 or v <= old_enough)}  # an interrupted write or delete, old enough to be no running one
