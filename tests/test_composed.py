@@ -450,8 +450,9 @@ def test_model_hashing_is_bounded(tmp_path, monkeypatch):
     """A saved composed encoder names its model folders; hashing one must not read a whole file
     system (a folder naming "/"): past MAX_MODEL_FILES files it stops with a clear error."""
     import uibk_embedding.encoder.composed as composed
+    import uibk_embedding.encoder.trust as trust
 
-    monkeypatch.setattr(composed, "MAX_MODEL_FILES", 50)
+    monkeypatch.setattr(trust, "MAX_MODEL_FILES", 50)
     for i in range(51):
         (tmp_path / f"f{i}.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="not a model folder"):

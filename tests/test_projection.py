@@ -118,6 +118,25 @@ def test_saved_and_reloaded(fitted, tmp_path, cranfield):
         load_encoder(tmp_path)
 
 
+def test_a_saved_fitted_folder_refuses_what_would_mislabel_or_break_it(fitted, tmp_path):
+    """A cut-short ``projections.npz`` (a crash during a save, which was not atomic) was a
+    ``BadZipFile`` traceback; it is a ValueError naming the file. ``projection="random"`` on a
+    folder with a fitted projection ran the fitted matrices under the seeded kind's name (a
+    store of the seeded encoder took its lists): refused. Fitting on no text was a bare
+    AssertionError."""
+    fitted.save_projections(tmp_path)
+    assert not [f.name for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temporary left
+    with pytest.raises(ValueError, match="holds a fitted pca projection; projection='random'"):
+        load_encoder(tmp_path, projection="random")
+    assert load_encoder(tmp_path, projection="pca").format == fitted.format
+    data = (tmp_path / "projections.npz").read_bytes()
+    (tmp_path / "projections.npz").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match=r"projections\.npz is not a readable projections file"):
+        load_encoder(tmp_path)
+    with pytest.raises(ValueError, match="needs texts to fit on"):
+        load_encoder(show_progress=False).fit_projection([])
+
+
 def test_cached_heads_give_the_encoders_output(fitted, cranfield):
     """The path benchmarks/projection_eval.py takes (one forward pass, any projection later)
     equals encode_documents / encode_queries, for the seeded and the fitted projections, with
@@ -211,7 +230,7 @@ def test_shipped_pca_of_the_embedded_model(tmp_path):
         np.testing.assert_array_equal(enc.P, z["P"])
     assert _orthonormal_rows(enc.R, 1e-5) and _orthonormal_rows(enc.P, 1e-5)
     np.testing.assert_array_equal(enc.R, load_encoder(projection="random").R)  # R: the seeded one
-    assert enc.format.projection == f"pca-{projection_id(enc.R, enc.P)}"
+    assert enc.format.projection.startswith(f"pca-{projection_id(enc.R, enc.P)}@")
     default = load_encoder(show_progress=False)  # since 0.3.0 the seeded one again (as in 0.1.0)
     assert default.format.projection == load_encoder(seed=0).format.projection
     assert default.format.projection.startswith("random-") and "projection_id" not in default.config()

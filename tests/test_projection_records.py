@@ -45,10 +45,13 @@ def test_conflict_rule():
 def test_encoders_declare_their_projection(encoder):
     from uibk_embedding.encoder import load_encoder
     from uibk_embedding.encoder.projection import projection_id
+    from uibk_embedding.encoder.transformer import embedded_model_path
+    from uibk_embedding.encoder.trust import model_digest
 
-    assert encoder.format.projection == f"random-{projection_id(encoder.R, encoder.P)}"  # 0.3.0 default
+    model = model_digest(embedded_model_path())[:16]  # the model, beside the projection
+    assert encoder.format.projection == f"random-{projection_id(encoder.R, encoder.P)}@{model}"
     fitted = load_encoder(projection="pca")
-    assert fitted.format.projection == f"pca-{projection_id(fitted.R, fitted.P)}"
+    assert fitted.format.projection == f"pca-{projection_id(fitted.R, fitted.P)}@{model}"
     assert fitted.format != encoder.format
     assert (fitted.format.beta, fitted.format.lambda_) == (encoder.format.beta, encoder.format.lambda_)
 
@@ -187,3 +190,59 @@ def test_index_fit_projection_fits_on_the_corpus_saves_and_records(tmp_path, cap
     with pytest.raises(SystemExit, match="is not an empty folder"):
         cli.main(["fit-projection", str(data), "--out", str(store / "uibk-encoder")])
     assert (store / "uibk-encoder" / "projections.npz").read_bytes() == saved
+
+
+def test_two_models_of_one_width_are_told_apart(tmp_path):
+    """Seeded projections depend only on the widths and the seed, so two models of one width
+    declared the same projection and a store took either's lists (a store indexed by one model
+    searched with another gave scores, not an error). The format now names the model too
+    (``<projection>@<model hash>``): a copy of the model is the same, another model is refused,
+    and a record written before models were named still takes either."""
+    import shutil
+
+    import numpy as np
+
+    from uibk_embedding.encoder.transformer import TransformerEncoder
+    from uibk_embedding.testing.tiny_models import tiny_bert
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "wing", "lift", "heat", "flow"]
+    for name, seed in (("a", 0), ("b", 1)):
+        tiny_bert(tmp_path / name, vocab, seed=seed)
+    shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
+    a, b, a2 = (TransformerEncoder(tmp_path / n) for n in ("a", "b", "a-copy"))
+    assert np.array_equal(a.R, b.R) and np.array_equal(a.P, b.P)  # the same seeded projections
+    assert a.format.projection != b.format.projection and a.format == a2.format
+    with open_store("exact", path=tmp_path / "s", format=a.format) as s:
+        s.upsert(["d"], a.encode_documents(["wing lift"]))
+    with pytest.raises(CollectionMismatch, match="encoded by another model"):
+        open_store("exact", path=tmp_path / "s", format=b.format, create=False)
+    with open_store("exact", path=tmp_path / "s", format=a2.format, create=False) as s:
+        assert s.count() == 1
+    older = TaggedFormat(projection=a.format.projection.partition("@")[0])  # recorded before models
+    with open_store("exact", path=tmp_path / "old", format=older) as s:
+        s.upsert(["d"], a.encode_documents(["wing lift"]))
+    with open_store("exact", path=tmp_path / "old", format=b.format, create=False) as s:
+        assert s.count() == 1
+
+
+def test_a_uibk_checkpoint_is_named_by_its_weights_on_any_dtype(tmp_path):
+    """A UIBK checkpoint's identity is its weights (as float32) and vocabulary: the same after a
+    save and load, and loaded in bfloat16 (as on a GPU), so a store indexed on a GPU is searched
+    on a CPU; other weights of the same configuration and seed are another model."""
+    import torch
+
+    from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+
+    cfg = UIBKConfig.tiny()
+    tok = train_tokenizer(cfg, ["the lift of a wing in a slipstream", "heat transfer"])
+    enc = UIBKEncoder.random(cfg, tok, seed=0, device="cpu")
+    enc.save_pretrained(tmp_path / "ckpt")
+    same = UIBKEncoder.from_pretrained(tmp_path / "ckpt", device="cpu")
+    half = UIBKEncoder.from_pretrained(tmp_path / "ckpt", device="cpu", dtype="bfloat16")
+    assert enc.format == same.format == half.format and "@" in enc.format.projection
+    with torch.no_grad():
+        next(same.model.parameters()).add_(1.0)
+    same.save_pretrained(tmp_path / "changed")
+    other = UIBKEncoder.from_pretrained(tmp_path / "changed", device="cpu")
+    assert other.format.projection.partition("@")[0] == enc.format.projection.partition("@")[0]
+    assert "encoded by another model" in enc.format.conflict(other.format)

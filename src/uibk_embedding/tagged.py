@@ -307,29 +307,43 @@ class TaggedFormat:
     def conflict(self, requested: TaggedFormat | None) -> str | None:
         """Why lists stored with this (saved) format cannot be used with ``requested``, or
         ``None`` when they can. Constants must be equal; projections too when both sides
-        declare one. A store written before projections were recorded (:data:`UNRECORDED`)
-        was filled by a seeded random projection, the only kind there was: it accepts a
-        ``random-*`` projection (as before) and refuses any other.
+        declare one, and the models (``<projection>@<model hash>``) when both name theirs (a
+        record written before models were named accepts any, as before). A store written before
+        projections were recorded (:data:`UNRECORDED`) was filled by a seeded random projection,
+        the only kind there was: it accepts a ``random-*`` projection (as before) and refuses any
+        other.
 
-        >>> saved = TaggedFormat(projection="random-1a2b")
-        >>> saved.conflict(TaggedFormat(projection="random-1a2b")) is None
+        >>> saved = TaggedFormat(projection="random-1a2b@m1")
+        >>> saved.conflict(TaggedFormat(projection="random-1a2b@m1")) is None
         True
-        >>> print(saved.conflict(TaggedFormat(projection="pca-3c4d")))  # doctest: +ELLIPSIS
-        its lists were encoded with projection random-1a2b, not pca-3c4d: ...
+        >>> print(saved.conflict(TaggedFormat(projection="pca-3c4d@m1")))  # doctest: +ELLIPSIS
+        its lists were encoded with projection random-1a2b@m1, not pca-3c4d@m1: ...
+        >>> print(saved.conflict(TaggedFormat(projection="random-1a2b@m2")))  # doctest: +ELLIPSIS
+        its lists were encoded by another model (model m1, not m2) ...
+        >>> TaggedFormat(projection="random-1a2b").conflict(saved) is None  # recorded before models
+        True
         """
         if requested is None:
             return None
         if (self.beta, self.lambda_) != (requested.beta, requested.lambda_):
             return (f"it holds lists of beta={self.beta}, lambda={self.lambda_}, not "
                     f"beta={requested.beta}, lambda={requested.lambda_}")
-        mine, theirs = self.projection, requested.projection
-        if mine is None or theirs is None or mine == theirs:
+        if self.projection is None or requested.projection is None or self.projection == requested.projection:
+            return None
+        (mine, _, my_model), (theirs, _, their_model) = (
+            f.projection.partition("@") for f in (self, requested))  # type: ignore[union-attr]
+        if mine == theirs:
+            if my_model and their_model and my_model != their_model:
+                return (f"its lists were encoded by another model (model {my_model}, not {their_model}) "
+                        f"with the same projection {mine}: this encoder's queries would not match the "
+                        "stored vectors. Search it with the encoder that indexed it, or index into a "
+                        "new store")
             return None
         if mine == UNRECORDED:
             if theirs.startswith("random-"):
                 return None
             return (f"it was written before stores recorded the encoder's projection, when every "
-                    f"encoder used its seeded random one, and this encoder uses {theirs}: its "
+                    f"encoder used its seeded random one, and this encoder uses {requested.projection}: its "
                     "queries would not match the stored token vectors. Open it with an encoder "
                     "made with projection='random' (CLI: --projection random), or index into a "
                     "new store")
@@ -338,8 +352,8 @@ class TaggedFormat:
             hint = (" (a store indexed by the embedded default of uibk-embedding 0.2.0, which used the "
                     "shipped PCA projection: open it with load_encoder(projection='pca'), CLI "
                     "--projection pca)")
-        return (f"its lists were encoded with projection {mine}, not {theirs}: this encoder's "
-                "queries would not match the stored token vectors. Search it with the encoder "
+        return (f"its lists were encoded with projection {self.projection}, not {requested.projection}: "
+                "this encoder's queries would not match the stored token vectors. Search it with the encoder "
                 f"that indexed it{hint}, or index into a new store")
 
     # -- construction ----------------------------------------------------------------------

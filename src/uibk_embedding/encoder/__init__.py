@@ -16,7 +16,7 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.composed import ComposedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
 from uibk_embedding.encoder.inputs import validate_texts
-from uibk_embedding.encoder.projection import read_saved_projections
+from uibk_embedding.encoder.projection import read_saved_projections, refuse_other_kind
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
 from uibk_embedding.encoder.pylate_model import PyLateEncoder, is_pylate_folder
 from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
@@ -113,6 +113,7 @@ def load_encoder(
             saved = read_saved_projections(p, cfg)  # None: seeded, redrawn from the seed
             if saved is not None:
                 opts["projections"] = saved
+                refuse_other_kind(p, opts["projection"], options)
             return TransformerEncoder(cfg.get("model", p), trust_remote_code=trust_remote_code,
                                       **{**opts, **options})
         raise ValueError(f"{cfg_file}: unknown encoder kind {kind!r}")

@@ -61,59 +61,13 @@ from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
 from uibk_embedding.encoder.projection import read_saved_projections
 from uibk_embedding.encoder.transformer import quiet_transformers
-from uibk_embedding.encoder.trust import check_loader_options, require_trust
+from uibk_embedding.encoder.trust import check_loader_options, model_digest, require_trust
 from uibk_embedding.errors import ModelChanged
 from uibk_embedding.tagged import TaggedFormat
 
 KIND = "composed"
-# files that say nothing about the model's outputs (a model card) are not hashed
-_UNHASHED = {"README.md"}
 _DOC_PROMPTS = ("document", "passage", "corpus")  # sentence-transformers' encode_document order
 _HOST_KEYS = frozenset({"dense.task_is_query", "dense.prompt_length"})
-
-
-MAX_MODEL_FILES = 10_000  # a model folder holds tens of files; a folder naming "/" is refused
-MAX_MODEL_BYTES = 200 * 2**30
-
-
-def model_digest(folder: str | os.PathLike) -> str:
-    """SHA-256 over a model folder's files (relative path, size and bytes, in path order;
-    ``README.md`` and hidden files left out): changes whenever a weight, tokeniser or
-    configuration file does.
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "config.json").write_text("{}")
-    >>> a = model_digest(d); _ = (d / "README.md").write_text("a model card")
-    >>> model_digest(d) == a
-    True
-    >>> _ = (d / "config.json").write_text('{"hidden_size": 8}'); model_digest(d) == a
-    False
-    """
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"model folder {root} does not exist")
-    h = hashlib.sha256()
-    files: list[Path] = []
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):  # symlinked folders are not followed
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            p = Path(dirpath) / name
-            if name.startswith(".") or name in _UNHASHED or not p.is_file():
-                continue
-            files.append(p)
-            total += p.stat().st_size
-            if len(files) > MAX_MODEL_FILES or total > MAX_MODEL_BYTES:
-                raise ValueError(
-                    f"{root} holds more than {MAX_MODEL_FILES} files or {MAX_MODEL_BYTES / 2**30:.0f} GiB: "
-                    "not a model folder (give the folder that holds the model's config and weights)")
-    for p in sorted(files):
-        rel = p.relative_to(root).as_posix()
-        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
-        with p.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def check_colbert_folder(folder: str | os.PathLike, *, trust_remote_code: bool = False) -> None:
@@ -230,6 +184,10 @@ class ComposedEncoder(TaggedEncoder):
         dense_dim = int(self.dense_model.get_sentence_embedding_dimension())
         token_dim = int(self.colbert.get_sentence_embedding_dimension() or self.colbert[-1].out_features)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        # the lists' source, beside the projections: both models' files and the prompts
+        self._model_id = hashlib.sha256("\0".join((
+            self.dense_sha256, self.tokens_sha256, self.query_prompt, self.document_prompt,
+            self._colbert_prompt)).encode()).hexdigest()[:16]
         super().__init__(dense_dim, token_dim, **kwargs)
         self._requested = {"query_max_length": self.query_max_length,
                            "doc_max_length": self.doc_max_length}

@@ -24,6 +24,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from uibk_embedding._durable import atomic_savez, atomic_write_text
 from uibk_embedding.encoder.projection import fit_pca_projections, projection_id
 from uibk_embedding.tagged import BODY, N_SLOTS, TaggedFormat, orthonormal_rows
 
@@ -78,6 +79,9 @@ class FixedProjections:
     _lock: threading.Lock
     _device_consts: dict[str, Any]
     config: Callable[[], dict[str, Any]]  # the encoder's configuration (TaggedEncoder.config)
+    _model_id: str | None = None
+    """A short content hash of the model the encoder runs, set by each encoder before its
+    projections: declared beside them, since two models of one width share seeded projections."""
 
     def _init_projections(self, dense_dim: int, token_dim: int, projections: dict[str, np.ndarray] | None,
                           seed: int, projection: str) -> None:
@@ -136,17 +140,23 @@ class FixedProjections:
             self._device_consts = {}
 
     def _declare_projection(self) -> None:
-        """Put the projection's identity (``"<kind>-<content hash of R and P>"``) into
-        ``self.format``: what a store records and checks (:meth:`TaggedFormat.conflict`)."""
-        self.format = replace(self.format, projection=f"{self.projection}-{projection_id(self.R, self.P)}")
+        """Put the lists' identity (``"<kind>-<content hash of R and P>@<content hash of the
+        model>"``) into ``self.format``: what a store records and checks
+        (:meth:`TaggedFormat.conflict`). The seeded projections depend only on the widths and the
+        seed, so the model's hash is what tells two models of one width apart."""
+        ident = f"{self.projection}-{projection_id(self.R, self.P)}"
+        if self._model_id:
+            ident += f"@{self._model_id}"
+        self.format = replace(self.format, projection=ident)
 
     def save_projections(self, path: str | os.PathLike) -> None:
         """Write ``R`` and ``P`` (``projections.npz``) and :meth:`config` (``uibk_encoder.json``)
         into the folder ``path``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        np.savez(path / PROJECTIONS_NAME, R=self.R, P=self.P)
-        (path / CONFIG_NAME).write_text(json.dumps(self.config(), indent=2))
+        # atomic: a crash leaves the old file or the new one (a cut-short .npz could not be read)
+        atomic_savez(path / PROJECTIONS_NAME, R=self.R, P=self.P)
+        atomic_write_text(path / CONFIG_NAME, json.dumps(self.config(), indent=2))
 
 
 __all__ = ["CONFIG_NAME", "PROJECTIONS_NAME", "FixedProjections", "check_projection_kind",

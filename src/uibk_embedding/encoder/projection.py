@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -248,15 +249,51 @@ def read_saved_projections(folder: str | os.PathLike, cfg: dict[str, Any]
     path = Path(folder) / "projections.npz"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the encoder was saved with a {kind} projection")
-    with np.load(path) as z:
-        if "R" not in z or "P" not in z:
-            raise ValueError(f"{path} must hold arrays R and P")
-        out = {"R": z["R"].astype(np.float32), "P": z["P"].astype(np.float32)}
+    out = load_projections(path)
     want = cfg.get("projection_id")
     got = projection_id(out["R"], out["P"])
     if want is not None and got != want:
         raise ValueError(f"{path} holds projection {got}, but the encoder was saved with {want}")
     return out
+
+
+def load_projections(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """``R`` and ``P`` (float32) from a ``projections.npz``; a file that is not one (damaged,
+    cut short by a crash during a save of an older version) is a ``ValueError`` naming it.
+
+    >>> import tempfile, pathlib
+    >>> bad = pathlib.Path(tempfile.mkdtemp()) / "projections.npz"
+    >>> _ = bad.write_bytes(b"PK\x03\x04 cut short")
+    >>> load_projections(bad)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: .../projections.npz is not a readable projections file (...): ...
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "R" not in z or "P" not in z:
+                raise ValueError(f"{path} must hold arrays R and P")
+            return {"R": z["R"].astype(np.float32), "P": z["P"].astype(np.float32)}
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise ValueError(f"{path} is not a readable projections file ({type(e).__name__}: {e}): save "
+                         "the encoder again (fit-projection, index --fit-projection) or restore the "
+                         "file") from None
+
+
+def refuse_other_kind(folder: str | os.PathLike, saved: str, options: dict[str, Any]) -> None:
+    """A ``projection=`` option that contradicts the fitted projection a saved folder holds is
+    refused: the encoder would run the folder's matrices under the other kind's name (stores
+    keep its lists under that name).
+
+    >>> refuse_other_kind("enc", "pca", {"projection": "random"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: enc holds a fitted pca projection; projection='random' cannot replace it: ...
+    """
+    want = options.get("projection")
+    if want is not None and want != saved:
+        raise ValueError(f"{folder} holds a fitted {saved} projection; projection={want!r} cannot replace "
+                         "it: load the model folder itself for the seeded one (or leave projection= out)")
 
 
 def fit_pca_projections(encoder: Any, texts: Sequence[str], *, fit_dense: bool = False,
@@ -273,6 +310,8 @@ def fit_pca_projections(encoder: Any, texts: Sequence[str], *, fit_dense: bool =
     sample. ``max_token_rows``: token states used for ``P`` (evenly spaced over the sample).
     """
     texts = list(texts)
+    if not texts:
+        raise ValueError("fit_projection needs texts to fit on (read as documents), got none")
     dense, tokens = encode_heads(encoder, texts, is_query=False)
     out = pca_from_heads(dense if fit_dense else None, tokens, max_token_rows=max_token_rows)
     out.setdefault("R", np.asarray(encoder.R, dtype=np.float32))

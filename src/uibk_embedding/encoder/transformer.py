@@ -33,7 +33,7 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
-from uibk_embedding.encoder.trust import require_trust
+from uibk_embedding.encoder.trust import model_digest, require_trust
 from uibk_embedding.tagged import TaggedFormat
 
 EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
@@ -147,6 +147,7 @@ class TransformerEncoder(TaggedEncoder):
                 kwargs["projections"] = {"R": z["R"], "P": z["P"]}
         kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        self._model_id = model_digest(path)[:16]  # the folder's files: weights, tokenizer, pooling
         super().__init__(self.pooling.dim(hidden), hidden, **kwargs)
         self.doc_max_length = min(self.doc_max_length, self.model_max_length)
         self.query_max_length = min(self.query_max_length, self.model_max_length)

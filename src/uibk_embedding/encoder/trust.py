@@ -34,6 +34,7 @@ installed packages (:data:`LIBRARY_MODULES`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -218,4 +219,51 @@ def check_loader_options(options: dict[str, Any] | None, trust_remote_code: bool
                             f"decides that; {HINT}")
 
 
-__all__ = ["LIBRARY_MODULES", "check_loader_options", "code_risks", "require_trust"]
+# files that say nothing about the model's outputs (a model card) are not hashed
+_UNHASHED = {"README.md"}
+MAX_MODEL_FILES = 10_000  # a model folder holds tens of files; a folder naming "/" is refused
+MAX_MODEL_BYTES = 200 * 2**30
+
+
+def model_digest(folder: str | os.PathLike) -> str:
+    """SHA-256 over a model folder's files (relative path, size and bytes, in path order;
+    ``README.md`` and hidden files left out): changes whenever a weight, tokeniser or
+    configuration file does.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "config.json").write_text("{}")
+    >>> a = model_digest(d); _ = (d / "README.md").write_text("a model card")
+    >>> model_digest(d) == a
+    True
+    >>> _ = (d / "config.json").write_text('{"hidden_size": 8}'); model_digest(d) == a
+    False
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model folder {root} does not exist")
+    h = hashlib.sha256()
+    files: list[Path] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):  # symlinked folders are not followed
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            p = Path(dirpath) / name
+            if name.startswith(".") or name in _UNHASHED or not p.is_file():
+                continue
+            files.append(p)
+            total += p.stat().st_size
+            if len(files) > MAX_MODEL_FILES or total > MAX_MODEL_BYTES:
+                raise ValueError(
+                    f"{root} holds more than {MAX_MODEL_FILES} files or {MAX_MODEL_BYTES / 2**30:.0f} GiB: "
+                    "not a model folder (give the folder that holds the model's config and weights)")
+    for p in sorted(files):
+        rel = p.relative_to(root).as_posix()
+        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+
+__all__ = ["LIBRARY_MODULES", "check_loader_options", "code_risks", "model_digest", "require_trust"]

@@ -45,6 +45,7 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -60,7 +61,7 @@ from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
 from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
-from uibk_embedding.encoder.projection import projection_id
+from uibk_embedding.encoder.projection import load_projections, projection_id, refuse_other_kind
 from uibk_embedding.tagged import TaggedFormat
 
 WEIGHTS_NAME = "model.safetensors"
@@ -234,6 +235,28 @@ def train_tokenizer(config: UIBKConfig, texts: Iterable[str], vocab_size: int | 
 
 
 # -- the encoder -----------------------------------------------------------------------------
+def weights_digest(model: Any, tokenizer: Any) -> str:
+    """A short content hash of a model's weights (each tensor by name, as float32) and its
+    tokenizer's vocabulary: the same for a checkpoint and its copies saved and loaded again, on
+    any device and dtype (hashed before the model is cast), different for other weights.
+
+    >>> cfg = UIBKConfig.tiny()
+    >>> tok = train_tokenizer(cfg, ["a b"])
+    >>> a, b = (weights_digest(_build_model(cfg), tok) for _ in range(2))
+    >>> len(a), a == b  # freshly initialised weights differ
+    (16, False)
+    """
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        a = t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        h.update(f"{name}\0{a.shape}\0".encode())
+        h.update(memoryview(a).cast("B"))
+    h.update(json.dumps(sorted(tokenizer.get_vocab(with_added_tokens=True).items())).encode())
+    return h.hexdigest()[:16]
+
+
 class UIBKEncoder(TaggedEncoder):
     """UIBK-Embedding-v1 as a tagged encoder (one forward pass gives both heads).
 
@@ -272,6 +295,7 @@ class UIBKEncoder(TaggedEncoder):
             torch.set_num_threads(int(num_threads))
         self.uibk_config = config
         bc = config.backbone_config()
+        self._model_id = weights_digest(model, tokenizer)  # before a cast: the same on any device
         self.device = resolve_device(device)
         self.dtype = dtype = resolve_dtype(self.device, dtype)
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
@@ -371,10 +395,7 @@ class UIBKEncoder(TaggedEncoder):
                              f"{CONFIG_NAME}: " + "; ".join(problems[:5]) + more)
         with torch.no_grad():
             model.load_state_dict(state, strict=True)
-        with np.load(p / PROJECTIONS_NAME) as npz:
-            if "R" not in npz or "P" not in npz:
-                raise ValueError(f"{p / PROJECTIONS_NAME} must hold arrays R and P")
-            projections = {"R": npz["R"], "P": npz["P"]}
+        projections = load_projections(p / PROJECTIONS_NAME)
 
         want = meta.get("projection_id")
         if want is not None and projection_id(projections["R"], projections["P"]) != want:
@@ -385,6 +406,8 @@ class UIBKEncoder(TaggedEncoder):
                                                      "doc_max_length") if k in meta}
         if "format" in meta:
             opts["format"] = TaggedFormat.from_dict(meta["format"])
+        if opts.get("projection", "random") != "random":  # fitted: its matrices keep their kind
+            refuse_other_kind(p, opts["projection"], options)
         opts.update(options)
         opts.setdefault("name", str(path))
         return cls(model, Tokenizer.from_file(str(p / TOKENIZER_NAME)), config,
@@ -404,8 +427,11 @@ class UIBKEncoder(TaggedEncoder):
         bc_dict.pop("_attn_implementation_autoset", None)
         (p / BACKBONE_CONFIG_NAME).write_text(json.dumps(bc_dict, indent=2, sort_keys=True))
         state = {k: v.detach().float().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        save_file(state, str(p / WEIGHTS_NAME))
-        self.tokenizer.save(str(p / TOKENIZER_NAME))
+        for name, write in ((WEIGHTS_NAME, lambda f: save_file(state, f)),
+                            (TOKENIZER_NAME, self.tokenizer.save)):
+            tmp = p / f".tmp-{os.getpid()}-{name}"  # atomic: a crash leaves the old file or the new
+            write(str(tmp))
+            os.replace(tmp, p / name)
         super().save_projections(p)  # projections.npz + uibk_encoder.json
         return p
 
