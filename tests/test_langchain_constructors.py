@@ -86,3 +86,38 @@ def test_similarity_search_score_threshold(encoder):
     assert vs.similarity_search(q, k=3, score_threshold=1.0) == []
     with pytest.raises(ValueError, match=r"relevance in \[0, 1\]"):
         vs.similarity_search(q, k=3, score_threshold=12.0)
+
+
+def test_constructors_record_the_encoders_format(tmp_path, encoder):
+    """A store made by from_texts(path=/collection_name=) or UIBKVectorStore(client=) records the
+    encoder's format (its projection included), so reopening it with an encoder of another
+    projection raises CollectionMismatch instead of returning scores against the wrong vectors."""
+    from uibk_embedding.errors import CollectionMismatch
+
+    pca = ue.load_encoder(projection="pca")
+    assert pca.format.projection != encoder.format.projection
+    where = tmp_path / "idx"
+    vs = UIBKVectorStore.from_texts(TEXTS, ids=IDS, path=where, encoder=encoder)
+    assert vs.store.format == encoder.format
+    vs.store.close()
+    with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
+        UIBKVectorStore.from_existing_collection(path=where, encoder=pca)
+    again = UIBKVectorStore.from_existing_collection(path=where, encoder=encoder)
+    assert again.store.count() == 3 and again.store.format == encoder.format
+    again.store.close()
+    # an explicit format= that the encoder cannot use is refused before any store is made
+    with pytest.raises(CollectionMismatch, match="format="):
+        UIBKVectorStore.from_texts(TEXTS, ids=IDS, path=tmp_path / "other", encoder=pca,
+                                   format=encoder.format)
+    assert not (tmp_path / "other").exists()
+    qdrant_client = pytest.importorskip("qdrant_client")
+    q = UIBKVectorStore.from_texts(TEXTS, encoder, ids=IDS, path=tmp_path / "q", collection_name="docs")
+    assert q.store.format == encoder.format
+    q.store.close()
+    with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
+        UIBKVectorStore.from_existing_collection("docs", pca, path=tmp_path / "q")
+    client = qdrant_client.QdrantClient(":memory:")
+    mem = UIBKVectorStore(encoder=encoder, client=client, collection_name="mem")
+    assert mem.store.format == encoder.format
+    with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
+        UIBKVectorStore(encoder=pca, client=client, collection_name="mem")

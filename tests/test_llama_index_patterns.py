@@ -69,3 +69,24 @@ def test_embed_model_vectors_are_the_dense_head(encoder):
 def test_embed_model_refuses_a_foreign_encoder():
     with pytest.raises(TypeError, match="uibk encoder"):
         UIBKEmbedding(encoder="text-embedding-3-small")
+
+
+def test_a_store_with_the_encoders_format_refuses_another_projection(tmp_path, encoder):
+    """LlamaIndex's constructors take a store (they create none): a store opened with the
+    encoder's format records its projection, and a vector store or retriever built on it with an
+    encoder of another projection raises CollectionMismatch (its queries would not match the
+    stored token vectors); the store is left as it was."""
+    from uibk_embedding.errors import CollectionMismatch
+    from uibk_embedding.integrations.llama_index import UIBKRetriever
+
+    pca = ue.load_encoder(projection="pca")
+    with ue.open_store("exact", path=tmp_path / "s", format=encoder.format) as store:
+        vs = UIBKVectorStore(encoder=encoder, store=store)
+        VectorStoreIndex.from_vector_store(vs, embed_model=UIBKEmbedding(encoder)).insert(_docs()[0])
+    with ue.open_store("exact", path=tmp_path / "s") as store:
+        assert store.format == encoder.format
+        with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
+            UIBKVectorStore(encoder=pca, store=store)
+        with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
+            UIBKRetriever(encoder=pca, store=store)
+        assert store.count() == 1

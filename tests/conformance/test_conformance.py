@@ -278,6 +278,52 @@ def test_delete_takes_ids_or_a_filter(store, fmt, rng):
     assert store.count() == 5
 
 
+def _through_bfloat16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to bfloat16 (8 significant bits, to nearest even), back in float32 with each
+    row scaled to its norm before (a model's output computed in bfloat16 and normalised in
+    float32; rows left as rounded miss unit norm by up to 2**-8, which the unit check refuses)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return r * (np.linalg.norm(x, axis=1) / np.linalg.norm(r, axis=1))[:, None]
+
+
+def test_lists_must_carry_the_stores_tags(spec, store, fmt, rng, real_data):
+    """The tags are the format: a document whose token tag (``sqrt(1 - beta)``) or slot tag
+    (``-sqrt(1 - delta)``), or a query whose token tag or slot tag per unit norm (its slots are
+    scaled by the dense weight) is not the store's, is refused with a ValueError naming the list
+    and the expected and found tag, and nothing is written: with mixed tags ``C(q)`` depends on
+    the document, so MaxSim no longer ranks as the hybrid score, and explain splits scores with
+    the wrong beta. The encoder's own lists, float32 or rounded to float16 or bfloat16, and
+    dense-weighted queries are accepted."""
+    ids, _, _ = fill(store, fmt, rng, n=4)
+    other_beta, other_lambda = TaggedFormat(beta=0.5), TaggedFormat(lambda_=0.5)
+    with pytest.raises(ValueError, match=r"multivectors\[1\] \(id 'x'\): row 3 \(a token row\) has tag "
+                                         r"0\.7071; .* expects 0\.3162"):
+        store.upsert(["ok", "x"], [make_list(fmt, rng, 5), make_list(other_beta, rng, 5)])
+    with pytest.raises(ValueError, match=r"multivectors\[0\] \(id 'y'\): row 0 \(a slot row\) has tag "
+                                         r"-0\.9220; .* expects -0\.8803"):
+        store.upsert(["y"], [make_list(other_lambda, rng, 5)])
+    assert store.count() == 4 and store.get(["ok", "x", "y"]) == []
+    for q in (make_list(other_beta, rng, 6), make_list(other_lambda, rng, 6, dense_weight=3.0)):
+        with pytest.raises(ValueError, match=r"^query: row \d \(a (token|slot) row\) has tag"):
+            store.search(q, k=3)
+        with pytest.raises(ValueError, match=r"^queries\[1\]: row \d"):
+            store.search_batch([make_list(fmt, rng, 4), q], k=3)
+        with pytest.raises(ValueError, match=r"^query: row \d"):
+            store.explain(q, ids[0])
+    # what an encoder brings: its lists as they are, rounded to float16 or bfloat16
+    enc_docs, enc_q = real_data.docs[:2], real_data.queries[0]
+    weighted = enc_q.copy()
+    weighted[:3] *= 2.5  # the dense weight scales the query slots (tags included)
+    lists = [*enc_docs, *(d.astype(np.float16) for d in enc_docs), *map(_through_bfloat16, enc_docs)]
+    store.upsert([f"enc-{i}" for i in range(len(lists))], lists)
+    assert store.count() == 4 + len(lists)
+    for q in (enc_q, weighted, enc_q.astype(np.float16), _through_bfloat16(weighted),
+              make_list(fmt, rng, 5, dense_weight=1e3).astype(np.float16)):
+        assert len(store.search(q, k=3)) == 3
+        assert store.explain(q, "enc-0").beta == fmt.beta
+
+
 def test_reopen_with_another_format_raises_collection_mismatch(spec, tmp_path, fmt, rng):
     """The same condition, the same type on every backend: an existing store built with another
     tagged format is refused with CollectionMismatch (a ValueError) and left unchanged."""

@@ -14,6 +14,11 @@ from uibk_embedding.testing import make_list
 FMT = TaggedFormat()
 _rng = np.random.default_rng(7)
 GOOD = make_list(FMT, _rng, 6)
+# lists of another tagged format (the store's is FMT): a beta changes the token and slot tags, a
+# lambda the slot tags only; a query's slot tags are compared per unit norm (its dense weight)
+OTHER_BETA = make_list(TaggedFormat(beta=0.5), _rng, 6)
+OTHER_LAMBDA = make_list(TaggedFormat(lambda_=0.5), _rng, 6)
+OTHER_LAMBDA_WEIGHTED = make_list(TaggedFormat(lambda_=0.5), _rng, 6, dense_weight=4.0)
 
 
 def _nan():
@@ -73,6 +78,12 @@ UPSERT_CASES = {
     "slots only": ((["x"], [GOOD[:3]], None), ValueError, "at least 4 rows"),
     "tag signs wrong": ((["x"], [GOOD * np.r_[-1.0, np.ones(127)]], None), ValueError, "not a tagged list"),
     "not unit rows": ((["x"], [GOOD * 2], None), ValueError, "unit"),
+    "token tags of another beta": ((["x"], [OTHER_BETA], None), ValueError,
+                                   r"multivectors\[1\] \(id 'x'\): row 3 \(a token row\) has tag 0\.7071; "
+                                   r"the store's format \(beta=0\.9, lambda=0\.75\) expects 0\.3162"),
+    "slot tags of another lambda": ((["x"], [OTHER_LAMBDA], None), ValueError,
+                                    r"row 0 \(a slot row\) has tag -0\.9220; .* expects -0\.8803 .* "
+                                    r"read as beta=0\.9, lambda=0\.5"),
     "ids/vectors mismatch": ((["x", "y"], [GOOD], None), ValueError, "3 ids but 2 multivectors"),
     "ids/metadata mismatch": ((["x"], [GOOD], [{}, {}]), ValueError, "metadata entries"),
     "one matrix for many ids": ((["x"], GOOD, None), TypeError, "list of"),
@@ -96,6 +107,10 @@ QUERY_CASES = {
     "query float64 past float32's range": ((_past_float32(), 5, None), ValueError, "NaN or inf"),
     "query slots not first": ((GOOD[::-1].copy(), 5, None), ValueError, "not a tagged list"),
     "query tag zero": ((GOOD * np.r_[0.0, np.ones(127)], 5, None), ValueError, "tag"),
+    "query of another beta": ((OTHER_BETA, 5, None), ValueError, r"row 3 \(a token row\) has tag 0\.7071"),
+    "query slots of another lambda": ((OTHER_LAMBDA_WEIGHTED, 5, None), ValueError,
+                                      r"row 0 \(a slot row\) has tag -0\.9220 per unit norm; "
+                                      r".* expects -0\.8803"),
     "k = 0": ((GOOD, 0, None), ValueError, "k must be positive"),
     "k < 0": ((GOOD, -3, None), ValueError, "k must be positive"),
     "k not int": ((GOOD, 2.5, None), TypeError, "k must be an int"),

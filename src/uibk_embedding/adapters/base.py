@@ -69,6 +69,19 @@ from uibk_embedding.tagged import (
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
 UNIT_TOL = 1e-3
+TAG_RTOL = 0.008
+"""How far (relative) a row's tag may be from the store format's tag (``sqrt(1 - beta)`` for a
+token row, ``-sqrt(1 - delta)`` per unit norm for a slot row) and still be that format's
+(:func:`check_format_tags`). Derived from the coarsest dtype a list may have passed through,
+bfloat16 (a model run on a GPU; float16, what stores may keep rows in, is 8 times finer): 8
+significant bits, so rounding to nearest moves a value by at most half a unit in the last place,
+2**-8 of it (the token tag 0.3162 of the released format lies in [0.25, 0.5), whose spacing is
+2**-9: at most 2**-10 = 0.00098, 0.31% of it; the slot tag 0.8803 at most 2**-9 = 0.0020, 0.22%).
+A tag is rounded once, and is then divided by a norm at most 2**-8 off (a row normalised after
+rounding, or a query's slot tag over its row's norm): 2 * 2**-8 = 2**-7 = 0.0078 to first order,
+0.008 with the second-order term and float32 arithmetic. What it tells apart: at the released
+format, beta from 0.8975 to 0.9025 reads as 0.9, and a lambda 0.05 away (slot tag 0.97% away) is
+refused; formats closer than that are not told apart."""
 MAX_METADATA_DEPTH = 32
 """How deep one document's metadata may nest: the dict itself is level 1, each dict or list
 inside it one more (``{"a": {"b": [1]}}`` is 3 levels deep). Deeper metadata is refused with
@@ -259,8 +272,21 @@ def _as_matrix(x: Any, what: str) -> np.ndarray:
     return x
 
 
-def validate_document(x: Any, what: str = "document") -> np.ndarray:
-    """A stored list: >= 4 unit rows, the first 3 slots (tag < 0) then tokens (tag > 0)."""
+def validate_document(x: Any, what: str = "document", format: TaggedFormat | None = None) -> np.ndarray:
+    """A stored list: >= 4 unit rows, the first 3 slots (tag < 0) then tokens (tag > 0); with
+    ``format`` (what every store passes: its own), every row's tag that format's
+    (:func:`check_format_tags`). Returns it as float32.
+
+    >>> fmt = TaggedFormat()
+    >>> doc = fmt.build(np.ones((3, 127)), np.ones((2, 127)))
+    >>> validate_document(doc, "doc", fmt).shape
+    (5, 128)
+    >>> validate_document(TaggedFormat(beta=0.5).build(np.ones((3, 127)), np.ones((2, 127))), "doc", fmt)
+    ...                                                    # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: doc: row 3 (a token row) has tag 0.7071; the store's format (beta=0.9, lambda=0.75) ...
+    """
     x = _as_matrix(x, what)
     if len(x) <= N_SLOTS:
         raise ValueError(f"{what}: needs at least {N_SLOTS + 1} rows (3 slots + tokens), got {len(x)}")
@@ -271,13 +297,23 @@ def validate_document(x: Any, what: str = "document") -> np.ndarray:
     bad = np.flatnonzero(np.abs(norms - 1) > UNIT_TOL)
     if len(bad):
         raise ValueError(f"{what}: row {bad[0]} has norm {norms[bad[0]]:.4f}; stored rows must be unit")
+    if format is not None:
+        check_format_tags(x, format, what)
     return x
 
 
-def validate_query(x: Any, what: str = "query") -> np.ndarray:
-    """A query list: slot rows first (tag < 0, all of one norm w > 0), then unit token rows.
+def validate_query(x: Any, what: str = "query", format: TaggedFormat | None = None) -> np.ndarray:
+    """A query list: slot rows first (tag < 0, all of one norm w > 0), then unit token rows; with
+    ``format`` (what every store passes: its own), every row's tag that format's, a slot row's
+    per unit norm (:func:`check_format_tags`). Returns it as float32.
 
-    A query may also be tokens only or slots only (the dense-only / token-only heads)."""
+    A query may also be tokens only or slots only (the dense-only / token-only heads).
+
+    >>> fmt = TaggedFormat()
+    >>> q = fmt.build(np.ones((3, 127)), np.ones((2, 127)), dense_weight=4.0)
+    >>> validate_query(q, "query", fmt).shape
+    (5, 128)
+    """
     x = _as_matrix(x, what)
     if len(x) == 0:
         raise ValueError(f"{what}: has no vectors")
@@ -299,7 +335,58 @@ def validate_query(x: Any, what: str = "query") -> np.ndarray:
     if n_slots and norms[slot].max() > MAX_DENSE_WEIGHT * (1 + UNIT_TOL):
         raise ValueError(f"{what}: slot rows of norm {norms[slot].max():.3g}: the dense weight is at most "
                          f"{MAX_DENSE_WEIGHT:g} (scores would overflow float32)")
+    if format is not None:
+        check_format_tags(x, format, what, norms=norms)
     return x
+
+
+def check_format_tags(x: np.ndarray, fmt: TaggedFormat, what: str, *,
+                      norms: np.ndarray | None = None) -> None:
+    """A ``ValueError`` naming ``what``, the first row whose tag is not ``fmt``'s, the tag found and
+    the tag expected, unless every slot row's tag (``x[:, 0] < 0``) is ``fmt.slot_tag`` and every
+    token row's ``fmt.token_tag``, within a relative :data:`TAG_RTOL`. ``norms``: the rows'
+    norms, for a query, whose slot rows are scaled by its dense weight (tag included), so their
+    tag is compared per unit norm; a stored list's rows are unit (checked before).
+
+    The tags are the format: a list of another beta or lambda scores as that format, so beside
+    the store's lists its constant ``C(q)`` would depend on the document (MaxSim would not rank
+    as the hybrid score) and ``explain`` would split its score with the store's beta and lambda.
+    The one check every backend runs (:meth:`MultiVectorStore.upsert`, ``search``,
+    ``search_batch``, ``explain``), against the store's format: the one it was opened with, the
+    one it recorded, or, for a store that has neither, the released one (:class:`TaggedFormat`),
+    which a new store records.
+
+    >>> fmt = TaggedFormat()
+    >>> check_format_tags(fmt.build(np.ones((3, 127)), np.ones((2, 127))), fmt, "doc")
+    >>> q = TaggedFormat(lambda_=0.5).build(np.ones((3, 127)), np.ones((2, 127)), dense_weight=2.0)
+    >>> check_format_tags(q, fmt, "query", norms=np.linalg.norm(q, axis=1))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: query: row 0 (a slot row) has tag -0.9220 per unit norm; the store's format (beta=0.9, ...
+    """
+    tags = x[:, 0].astype(np.float64)
+    if norms is not None:
+        tags = tags / norms
+    slot = tags < 0
+    expected = np.where(slot, fmt.slot_tag, fmt.token_tag)
+    wrong = np.abs(tags - expected) > TAG_RTOL * np.abs(expected)
+    # token rows first: their tag is beta's alone (a slot tag is beta's and lambda's)
+    off = np.r_[np.flatnonzero(wrong & ~slot), np.flatnonzero(wrong & slot)]
+    if not len(off):
+        return
+    i = int(off[0])
+    kind, rule = ("slot", "-sqrt(1 - lambda beta / 3)") if slot[i] else ("token", "sqrt(1 - beta)")
+    unit = " per unit norm" if norms is not None and slot[i] else ""
+    # what the list's own tags read as (a part it lacks: the store's)
+    beta = 1 - float(np.median(tags[~slot])) ** 2 if (~slot).any() else fmt.beta
+    lam = N_SLOTS * (1 - float(np.median(tags[slot])) ** 2) / beta if slot.any() and beta > 0 else fmt.lambda_
+    raise ValueError(
+        f"{what}: row {i} (a {kind} row) has tag {tags[i]:.4f}{unit}; the store's format "
+        f"(beta={fmt.beta:g}, lambda={fmt.lambda_:g}) expects {expected[i]:.4f} = {rule}, within "
+        f"{TAG_RTOL:.1%}. The list's tags read as beta={beta:.3g}, lambda={lam:.3g}: it was made with "
+        "another tagged format, and lists of two formats do not score alike (C(q) would depend on the "
+        "document). Encode it with the encoder this store was made with, or keep such lists in a "
+        f"store of their own (open_store(..., format=TaggedFormat(beta={beta:.3g}, lambda_={lam:.3g})))")
 
 
 def _check_tags(x: np.ndarray, what: str) -> None:
@@ -635,7 +722,7 @@ class MultiVectorStore(ABC):
         if len(mvs) != len(ids):
             raise ValueError(f"got {len(ids)} ids but {len(mvs)} multivectors")
         arrays = [
-            validate_document(x, f"multivectors[{i}] (id {ids[i]!r})") for i, x in enumerate(mvs)
+            validate_document(x, f"multivectors[{i}] (id {ids[i]!r})", self.format) for i, x in enumerate(mvs)
         ]
         md = validate_metadata(metadata, len(ids))
         if not ids:
@@ -686,7 +773,7 @@ class MultiVectorStore(ABC):
         ``options`` are the backend's declared :attr:`search_options` (None: the store's default).
         """
         opts = self._given_options(options)
-        q = validate_query(query)
+        q = validate_query(query, format=self.format)
         k = validate_k(k)
         conds = self._parse_filter(filter)
         if explain:
@@ -699,7 +786,7 @@ class MultiVectorStore(ABC):
     ) -> list[list[Hit]]:
         """``search`` for many queries (backends may answer them in one call)."""
         opts = self._given_options(options)
-        qs = [validate_query(q, f"queries[{i}]") for i, q in enumerate(queries)]
+        qs = [validate_query(q, f"queries[{i}]", self.format) for i, q in enumerate(queries)]
         k = validate_k(k)
         conds = self._parse_filter(filter)
         return self._search_batch(qs, k, conds, **opts) if qs else []
@@ -732,7 +819,7 @@ class MultiVectorStore(ABC):
     @_refuse_when_closed
     def explain(self, query: np.ndarray, doc_id: str) -> Decomposition:
         """The decomposition of ``MaxSim(query, doc)`` for one stored document."""
-        q = validate_query(query)
+        q = validate_query(query, format=self.format)
         rec = self.get([doc_id])
         if not rec:
             raise KeyError(f"no document with id {doc_id!r}")

@@ -50,6 +50,7 @@ from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
 from uibk_embedding.adapters.base import MultiVectorStore, validate_k
 from uibk_embedding.encoder import load_encoder
+from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.integrations.core import (
     DEFAULT_FETCH_K,
     DEFAULT_TEXT_KEY,
@@ -61,7 +62,7 @@ from uibk_embedding.integrations.core import (
     check_score_threshold,
     translate_langchain_filter,
 )
-from uibk_embedding.tagged import check_dense_weight, check_retrieval_mode, dense_vector
+from uibk_embedding.tagged import TaggedFormat, check_dense_weight, check_retrieval_mode, dense_vector
 
 require("langchain_core", "langchain", "the LangChain integration")
 
@@ -144,6 +145,28 @@ def _store_target(backend: str | None, collection_name: str | None, path: Any, u
     return backend, opts
 
 
+def _open_for(encoder: Any, backend: str, options: dict[str, Any], *,
+              create: bool = True) -> MultiVectorStore:
+    """``open_store(backend, **options)`` with ``format=`` the encoder's format: a new store records
+    it (its projection included), an existing one is checked against it, so a store made here
+    refuses an encoder of another projection later (:class:`~uibk_embedding.errors.CollectionMismatch`).
+    A ``format=`` in ``options`` the encoder cannot use is refused before anything is opened.
+
+    >>> import uibk_embedding as ue
+    >>> enc = ue.load_encoder()
+    >>> _open_for(enc, "exact", {}).format == enc.format
+    True
+    """
+    wanted = getattr(encoder, "format", None)
+    given = options.get("format")
+    problem = given.conflict(wanted) if isinstance(given, TaggedFormat) else None
+    if problem:  # refused before a store is created or opened
+        raise CollectionMismatch(f"format= does not fit the encoder: a store of that format cannot be "
+                                 f"searched with it ({problem}); leave format= out, and the store takes "
+                                 "the encoder's format")
+    return open_store(backend, create=create, **{**options, "format": given or wanted})
+
+
 class UIBKDenseEmbeddings(Embeddings):
     """The encoder's dense head as a LangChain ``Embeddings`` (381-d unit vectors).
 
@@ -196,15 +219,15 @@ class UIBKVectorStore(VectorStore):
         dense_weight: float | None = None,
         retrieval_mode: str = "hybrid",
     ) -> None:
-        if store is None:
-            if client is None:
-                raise TypeError("UIBKVectorStore needs store= (uibk_embedding.open_store(...)) or "
-                                "client= (a qdrant_client.QdrantClient) with collection_name=")
-            store = open_store("qdrant", client=client, collection=collection_name or "uibk")
-        elif client is not None or collection_name is not None:
+        if store is None and client is None:
+            raise TypeError("UIBKVectorStore needs store= (uibk_embedding.open_store(...)) or "
+                            "client= (a qdrant_client.QdrantClient) with collection_name=")
+        if store is not None and (client is not None or collection_name is not None):
             raise TypeError("give store=, or client= with collection_name=, not both")
-        self.core = RetrievalCore(encoder if encoder is not None else _default_encoder(), store,
-                                  text_key=text_key, dense_weight=dense_weight,
+        encoder = encoder if encoder is not None else _default_encoder()
+        if store is None:  # the collection records the encoder's format (or is checked against it)
+            store = _open_for(encoder, "qdrant", {"client": client, "collection": collection_name or "uibk"})
+        self.core = RetrievalCore(encoder, store, text_key=text_key, dense_weight=dense_weight,
                                   retrieval_mode=retrieval_mode)
 
     # -- construction ----------------------------------------------------------------------
@@ -260,8 +283,9 @@ class UIBKVectorStore(VectorStore):
         uibk_embedding.errors.StoreNotFound: no store at ...
         """
         encoder = _encoder_argument(embedding, encoder)
+        encoder = encoder if encoder is not None else _default_encoder()
         name, opts = _store_target(backend, collection_name, path, url, client, options)
-        store = open_store(name, create=False, **opts)
+        store = _open_for(encoder, name, opts, create=False)  # its record checked against the encoder's
         vs = cls(encoder=encoder, store=store, text_key=text_key, dense_weight=dense_weight,
                  retrieval_mode=retrieval_mode)
         first = next(iter(vs.core.store.scan(None)), None)
@@ -303,14 +327,16 @@ class UIBKVectorStore(VectorStore):
         if store is not None and any(x is not None for x in where):
             raise TypeError("give store=, or backend= / path= / url= / client= / collection_name=, "
                             "not both")
-        if store is None and any(x is not None for x in where):
+        encoder = _encoder_argument(embedding, encoder)
+        encoder = encoder if encoder is not None else _default_encoder()  # its format makes the store
+        if store is None:
             own = ("text_key", "dense_weight", "retrieval_mode")
             opts = {k: kwargs.pop(k) for k in list(kwargs) if k not in own}
-            name, opts = _store_target(backend, collection_name, path, url, client, opts)
-            store = open_store(name, **opts)
-        encoder = _encoder_argument(embedding, encoder)
-        if store is None:
-            store = open_store("exact")
+            if any(x is not None for x in where):
+                name, opts = _store_target(backend, collection_name, path, url, client, opts)
+            else:
+                name = "exact"
+            store = _open_for(encoder, name, opts)
         vs = cls(encoder=encoder, store=store, **kwargs)
         vs.add_texts(texts, metadatas, ids=ids)
         return vs
