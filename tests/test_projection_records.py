@@ -226,9 +226,10 @@ def test_two_models_of_one_width_are_told_apart(tmp_path):
 
 
 def test_a_uibk_checkpoint_is_named_by_its_weights_on_any_dtype(tmp_path):
-    """A UIBK checkpoint's identity is its weights (as float32) and vocabulary: the same after a
-    save and load, and loaded in bfloat16 (as on a GPU), so a store indexed on a GPU is searched
-    on a CPU; other weights of the same configuration and seed are another model."""
+    """A UIBK checkpoint's identity is its weights (rounded to bfloat16) and vocabulary: the same
+    after a save and load, loaded in bfloat16 (as on a GPU), and saved again from bfloat16 (as
+    ``index --fit-projection`` on a GPU saves it), so a store indexed on a GPU is searched on a
+    CPU; other weights of the same configuration and seed are another model."""
     import torch
 
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
@@ -240,6 +241,8 @@ def test_a_uibk_checkpoint_is_named_by_its_weights_on_any_dtype(tmp_path):
     same = UIBKEncoder.from_pretrained(tmp_path / "ckpt", device="cpu")
     half = UIBKEncoder.from_pretrained(tmp_path / "ckpt", device="cpu", dtype="bfloat16")
     assert enc.format == same.format == half.format and "@" in enc.format.projection
+    half.save_pretrained(tmp_path / "from-bf16")
+    assert UIBKEncoder.from_pretrained(tmp_path / "from-bf16", device="cpu").format == enc.format
     with torch.no_grad():
         next(same.model.parameters()).add_(1.0)
     same.save_pretrained(tmp_path / "changed")

@@ -236,9 +236,11 @@ def train_tokenizer(config: UIBKConfig, texts: Iterable[str], vocab_size: int | 
 
 # -- the encoder -----------------------------------------------------------------------------
 def weights_digest(model: Any, tokenizer: Any) -> str:
-    """A short content hash of a model's weights (each tensor by name, as float32) and its
+    """A short content hash of a model's weights (each tensor by name, rounded to bfloat16) and its
     tokenizer's vocabulary: the same for a checkpoint and its copies saved and loaded again, on
-    any device and dtype (hashed before the model is cast), different for other weights.
+    any device and dtype, different for other weights. Rounded to bfloat16 because a model run
+    in bfloat16 (on a GPU) and saved again (``index --fit-projection`` saves the whole checkpoint)
+    holds its weights rounded so: still the model that made the store's lists.
 
     >>> cfg = UIBKConfig.tiny()
     >>> tok = train_tokenizer(cfg, ["a b"])
@@ -250,7 +252,7 @@ def weights_digest(model: Any, tokenizer: Any) -> str:
 
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
-        a = t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        a = t.detach().to(device="cpu", dtype=torch.bfloat16).to(torch.float32).contiguous().numpy()
         h.update(f"{name}\0{a.shape}\0".encode())
         h.update(memoryview(a).cast("B"))
     h.update(json.dumps(sorted(tokenizer.get_vocab(with_added_tokens=True).items())).encode())
@@ -295,7 +297,7 @@ class UIBKEncoder(TaggedEncoder):
             torch.set_num_threads(int(num_threads))
         self.uibk_config = config
         bc = config.backbone_config()
-        self._model_id = weights_digest(model, tokenizer)  # before a cast: the same on any device
+        self._model_id = weights_digest(model, tokenizer)  # the same on any device and dtype
         self.device = resolve_device(device)
         self.dtype = dtype = resolve_dtype(self.device, dtype)
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
