@@ -183,3 +183,21 @@ def test_compare_times_the_plaid_and_warp_engines_and_says_which_path_answered(d
     assert all(len(res["load_average"][w]) == 3 for w in ("before", "after"))
     md = (out / "compare.md").read_text()
     assert "| search |" in md and "Load average (1, 5, 15 min) before: " in md
+
+
+def test_compare_runs_lists_of_another_tagged_format(tmp_path):
+    """Stores check every list's tags against their format; compare opened its stores without
+    one (the released format), so every backend refused the lists of an encoder with other
+    constants. It opens them with the lists' own format, in the worker and interleaved."""
+    import numpy as np
+
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    fmt, rng = TaggedFormat(beta=0.8, lambda_=0.75), np.random.default_rng(0)
+    docs, qs = [make_list(fmt, rng, 6) for _ in range(5)], [make_list(fmt, rng, 4) for _ in range(3)]
+    ids, qids = [f"d{i}" for i in range(5)], ["q0", "q1", "q2"]
+    raw = compare.interleaved(ids, docs, qids, qs, [("a", "exact")], {}, tmp_path / "i")
+    assert "skipped" not in raw["a"], raw["a"]
+    out = compare.compare(ids, docs, qids, qs, {}, [("a", "exact")], {}, workdir=tmp_path / "w")
+    assert "skipped" not in out["a"], out["a"]

@@ -433,3 +433,15 @@ def test_two_processes_opening_a_new_table_at_once_both_get_it(tmp_path):
     for r in range(12):
         with LanceDBStore(tmp_path / f"db-{r}", table="docs", create=False) as s:
             assert s.count() == 0
+
+
+def test_a_uri_under_the_home_folder_reopens(tmp_path, monkeypatch, fmt, rng):
+    """LanceDB expands ``~``; the store's own checks of the folder looked at the literal path, so
+    reopening ``~/data`` waited, took the table for an unfinished creation and failed removing it.
+    The store reads a local URI as LanceDB does."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with LanceDBStore("~/lancedb-data", table="docs") as s:
+        s.upsert(["a"], [make_list(fmt, rng, 5)])
+    with LanceDBStore("~/lancedb-data", table="docs", create=False) as s:
+        assert s.count() == 1
+    assert (tmp_path / "lancedb-data" / "docs.lance").is_dir()

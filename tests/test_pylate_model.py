@@ -387,3 +387,27 @@ def test_bfloat16_weights_on_the_cpu(folders, loaded):
     diff = _max_diff(enc.encode_documents(TEXTS), loaded["uibk"].encode_documents(TEXTS))
     print(f"bfloat16 vs float32 weights (CPU), max |diff| {diff:.3f}")
     assert diff < 0.5
+
+
+def test_the_probe_snaps_only_where_stores_take_the_lists():
+    """The probe snaps a measured beta to the 0.05 grid within 2e-3 (a bfloat16 model's tags are
+    rounded), but beta 0.9018 read as 0.9 moves the token tag by 1.0%, past the 0.8% a store's
+    tag check allows: the folder loaded and every store refused its lists. The grid is taken
+    only where its tags lie within half that; a bfloat16-rounded beta 0.9 still snaps."""
+    from uibk_embedding.adapters.base import validate_document
+
+    rng = np.random.default_rng(0)
+    for true, declared in ((0.9018, 0.9018), (0.9515, 0.9515), (0.9, 0.9)):
+        fmt = TaggedFormat(beta=true)
+
+        def mk(n, fmt=fmt):
+            return fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127)))
+
+        got, _ = probe_format([mk(4), mk(3)], [mk(9), mk(6)])
+        assert got.beta == declared
+        validate_document(mk(5), "doc", got)  # the lists it declared pass the stores' check
+    bf16 = TaggedFormat(beta=0.9)
+    lists = [bf16.build(rng.normal(size=(3, 127)), rng.normal(size=(n, 127))) for n in (4, 3, 9, 6)]
+    rounded = [torch.from_numpy(x).to(torch.bfloat16).float().numpy() for x in lists]
+    rounded = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in rounded]
+    assert probe_format(rounded[:2], rounded[2:])[0].beta == 0.9

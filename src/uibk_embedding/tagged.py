@@ -97,6 +97,21 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+TAG_RTOL = 0.008
+"""How far (relative) a row's tag may be from the store format's tag (``sqrt(1 - beta)`` for a
+token row, ``-sqrt(1 - delta)`` per unit norm for a slot row) and still be that format's
+(:func:`check_format_tags`). Derived from the coarsest dtype a list may have passed through,
+bfloat16 (a model run on a GPU; float16, what stores may keep rows in, is 8 times finer): 8
+significant bits, so rounding to nearest moves a value by at most half a unit in the last place,
+2**-8 of it (the token tag 0.3162 of the released format lies in [0.25, 0.5), whose spacing is
+2**-9: at most 2**-10 = 0.00098, 0.31% of it; the slot tag 0.8803 at most 2**-9 = 0.0020, 0.22%).
+A tag is rounded once, and is then divided by a norm at most 2**-8 off (a row normalised after
+rounding, or a query's slot tag over its row's norm): 2 * 2**-8 = 2**-7 = 0.0078 to first order,
+0.008 with the second-order term and float32 arithmetic. What it tells apart: at the released
+format, beta from 0.8984 to 0.9016 reads as 0.9 (the token tag moves by |d beta| / (2 (1 - beta))
+relative), and a lambda 0.05 away (slot tag 0.97% away) is refused; formats closer than that
+are not told apart. A PyLate folder's probe snaps its constants to the 0.05 grid only within
+half of it (:func:`~uibk_embedding.encoder.pylate_model.probe_format`)."""
 MAX_DENSE_WEIGHT = 1e6
 """The largest dense weight: past it the weighted slots overflow float32 (from about 1e38) long
 before, at float32's 7 digits, the dense part has drowned the token part of every score."""

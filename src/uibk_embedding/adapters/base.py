@@ -60,6 +60,7 @@ from uibk_embedding.tagged import (
     DIM,
     MAX_DENSE_WEIGHT,
     N_SLOTS,
+    TAG_RTOL,
     Decomposition,
     TaggedFormat,
     check_text,
@@ -69,19 +70,6 @@ from uibk_embedding.tagged import (
 MAX_ID_LENGTH = 512
 MAX_ROWS = 8192
 UNIT_TOL = 1e-3
-TAG_RTOL = 0.008
-"""How far (relative) a row's tag may be from the store format's tag (``sqrt(1 - beta)`` for a
-token row, ``-sqrt(1 - delta)`` per unit norm for a slot row) and still be that format's
-(:func:`check_format_tags`). Derived from the coarsest dtype a list may have passed through,
-bfloat16 (a model run on a GPU; float16, what stores may keep rows in, is 8 times finer): 8
-significant bits, so rounding to nearest moves a value by at most half a unit in the last place,
-2**-8 of it (the token tag 0.3162 of the released format lies in [0.25, 0.5), whose spacing is
-2**-9: at most 2**-10 = 0.00098, 0.31% of it; the slot tag 0.8803 at most 2**-9 = 0.0020, 0.22%).
-A tag is rounded once, and is then divided by a norm at most 2**-8 off (a row normalised after
-rounding, or a query's slot tag over its row's norm): 2 * 2**-8 = 2**-7 = 0.0078 to first order,
-0.008 with the second-order term and float32 arithmetic. What it tells apart: at the released
-format, beta from 0.8975 to 0.9025 reads as 0.9, and a lambda 0.05 away (slot tag 0.97% away) is
-refused; formats closer than that are not told apart."""
 MAX_METADATA_DEPTH = 32
 """How deep one document's metadata may nest: the dict itself is level 1, each dict or list
 inside it one more (``{"a": {"b": [1]}}`` is 3 levels deep). Deeper metadata is refused with

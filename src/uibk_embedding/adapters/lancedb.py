@@ -185,6 +185,8 @@ class LanceDBStore(MultiVectorStore):
             raise StoreNotFound("LanceDBStore(create=False) needs uri= or path=: without one it would make "
                                 "a new temporary database; nothing was created")
         self.uri = str(tempfile.mkdtemp(prefix="uibk-lancedb-") if self._tmp else os.fspath(uri or path))
+        if "://" not in self.uri:  # a local folder as LanceDB reads it ("~" expanded)
+            self.uri = os.path.expanduser(self.uri)
         self.table = table  # a local folder is looked at before connecting, which would create it
         local_missing = "://" not in self.uri and not (Path(self.uri) / f"{table}.lance").is_dir()
         if "://" not in self.uri:  # LanceDB would add its table to any folder
@@ -230,6 +232,11 @@ class LanceDBStore(MultiVectorStore):
             raise StoreNotFound(f"LanceDB table {self.table!r} at {self.uri} was never created in full (its "
                                 f"folder {folder} holds no version: a creation killed half-way, which "
                                 "committed nothing); create=True creates it; nothing was changed")
+        try:  # never remove a table LanceDB itself can open
+            self._db.open_table(self.table)
+            return None
+        except ValueError:
+            pass
         shutil.rmtree(folder)  # no version: no row was ever committed to it
         return self._open_or_create(create)
 

@@ -269,7 +269,7 @@ def interleaved(doc_ids: list[str], docs: Sequence[np.ndarray], query_ids: list[
                 if any(key.startswith("_") for key in opts):  # _local_server, _local_pg, ...
                     raise _Skip("it starts a local server; run it without --interleave")
                 t0 = time.perf_counter()
-                store = open_store(name, **opts)
+                store = open_store(name, **{"format": infer_format(docs[0]), **opts})  # the lists' own
                 stores[label] = (store, folder)
                 open_s, t0 = time.perf_counter() - t0, time.perf_counter()
                 for i in range(0, len(docs), 512):

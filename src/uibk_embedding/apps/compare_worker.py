@@ -30,6 +30,7 @@ from uibk_embedding.adapters.registry import open_store
 from uibk_embedding.apps.compare_metrics import K
 from uibk_embedding.apps.compare_options import _Skip
 from uibk_embedding.maxsim import pack
+from uibk_embedding.tagged import infer_format
 from uibk_embedding.testing.milvus_server import LocalMilvusServer
 from uibk_embedding.testing.pg_server import LocalPostgresServer
 
@@ -125,6 +126,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             server = LocalPostgresServer()
             options["dsn"] = server.start()
         drop_table = options.pop("_drop_table", False)
+        options.setdefault("format", infer_format(docs[0]))  # a store checks lists against its format
         t0 = time.perf_counter()
         store = open_store(spec["backend"], **options)
         res["open_s"] = time.perf_counter() - t0
