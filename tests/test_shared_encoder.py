@@ -268,3 +268,34 @@ def test_a_chunk_size_below_one_is_refused_not_an_empty_stream(inner):
             list(enc.encode_documents_iter(TEXTS, chunk_size=0))
         assert len(list(enc.encode_documents_iter(TEXTS, chunk_size=None))) == len(TEXTS)
     assert list(text_chunks(iter("abc"), 2)) == [["a", "b"], ["c"]]
+
+
+def test_a_submit_racing_close_is_served_not_left_waiting(inner):
+    """``close()`` set its flag and queued the stop without the submit lock, so a ``submit`` that
+    had passed its check could queue its request after the stop, and its caller waited for good.
+    Forced here: the request's put waits (2 s at most) for the stop to be queued first; now close
+    waits for the submit instead, and the request is served."""
+    from uibk_embedding.encoder.shared import _STOP
+
+    enc = SharedEncoder(inner, max_wait_ms=0)
+    real_put, in_put, stop_queued = enc._queue.put, threading.Event(), threading.Event()
+
+    def put(item, *args, **kwargs):
+        if item is _STOP:
+            real_put(item, *args, **kwargs)
+            stop_queued.set()
+            return
+        in_put.set()
+        stop_queued.wait(timeout=2)  # the old close() queued the stop meanwhile
+        real_put(item, *args, **kwargs)
+
+    enc._queue.put = put
+    futures = []
+    submitter = threading.Thread(target=lambda: futures.append(enc.submit(TEXTS[:1], is_query=False)))
+    submitter.start()
+    assert in_put.wait(timeout=60)
+    closer = threading.Thread(target=enc.close)
+    closer.start()
+    submitter.join(timeout=60)
+    closer.join(timeout=60)
+    assert len(futures[0].result(timeout=60)) == 1  # a bound against a hang, not a timing

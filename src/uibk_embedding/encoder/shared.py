@@ -399,9 +399,12 @@ class SharedEncoder:
 
     def close(self) -> None:
         """Finish the queued work and stop the worker thread."""
-        if not self._closed:
+        with self._submit_lock:  # a submit past its check queues before the stop, never after it
+            stopping = not self._closed
             self._closed = True
-            self._queue.put(_STOP)
+            if stopping:
+                self._queue.put(_STOP)
+        if stopping:
             self._worker.join()
 
     def __enter__(self) -> SharedEncoder:
