@@ -35,7 +35,6 @@ Example (a tiny random UIBK model, exported and loaded back)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -55,7 +54,7 @@ from uibk_embedding.encoder.inputs import resolve_device, resolve_dtype
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pipeline import Pending, to_host
 from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
-from uibk_embedding.encoder.trust import LIBRARY_MODULES, check_loader_options, require_trust
+from uibk_embedding.encoder.trust import LIBRARY_MODULES, check_loader_options, digest_files, require_trust
 from uibk_embedding.encoder.uibk import UIBKEncoder
 from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TAG_RTOL, TaggedFormat, apply_dense_weight
 
@@ -165,14 +164,7 @@ def model_hash(folder: str | os.PathLike) -> str:
     >>> _ = (d / "model.safetensors").write_bytes(b"weights"); model_hash(d) == a
     False
     """
-    p = Path(folder)
-    h = hashlib.sha256()
-    for f in model_files(p):
-        h.update(f"{f.relative_to(p).as_posix()}\0{f.stat().st_size}\0".encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return digest_files(Path(folder), model_files(folder))[:16]
 
 
 # -- the probe ---------------------------------------------------------------------------------

@@ -241,7 +241,6 @@ def model_digest(folder: str | os.PathLike) -> str:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"model folder {root} does not exist")
-    h = hashlib.sha256()
     files: list[Path] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):  # symlinked folders are not followed
@@ -256,9 +255,21 @@ def model_digest(folder: str | os.PathLike) -> str:
                 raise ValueError(
                     f"{root} holds more than {MAX_MODEL_FILES} files or {MAX_MODEL_BYTES / 2**30:.0f} GiB: "
                     "not a model folder (give the folder that holds the model's config and weights)")
+    return digest_files(root, files)
+
+
+def digest_files(root: Path, files: list[Path]) -> str:
+    """SHA-256 over ``files`` (each one's path relative to ``root``, size and bytes, in path
+    order): the one content hash behind :func:`model_digest` and PyLate's ``model_hash``.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.bin").write_bytes(b"x")
+    >>> digest_files(d, [d / "a.bin"]) == digest_files(d, [d / "a.bin"]), len(digest_files(d, []))
+    (True, 64)
+    """
+    h = hashlib.sha256()
     for p in sorted(files):
-        rel = p.relative_to(root).as_posix()
-        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
+        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
         with p.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
