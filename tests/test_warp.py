@@ -348,3 +348,25 @@ def test_a_flush_that_fails_inside_a_search_leaves_the_search_exact(tmp_path, mo
     s.flush()
     assert s.has_index and s.search(vecs[1], k=1)[0].id == "d1"
     s.close()
+
+
+def test_a_store_below_warps_build_floor_is_scanned_whatever_min_index_vectors_says(tmp_path):
+    # xtr-warp-rs panics building from fewer than 10 vectors (kthvalue over an empty slice): a
+    # flush raised WarpEngineError and every later search warned with the panic before
+    small = {**CHEAP, "min_index_vectors": 1, "buffer_size": 0}
+    rng = np.random.default_rng(9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no engine-failure warning on any search
+        with WarpStore(tmp_path / "w", **small) as s:
+            a, b = make_list(TaggedFormat(), rng, 1), make_list(TaggedFormat(), rng, 2)
+            s.upsert(["a", "b"], [a, b])  # 9 rows
+            s.flush()
+            assert (s.count(), s.has_index) == (2, False)
+            assert "xtr-warp-rs builds an index from 10 vectors up" in s.stats()["reason"]
+            assert s.search(b, k=2)[0].id == "b"
+            s.upsert(["c"], [make_list(TaggedFormat(), rng, 1)])  # 13 rows: built
+            s.flush()
+            assert s.has_index
+            s.delete(["c"])  # back to 9 rows: the index cannot be rebuilt, the store scans
+            s.flush()
+            assert not s.has_index and s.search(a, k=2)[0].id == "a"

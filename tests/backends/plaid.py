@@ -2,7 +2,9 @@
 
 * ``plaid-exact``: float32 originals + exact rerank of PLAID's candidates. Contract "exact":
   same ids, order and scores as exact MaxSim (small stores and filtered subsets no larger than
-  the rerank pool are scored exactly; the 200 real documents go through PLAID + rerank).
+  the rerank pool are scored exactly; the 200 real documents go through PLAID + rerank). On real
+  text the exact top k are among PLAID's candidates; nothing guarantees it (random unclustered
+  lists: recall@10 0.29), so this holds for the suite's data, not for every store.
 * ``plaid``: the defaults (float16 originals + rerank). The top 10 on real data is the exact
   top 10 (recall floor 1.0), but float16 scores can swap near-ties (measured: 1 of 25 real
   queries at dense weight 8 had two hits swapped), so it claims no more.

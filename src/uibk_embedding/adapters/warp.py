@@ -254,7 +254,9 @@ class WarpStore(IndexedStore):
         keeps the shared collections (up to NPL) on the scan, with no build of minutes
         (benchmarks/results/crossover.md; lower it for NPL-sized collections when query time
         matters more than the build). A store that has an index keeps it until it falls below this
-        *and* below half the vectors it was built from (older stores keep theirs).
+        *and* below half the vectors it was built from (older stores keep theirs). xtr-warp-rs
+        cannot build from fewer than 10 vectors (:attr:`min_build_vectors`): a smaller store is
+        scanned exactly whatever this says.
     min_outliers, max_growth_rate:
         xtr-warp-rs ``add`` centroid expansion (engine defaults 50 and 0.1).
     compact_threshold:
@@ -295,6 +297,9 @@ class WarpStore(IndexedStore):
     _failed_flush = -1  # the write version at which a search's flush failed (see _before_search)
     ref_column = "pid"
     vector_compact_min_rows = 65536
+    min_build_vectors = 10
+    """xtr-warp-rs panics building from fewer than 10 vectors (``kthvalue`` over an empty
+    slice; 9 fail and 10 build here), as fast-plaid does: a smaller store is scanned exactly."""
 
     def __init__(
         self,
