@@ -239,3 +239,39 @@ def test_qdrant_local_create_false_creates_nothing(tmp_path):
     assert _listing(folder) == before
     with QdrantStore("c", path=folder, create=False) as s:
         assert s.count() == 0
+
+
+# -- metadata limits every backend shares ------------------------------------------------------
+# (what PostgreSQL's jsonb cannot hold: the exact store and others stored it, pgvector alone refused)
+NUL_CASES = [({"k\x00": 1}, r"metadata\[1\]: the key 'k\\x00' holds a NUL character"),
+             ({"s": "a\x00b"}, r"metadata\[1\]\['s'\] holds a NUL character"),
+             ({"l": ["ok", "x\x00"]}, r"metadata\[1\]\['l'\]\[1\] holds a NUL character"),
+             ({"d": {"e\x00": {"f": 2}}}, r"metadata\[1\]\['d'\]: the key 'e\\x00' holds a NUL character")]
+
+
+def test_validate_metadata_refuses_a_nul_character_naming_where():
+    from uibk_embedding.adapters.base import validate_metadata
+    from uibk_embedding.errors import InvalidInput
+
+    for md, where in NUL_CASES:
+        with pytest.raises(InvalidInput, match=where):
+            validate_metadata([{}, md], 2)
+    # a backslash and "u0000" spelled out (JSON "\\u0000") is no NUL
+    assert validate_metadata([{"s": "\\u0000"}], 1) == [{"s": "\\u0000"}]
+
+
+def test_a_nul_character_in_metadata_is_refused_by_every_backend_before_anything_is_written(spec, tmp_path):
+    from uibk_embedding.errors import InvalidInput
+    from uibk_embedding.testing import open_spec
+
+    store = open_spec(spec, tmp_path)
+    try:
+        good = _docs(2)
+        store.upsert(["kept"], [good[0]], [{"s": "as before"}])
+        for md, where in NUL_CASES:
+            with pytest.raises(InvalidInput, match=where):
+                store.upsert(["fresh", "x"], [good[1], good[1]], [{}, md])
+            assert store.count() == 1
+            assert [(x, m) for x, m in store.scan()] == [("kept", {"s": "as before"})]
+    finally:
+        store.close()

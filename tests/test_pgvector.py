@@ -204,6 +204,37 @@ def test_a_name_another_store_needs_is_refused_with_the_reason(dsn, tmp_path, fm
         a.close()
 
 
+def test_a_relation_of_the_name_that_is_no_table_is_refused_naming_its_kind(dsn, tmp_path):
+    """A view, materialized view, foreign or partitioned table of the store's name was refused
+    with "(relkind 'f': perhaps another store's sequence or index)"; the message names the kind,
+    and the relation is left as it was, nothing created beside it."""
+    import psycopg
+
+    name = table_name(tmp_path, "kind")
+    cases = [("VIEW", "AS SELECT 1 AS x", "a view"),
+             ("MATERIALIZED VIEW", "AS SELECT 1 AS x", "a materialized view"),
+             ("TABLE", "(id text) PARTITION BY LIST (id)", "a partitioned table"),
+             ("FOREIGN TABLE", f"(id text) SERVER {name}_srv", "a foreign table"),
+             ("SEQUENCE", "", "a sequence")]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE FOREIGN DATA WRAPPER {name}_fdw")  # no handler: a table of it is never read
+        conn.execute(f"CREATE SERVER {name}_srv FOREIGN DATA WRAPPER {name}_fdw")
+        try:
+            for what, rest, kind in cases:
+                conn.execute(f"CREATE {what} {name} {rest}")
+                relkind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                                       (name,)).fetchone()
+                with pytest.raises(CollectionMismatch, match=f"'{name}' in this PostgreSQL database is not a "
+                                                             f"table: it is {kind}[ ;(]"):
+                    PgVectorStore(dsn, table=name)
+                assert conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                                    (name,)).fetchone() == relkind
+                assert conn.execute("SELECT to_regclass(%s)", (f"{name}_seq",)).fetchone() == (None,)
+                conn.execute(f"DROP {what} {name}")
+        finally:
+            conn.execute(f"DROP FOREIGN DATA WRAPPER IF EXISTS {name}_fdw CASCADE")
+
+
 def test_filtered_approximate_search_returns_k_matches(dsn, tmp_path, fmt, rng):
     """A filter matching 5% of the table: the HNSW candidates are taken among the matches
     (an iterative index scan), so k = 10 matches come back, not the few of a post-filtered top."""
@@ -261,10 +292,29 @@ def test_bad_options(dsn):
         PgVectorStore(connection=conn)
 
 
-def test_options_that_only_failed_inside_postgres_are_refused_by_name(dsn, store, fmt, rng):
+BAD_BUILD_OPTIONS = [  # came back from the server as psycopg's InvalidParameterValue, or from round()
+    ({"m": 1}, ValueError, r"m must be between 2 and 100 \(pgvector's HNSW bounds\), got 1"),
+    ({"m": 101}, ValueError, r"m must be between 2 and 100"),
+    ({"m": 16, "ef_construction": 8}, ValueError, r"ef_construction must be at least 2 \* m = 32 "
+                                                  r"and at most 1000 \(pgvector's HNSW bounds\), got 8"),
+    ({"ef_construction": 1001}, ValueError, r"ef_construction must be at least 2 \* m = 32 and at most 1000"),
+    ({"connect_timeout": "x"}, TypeError, r"connect_timeout must be a number of seconds, got 'x'"),
+    ({"connect_timeout": True}, TypeError, r"connect_timeout must be a number of seconds, got True"),
+    ({"connect_timeout": 0}, ValueError, r"connect_timeout must be a positive, finite number of seconds"),
+    ({"connect_timeout": float("nan")}, ValueError, r"connect_timeout must be a positive, finite number"),
+]
+
+
+def test_options_that_only_failed_inside_postgres_are_refused_by_name(dsn, store, fmt, rng, tmp_path):
     import psycopg
     from psycopg.rows import dict_row
 
+    table = table_name(tmp_path, "opt")  # a new table: m and ef_construction are used to create it
+    for options, error, message in BAD_BUILD_OPTIONS:  # refused before connecting, nothing created
+        with pytest.raises(error, match=message):
+            PgVectorStore(dsn, table=table, **options)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (None,)
     with pytest.raises(ValueError, match="ef_search must be a positive int"):
         PgVectorStore(dsn, ef_search=0)  # every approximate search failed in the server
     with pytest.raises(TypeError, match="exact must be True or False"):
@@ -448,6 +498,26 @@ def test_a_database_without_the_extension_and_no_right_to_create_it(dsn):
         finally:
             admin.execute("DROP DATABASE IF EXISTS uibk_noext")
             admin.execute("DROP ROLE IF EXISTS uibk_plain")
+
+
+def test_a_search_path_that_cannot_see_the_vector_type_is_named(dsn, tmp_path):
+    """A DSN whose search_path leaves out the schema of the ``vector`` extension failed in
+    pgvector's register_vector with psycopg's ProgrammingError "vector type not found in the
+    database"; it is ServerTooOld naming the schema and the search_path, and nothing is created."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from uibk_embedding.errors import ServerTooOld
+
+    name = table_name(tmp_path, "path")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")  # in public, as any store of dsn makes it
+    hidden = make_conninfo(dsn, options="-c search_path=uibk_elsewhere")
+    with pytest.raises(ServerTooOld, match=r"the vector extension's type is in schema 'public', which this "
+                                           r"connection's search_path \(uibk_elsewhere\) does not include"):
+        PgVectorStore(hidden, table=name)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (name,)).fetchone() == (None,)
 
 
 def test_explained_candidate_search_reads_the_lists_once(dsn, tmp_path, fmt, rng):

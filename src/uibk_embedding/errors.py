@@ -29,8 +29,9 @@ exception              also a                  raised when
 ``StoreNotFound``      ``FileNotFoundError``   a store opened for reading does not exist (a read
                                                never creates one)
 ``InvalidInput``       ``ValueError``          an id, metadata value or filter is past a limit
-                                               every backend shares (lone surrogates, nesting
-                                               depth, integers beyond 64 bits); nothing written
+                                               every backend shares (lone surrogates, NUL
+                                               characters in metadata, nesting depth,
+                                               integers beyond 64 bits); nothing written
 ====================== ======================= ==================================================
 
 Example

@@ -492,6 +492,30 @@ def test_a_second_store_object_or_process_on_the_same_files_is_refused(spec, tmp
         again.close()
 
 
+def test_a_dropped_store_is_closed_and_a_new_one_starts_empty(spec, tmp_path, fmt, rng):
+    """``drop()`` (the server stores') removes the data and closes the store: later calls raise
+    StoreInUse like a closed store's (each engine raised its own missing-table or
+    missing-collection error before), and the next store of that name starts empty."""
+    from uibk_embedding.errors import StoreInUse
+
+    s = spec.make(tmp_path)
+    if not hasattr(s, "drop"):
+        s.close()
+        pytest.skip(f"{spec.name} has no drop()")
+    fill(s, fmt, rng, n=3)
+    s.drop()
+    new = make_list(fmt, rng, 4)
+    for call in (s.count, lambda: s.get(["doc-0"]), lambda: s.upsert(["x"], [new]), s.drop):
+        with pytest.raises(StoreInUse, match="is closed"):
+            call()
+    s.close()  # nothing to do
+    again = spec.make(tmp_path)
+    try:
+        assert again.count() == 0
+    finally:
+        again.close()
+
+
 def test_a_closed_store_refuses_every_method(spec, tmp_path, fmt, rng):
     """After ``close()`` every public method raises StoreInUse (before any engine call, so never
     a bare RuntimeError or AttributeError from a released client), on every backend; ``close()``

@@ -423,7 +423,8 @@ def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: in
     """Metadata: one JSON-serialisable dict per document (``None`` means ``{}``), within the
     limits every backend shares (:class:`~uibk_embedding.errors.InvalidInput` past them): at most
     :data:`MAX_METADATA_DEPTH` levels of dicts and lists, keys and strings valid Unicode (no
-    lone surrogate), integers within signed 64 bits
+    lone surrogate) without a NUL character (PostgreSQL's jsonb cannot hold one), integers
+    within signed 64 bits
     (:data:`~uibk_embedding.adapters.filters.MIN_INT` .. :data:`~uibk_embedding.adapters.filters.MAX_INT`).
 
     >>> validate_metadata([{"lang": "en", "n": 2**63 - 1}, None], 2)
@@ -432,6 +433,10 @@ def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: in
     Traceback (most recent call last):
     ...
     uibk_embedding.errors.InvalidInput: metadata[0]['n']: the integer 18446744073709551616 is outside ...
+    >>> validate_metadata([{"tags": ["ok", "a\\x00b"]}], 1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    uibk_embedding.errors.InvalidInput: metadata[0]['tags'][1] holds a NUL character, which ...
     """
     if metadata is None:
         return [{} for _ in range(n)]
@@ -457,7 +462,22 @@ def validate_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, n: in
             text = json.dumps(m, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError) as e:
             raise TypeError(f"metadata[{i}] is not JSON-serialisable: {e}") from None
-        out.append(json.loads(text))  # a deep, JSON-clean copy: the caller may mutate theirs
+        copy = json.loads(text)  # a deep, JSON-clean copy: the caller may mutate theirs
+        if "\\u0000" in text:  # JSON's spelling of NUL (or of a backslash and "u0000": look)
+            nul = " holds a NUL character, which not every backend can store (PostgreSQL's jsonb cannot)"
+            stack: list[tuple[Any, tuple[Any, ...]]] = [(copy, ())]  # at most MAX_METADATA_DEPTH deep
+            while stack:
+                v, path = stack.pop()
+                if isinstance(v, str) and "\x00" in v:
+                    raise InvalidInput(f"{_where(i, path)}{nul}")
+                if isinstance(v, dict):
+                    for key, x in v.items():
+                        if "\x00" in key:
+                            raise InvalidInput(f"{_where(i, path)}: the key {key!r}{nul}")
+                        stack.append((x, (*path, key)))
+                elif isinstance(v, list):
+                    stack.extend((x, (*path, j)) for j, x in enumerate(v))
+        out.append(copy)
     return out
 
 
@@ -608,6 +628,22 @@ def _closing(close: Any) -> Any:
     return wrapper
 
 
+def _dropping(drop: Any) -> Any:
+    """``drop``, refused when closed like every method, that closes the store once the store's
+    data is gone: a dropped store refuses later calls as a closed one (:class:`StoreInUse`), on
+    every backend, where each engine failed its own way (a missing table or collection)."""
+    checked = _refuse_when_closed(drop)
+
+    @functools.wraps(drop)
+    def wrapper(self: MultiVectorStore, *args: Any, **kwargs: Any) -> Any:
+        out = checked(self, *args, **kwargs)
+        self.close()
+        return out
+
+    setattr(wrapper, _CHECKED, True)
+    return wrapper
+
+
 # -- the interface -----------------------------------------------------------------------------
 class MultiVectorStore(ABC):
     """Abstract store of tagged multi-vectors; see the module docstring for an example.
@@ -620,7 +656,8 @@ class MultiVectorStore(ABC):
     A closed store (:meth:`close`) refuses every public method with
     :class:`~uibk_embedding.errors.StoreInUse`, on every backend: the methods here, ``count``
     and every public method and property a subclass (or a mixin) defines are wrapped when the subclass
-    is created (:meth:`__init_subclass__`); ``close()`` again does nothing.
+    is created (:meth:`__init_subclass__`); ``close()`` again does nothing. A backend's ``drop()``
+    (the server stores') closes the store once it has removed the data.
 
     >>> from uibk_embedding.adapters.exact import ExactStore
     >>> store = ExactStore()
@@ -653,7 +690,8 @@ class MultiVectorStore(ABC):
                     setattr(cls, name, property(_refuse_when_closed(value.fget, f"reading {name}"),
                                                 value.fset, value.fdel, value.__doc__))
                 elif inspect.isfunction(value) and not getattr(value, _CHECKED, False):
-                    setattr(cls, name, _closing(value) if name == "close" else _refuse_when_closed(value))
+                    wrap = {"close": _closing, "drop": _dropping}.get(name, _refuse_when_closed)
+                    setattr(cls, name, wrap(value))
 
     def _check_open(self, what: str = "this call") -> None:
         """:class:`StoreInUse`, with the message every closed store gives, once the store is

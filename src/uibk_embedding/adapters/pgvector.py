@@ -92,6 +92,8 @@ MIN_SERVER = 130000  # PostgreSQL 13, the oldest pgvector 0.5 supports
 MIN_VECTOR = (0, 5, 0)  # HNSW
 ITERATIVE_VECTOR = (0, 8, 0)  # hnsw.iterative_scan: filtered index scans that keep going
 DEFAULT_CANDIDATES = 100
+HNSW_M = (2, 100)  # pgvector's bounds of an HNSW index's m; its ef_construction is 2 * m .. 1000
+HNSW_MAX_EF_CONSTRUCTION = 1000
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 _RETRIES = 8
 _MAX_PARAMS = 65535  # bind parameters of one PostgreSQL statement
@@ -137,6 +139,10 @@ def filter_sql(conditions: Sequence[Node]) -> tuple[str, list[Any]]:
 
 
 _HELPERS = ("_seq", "_seq_idx", "_fields", "_dense")  # the names a store makes beside its table
+_RELKINDS = {  # pg_class.relkind of what a store's name may name instead of a plain table
+    "S": "a sequence (perhaps another store's)", "i": "an index (perhaps another store's)",
+    "I": "a partitioned index", "v": "a view", "m": "a materialized view", "f": "a foreign table",
+    "p": "a partitioned table (the store needs a plain one)", "c": "a composite type", "t": "a TOAST table"}
 
 
 def _node_sql(n: Node) -> tuple[str, list[Any]]:
@@ -150,7 +156,7 @@ def _node_sql(n: Node) -> tuple[str, list[Any]]:
         sql, p = _node_sql(n.child)
         return f"NOT {sql}", p
     negated = n.op in ("$ne", "$nin") or (n.op == "$exists" and not n.values[0])
-    if _has_nul(n.field):  # no stored key holds NUL (refused on write): the field is missing
+    if _has_nul(n.field):  # no stored key holds NUL (validate_metadata refuses it): missing
         return ("TRUE" if negated else "FALSE"), []
     if n.op == "$exists":
         sql = "COALESCE((fields -> %s) NOT IN ('null'::jsonb, '[]'::jsonb), false)"
@@ -227,8 +233,10 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
 
     ``exact`` and ``candidates`` are also per-query options: ``search(q, k, exact=False,
     candidates=300)`` (the HNSW breadth follows ``candidates`` unless ``ef_search`` was given).
-    m, ef_construction: HNSW build parameters of a new table.
-    connect_timeout: seconds to wait for the server when connecting.
+    m, ef_construction: HNSW build parameters of a new table (pgvector's bounds: ``2 <= m <= 100``,
+        ``2 * m <= ef_construction <= 1000``; past them ``ValueError`` before connecting).
+    connect_timeout: seconds to wait for the server when connecting (a positive number; libpq
+        takes whole seconds, at least 1).
     batch_size: documents per statement and per fetch of a scan.
     format: the tagged format; recorded with a new table and checked against an existing one.
 
@@ -270,6 +278,17 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
                         ("batch_size", batch_size)):
             check_positive(name, v)
         check_positive("ef_search", ef_search, allow_none=True)
+        if not HNSW_M[0] <= m <= HNSW_M[1]:  # what the server refuses, refused before connecting
+            raise ValueError(f"m must be between {HNSW_M[0]} and {HNSW_M[1]} (pgvector's HNSW bounds), "
+                             f"got {m}")
+        if not 2 * m <= ef_construction <= HNSW_MAX_EF_CONSTRUCTION:
+            raise ValueError(f"ef_construction must be at least 2 * m = {2 * m} and at most "
+                             f"{HNSW_MAX_EF_CONSTRUCTION} (pgvector's HNSW bounds), got {ef_construction}")
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float):
+            raise TypeError(f"connect_timeout must be a number of seconds, got {connect_timeout!r}")
+        if not 0 < connect_timeout < float("inf"):
+            raise ValueError(f"connect_timeout must be a positive, finite number of seconds, "
+                             f"got {connect_timeout!r}")
         self.table = table
         self.exact = check_flag("exact", exact)  # instance value: this store's guarantee
         self.candidates = candidates
@@ -296,7 +315,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         try:
             self.vector_version = self._check_server(create)
             self._iterative = self.vector_version >= ITERATIVE_VECTOR
-            require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
+            self._register_vector()
             self._open_or_create(format, create)
         except BaseException:
             self.close()
@@ -317,6 +336,23 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         except Exception:
             pass
         self.conn = self._connect()
+        self._register_vector()
+
+    def _register_vector(self) -> None:
+        """pgvector's types on this connection. They are found by name, so the ``vector`` type
+        must be on the connection's ``search_path`` (and so must its operators, which every
+        search uses): :class:`ServerTooOld` naming its schema when it is not."""
+        if self.conn.execute("SELECT to_regtype('vector')").fetchone()[0] is None:
+            schema, path = self.conn.execute(
+                "SELECT (SELECT n.nspname FROM pg_extension x JOIN pg_namespace n ON n.oid = x.extnamespace "
+                "WHERE x.extname = 'vector'), current_setting('search_path')").fetchone()
+            if schema is None:
+                raise ServerTooOld("the vector extension is not enabled in this database (any more): run "
+                                   "'CREATE EXTENSION vector' as a privileged user")
+            raise ServerTooOld(
+                f"the vector extension's type is in schema {schema!r}, which this connection's search_path "
+                f"({path}) does not include: add {schema!r} to it (in the DSN: options='-c "
+                f"search_path=...,{schema}', or ALTER ROLE ... SET search_path)")
         require("pgvector.psycopg", "pgvector", "the pgvector adapter").register_vector(self.conn)
 
     # -- schema ----------------------------------------------------------------------------
@@ -390,8 +426,9 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             else:
                 if kind != "r":
                     raise CollectionMismatch(
-                        f"{self.table!r} in this PostgreSQL database is not a table (relkind {kind!r}: "
-                        "perhaps another store's sequence or index): choose another table name")
+                        f"{self.table!r} in this PostgreSQL database is not a table: it is "
+                        f"{_RELKINDS.get(kind, f'a relation of kind {kind!r}')}; it was left unchanged: "
+                        "choose another table name")
                 self._validate(format)
                 self.created = False
 
@@ -559,10 +596,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
     # -- writes ----------------------------------------------------------------------------
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
         rows = []
-        for x, v, md in zip(ids, vectors, metadata, strict=True):
-            if _has_nul(md):
-                raise ValueError(f"metadata of {x!r} holds a NUL character, which PostgreSQL's jsonb "
-                                 "cannot store: remove it")
+        for x, v, md in zip(ids, vectors, metadata, strict=True):  # no NUL: validate_metadata refused it
             text = json.dumps(md, ensure_ascii=False, allow_nan=False)  # returned as written
             fields = json.dumps({k: exact_number(w) for k, w in md.items()}, ensure_ascii=False)  # filtered
             rows.append([x, text, fields, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
@@ -727,7 +761,9 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
                                                         (self._quoted(),)).fetchone()[0]))
 
     def drop(self) -> None:
-        """Drop this store's table (and its sequence and indexes) from the database (irreversible)."""
+        """Drop this store's table (and its sequence and indexes) from the database (irreversible),
+        then close the store: later calls raise :class:`~uibk_embedding.errors.StoreInUse` (a new
+        store of the same name creates an empty table)."""
         self._write(lambda: self.conn.execute(self._q("DROP TABLE IF EXISTS {t}")))
 
     def close(self) -> None:
