@@ -700,3 +700,18 @@ def test_edge_flushes_before_a_redo_entry_is_removed(tmp_path, fmt, rng, monkeyp
         assert s.delete(filter={"k": 1}) == 1
         assert logged == [0]
     assert list((path / REDO_DIR).glob("*.npz")) == []
+
+
+def test_an_edge_shard_the_engine_cannot_load_is_an_engine_error_naming_it(tmp_path, fmt, rng):
+    # the engine's own failures (here a damaged segment.json; on a read-only folder, its
+    # bookkeeping rewrites) reached the caller as a bare Exception: a traceback from the CLI
+    from uibk_embedding.errors import EngineError
+
+    path = tmp_path / "edge"
+    with QdrantEdgeStore(path=path) as s:
+        s.upsert(["a"], [make_list(fmt, rng, 4)])
+    segment = next(path.glob("segments/*/segment.json"))
+    segment.write_text("{")
+    for _ in range(2):  # the failed open released the folder's lock: the same error again
+        with pytest.raises(EngineError, match=f"Qdrant Edge could not open the shard at {path}"):
+            QdrantEdgeStore(path=path)

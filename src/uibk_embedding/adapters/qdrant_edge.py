@@ -57,7 +57,7 @@ from uibk_embedding.adapters.qdrant import (
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, bool_token
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.errors import StoreInUse
+from uibk_embedding.errors import EngineError, StoreInUse
 from uibk_embedding.tagged import DIM, TaggedFormat
 
 CONFIG_FILE = "uibk_embedding.json"
@@ -195,14 +195,16 @@ class QdrantEdgeStore(_QdrantBase):
                                                                "format": self.format.to_stored()}))
 
     def _engine_open(self, fn: Any) -> Any:
-        """The engine's open or create, its folder lock refusal as :class:`StoreInUse`."""
+        """The engine's open or create: its folder lock refusal as :class:`StoreInUse`, any other
+        failure (a read-only folder: Edge rewrites its bookkeeping files on every load) as
+        :class:`EngineError` naming the shard."""
         try:
             return fn()
         except Exception as err:
-            if "WouldBlock" not in str(err):
-                raise
-            raise StoreInUse(f"the Qdrant Edge shard at {self.path} is open in another QdrantEdgeStore "
-                             "(this or another process); close it first") from None
+            if "WouldBlock" in str(err):
+                raise StoreInUse(f"the Qdrant Edge shard at {self.path} is open in another QdrantEdgeStore "
+                                 "(this or another process); close it first") from None
+            raise EngineError(f"Qdrant Edge could not open the shard at {self.path}: {err}") from err
 
     def _validate(self, cfg: Any, record: Any, format: TaggedFormat | None) -> TaggedFormat | None:
         """Refuse a shard whose layout (the engine's ``cfg``) or record (ours) does not fit, saying
