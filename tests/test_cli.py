@@ -237,3 +237,50 @@ def test_qrels_with_an_infinite_score_is_a_data_error(tmp_path):
     (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\tinf\nq1\td2\t1.5\n")
     with pytest.raises(DataError, match=r"q.tsv:2: score 'inf' is not a finite whole number"):
         read_qrels(tmp_path / "q.tsv")
+
+
+def _beir_of_six(tmp_path):
+    """A BEIR folder of 6 documents, 2 queries judging d0, d1, d4 and d5; and a store of its first 3
+    documents (an `index` stopped part-way)."""
+    data = tmp_path / "six"
+    (data / "qrels").mkdir(parents=True)
+    texts = ["the lift of a wing", "a sourdough bread recipe", "boundary layer transition",
+             "heat transfer at high Mach number", "flutter of thin panels", "ferrite core memories"]
+    rows = [json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)]
+    (data / "corpus.jsonl").write_text("".join(rows))
+    (data / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "wing lift"}) + "\n"
+                                        + json.dumps({"_id": "q2", "text": "panel flutter"}) + "\n")
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\td1\t1\n"
+                                             "q2\td4\t1\nq2\td5\t1\n")
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(rows[:3]))
+    assert main(["index", str(part), "--path", str(tmp_path / "store"), "--quiet"]) == 0
+    return data, tmp_path / "store"
+
+
+def test_eval_json_says_what_the_store_lacks(tmp_path, capsys):
+    """`eval --path --json` on a store missing documents only warned on stderr: a script recorded
+    the low nDCG without knowing why."""
+    data, store = _beir_of_six(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", str(data), "--path", str(store), "--json"]) == 0
+    out, err = capsys.readouterr()
+    res = json.loads(out)
+    assert "2 of 4 documents the qrels name are not in the store" in err
+    assert res["store_documents"] == 3 and res["qrels_documents_missing"] == 2, res
+    assert "uibk-embed index" not in err  # no --create: the store may be a subset on purpose
+    # a whole corpus in a new store: nothing missing
+    assert main(["eval", str(data), "--json", "--no-cache"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["store_documents"] == 6 and res["qrels_documents_missing"] == 0, res
+
+
+def test_eval_create_on_a_store_short_of_the_corpus_says_how_to_finish_it(tmp_path, capsys):
+    data, store = _beir_of_six(tmp_path)
+    capsys.readouterr()
+    before = _listing(store)
+    assert main(["eval", str(data), "--path", str(store), "--create", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert f"the store has 3 of the 6 documents of {data}" in err, err
+    assert f"uibk-embed index {data} --path {store}" in err, err
+    assert _listing(store) == before  # still read as it is

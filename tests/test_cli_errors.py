@@ -173,3 +173,34 @@ def test_index_ray_hands_the_projection_to_the_actors(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="does not apply to --dense/--tokens"):
         main(["index", str(tmp_path / "x.jsonl"), "--backend", "milvus", "--option", "uri=http://127.0.0.1:9",
               "--ray", "--projection", "pca", "--dense", str(tmp_path), "--tokens", str(tmp_path)])
+
+
+def test_a_corpus_warning_is_one_uibk_embed_line(tmp_path, capsys, recwarn):
+    """It reached the user as a Python warning with cli.py's source line under it."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"_id": "d1", "text": "the lift of a wing"}, {"_id": "d2", "text": ""}, {"_id": "d3", "text": " "}]))
+    assert main(["index", str(corpus), "--path", str(tmp_path / "store"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"uibk-embed: {corpus}: skipped 2 documents with no text"], err
+    assert not [w for w in recwarn if "skipped" in str(w.message)]  # not shown as a Python warning
+
+
+def test_another_librarys_warning_still_passes_through(tmp_path, capsys, recwarn, monkeypatch):
+    import warnings
+
+    import uibk_embedding.apps.cli as cli
+
+    read = cli.read_corpus
+
+    def read_corpus(path):  # this module is not the library: its warning stays Python's
+        warnings.warn("a warning from elsewhere", UserWarning, stacklevel=1)
+        return read(path)
+
+    monkeypatch.setattr(cli, "read_corpus", read_corpus)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"_id": "d1", "text": "the lift of a wing"}) + "\n")
+    assert main(["index", str(corpus), "--path", str(tmp_path / "store"), "--quiet"]) == 0
+    assert "a warning from elsewhere" not in capsys.readouterr().err
+    shown = [w for w in recwarn if str(w.message) == "a warning from elsewhere"]
+    assert len(shown) == 1 and shown[0].filename == __file__

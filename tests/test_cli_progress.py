@@ -59,7 +59,7 @@ def test_other_warnings_pass_through_once_and_end():
              "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
              "from uibk_embedding.apps.cli import truncation_said_once\n"
              "out = io.StringIO()\n"
-             "with truncation_said_once(out):\n"
+             "with truncation_said_once(out, encoded={'documents': 6}):\n"
              "    for _ in range(3):\n"
              "        warnings.warn('an engine deprecation', DeprecationWarning)\n"
              "        warnings.warn('1 of 2 documents were longer than 512 tokens and were truncated')\n"
@@ -70,3 +70,33 @@ def test_other_warnings_pass_through_once_and_end():
     said = "uibk-embed: 3 of 6 documents were longer than 512 tokens and were truncated to them"
     assert done.stdout.strip() == said
     assert done.stderr.count("an engine deprecation") == 1
+
+
+def test_the_truncation_count_is_out_of_every_document_encoded(tmp_path, capsys):
+    # the total added up only the batches that cut something: one long text among 6 documents in
+    # batches of 2 said "1 of 2 documents"
+    docs = [{"_id": f"d{i}", "text": LONG if i == 3 else f"short document number {i}"} for i in range(6)]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    assert main(["index", str(data), "--path", str(tmp_path / "store"), "--batch-size", "2", "--quiet"]) == 0
+    cut = [ln for ln in capsys.readouterr().err.splitlines() if "were truncated" in ln]
+    assert cut == ["uibk-embed: 1 of 6 documents were longer than 512 tokens and were truncated to them"]
+
+
+def test_eval_counts_the_truncation_out_of_the_whole_corpus(tmp_path, capsys, monkeypatch):
+    import functools
+
+    from uibk_embedding.apps import cli
+
+    # eval encodes in batches of 1024: batches of 2 here, so 6 documents make 3 batches
+    monkeypatch.setattr(cli, "encode_collection", functools.partial(cli.encode_collection, batch_size=2))
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    docs = [{"_id": f"d{i}", "text": LONG if i == 0 else f"short document number {i}"} for i in range(6)]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "wing lift"}) + "\n")
+    (beir / "qrels").mkdir()
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t1\n")
+    assert main(["eval", str(beir), "--no-cache", "--json"]) == 0
+    cut = [ln for ln in capsys.readouterr().err.splitlines() if "were truncated" in ln]
+    assert cut == ["uibk-embed: 1 of 6 documents were longer than 512 tokens and were truncated to them"]

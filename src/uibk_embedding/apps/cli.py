@@ -30,6 +30,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -219,43 +220,102 @@ class Progress:
 _TRUNCATED = re.compile(r"^(\d+) of (\d+) (\w+) were longer than (\d+) tokens")
 
 
+def _issued_here(frame: Any) -> bool:
+    """Whether the code that called ``warnings.warn`` is this library's: the first frame, from
+    ``frame`` outwards, outside the ``warnings`` module (read inside a ``showwarning`` hook)."""
+    while frame is not None and frame.f_globals.get("__name__") == "warnings":
+        frame = frame.f_back
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name == "uibk_embedding" or name.startswith("uibk_embedding.")
+
+
+def _say(message: Warning | str, category: type[Warning], filename: str, lineno: int, ours: bool,
+         show: Any, out: Any = None) -> None:
+    """This library's ``UserWarning``: one ``uibk-embed: ...`` line on ``out`` (stderr); any other
+    warning as ``show`` (Python's ``showwarning``) shows it, with its place and source line."""
+    if ours and issubclass(category, UserWarning):
+        print(_one_line(str(message)), file=out if out is not None else sys.stderr)
+    else:
+        show(message, category, filename, lineno)
+
+
 @contextlib.contextmanager
-def truncation_said_once(out: Any = None) -> Iterator[None]:
-    """Collect the encoders' truncation warnings (one per batch, each with a source line) and say
-    them once at the end, with the count, on stderr; other warnings pass through unchanged.
+def warnings_said_as_lines(out: Any = None) -> Iterator[None]:
+    """Show this library's ``UserWarning`` (a corpus row skipped, queries the qrels judge that
+    the folder lacks...) as one ``uibk-embed: ...`` line on stderr, as the CLI says everything
+    else, not as a Python warning with a source line. Warnings of other libraries, and the
+    library's other categories (``DeprecationWarning``, ``RuntimeWarning``), are shown by Python
+    as before, under Python's filters.
 
     >>> import io, warnings
     >>> out = io.StringIO()
-    >>> with truncation_said_once(out):
+    >>> with warnings_said_as_lines(out):  # this docstring's code runs as the library's
+    ...     warnings.warn("corpus.jsonl: skipped 1 documents with no text")
+    >>> print(out.getvalue().strip())
+    uibk-embed: corpus.jsonl: skipped 1 documents with no text
+    """
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def hook(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+            _say(message, category, filename, lineno, _issued_here(sys._getframe(1)), show,
+                 out if out is not None else sys.stderr)
+
+        hook.passthrough = show  # type: ignore[attr-defined]  # for truncation_said_once's replay
+        warnings.showwarning = hook
+        yield
+
+
+@contextlib.contextmanager
+def truncation_said_once(out: Any = None, *, encoded: dict[str, int] | None = None) -> Iterator[None]:
+    """Collect the encoders' truncation warnings (one per batch that cut a text, each with a
+    source line) and say them once at the end, with the count, on stderr. ``encoded``: how many
+    texts of each kind (``"documents"``, ``"queries"``) the run encodes, the count's total (the
+    warnings' own totals count only the batches that cut something); a kind without one is said
+    without a total. This library's other ``UserWarning`` are said as one line each
+    (:func:`warnings_said_as_lines`); other warnings pass through unchanged.
+
+    >>> import io, warnings
+    >>> out = io.StringIO()
+    >>> with truncation_said_once(out, encoded={"documents": 50}):
     ...     for _ in range(3):
     ...         warnings.warn("2 of 10 documents were longer than 512 tokens and were truncated")
     >>> print(out.getvalue().strip())
-    uibk-embed: 6 of 30 documents were longer than 512 tokens and were truncated to them
+    uibk-embed: 6 of 50 documents were longer than 512 tokens and were truncated to them
     """
     out = out if out is not None else sys.stderr
-    caught: list[warnings.WarningMessage] = []
+    outer = warnings.showwarning
+    show = getattr(outer, "passthrough", outer)  # not re-read by warnings_said_as_lines' hook
+    caught: list[tuple[Any, type[Warning], str, int, bool]] = []
+
+    def record(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: Any = None, line: str | None = None) -> None:
+        caught.append((message, category, filename, lineno, _issued_here(sys._getframe(1))))
+
     try:
-        with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = record
             yield
     finally:
         # after the recording: showing a warning while it records appended it to ``caught``
         # again, so the loop never ended (and filled the memory)
-        cut: dict[tuple[str, str], list[int]] = {}
-        others: dict[tuple, warnings.WarningMessage] = {}
+        cut: dict[tuple[str, str], int] = {}
+        others: dict[tuple, tuple[Any, type[Warning], str, int, bool]] = {}
         for w in caught:
-            m = _TRUNCATED.match(str(w.message))
+            m = _TRUNCATED.match(str(w[0]))
             if m is None:  # each other warning once per place, as Python's default filter shows it
-                others.setdefault((w.category, str(w.message), w.filename, w.lineno), w)
+                others.setdefault((w[1], str(w[0]), w[2], w[3]), w)
                 continue
-            n = cut.setdefault((m.group(3), m.group(4)), [0, 0])
-            n[0] += int(m.group(1))
-            n[1] += int(m.group(2))
-        for w in others.values():
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-        for (what, limit), (n, total) in cut.items():
-            print(f"uibk-embed: {n} of {total} {what} were longer than {limit} tokens and were "
-                  "truncated to them", file=out)
+            key = (m.group(3), m.group(4))
+            cut[key] = cut.get(key, 0) + int(m.group(1))  # only the cut ones add up
+        for message, category, filename, lineno, ours in others.values():
+            _say(message, category, filename, lineno, ours, show, out)
+        for (what, limit), n in cut.items():
+            total = (encoded or {}).get(what)
+            of = f"{n} of {total} {what}" if total is not None else f"{n} {what}"
+            print(f"uibk-embed: {of} were longer than {limit} tokens and were truncated to them", file=out)
 
 
 # -- subcommands ---------------------------------------------------------------------------
@@ -301,7 +361,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         enc.save_projections(saved_to)  # after the store exists: a store folder holds it
     t0 = time.perf_counter()
     lines = Progress(f"indexing into {args.backend}", len(docs), enabled=False if args.quiet else None)
-    with truncation_said_once():
+    with truncation_said_once(encoded={"documents": len(docs)}):
         upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
                        texts=[d.full_text for d in docs],
                        encode=lines.wrap(lambda texts: enc.encode_documents(texts, show_progress=False)),
@@ -504,12 +564,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                         f"`eval --create` indexes {args.data} into it)")
                 new = True
         try:
+            queries = {"queries": len(coll.queries)}
             if new:
                 if placed:
                     print(f"indexing {len(coll.corpus)} documents into a new store at "
                           f"{_where(args.backend, opts)}", file=sys.stderr)
                 lines = Progress(f"encoding {coll.name}", len(coll.corpus))
-                with truncation_said_once():
+                with truncation_said_once(encoded={"documents": len(coll.corpus), **queries}):
                     encoded = encode_collection(enc, coll, use_cache=not args.no_cache,
                                                 on_batch=lines.update if lines.enabled else None)
                 index_into(store, encoded, coll)
@@ -517,15 +578,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if new:  # the qrels may name documents the corpus lacks (scored 0 without a word before)
                 missing, where = named - set(encoded.doc_ids), f"the corpus of {args.data}"
             else:
-                encoded, missing = encode_queries_for_store(enc, coll, store)
+                with truncation_said_once(encoded=queries):
+                    encoded, missing = encode_queries_for_store(enc, coll, store)
                 where = f"the store at {_where(args.backend, opts)}"
+            held = len(encoded.doc_ids)
+            # --create was asked to build the whole corpus: a store short of it (an index or an
+            # `eval --create` stopped part-way) is read as it is, and said how to finish
+            finish = (f"; the store has {held} of the {len(coll.corpus)} documents of {args.data}: run "
+                      f"`{_index_command(args)}` to finish it" if not new and args.create
+                      and held < len(coll.corpus) else "")
             if missing:
                 print(f"uibk-embed eval: warning: {len(missing)} of {len(named)} documents the qrels name "
-                      f"are not in {where} (it holds {len(encoded.doc_ids)}); they cannot be found",
+                      f"are not in {where} (it holds {held}); they cannot be found{finish}",
                       file=sys.stderr)
+            elif finish:
+                print(f"uibk-embed eval: warning: {finish[2:]}", file=sys.stderr)
             result = run_eval(coll, encoded, store, w)
             if args.retrieval_mode != "hybrid":
                 result = _store_run_in_mode(result, coll, encoded, store, w, args.retrieval_mode)
+            # in the JSON too: a script reading only stdout learns that the store lacks documents
+            result.update(store_documents=held, qrels_documents_missing=len(missing))
         finally:
             store.close()
     if args.json:
@@ -555,6 +627,22 @@ def _store_run_in_mode(result: dict[str, Any], coll: Any, encoded: Any, store: A
     metrics = {f"{mode} (store)": evaluate(run, coll.qrels)}
     metrics.update((head, m) for head, m in result["metrics"].items() if head != "fused")
     return {**result, "retrieval_mode": mode, "metrics": metrics}
+
+
+def _index_command(args: argparse.Namespace) -> str:
+    """The ``uibk-embed index`` command line that writes ``args.data``'s corpus into the store
+    ``eval`` was given (its backend, ``--path``, ``--option`` and encoder options)."""
+    words = ["uibk-embed", "index", args.data]
+    if args.backend != "exact":
+        words += ["--backend", args.backend]
+    for flag in ("path", "encoder", "dense", "tokens", "projection"):
+        if getattr(args, flag, None):
+            words += [f"--{flag}", str(getattr(args, flag))]
+    for o in args.option:
+        words += ["--option", o]
+    if args.trust_remote_code:
+        words.append("--trust-remote-code")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _where(backend: str, opts: dict[str, Any]) -> str:
@@ -738,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score DATA's queries. Without --path (or a server option) the corpus is indexed "
                     "into a temporary store. With --path, the store there is evaluated as it is: only "
                     "the queries are encoded, nothing is written (a warning says how many documents "
-                    "of the qrels it lacks); a missing store is an error (exit 2) unless --create.")
+                    "of the qrels it lacks; --json gives store_documents and qrels_documents_missing); "
+                    "a missing store is an error (exit 2) unless --create.")
     sp.add_argument("data")
     sp.add_argument("--create", action="store_true",
                     help="when no store (or an empty one) is at --path, index DATA's corpus into a new "
@@ -876,9 +965,12 @@ usage and error lines and exit status 2.
     argv = list(sys.argv[1:] if argv is None else argv)
     delegated = {"serve": "uibk_embedding.encoder.server", "compare": "uibk_embedding.apps.compare"}
     if argv and argv[0] in delegated:  # argparse.REMAINDER refuses leading options ("serve --port 1")
-        return _run_reporting_user_errors(_delegate(delegated[argv[0]]), argparse.Namespace(rest=argv[1:]))
+        with warnings_said_as_lines():
+            return _run_reporting_user_errors(_delegate(delegated[argv[0]]),
+                                              argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
-    return _run_reporting_user_errors(args.func, args)
+    with warnings_said_as_lines():
+        return _run_reporting_user_errors(args.func, args)
 
 
 if __name__ == "__main__":
