@@ -25,8 +25,11 @@ from langchain_tests.integration_tests import (
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.integrations.langchain import UIBKRetriever, UIBKVectorStore
 
-# the suites' async tests carry no marker of their own: run them with anyio (asyncio backend)
-pytestmark = pytest.mark.anyio
+# the suites' async tests carry no marker of their own: run them with anyio (asyncio backend);
+# the per-backend stores are throwaway ones opened without format=, whose warning
+# (tests/test_langchain_constructors.py checks it) would repeat once per test
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.filterwarnings("ignore:the .* store records no encoder projection:UserWarning")]
 
 # -- the standard suites -------------------------------------------------------------------------
 class TestUIBKVectorStoreStandard(VectorStoreIntegrationTests):
@@ -318,3 +321,31 @@ def test_retriever_checks_search_kwargs_and_fields_when_built(vs):
             vs.as_retriever(**kwargs)
     with pytest.raises(ValueError, match="fetch_k must be positive, got -1"):
         vs.as_retriever(search_type="mmr").invoke("wing", fetch_k=-1)
+
+
+def test_a_text_the_store_refuses_fails_the_whole_call_and_is_named(encoder):
+    # before: the text went into the metadata after the whole-call check, and the store refused a
+    # NUL only inside its batch of 256: 256 of 300 documents were written, and the error named
+    # metadata[34]['text'] (the user passed no metadata; the bad input was texts[290])
+    from uibk_embedding.errors import InvalidInput
+
+    vs = UIBKVectorStore(encoder=encoder, store=ExactStore())
+    texts = [f"document number {i} about wings" for i in range(300)]
+    texts[290] = "text extracted from a pdf\x00with a NUL"
+    with pytest.raises(InvalidInput, match=r"^texts\[290\]: the text holds a NUL character"):
+        vs.add_texts(texts, ids=[f"d{i}" for i in range(300)])
+    assert vs.store.count() == 0
+    with pytest.raises(InvalidInput, match=r"^texts\[1\]: the text holds a NUL character"):
+        vs.add_documents([Document(page_content="fine"), Document(page_content="a\x00b")])
+    assert vs.store.count() == 0
+
+
+def test_an_empty_query_is_named_as_the_query(vs):
+    # before: "texts[0] is empty or whitespace only" (the encoder's wording for a list of texts)
+    for q in ("", "   "):
+        with pytest.raises(ValueError, match=r"^the query is empty or whitespace only"):
+            vs.similarity_search(q)
+        with pytest.raises(ValueError, match=r"^the query is empty or whitespace only"):
+            vs.similarity_search_with_relevance_scores(q)
+        with pytest.raises(ValueError, match=r"^the query is empty or whitespace only"):
+            vs.max_marginal_relevance_search(q)

@@ -121,3 +121,25 @@ def test_constructors_record_the_encoders_format(tmp_path, encoder):
     assert mem.store.format == encoder.format
     with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
         UIBKVectorStore(encoder=pca, client=client, collection_name="mem")
+
+
+def test_a_store_opened_without_the_encoders_format_warns_before_it_is_filled(tmp_path, encoder):
+    """A store opened with store= but without format= records no projection, so a later reopen
+    with an encoder of another projection would be accepted and score queries against vectors
+    they do not match. The stores offer no way to record a format after they are made, so the
+    wrapper warns while the store is empty (the fix is one argument, format=encoder.format)."""
+    import warnings
+
+    with ue.open_store("exact", path=tmp_path / "bare") as store:
+        assert store.format.projection is None
+        with pytest.warns(UserWarning, match=r"records no encoder projection.*format=encoder\.format"):
+            vs = UIBKVectorStore(encoder=encoder, store=store)
+        vs.add_texts(TEXTS, ids=IDS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning where there is nothing to fix:
+        with ue.open_store("exact", path=tmp_path / "bare") as store:  # filled before: works as before
+            vs = UIBKVectorStore(encoder=encoder, store=store)
+            assert vs.similarity_search("sourdough bread", k=1)[0].id == "bread"
+        with ue.open_store("exact", path=tmp_path / "fmt", format=encoder.format) as store:
+            UIBKVectorStore(encoder=encoder, store=store)  # records the projection
+        UIBKVectorStore(encoder=encoder, store=ue.open_store("exact"))  # in memory: never reopened

@@ -31,6 +31,10 @@ from uibk_embedding.integrations.llama_index import (
     index_from_store,
 )
 
+# the per-backend stores are throwaway ones opened without format=, whose warning
+# (tests/test_llama_index_patterns.py checks it) would repeat once per test
+pytestmark = pytest.mark.filterwarnings("ignore:the .* store records no encoder projection:UserWarning")
+
 # (node id, source document, text, metadata)
 NODES = [
     ("wing-1", "doc-a", "Lift on a wing in the slipstream of a propeller.", {"topic": "aero", "year": 1958}),
@@ -340,3 +344,78 @@ def test_mmr_mode_applies_to_node_ids(exact_vs):
     mmr = run(node_ids=["wing-1", "wing-2", "plate"], mode=VectorStoreQueryMode.MMR)
     assert mmr == run(doc_ids=["doc-a", "doc-b"], mode=VectorStoreQueryMode.MMR)  # the same candidates
     assert mmr[1] == "plate"
+
+
+def test_a_node_text_the_store_refuses_fails_the_whole_call_and_is_named(exact_vs):
+    # before: the store refused the NUL inside its batch of 256 (256 of 300 nodes written) and the
+    # error named metadata[34]['text'], not the node
+    from uibk_embedding.errors import InvalidInput
+
+    n = exact_vs.client.count()
+    nodes = [TextNode(id_=f"n{i}", text=f"node number {i} about wings") for i in range(300)]
+    nodes[290] = TextNode(id_="pdf", text="text extracted from a pdf\x00with a NUL")
+    with pytest.raises(InvalidInput, match=r"^nodes\[290\]: the text holds a NUL character"):
+        exact_vs.add(nodes)
+    assert exact_vs.client.count() == n
+
+
+def test_query_mode_given_as_a_string(exact_vs):
+    # before: mode="sparse" raised AttributeError "'str' object has no attribute 'value'"
+    with pytest.raises(ValueError, match=r"query mode 'sparse' is not supported"):
+        exact_vs.query(VectorStoreQuery(query_str="wing", mode="sparse"))
+    with pytest.raises(ValueError, match=r"query mode 'nonsense' is not supported"):
+        exact_vs.query(VectorStoreQuery(query_str="wing", mode="nonsense"))
+    for name, mode in (("default", VectorStoreQueryMode.DEFAULT), ("mmr", VectorStoreQueryMode.MMR)):
+        q = {"query_str": "propeller slipstream", "similarity_top_k": 3}
+        assert ids(exact_vs.query(VectorStoreQuery(**q, mode=name))) == ids(
+            exact_vs.query(VectorStoreQuery(**q, mode=mode)))
+
+
+def test_an_empty_list_of_ids_is_no_restriction_as_vector_store_index_sends_it(exact_vs):
+    # VectorStoreIndex.as_retriever() passes node_ids=list(index_struct.nodes_dict.values()), which
+    # is [] over a store that keeps the text (stores_text=True): reading [] as "no node allowed"
+    # (SimpleVectorStore, which keeps no text, never sees it) would make every index retriever
+    # return nothing. So [] is no restriction, as in LlamaIndex's text-storing stores.
+    every = ids(exact_vs.query(VectorStoreQuery(query_str="wing", similarity_top_k=5)))
+    assert len(every) == 5
+    for mode in (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR):
+        plain = ids(exact_vs.query(VectorStoreQuery(query_str="wing", similarity_top_k=5, mode=mode)))
+        for kw in ({"node_ids": []}, {"doc_ids": []}):
+            assert ids(exact_vs.query(VectorStoreQuery(query_str="wing", similarity_top_k=5, mode=mode,
+                                                       **kw))) == plain, (mode, kw)
+    retriever = index_from_store(exact_vs).as_retriever(similarity_top_k=5)
+    assert retriever._node_ids == []  # what LlamaIndex sends (the reason for this rule)
+    assert [n.node.node_id for n in retriever.retrieve("wing")] == every
+
+
+def test_filters_with_the_value_none_answer_as_llama_index_does(exact_vs):
+    # before: MetadataFilter(key=..., value=None) raised TypeError "values must be str, int, float
+    # or bool, got NoneType". The expected sets come from LlamaIndex's own filter function (that of
+    # its SimpleVectorStore): EQ None matches no node, NE None every node
+    from llama_index.core.vector_stores.utils import build_metadata_filter_fn
+
+    metadata = {i: m for i, _, _, m in NODES}
+    every = [n[0] for n in NODES]
+    for filters in [
+        flt(MetadataFilter(key="topic", value=None)),
+        flt(MetadataFilter(key="topic", value=None, operator="!=")),
+        flt(MetadataFilter(key="nope", value=None, operator="!=")),
+        flt(MetadataFilter(key="topic", value=None), MetadataFilter(key="year", value=1960),
+            condition=FilterCondition.OR),
+        flt(MetadataFilter(key="topic", value=None, operator="!="), MetadataFilter(key="year", value=1960)),
+        flt(MetadataFilter(key="topic", value=None), condition=FilterCondition.NOT),
+        flt(MetadataFilter(key="topic", value=None, operator="!="), condition=FilterCondition.NOT),
+    ]:
+        want = {i for i in every if build_metadata_filter_fn(metadata.get, filters)(i)}
+        res = exact_vs.query(VectorStoreQuery(query_str="wing", similarity_top_k=10, filters=filters))
+        assert set(ids(res)) == want, filters
+        assert {n.node_id for n in exact_vs.get_nodes(every, filters=filters)} == want, filters
+        assert {n.node_id for n in exact_vs.get_nodes(filters=filters)} == want, filters
+    nested = flt(flt(MetadataFilter(key="topic", value=None)), MetadataFilter(key="topic", value="food"),
+                 condition=FilterCondition.OR)  # LlamaIndex's function takes no nesting: worked out
+    assert ids(exact_vs.query(VectorStoreQuery(query_str="wing", filters=nested))) == ["bread"]
+    # a range has no bound in None (LlamaIndex's own filter raises TypeError comparing with it)
+    for op in (">", ">=", "<", "<="):
+        with pytest.raises(ValueError, match=rf"filter on 'year': {op!r} .*None"):
+            exact_vs.query(VectorStoreQuery(query_str="wing", filters=flt(
+                MetadataFilter(key="year", value=None, operator=op))))

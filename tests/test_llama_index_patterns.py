@@ -90,3 +90,19 @@ def test_a_store_with_the_encoders_format_refuses_another_projection(tmp_path, e
         with pytest.raises(CollectionMismatch, match=r"projection random-[0-9a-f@]+, not pca-"):
             UIBKRetriever(encoder=pca, store=store)
         assert store.count() == 1
+
+
+def test_a_store_opened_without_the_encoders_format_warns_before_it_is_filled(tmp_path, encoder):
+    """LlamaIndex's constructors take a store: one opened without format= records no projection
+    (a later reopen with another projection would be accepted), so the vector store warns while
+    the store is empty; with format=encoder.format, or in memory, it does not."""
+    import warnings
+
+    with ue.open_store("exact", path=tmp_path / "bare") as store:
+        with pytest.warns(UserWarning, match=r"records no encoder projection.*format=encoder\.format"):
+            UIBKVectorStore(encoder=encoder, store=store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ue.open_store("exact", path=tmp_path / "fmt", format=encoder.format) as store:
+            UIBKVectorStore(encoder=encoder, store=store)
+        UIBKVectorStore(encoder=encoder, store=ue.open_store("exact"))

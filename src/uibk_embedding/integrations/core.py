@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +50,13 @@ from uibk_embedding.adapters.filters import Filter, matches, parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.qdrant_filters import native_filter_kind, native_filter_refused
 from uibk_embedding.encoder.base import Encoder, validate_texts
+from uibk_embedding.errors import InvalidInput
 from uibk_embedding.rank import rerank
 from uibk_embedding.tagged import (
     Decomposition,
     check_dense_weight,
     check_retrieval_mode,
+    check_text,
     decompose,
     dense_vector,
     query_for_mode,
@@ -272,6 +275,7 @@ class RetrievalCore:
         if not isinstance(text_key, str) or not text_key:
             raise ValueError(f"text_key must be a non-empty string, got {text_key!r}")
         settle_format(store.format, getattr(encoder, "format", None), f"the {store.backend} store")
+        warn_unrecorded_format(store, encoder)
         if dense_weight is not None:
             check_dense_weight(dense_weight)
         self.encoder = encoder
@@ -286,13 +290,25 @@ class RetrievalCore:
         texts: Sequence[str],
         metadatas: Sequence[Mapping[str, Any] | None] | None = None,
         ids: Sequence[str | None] | None = None,
+        *,
+        what: str = "texts",
     ) -> list[str]:
         """Encode and upsert ``texts``; returns their ids (a fresh UUID where none is given).
 
-        Every input is checked before anything is encoded or written; an id that is already
-        stored is overwritten (text, vectors and metadata).
+        Every input is checked before anything is encoded or written, each text also as the
+        metadata string it is stored as (no NUL character); an id that is already stored is
+        overwritten (text, vectors and metadata). ``what``: the texts' name in messages (the
+        LlamaIndex wrapper says ``"nodes"``).
         """
-        texts = validate_texts(texts)
+        texts = validate_texts(texts, what)
+        for i, t in enumerate(texts):  # validate_texts refused lone surrogates; the metadata rules add NUL
+            if "\x00" in t:
+                raise InvalidInput(
+                    f"{what}[{i}]: the text holds a NUL character ('\\x00', common in text extracted "
+                    f"from PDFs), which not every backend can store in metadata, where the text is kept "
+                    f"(under {self.text_key!r}; PostgreSQL's jsonb cannot hold one); remove it, e.g. "
+                    "text.replace('\\x00', ''). Nothing was written"
+                )
         n = len(texts)
         if ids is None:
             ids = [None] * n
@@ -354,6 +370,9 @@ class RetrievalCore:
         given (or default) retrieval mode."""
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}")
+        if not query.strip():
+            raise ValueError("the query is empty or whitespace only; there is nothing to search for")
+        check_text(query, "the query")
         w = dense_weight if dense_weight is not None else self.dense_weight
         if w is not None:
             check_dense_weight(w)
@@ -481,6 +500,31 @@ class RetrievalCore:
         md = dict(metadata)
         text = md.pop(self.text_key, "")
         return StoredText(id=id, text=text if isinstance(text, str) else str(text), metadata=md)
+
+
+def warn_unrecorded_format(store: MultiVectorStore, encoder: Any) -> None:
+    """Warn when ``store`` is empty and records no encoder projection (it was opened without
+    ``format=``) while ``encoder`` declares one: documents added now could later be searched
+    with an encoder of another projection, which the store would accept, scoring queries against
+    vectors they do not match. The stores record their format only when they are made, so the fix
+    is the caller's: ``format=encoder.format`` when opening. Not for a store in memory (``path``
+    ``None``), which is never reopened, nor for a filled one (written before projections were
+    recorded, it keeps working as it did).
+
+    >>> import uibk_embedding as ue
+    >>> warn_unrecorded_format(ue.open_store("exact"), ue.load_encoder())  # in memory: silent
+    """
+    wanted = getattr(getattr(encoder, "format", None), "projection", None)
+    if wanted is None or store.format.projection is not None or getattr(store, "path", "") is None:
+        return
+    if store.count() != 0:
+        return
+    warnings.warn(
+        f"the {store.backend} store records no encoder projection (it was opened without format=): "
+        f"documents added now could later be searched with an encoder of another projection (not "
+        f"{wanted}), which the store would accept, scoring queries against vectors they do not "
+        "match. Open it with format=encoder.format (ue.open_store(..., format=enc.format)); "
+        "LangChain's from_texts(path=...) does so", UserWarning, stacklevel=4)
 
 
 # -- filter translation ----------------------------------------------------------------------

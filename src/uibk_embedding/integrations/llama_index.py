@@ -20,8 +20,11 @@ store; queries are encoded by the store).
 
 Filters: ``MetadataFilters`` of ``EQ NE GT GTE LT LTE IN NIN IS_EMPTY`` with ``AND`` / ``OR`` /
 ``NOT``, nested; the list and text operators (``ANY``, ``ALL``, ``CONTAINS``, ``TEXT_MATCH``) are
-refused with an error naming them. ``VectorStoreQuery.doc_ids`` restricts to source documents,
-``node_ids`` to nodes.
+refused with an error naming them. The value ``None`` answers as in LlamaIndex's own filter:
+``EQ None`` matches no node, ``NE None`` every node, a range with ``None`` is refused (use
+``IS_EMPTY``). ``VectorStoreQuery.doc_ids`` restricts to source documents, ``node_ids`` to nodes;
+an empty list is no restriction (``VectorStoreIndex.as_retriever()`` sends ``node_ids=[]`` over a
+store that keeps the text).
 
 Example
 -------
@@ -94,6 +97,7 @@ def _default_encoder() -> Any:
 # -- filters -----------------------------------------------------------------------------------
 _OPERATORS = {"EQ": "$eq", "NE": "$ne", "GT": "$gt", "GTE": "$gte", "LT": "$lt", "LTE": "$lte",
               "IN": "$in", "NIN": "$nin"}
+_NOTHING = {"$not": {}}  # the filter no node matches (the complement of the empty filter)
 
 
 def _translate(f: MetadataFilters | MetadataFilter) -> dict[str, Any]:
@@ -118,6 +122,15 @@ def _translate(f: MetadataFilters | MetadataFilter) -> dict[str, Any]:
             f"filter operator {op.name} ({op.value!r}) on {f.key!r} is not supported: the filter "
             "language compares whole values (a list-valued field equals nothing); use "
             f"{', '.join(_OPERATORS)}, IS_EMPTY, with AND / OR / NOT")
+    if f.value is None:  # as LlamaIndex's own filter: no stored value equals None (null is missing)
+        if op == FilterOperator.EQ:
+            return dict(_NOTHING)
+        if op == FilterOperator.NE:
+            return {}  # every node
+        raise ValueError(
+            f"filter on {f.key!r}: {op.value!r} needs a value, got None (a range has no bound in None, "
+            "and LlamaIndex's own filter raises TypeError comparing with it); use IS_EMPTY for a "
+            "missing or empty field")
     if op in (FilterOperator.IN, FilterOperator.NIN):
         if not isinstance(f.value, list):
             raise ValueError(f"filter on {f.key!r}: {op.name} takes a list of values, got {f.value!r}")
@@ -131,7 +144,9 @@ def translate_filters(filters: MetadataFilters | None) -> Any:
 
     Every operator but the list and text ones (ANY, ALL, CONTAINS, TEXT_MATCH) maps onto the
     language, with AND / OR / NOT (none of the filters, as LlamaIndex defines it) and nesting;
-    IS_EMPTY holds for a missing field, None, ``""`` or ``[]``, as in LlamaIndex.
+    IS_EMPTY holds for a missing field, None, ``""`` or ``[]``, as in LlamaIndex. With the value
+    ``None``, as LlamaIndex's own filter answers: EQ matches nothing (``{"$not": {}}``), NE
+    everything (``{}``); a range has no bound in None and is refused.
 
     >>> from llama_index.core.vector_stores.types import MetadataFilter
     >>> translate_filters(MetadataFilters(filters=[
@@ -145,6 +160,8 @@ def translate_filters(filters: MetadataFilters | None) -> Any:
     Traceback (most recent call last):
     ...
     ValueError: filter operator ANY ('any') on 'tags' is not supported: the filter language ...
+    >>> translate_filters(MetadataFilters(filters=[MetadataFilter(key="lang", value=None)]))
+    {'$and': [{'$not': {}}]}
     """
     if filters is None:
         return None
@@ -324,7 +341,7 @@ class UIBKVectorStore(BasePydanticVectorStore):
         texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         metadatas = [node_to_metadata_dict(n, remove_text=True, flat_metadata=self.flat_metadata)
                      for n in nodes]
-        return self._core.add_texts(texts, metadatas, [n.node_id for n in nodes])
+        return self._core.add_texts(texts, metadatas, [n.node_id for n in nodes], what="nodes")
 
     async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
         return await asyncio.to_thread(self.add, nodes, **kwargs)
@@ -391,9 +408,14 @@ class UIBKVectorStore(BasePydanticVectorStore):
                 "VectorStoreQuery holds one): set query_str; query_embedding is not used"
             )
         modes = (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.HYBRID, VectorStoreQueryMode.MMR)
-        if query.mode not in modes:
+        try:  # VectorStoreQuery is a dataclass: mode may be a plain string ("mmr")
+            qmode = VectorStoreQueryMode(query.mode)
+        except ValueError:
+            qmode = None
+        if qmode not in modes:
+            shown = getattr(query.mode, "value", query.mode)
             raise ValueError(
-                f"query mode {query.mode.value!r} is not supported: UIBKVectorStore runs one hybrid "
+                f"query mode {shown!r} is not supported: UIBKVectorStore runs one hybrid "
                 "MaxSim search (mode 'default' or 'hybrid'), or 'mmr' over its candidates"
             )
         for name in ("doc_ids", "node_ids"):
@@ -402,11 +424,14 @@ class UIBKVectorStore(BasePydanticVectorStore):
         if fetch_k is not None:
             validate_k(fetch_k, "mmr_fetch_k")
         parts = [translate_filters(query.filters)] if query.filters is not None else []
+        # an empty doc_ids or node_ids is no restriction: VectorStoreIndex.as_retriever() sends
+        # node_ids=[] (its list of nodes is empty when the store keeps the text), as LlamaIndex's
+        # text-storing stores read it
         if query.doc_ids:
             parts.append({REF_DOC_KEY: {"$in": list(query.doc_ids)}})
         flt = parts[0] if len(parts) == 1 else {"$and": parts} if parts else None
         k = query.similarity_top_k
-        if query.mode == VectorStoreQueryMode.MMR:
+        if qmode == VectorStoreQueryMode.MMR:
             # lambda: query.mmr_threshold (LlamaIndex's name; 0.5 when unset); candidates:
             # mmr_fetch_k= (default max(20, 4 k)); see RetrievalCore.mmr_search
             lam = query.mmr_threshold if query.mmr_threshold is not None else mmr_lambda
