@@ -269,6 +269,27 @@ def test_a_fitted_projection_round_trips(models, tmp_path):
         load_encoder(tmp_path / "enc", device="cpu")
 
 
+def test_a_saved_projection_keeps_its_kind(models, tmp_path):
+    """``projection=`` cannot rename the matrices a saved folder holds (as for the other saved
+    encoders): before, a PCA-fitted folder loaded with projection='random' ran its PCA matrices
+    declared as random (and a seeded one with 'pca' its seeded matrices declared as PCA), so a
+    store filled by the other kind accepted its lists."""
+    enc = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+    enc.save(tmp_path / "seeded")
+    enc.set_projections({"R": orthonormal_rows(enc.R.shape[0], enc.R.shape[1], 7),
+                         "P": orthonormal_rows(enc.P.shape[0], enc.P.shape[1], 8)}, "pca")
+    enc.save(tmp_path / "fitted")
+    with pytest.raises(ValueError, match=r"holds a fitted pca projection; projection='random' cannot"):
+        load_encoder(tmp_path / "fitted", projection="random", device="cpu")
+    with pytest.raises(ValueError, match=r"holds the seeded random projection; projection='pca' needs"):
+        load_encoder(tmp_path / "seeded", projection="pca", device="cpu")
+    with pytest.raises(ValueError, match=r"no PCA projection is shipped for composed:dense\+colbert"):
+        load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu", projection="pca")
+    # naming the kind the folder holds is fine
+    assert load_encoder(tmp_path / "fitted", projection="pca", device="cpu").format == enc.format
+    assert load_encoder(tmp_path / "seeded", projection="random", device="cpu").projection == "random"
+
+
 def test_a_changed_model_is_refused(composed, models, tmp_path):
     moved = {k: tmp_path / k for k in ("dense", "colbert")}
     for k, v in moved.items():

@@ -135,3 +135,91 @@ def test_streaming(encoder):
     assert len(out) == 7
     with pytest.raises(ValueError, match=r"^texts\[3\] is empty"):  # named texts[1] of its chunk before
         list(encoder.encode_documents_iter(["wing", "lift", "heat", "   "], chunk_size=2))
+
+
+def _tokenizer_with_template(folder, template: str) -> None:
+    """Rewrite a tiny BERT folder's tokenizer so that it wraps a text in ``template``'s special
+    tokens only: ``"eos"`` ``wing lift [SEP]`` (Qwen, T5 style), ``"bos"`` ``[CLS] wing lift``
+    (Llama, Mistral), ``"none"`` ``wing lift`` (GPT-2). The class becomes the generic fast
+    tokenizer, which keeps the file's template (BertTokenizerFast rebuilds [CLS] ... [SEP])."""
+    import json
+
+    def tpl(*parts: str) -> list[dict]:
+        return [{"SpecialToken": {"id": p, "type_id": 0}} if p.startswith("[")
+                else {"Sequence": {"id": p, "type_id": 0}} for p in parts]
+
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    specials = {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}
+    tj["post_processor"] = {
+        "eos": {"type": "TemplateProcessing", "single": tpl("A", "[SEP]"),
+                "pair": tpl("A", "[SEP]", "B", "[SEP]"), "special_tokens": {"[SEP]": specials["[SEP]"]}},
+        "bos": {"type": "TemplateProcessing", "single": tpl("[CLS]", "A"),
+                "pair": tpl("[CLS]", "A", "B"), "special_tokens": {"[CLS]": specials["[CLS]"]}},
+        "none": None,
+    }[template]
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    tc = json.loads((folder / "tokenizer_config.json").read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc.pop("cls_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tc))
+
+
+@pytest.mark.parametrize("slow_path", [False, True])
+@pytest.mark.parametrize(("template", "wrapped"), [
+    ("bert", ["[CLS]", "wing", "lift", "flow", "[SEP]"]),
+    ("eos", ["wing", "lift", "flow", "[SEP]"]),
+    ("bos", ["[CLS]", "wing", "lift", "flow"]),
+    ("none", ["wing", "lift", "flow"]),
+])
+def test_token_rows_are_the_text_tokens_whatever_the_special_tokens(tmp_path, monkeypatch, template,
+                                                                     wrapped, slow_path):
+    # the rows were always positions 1 .. n - 2 (BERT's [CLS] ... [SEP]): with an end token only
+    # 'wing' was lost, with a start token only 'flow', and without specials 'wing' alone raised
+    # IndexError
+    import string
+
+    from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert
+
+    tiny_bert(tmp_path, [*SPECIAL, *string.ascii_lowercase, "wing", "lift", "flow"], seed=0, layers=1)
+    if template != "bert":
+        _tokenizer_with_template(tmp_path, template)
+    enc = load_encoder(tmp_path, device="cpu")
+    if slow_path:  # the transformers wrapper, as for a model without a fast tokenizer
+        monkeypatch.setattr(enc, "_fast_tokenizer", lambda max_len: None)
+    tok = enc.tokenizer
+    assert tok.convert_ids_to_tokens(tok("wing lift flow")["input_ids"]) == wrapped
+    texts = ["wing lift flow", "wing", "flow wing"]
+    tb = enc._tokenize(texts, False)
+    ids = tb.inputs["input_ids"].numpy()
+    for i, text in enumerate(texts):
+        picked = tok.convert_ids_to_tokens(ids[i, tb.starts[i]:tb.ends[i]].tolist())
+        assert picked == text.split(), (template, text, picked)
+    # the lists carry exactly those rows: the model's states at those positions, through P
+    import torch
+
+    with torch.inference_mode():
+        g, states = enc._forward(tb.inputs)
+    docs = enc.encode_documents(texts)
+    for i, text in enumerate(texts):
+        a, b = int(tb.starts[i]), int(tb.ends[i])
+        want = enc.format.build(enc.format.split(g[i].numpy(), enc.R), states[i, a:b].numpy() @ enc.P.T)
+        assert len(docs[i]) == 3 + len(text.split())
+        # the same forward pass on another padding: float32 batching noise, 7.6e-7 measured on
+        # MiniLM (docs/model.md, "Batching"); 1e-5 is over ten times that and far below what a
+        # wrong position moves (whole vectors, differences of order 0.1)
+        np.testing.assert_allclose(docs[i], want, atol=1e-5, rtol=0)
+    if template == "none":  # a text the tokenizer turns into nothing at all: no row to keep
+        with pytest.raises(ValueError, match=r"gives no token at all for the text '\\u200b'"):
+            enc.encode_documents(["wing", "\u200b"])
+
+
+def test_bert_token_spans_are_unchanged(encoder):
+    # the special-tokens mask must give the embedded model exactly the spans it always had:
+    # positions 1 .. n - 2, and one row for a text whose words all vanish (n = 2: [CLS] [SEP])
+    texts = ["a wing in a slipstream", "\u200b", "[SEP] wing [CLS]", "x " * 700]
+    for is_query in (False, True):
+        tb = encoder._tokenize(texts, is_query)
+        n = tb.inputs["attention_mask"].sum(1).numpy()
+        np.testing.assert_array_equal(tb.starts, np.ones_like(n))
+        np.testing.assert_array_equal(tb.ends, np.maximum(2, n - 1))

@@ -164,6 +164,43 @@ def test_minilm_tokenisation_equals_the_wrapper(minilm, corpus):
         assert torch.equal(tb.inputs[k], ref[k]), k
 
 
+class _PassSizes:
+    """The model, recording the padded size (rows, tokens) of every forward pass."""
+
+    def __init__(self, model) -> None:
+        self.model, self.sizes = model, []
+
+    def __call__(self, **inputs):
+        self.sizes.append(tuple(inputs["input_ids"].shape))
+        return self.model(**inputs)
+
+
+@pytest.mark.parametrize("is_query", [False, True])
+def test_no_forward_pass_exceeds_the_token_budget(minilm, is_query, monkeypatch):
+    # batches are cut on an estimate (characters / 3 + 8): Chinese text has a token per
+    # character, so 200 texts of 170 characters ran 22016 padded tokens per pass at batch_tokens
+    # 8192 (2.7 times it)
+    import random
+
+    rng = random.Random(0)
+    cjk = ["".join(chr(rng.randint(0x4E00, 0x4FFF)) for _ in range(n)) for n in [600] * 2 + [170] * 20]
+    texts = [*cjk, "a wing in a slipstream"]  # 600 characters: 512 tokens (256 for a query), alone
+    budget = 480  # estimated 7 texts of 170 characters a batch (1204 tokens), and the two of 600
+    want, _ = encode(minilm, texts, is_query)  # batched otherwise (the default budget, 8192)
+    spy = _PassSizes(minilm.model)
+    monkeypatch.setattr(minilm, "batch_tokens", budget)
+    monkeypatch.setattr(minilm, "model", spy)
+    got, _ = encode(minilm, texts, is_query)
+    assert len(spy.sizes) > 1
+    over = [(b, t) for b, t in spy.sizes if b * t > budget and b > 1]
+    assert not over, (over, spy.sizes)
+    # batched otherwise: float32 batching noise only (docs/model.md, "Batching": 7.6e-7 measured
+    # on MiniLM); 1e-4 is over 100 times that, and a wrong row or text moves whole vectors
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
 # -- a tiny random UIBK checkpoint ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def uibk(corpus, tmp_path_factory):

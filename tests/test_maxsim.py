@@ -69,3 +69,64 @@ def test_a_bad_thread_count_in_the_environment_is_named(monkeypatch):
 def test_top_k_keeps_infinite_scores_first():
     # +inf was dropped with -inf: an overflowing best document vanished from the ranking
     assert M.top_k(np.array([1.0, np.inf, -np.inf, np.nan, 2.0]), 5).tolist() == [1, 4, 0]
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_non_finite_value_reaches_the_scores_as_in_float64(value, dtype):
+    # the fused kernel's max drops a NaN operand: a document holding a NaN scored the max of its
+    # other rows, or of the rows after the NaN one (78.4, 70.5 or -18.1 by the NaN's row), where
+    # float64 gives NaN
+    rng = np.random.default_rng(3)
+    good = _docs(rng, 2, 3, 9)
+    q = rng.standard_normal((20, 128)).astype(np.float32)  # more than one 16-row query block
+    for row in (0, 5, 6, 49, 99):  # in and across the kernel's groups of 6 rows and chunks of 48
+        bad = rng.standard_normal((100, 128)).astype(np.float32)
+        bad[row, 7] = value
+        mat, off = M.pack([good[0], bad, good[1]], dtype=dtype)
+        queries = [q, q[:3], -q[:1]]
+        got = M.maxsim_scores(queries, mat, off)
+        ref = M.maxsim_scores(queries, mat.astype(np.float64), off, dtype=np.float64)
+        assert np.isfinite(got[:, [0, 2]]).all()
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=f"row {row}")  # NaN = NaN
+
+
+def test_a_query_holding_a_nan_scores_nan_everywhere():
+    rng = np.random.default_rng(4)
+    mat, off = M.pack(_docs(rng, 5, 1, 60))
+    q = rng.standard_normal((20, 128)).astype(np.float32)
+    q[3, 2] = np.nan
+    assert np.isnan(M.maxsim_scores([q], mat, off)).all()
+
+
+def test_bad_shapes_and_offsets_are_named():
+    mat, q = np.ones((4, 8), np.float32), np.ones((2, 8), np.float32)
+    with pytest.raises(TypeError, match="doc_offsets must be integers"):
+        M.maxsim_scores([q], mat, np.array([0, 1.5, 4]))  # silently cut to 0, 1, 4 before
+    for queries, matrix in (([q[0]], mat), ([q], mat.ravel())):  # an IndexError before
+        with pytest.raises(ValueError, match=r"must be \(rows, dim\) arrays"):
+            M.maxsim_scores(queries, matrix, np.array([0, 4]))
+
+
+def test_a_worker_thread_failure_is_raised(monkeypatch):
+    # a worker thread's exception was printed by threading and the call returned its columns
+    # of the output unwritten (np.empty)
+    lib = M._fused()
+    if lib is None:
+        pytest.skip("the fused kernel is not built on this machine")
+    main = __import__("threading").main_thread()
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def uibk_maxsim(self, *args):
+            if __import__("threading").current_thread() is not main:
+                raise MemoryError("a worker failed")
+            return lib.uibk_maxsim(*args)
+
+    monkeypatch.setattr(M, "THREADS", 2)
+    rng = np.random.default_rng(5)
+    mat, off = M.pack(_docs(rng, 4000, 5, 10))
+    with pytest.raises(MemoryError, match="a worker failed"):
+        M._fused_scores(Failing(), *M.pack([rng.standard_normal((32, 128)).astype(np.float32)]), mat, off)

@@ -210,6 +210,22 @@ def test_composed_and_pylate_encoders_are_not_exported(loaded, tmp_path):
         loaded["uibk"].save_pylate(tmp_path / "y")
 
 
+def test_a_model_whose_tokenizer_is_no_cls_sep_template_is_not_exported(tmp_path):
+    # the PyLate module reads tokens at 1 .. n - 2; the native encoder now reads them from the
+    # special-tokens mask: an end-token-only tokenizer (Qwen, T5 style) exported other lists
+    from tokenizers.processors import TemplateProcessing
+
+    tiny_bert(tmp_path / "m", [*SPECIAL, *string.ascii_lowercase, "wing", "lift"], seed=0, layers=1)
+    enc = load_encoder(tmp_path / "m", device="cpu")
+    sep = enc.tokenizer.convert_tokens_to_ids("[SEP]")
+    enc.tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="$A [SEP]", pair="$A [SEP] $B [SEP]", special_tokens=[("[SEP]", sep)])
+    assert enc.tokenizer.convert_ids_to_tokens(enc.tokenizer("wing lift")["input_ids"])[-1] == "[SEP]"
+    with pytest.raises(NotImplementedError, match=r"one special token at each end"):
+        save_pylate(enc, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_shared_encoder_loads_a_pylate_folder(folders, loaded):
     with SharedEncoder(folders["uibk"], device="cpu", trust_remote_code=True) as shared:
         assert shared.format == loaded["uibk"].format

@@ -228,6 +228,45 @@ def test_a_request_that_fails_does_not_fail_its_batch_mates(inner, bound, monkey
         np.testing.assert_allclose(a, b, atol=bound, rtol=0)
 
 
+class _ZeroVectorFor(UIBKEncoder):
+    """The model gives the text ``TEXTS[5]`` a zero sentence vector (a simulated fault)."""
+
+    def _tokenize(self, texts, is_query):
+        import torch
+
+        tb = super()._tokenize(texts, is_query)
+        tb.inputs["zero"] = torch.tensor([t == TEXTS[5] for t in texts])
+        return tb
+
+    def _forward(self, inputs):
+        zero = inputs.pop("zero")
+        g, states = super()._forward(inputs)
+        g = g.clone()
+        g[zero] = 0
+        return g, states
+
+
+def test_a_zero_vector_names_the_texts_position_in_the_call(inner):
+    # the call is cut into requests of 2 texts: the error named the text's position in its
+    # request ("text 1" for the sixth text of the call or of the stream)
+    broken = _ZeroVectorFor(inner.model, inner.tokenizer, inner.uibk_config)
+    texts = [*TEXTS[:5], TEXTS[5], TEXTS[0]]
+    message = "text 5: the model gave a zero or non-finite vector"
+    with pytest.raises(ValueError, match=message):
+        broken.encode_documents(texts)  # the wrapped encoder itself
+    with pytest.raises(ValueError, match=message):
+        list(broken.encode_documents_iter(iter(texts), chunk_size=2))  # and its stream
+    with SharedEncoder(broken, chunk_texts=2) as enc:
+        with pytest.raises(ValueError, match=message):
+            enc.encode_documents(texts)
+        with pytest.raises(ValueError, match=message):
+            enc.encode_queries(texts)
+        with pytest.raises(ValueError, match=message):
+            list(enc.encode_documents_iter(iter(texts), chunk_size=2))
+        with pytest.raises(ValueError, match=message):
+            list(enc.encode_documents_iter(iter(texts), chunk_size=4))
+
+
 @pytest.mark.parametrize("ms", [float("inf"), 1e13, float("nan"), -1.0, 60_001.0])
 def test_a_merging_window_that_is_not_a_finite_minute_at_most_is_refused(inner, ms):
     """``max_wait_ms=inf`` (or past about 9e12) was accepted, and the worker thread died on its

@@ -4,6 +4,7 @@ and real vectors."""
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -41,6 +42,29 @@ def test_a_lambda_that_breaks_property_i_names_the_largest_that_keeps_it():
     with pytest.raises(ValueError, match=r"use lambda_ <= 0\.84\d* with beta=0\.99"):
         TaggedFormat(beta=0.99, lambda_=1.0)
     TaggedFormat(beta=0.99, lambda_=0.84)
+
+
+@pytest.mark.parametrize("beta", [0.9, 0.5, 0.05])
+@pytest.mark.parametrize("lam", [70.0, 1e3, 1e300, sys.float_info.max])
+def test_a_huge_lambda_names_the_same_largest_lambda(beta, lam):
+    # the bisection ran over [0, lambda_]: from about 1e3 up it ended at "use lambda_ <= 0"
+    # (1e300: its midpoints never came near 1.15); property (i) always fails from delta = 1
+    # (lambda_ = 3 / beta) on, where a slot-slot product can be -1
+    import re
+
+    with pytest.raises(ValueError, match="use lambda_") as small:
+        TaggedFormat(beta=beta, lambda_=3 / beta)
+    largest = float(re.search(r"use lambda_ <= ([0-9.]+)", str(small.value)).group(1))
+    assert largest > 0
+    TaggedFormat(beta=beta, lambda_=largest)  # the named value keeps property (i)
+    with pytest.raises(ValueError, match=rf"use lambda_ <= {re.escape(f'{largest:g}')} with"):
+        TaggedFormat(beta=beta, lambda_=lam)
+
+
+@pytest.mark.parametrize("lam", [math.inf, -math.inf, math.nan])
+def test_a_lambda_that_is_not_finite_is_refused_as_such(lam):
+    with pytest.raises(ValueError, match=r"lambda_ must be a positive finite number, got (inf|-inf|nan)"):
+        TaggedFormat(lambda_=lam)
 
 
 def test_bounds_table():

@@ -37,9 +37,11 @@ int uibk_maxsim_supported(void) {
            __builtin_cpu_supports("f16c");
 }
 
-/* maxes of 6 rows (r[0..5]) against one 16-row query block, folded into m[0..1] */
+/* maxes of 6 rows (r[0..5]) against one 16-row query block, folded into m[0..1]; n[0..1] gain
+ * all ones in the lanes where a product is NaN, which the max would drop (_mm256_max_ps returns
+ * its second operand when either is NaN), so that the caller makes those lanes NaN as numpy does */
 TARGET static inline void group6(const float *const r[RB], int64_t dim, const float *qt,
-                                 int64_t rpad, __m256 *m0, __m256 *m1) {
+                                 int64_t rpad, __m256 *m0, __m256 *m1, __m256 *n0, __m256 *n1) {
     __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
     __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
     __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
@@ -57,6 +59,10 @@ TARGET static inline void group6(const float *const r[RB], int64_t dim, const fl
         b = _mm256_broadcast_ss(r4 + k); a40 = _mm256_fmadd_ps(b, q0, a40); a41 = _mm256_fmadd_ps(b, q1, a41);
         b = _mm256_broadcast_ss(r5 + k); a50 = _mm256_fmadd_ps(b, q0, a50); a51 = _mm256_fmadd_ps(b, q1, a51);
     }
+#define UNORD(x, y) _mm256_cmp_ps(x, y, _CMP_UNORD_Q)
+    *n0 = _mm256_or_ps(*n0, _mm256_or_ps(_mm256_or_ps(UNORD(a00, a10), UNORD(a20, a30)), UNORD(a40, a50)));
+    *n1 = _mm256_or_ps(*n1, _mm256_or_ps(_mm256_or_ps(UNORD(a01, a11), UNORD(a21, a31)), UNORD(a41, a51)));
+#undef UNORD
     a00 = _mm256_max_ps(_mm256_max_ps(a00, a10), _mm256_max_ps(a20, a30));
     a01 = _mm256_max_ps(_mm256_max_ps(a01, a11), _mm256_max_ps(a21, a31));
     *m0 = _mm256_max_ps(*m0, _mm256_max_ps(a00, _mm256_max_ps(a40, a50)));
@@ -101,13 +107,15 @@ TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *d
             const float *rows = buf;
             for (int64_t qb = 0; qb < rpad; qb += QB) {
                 __m256 m0 = _mm256_loadu_ps(maxes + qb), m1 = _mm256_loadu_ps(maxes + qb + 8);
+                /* NaN lanes of earlier chunks stay NaN (all ones is a NaN) */
+                __m256 n0 = _mm256_cmp_ps(m0, m0, _CMP_UNORD_Q), n1 = _mm256_cmp_ps(m1, m1, _CMP_UNORD_Q);
                 for (int64_t g = 0; g < n; g += RB) {
                     const float *r[RB];
                     for (int t = 0; t < RB; t++) r[t] = rows + ((g + t < n) ? g + t : n - 1) * dim;
-                    group6(r, dim, qt + qb, rpad, &m0, &m1);
+                    group6(r, dim, qt + qb, rpad, &m0, &m1, &n0, &n1);
                 }
-                _mm256_storeu_ps(maxes + qb, m0);
-                _mm256_storeu_ps(maxes + qb + 8, m1);
+                _mm256_storeu_ps(maxes + qb, _mm256_or_ps(m0, n0));
+                _mm256_storeu_ps(maxes + qb + 8, _mm256_or_ps(m1, n1));
             }
         }
         for (int64_t q = 0; q < nq; q++) {

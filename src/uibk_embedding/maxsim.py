@@ -5,7 +5,8 @@
 rows, so no padding row can ever win (the same as masking with ``-inf``; never zero padding,
 docs/engines.md#pitfalls).
 
-Two kernels compute the same scores:
+Two kernels compute the same scores (up to float32 rounding; NaN and infinities, which no store
+takes, reach the scores as numpy's arithmetic takes them on both):
 
 - **fused** (``_maxsim_kernel.c``, built with the package; AVX2 + FMA + F16C, checked at run time):
   register-blocked products whose max over a document's rows is taken while they are still in
@@ -16,7 +17,8 @@ Two kernels compute the same scores:
 - **blas** (numpy): per cache-sized block one BLAS product in the requested dtype,
   ``np.maximum.reduceat`` over each document's rows and a sum per query. Used for
   ``dtype=np.float64`` (the reference the tests compare with), and for float32 where the fused
-  kernel is not available.
+  kernel is not available, and for document rows that are neither float32 nor float16 (float64,
+  another byte order).
 
 ``benchmarks/maxsim_kernel.py`` measures both against the outside MaxSim kernels
 (benchmarks/results/maxsim_kernel.md).
@@ -108,6 +110,11 @@ def maxsim_scores(
     n_docs = len(doc_offsets) - 1
     if len(queries) == 0:
         return np.zeros((0, n_docs), dtype=dtype)
+    if any(np.ndim(q) != 2 for q in queries) or np.ndim(doc_matrix) != 2:
+        raise ValueError("queries and doc_matrix must be (rows, dim) arrays, got shapes "
+                         f"{[np.shape(q) for q in queries][:3]} and {np.shape(doc_matrix)}")
+    if np.size(doc_offsets) and not np.issubdtype(np.asarray(doc_offsets).dtype, np.integer):
+        raise TypeError(f"doc_offsets must be integers, got {np.asarray(doc_offsets).dtype}")
     qmat, qoff = pack(queries, dtype=dtype)
     if n_docs and qmat.shape[1] != doc_matrix.shape[1]:
         raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {doc_matrix.shape[1]}")
@@ -245,12 +252,16 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     f16 = int(doc_matrix.dtype == np.float16)
 
     codes: list[int] = []
+    failed: list[BaseException] = []  # a worker's error (its thread would only print it)
 
     def scan(d0: int, d1: int) -> None:
-        work = np.empty(rpad + _CHUNK_ROWS * dim, dtype=np.float32)
-        codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, f16,
-                                     offsets.ctypes.data, d0, d1, qoff.ctypes.data, len(qoff) - 1,
-                                     out.ctypes.data, n_docs, work.ctypes.data))
+        try:
+            work = np.empty(rpad + _CHUNK_ROWS * dim, dtype=np.float32)
+            codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, f16,
+                                         offsets.ctypes.data, d0, d1, qoff.ctypes.data, len(qoff) - 1,
+                                         out.ctypes.data, n_docs, work.ctypes.data))
+        except BaseException as e:  # its columns of ``out`` were never written
+            failed.append(e)
 
     # one thread per share; the calling thread scans the first (ranges are disjoint, never empty)
     workers = [threading.Thread(target=scan, args=(int(bounds[t]), int(bounds[t + 1])), daemon=True)
@@ -263,6 +274,8 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     finally:
         for w in workers:
             w.join()
+    if failed:
+        raise failed[0]
     if any(codes):
         raise RuntimeError(f"the fused MaxSim kernel refused its arguments (codes {codes})")
     return out

@@ -32,8 +32,9 @@ def rerank(query: np.ndarray, documents: Sequence[np.ndarray], k: int,
     documents score exactly as their float32 (or float64) widening."""
     if len(documents) == 0 or k <= 0:
         return []
-    # float16 lists stay float16 in the packed matrix: the kernel widens them block by block with
-    # torch's vectorised copy (exactly, the same values numpy's conversion gives, at a fraction of its time)
+    # float16 lists stay float16 in the packed matrix: the kernel widens them block by block (the
+    # fused kernel with F16C, the blas one with torch's vectorised copy), exactly, the same values
+    # numpy's conversion gives, at a fraction of its time
     half = all(np.asarray(d).dtype == np.float16 for d in documents)
     mat, off = pack(documents, dtype=np.float16 if half else dtype)
     scores = maxsim_scores([query], mat, off, dtype=dtype)[0]

@@ -250,15 +250,19 @@ class TaggedFormat:
     def __post_init__(self) -> None:
         if not (isinstance(self.beta, int | float) and 0 < self.beta < 1):
             raise ValueError(f"beta must be a number in (0, 1), got {self.beta!r}")
-        if not (isinstance(self.lambda_, int | float) and self.lambda_ > 0):
-            raise ValueError(f"lambda_ must be a positive number, got {self.lambda_!r}")
+        if not (isinstance(self.lambda_, int | float) and math.isfinite(self.lambda_) and self.lambda_ > 0):
+            raise ValueError(f"lambda_ must be a positive finite number, got {self.lambda_!r}")
         if self.projection is not None and not (isinstance(self.projection, str) and self.projection):
             raise ValueError(f"projection must be a non-empty string or None, got {self.projection!r}")
         if self.n_slots != N_SLOTS:
             raise ValueError(f"the format has exactly {N_SLOTS} slots, got n_slots={self.n_slots}")
         b = self.bounds()
         if not b.property_i:
-            lo, hi = 0.0, self.lambda_  # the largest lambda keeping (i) at this beta (it holds near 0)
+            # the largest lambda keeping (i) at this beta: slot-slot minus slot-token,
+            # 1 - 2 delta - sqrt(beta delta) + sqrt((1 - beta)(1 - delta)), falls with delta from
+            # 1 + sqrt(1 - beta) at 0 to -1 - sqrt(beta) at delta = 1 (lambda = 3 / beta), where
+            # (i) fails for good: the one root lies below min(lambda_, 3 / beta)
+            lo, hi = 0.0, min(self.lambda_, self.n_slots / self.beta)
             for _ in range(40):
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if compute_bounds(self.beta, mid).property_i else (lo, mid)

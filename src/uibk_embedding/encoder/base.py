@@ -49,6 +49,7 @@ from uibk_embedding.encoder.inputs import (
 )
 from uibk_embedding.encoder.padding import TokenBatch, length_order, pad_ids, padded_batches
 from uibk_embedding.encoder.pipeline import (
+    DegenerateVector,
     Pending,
     device_constants,
     finish,
@@ -179,9 +180,16 @@ class TaggedEncoder(FixedProjections):
     def encode_documents_iter(
         self, texts: Iterable[str], *, chunk_size: int = 1024
     ) -> Iterator[np.ndarray]:
-        """Stream over any iterable of texts, ``chunk_size`` at a time (bounded memory)."""
+        """Stream over any iterable of texts, ``chunk_size`` at a time (bounded memory); an error
+        about one text names its place in the stream."""
+        start = 0
         for chunk in text_chunks(texts, chunk_size):
-            yield from self.encode_documents(chunk)
+            try:
+                lists = self.encode_documents(chunk)
+            except DegenerateVector as e:
+                raise e.moved(start) from None
+            yield from lists
+            start += len(chunk)
 
     def _encode(
         self, texts: list[str], is_query: bool, w: float, show_progress: bool | None

@@ -59,7 +59,7 @@ from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NA
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
-from uibk_embedding.encoder.projection import read_saved_projections
+from uibk_embedding.encoder.projection import read_saved_projections, refuse_other_kind
 from uibk_embedding.encoder.transformer import quiet_transformers
 from uibk_embedding.encoder.trust import check_loader_options, model_digest, require_trust
 from uibk_embedding.errors import ModelChanged
@@ -146,6 +146,13 @@ class ComposedEncoder(TaggedEncoder):
         self.tokens_path = Path(tokens).resolve()
         if not self.dense_path.is_dir():
             raise FileNotFoundError(f"dense model folder {self.dense_path} does not exist")
+        self.model_name = f"composed:{self.dense_path.name}+{self.tokens_path.name}"
+        if kwargs.get("projection", "random") != "random" and kwargs.get("projections") is None:
+            # the seeded matrices must not be declared as fitted ones
+            raise ValueError(
+                f"no PCA projection is shipped for {self.model_name}: fit one with "
+                "encoder.fit_projection(texts) or `uibk-embed fit-projection`, save it and load "
+                "that folder")
         trust = trust_remote_code is True
         require_trust(self.dense_path, trust, what="the dense model, dense=")
         check_colbert_folder(self.tokens_path, trust_remote_code=trust)
@@ -198,7 +205,6 @@ class ComposedEncoder(TaggedEncoder):
         self.query_max_length = self.dense_lengths[True]
         self.doc_max_length = min(self.dense_lengths[False], int(self.colbert.document_length))
         self._tok_lock = threading.Lock()  # both libraries set a length on the model to tokenise
-        self.model_name = f"composed:{self.dense_path.name}+{self.tokens_path.name}"
 
     # -- persistence -----------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -251,6 +257,14 @@ class ComposedEncoder(TaggedEncoder):
             "doc_max_length", "colbert_options", "query_prompt", "document_prompt") if k in cfg}
         opts["format"] = TaggedFormat.from_dict(cfg["format"])
         saved = read_saved_projections(path, cfg)  # a fitted projection: its checked matrices
+        if saved is not None:  # fitted: its matrices keep their kind
+            refuse_other_kind(path, opts["projection"], options)
+        elif options.get("projection", "random") != "random" and options.get("projections") is None:
+            # seeded: there are no fitted matrices to load
+            raise ValueError(
+                f"{path} holds the seeded random projection; projection={options['projection']!r} "
+                "needs fitted matrices: fit them with encoder.fit_projection(texts) or `uibk-embed "
+                "fit-projection`, save the encoder and load that folder (or leave projection= out)")
         if saved is None and (path / PROJECTIONS_NAME).exists():  # seeded: the matrices saved
             with np.load(path / PROJECTIONS_NAME) as z:
                 saved = {"R": z["R"], "P": z["P"]}

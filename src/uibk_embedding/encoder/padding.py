@@ -1,7 +1,10 @@
 """Padded batches: what a tokeniser hands the model, and how texts are cut into batches.
 
 A batch holds texts of similar length (longest first) whose padded size stays within a token
-budget, so little of a forward pass is spent on padding.
+budget, so little of a forward pass is spent on padding. The batches are cut on an estimate
+from the characters (tokenising comes later, in the prefetch thread); an encoder whose batch
+turns out larger in real tokens (Chinese text: about a token per character) runs it in
+:func:`budget_runs` of rows that keep to the budget.
 
 >>> ids, n = pad_ids([[5, 6, 7], [8]], pad_id=0)
 >>> ids.tolist(), n.tolist()
@@ -78,7 +81,7 @@ def padded_batches(texts: Sequence[str], order: Sequence[int], max_len: int,
     batch: list[int] = []
     longest = 0
     for i in order:
-        est = min(max_len, len(texts[i]) // 3 + 8)  # cheap upper-ish token estimate
+        est = min(max_len, len(texts[i]) // 3 + 8)  # cheap token estimate (not a bound: budget_runs)
         longest = max(longest, est)
         if batch and longest * (len(batch) + 1) > batch_tokens:
             yield batch
@@ -88,4 +91,24 @@ def padded_batches(texts: Sequence[str], order: Sequence[int], max_len: int,
         yield batch
 
 
-__all__ = ["TokenBatch", "length_order", "pad_ids", "padded_batches"]
+def budget_runs(lengths: Sequence[int], batch_tokens: int) -> list[slice]:
+    """Consecutive runs of rows (``lengths``: their real token counts, in batch order) whose
+    padded size, rows times the longest, stays within ``batch_tokens``; a row longer than the
+    budget runs alone.
+
+    >>> budget_runs([5, 4, 4, 3, 9], 12)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+    """
+    runs: list[slice] = []
+    first = longest = 0
+    for i, n in enumerate(lengths):
+        longest = max(longest, int(n))
+        if i > first and longest * (i - first + 1) > batch_tokens:
+            runs.append(slice(first, i))
+            first, longest = i, int(n)
+    if len(lengths):
+        runs.append(slice(first, len(lengths)))
+    return runs
+
+
+__all__ = ["TokenBatch", "budget_runs", "length_order", "pad_ids", "padded_batches"]

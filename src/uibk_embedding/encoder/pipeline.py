@@ -160,6 +160,28 @@ def tag_batch(fmt: TaggedFormat, g: Any, states: Any, index: Any, tb: TokenBatch
 
 
 # -- the copy to the host -----------------------------------------------------------------------
+class DegenerateVector(ValueError):
+    """The model gave a text a zero or non-finite vector, which cannot be normalised.
+    ``position``: the text's place in the caller's input; whoever encodes a part of that input
+    (a chunk of a stream, a request of a longer call) moves it to the whole with :meth:`moved`.
+
+    >>> str(DegenerateVector(1).moved(4))
+    'text 5: the model gave a zero or non-finite vector; cannot normalise it'
+    """
+
+    def __init__(self, position: int) -> None:
+        super().__init__(f"text {position}: the model gave a zero or non-finite vector; "
+                         "cannot normalise it")
+        self.position = position
+
+    def moved(self, offset: int) -> DegenerateVector:
+        """The same error for the text ``offset`` places further on (its part's start)."""
+        return DegenerateVector(self.position + offset)
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:  # pickled (another process) with its position
+        return DegenerateVector, (self.position,)
+
+
 class Pending:
     """One batch whose tagged rows are on their way to the host."""
 
@@ -186,7 +208,7 @@ def to_host(rows: Any) -> tuple[Any, Any]:
 def finish(p: Pending) -> tuple[list[int], list[np.ndarray], np.ndarray]:
     """Wait for the copy, split the packed rows into one list per text: (positions in the
     caller's list, the lists, their truncation flags). A row made NaN on the device (a zero or
-    non-finite vector) is refused naming its text."""
+    non-finite vector) is refused naming its text (:class:`DegenerateVector`)."""
     if p.event is not None:
         p.event.synchronize()
         packed = p.host.numpy().copy()  # pageable memory of its own: the pinned buffer is reused
@@ -196,11 +218,9 @@ def finish(p: Pending) -> tuple[list[int], list[np.ndarray], np.ndarray]:
     if bad.any():
         row = int(np.argmax(bad))
         i = int(np.searchsorted(p.offsets, row, side="right")) - 1
-        raise ValueError(
-            f"text {p.batch.positions[i]}: the model gave a zero or non-finite vector; "
-            "cannot normalise it")
+        raise DegenerateVector(p.batch.positions[i])
     return p.batch.positions, np.split(packed, p.offsets[1:-1]), p.batch.truncated
 
 
-__all__ = ["Pending", "device_constants", "finish", "gather_indices", "prefetched", "safe_norm",
-           "tag_batch", "to_host"]
+__all__ = ["DegenerateVector", "Pending", "device_constants", "finish", "gather_indices", "prefetched",
+           "safe_norm", "tag_batch", "to_host"]

@@ -545,6 +545,17 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
             "save it with .save(FOLDER) and load it with load_encoder(FOLDER)")
     from pylate.models import ColBERT  # noqa: F401  (the folder must load with the installed pylate)
 
+    if isinstance(encoder, TransformerEncoder):
+        # the PyLate module reads a text's tokens at 1 .. n - 2 (BERT's [CLS] ... [SEP]); the
+        # native encoder takes them from the tokenizer's special-tokens mask, so another template
+        # would export lists that differ from the native ones
+        probe = encoder._tokenize(["lift of a wing"], False)
+        n = int(probe.inputs["attention_mask"].sum())
+        if (int(probe.starts[0]), int(probe.ends[0])) != (1, n - 1):
+            raise NotImplementedError(
+                "this model's tokenizer does not wrap a text in one special token at each end "
+                "([CLS] ... [SEP]), which the PyLate export reads its tokens by: use the model "
+                "through load_encoder(FOLDER), not as a PyLate folder")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     fmt = encoder.format

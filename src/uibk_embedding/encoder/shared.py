@@ -54,6 +54,7 @@ import numpy as np
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device, text_chunks, validate_texts, warn_truncated
+from uibk_embedding.encoder.pipeline import DegenerateVector
 from uibk_embedding.tagged import check_dense_weight
 
 _STOP = object()
@@ -71,6 +72,7 @@ class _Request:
     remaining: int = 0
     cut: set[int] = field(default_factory=set)  # texts truncated at the token limit
     rid: int = 0
+    start: int = 0  # the position of texts[0] in the caller's call or stream (for messages)
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.texts)
@@ -223,10 +225,12 @@ class SharedEncoder:
         """Stream tagged lists over any iterable, in order, ``in_flight`` chunks queued at most."""
         pending: deque[Future] = deque()
         chunks = text_chunks(texts, self.chunk_texts if chunk_size is None else chunk_size)
+        start = 0
         while True:
             chunk = next(chunks, None)
             if chunk:
-                pending.append(self.submit(chunk, is_query=False))
+                pending.append(self.submit(chunk, is_query=False, start=start))
+                start += len(chunk)
             while pending and (len(pending) >= in_flight or not chunk):
                 res = pending.popleft().result()
                 warn_truncated(res.truncated, len(res), self.encoder.doc_max_length, "documents")
@@ -236,12 +240,15 @@ class SharedEncoder:
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, texts: list[str], *, is_query: bool, dense_weight: float = 1.0,
-               client: str = "") -> Future:
+               client: str = "", start: int = 0) -> Future:
         """Queue one request (validated texts); the future gives an :class:`EncodeResult`.
 
-        ``client`` names the caller in :meth:`stats` (the server passes the client's id).
+        ``client`` names the caller in :meth:`stats` (the server passes the client's id);
+        ``start``: the position of ``texts[0]`` in the caller's whole call or stream, so an
+        error names a text by its position there.
         """
-        req = _Request(list(texts), bool(is_query), float(dense_weight), client, rid=next(self._ids))
+        req = _Request(list(texts), bool(is_query), float(dense_weight), client, rid=next(self._ids),
+                       start=int(start))
         with self._submit_lock:
             if self.worker_error is not None:
                 raise self._failure()
@@ -268,7 +275,8 @@ class SharedEncoder:
 
         progress = self.show_progress if show_progress is None else show_progress
         disable = {True: False, False: True}.get(progress, None if len(texts) >= 256 else True)
-        futures = [self.submit(texts[i:i + self.chunk_texts], is_query=is_query, dense_weight=w)
+        futures = [self.submit(texts[i:i + self.chunk_texts], is_query=is_query, dense_weight=w,
+                               start=i)
                    for i in range(0, len(texts), self.chunk_texts)]
         out: list[np.ndarray] = []
         truncated = 0
@@ -378,6 +386,8 @@ class SharedEncoder:
                 return
             with self._stats_lock:
                 self._stats["errors"] += 1
+            if isinstance(e, DegenerateVector):  # named by its place in the request: in the call
+                e = e.moved(group[0].start)
             for r in group:
                 if not r.future.done():
                     r.future.set_exception(e)

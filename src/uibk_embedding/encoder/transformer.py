@@ -31,7 +31,7 @@ import numpy as np
 
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device
-from uibk_embedding.encoder.padding import TokenBatch, pad_ids
+from uibk_embedding.encoder.padding import TokenBatch, budget_runs, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.trust import model_digest, require_trust
 from uibk_embedding.tagged import TaggedFormat
@@ -204,14 +204,17 @@ class TransformerEncoder(TaggedEncoder):
         if fast is not None:
             encs = fast.encode_batch(texts)  # special tokens added, cut at max_len (Rust)
             rows = [e.ids for e in encs]
+            specials = [e.special_tokens_mask for e in encs]
             cut = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
             # a single-sequence template gives every text the same type ids (zeros for BERT)
             types = None if self._zero_type_ids(fast) else [e.type_ids for e in encs]
         else:  # a slow (pure Python) tokenizer: the transformers wrapper
             full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
             cut = np.array([len(x) > max_len for x in full["input_ids"]], dtype=bool)
-            enc = self.tokenizer(texts, truncation=True, max_length=max_len)
+            enc = self.tokenizer(texts, truncation=True, max_length=max_len,
+                                 return_special_tokens_mask=True)
             rows = enc["input_ids"]
+            specials = enc["special_tokens_mask"]
             types = enc.get("token_type_ids")
         ids, n = pad_ids(rows, int(self.tokenizer.pad_token_id or 0))
         mask = (np.arange(ids.shape[1]) < n[:, None]).astype(np.int64)
@@ -222,15 +225,63 @@ class TransformerEncoder(TaggedEncoder):
                 inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
             else:
                 inputs["token_type_ids"] = torch.from_numpy(pad_ids(types, pad_type)[0])
-        # token vectors: every position but [CLS] (first) and [SEP] (last)
-        return TokenBatch(inputs, starts=np.ones_like(n), ends=np.maximum(2, n - 1), truncated=cut)
+        starts, ends = text_spans(specials, n, texts)
+        return TokenBatch(inputs, starts=starts, ends=ends, truncated=cut)
 
     def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        """Both heads of a batch; a batch over ``batch_tokens`` in real tokens (it was cut on an
+        estimate from the characters) runs in passes of consecutive rows that keep to it, each
+        padded to its own longest text, as if batched so."""
+        import torch
+
+        mask = inputs["attention_mask"]
+        b, t = mask.shape
+        if b == 1 or b * t <= self.batch_tokens:
+            return self._pass(inputs)
+        lengths = mask.sum(1).tolist()
+        dense, states = [], []
+        for rows in budget_runs(lengths, self.batch_tokens):
+            width = max(lengths[rows])
+            g, s = self._pass({k: v[rows, :width] for k, v in inputs.items()})
+            dense.append(g)
+            states.append(torch.nn.functional.pad(s, (0, 0, 0, t - width)))  # back to the batch's width
+        return torch.cat(dense), torch.cat(states)
+
+    def _pass(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        """One forward pass of the model: (sentence vectors, token states)."""
         import torch
 
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
             states = self.model(**inputs).last_hidden_state.float()
         return self.pooling.pool(states, inputs["attention_mask"]), states
+
+
+def text_spans(specials: list[list[int]], n: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Where the token vectors of each text sit: ``(starts, ends)``, every position between the
+    special tokens the tokenizer's template puts before and after the text (``specials``: each
+    text's special-tokens mask, 1 for such a token; ``n``: the texts' token counts). BERT's
+    ``[CLS] ... [SEP]`` gives ``1 .. n - 2``, an end token only (Qwen, T5) ``0 .. n - 2``, a
+    start token only (Llama, Mistral) ``1 .. n - 1``, none (GPT-2) all ``n``. A special token
+    the text itself holds (a literal ``"[SEP]"``) is not the template's and stays. A text left
+    with no token of its own (its characters all normalised away) keeps one row: the position
+    after the first (BERT's ``[SEP]``), or the only one; a text with no position at all is
+    refused (``texts``: to name it).
+
+    >>> starts, ends = text_spans([[1, 0, 0, 1], [1, 1], [0, 0, 1], [1]], np.array([4, 2, 3, 1]), [])
+    >>> starts.tolist(), ends.tolist()
+    ([1, 1, 0, 0], [3, 2, 2, 1])
+    """
+    if len(n) and n.min() == 0:
+        text = texts[int(np.argmin(n))] if texts else ""
+        raise ValueError(f"the model's tokenizer gives no token at all for the text {text[:60]!r}: "
+                         "there is nothing to encode")
+    mask, _ = pad_ids(specials, pad_id=1)  # padding counts as special
+    own = mask == 0
+    has = own.any(axis=1)
+    first = np.argmax(own, axis=1)  # leading special tokens
+    last = mask.shape[1] - np.argmax(own[:, ::-1], axis=1)  # past the last own token
+    one = np.minimum(1, n - 1)  # no token of its own: one row
+    return np.where(has, first, one).astype(np.int64), np.where(has, last, one + 1).astype(np.int64)
 
 
 def _lower_cases(folder: Path) -> bool:
