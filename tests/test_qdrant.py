@@ -715,3 +715,93 @@ def test_an_edge_shard_the_engine_cannot_load_is_an_engine_error_naming_it(tmp_p
     for _ in range(2):  # the failed open released the folder's lock: the same error again
         with pytest.raises(EngineError, match=f"Qdrant Edge could not open the shard at {path}"):
             QdrantEdgeStore(path=path)
+
+
+# -- request size, concurrent creation, collections we cannot write ---------------------------------
+def test_upsert_requests_are_capped_by_vector_rows(client, fmt, rng, monkeypatch):
+    """Qdrant refuses a JSON body over 32 MB: batches are cut by rows as well as by documents."""
+    store = QdrantStore("c", client=client, batch_size=64, max_rows_per_request=40, show_progress=False)
+    sizes = [5, 30, 12, 60, 3, 3, 20, 1]  # token rows; 60 (+ slots) is over the cap: sent alone
+    docs = [make_list(fmt, rng, n) for n in sizes]
+    rows_per_call: list[list[int]] = []
+    upsert = client.upsert
+
+    def spy(collection, points, **kw):
+        rows_per_call.append([len(p.vector["tagged"]) for p in points])
+        return upsert(collection, points=points, **kw)
+
+    monkeypatch.setattr(client, "upsert", spy)
+    ids = [f"d{i}" for i in range(len(docs))]
+    store.upsert(ids, docs)
+    big = max(len(d) for d in docs)
+    assert big > 40
+    for rows in rows_per_call:
+        assert sum(rows) <= 40 or rows == [big], rows_per_call
+    assert sorted(r for call in rows_per_call for r in call) == sorted(len(d) for d in docs)
+    got = {r.id: r.vectors for r in store.get(ids)}
+    assert all(np.array_equal(got[i], d) for i, d in zip(ids, docs, strict=True))
+    with pytest.raises(ValueError, match="max_rows_per_request"):
+        QdrantStore("c", client=client, max_rows_per_request=0)
+
+
+def test_default_request_cap_keeps_300_token_documents_under_32_mb(client, fmt, rng, monkeypatch):
+    """The reported case: 64 documents of 300 token rows in one request made a 49.5 MB body."""
+    store = QdrantStore("c", client=client, show_progress=False)
+    bodies: list[int] = []
+    upsert = client.upsert
+
+    def spy(collection, points, **kw):
+        bodies.append(len(models.PointsList(points=points).model_dump_json()))
+        return upsert(collection, points=points, **kw)
+
+    monkeypatch.setattr(client, "upsert", spy)
+    store.upsert([f"d{i}" for i in range(70)], [make_list(fmt, rng, 300) for _ in range(70)])
+    assert max(bodies) < 32 * 2**20, bodies
+    assert store.count() == 70
+
+
+def test_losing_a_creation_race_opens_the_winners_collection(client, fmt, rng, monkeypatch):
+    """Another writer creates the collection between our existence check and our create."""
+    winner = QdrantStore("c", client=client)
+    winner.upsert(["w"], [make_list(fmt, rng, 4)])
+    exists = client.collection_exists
+
+    def not_yet_once(name: str) -> bool:  # the first check runs before the winner's create
+        calls.append(name)
+        return len(calls) > 1 and exists(name)
+
+    calls: list[str] = []
+    monkeypatch.setattr(client, "collection_exists", not_yet_once)
+    loser = QdrantStore("c", client=client)
+    assert calls == ["c", "c"]  # the check that said "missing", then the one after the 'exists' error
+    assert not loser.created and loser.count() == 1
+    calls.clear()
+    with pytest.raises(CollectionMismatch, match="no vector named 'other'"):  # and still validated
+        QdrantStore("c", client=client, vector_name="other")
+
+
+def test_a_collection_without_dense_vectors_is_refused(client):
+    client.create_collection("sparse", vectors_config={},
+                             sparse_vectors_config={"bm25": models.SparseVectorParams()})
+    before = client.get_collection("sparse").config.model_dump_json()
+    with pytest.raises(CollectionMismatch, match=r"it has no vector named 'tagged' \(it has no dense "
+                                                 r"vectors; sparse vectors: \['bm25'\]\)"):
+        QdrantStore("sparse", client=client)
+    assert client.get_collection("sparse").config.model_dump_json() == before
+
+
+@pytest.mark.parametrize("datatype", [models.Datatype.FLOAT16, models.Datatype.UINT8])
+@pytest.mark.parametrize("vector", ["tagged", "dense"])
+def test_a_collection_storing_vectors_below_float32_is_refused(client, datatype, vector):
+    """float16 rounds and uint8 truncates what is written: scores would not be the exact store's."""
+    vectors = {"tagged": _vp(), "dense": _vp(381, multi=None)}
+    vectors[vector] = vectors[vector].model_copy(update={"datatype": datatype})
+    before = _user_collection(client, "theirs", vectors)
+    message = f"'{vector}' stores datatype {datatype.value}, needs float32"
+    with pytest.raises(CollectionMismatch, match=message):
+        QdrantStore("theirs", client=client)
+    assert client.get_collection("theirs").config.model_dump_json() == before
+    assert client.count("theirs").count == 1
+    vectors[vector] = vectors[vector].model_copy(update={"datatype": models.Datatype.FLOAT32})
+    _user_collection(client, "f32", vectors)
+    assert not QdrantStore("f32", client=client).created

@@ -87,6 +87,12 @@ ID_KEY = f"{RESERVED_PREFIX}_id"
 META_KEY = "uibk_embedding"  # key of our entry in the collection metadata
 DENSE_DIM = N_SLOTS * (DIM - 1)
 MODES = ("exact", "prefetch", "hnsw")
+#: Default cap on the tagged-list rows of one upsert request. Qdrant refuses a JSON body over
+#: 32 MiB (``service.max_request_size_mb``); one row of 128 floats measured 2.68 kB of JSON
+#: (300-token documents, dense vector included), and is at most 128 x 24 B = 3.1 kB (a float32
+#: printed as a Python float takes at most 23 characters, plus the comma). 8192 rows: about
+#: 22 MB measured, at most 25 MB, plus 9 kB of dense vector per document, under 32 MiB.
+MAX_ROWS_PER_REQUEST = 8192
 
 
 class QdrantUnavailable(BackendUnavailable):
@@ -209,16 +215,34 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
             payload[LISTS_KEY] = lists
         return payload
 
+    #: cap on the tagged-list rows of one request (None: documents only, as on Edge, in process)
+    max_rows_per_request: int | None = None
+
+    def _chunks(self, vectors: list[np.ndarray]) -> list[range]:
+        """Index ranges of at most ``batch_size`` documents and ``max_rows_per_request`` rows
+        (a document over the row cap goes alone)."""
+        cap = self.max_rows_per_request or math.inf
+        chunks: list[range] = []
+        lo = rows = 0
+        for i, v in enumerate(vectors):
+            if i > lo and (i - lo >= self.batch_size or rows + len(v) > cap):
+                chunks.append(range(lo, i))
+                lo, rows = i, 0
+            rows += len(v)
+        if len(vectors) > lo:
+            chunks.append(range(lo, len(vectors)))
+        return chunks
+
     def _in_batches(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict], label: str,
                     send: Callable[[list[Any]], Any]) -> None:
-        """Build the points (tagged list + optional dense vector + payload) ``batch_size`` at a
-        time and ``send`` each batch, with a progress bar for calls of several batches."""
-        n_batches = math.ceil(len(ids) / self.batch_size)
-        with progress(len(ids), f"upserting into {label}", self.show_progress, n_batches) as bar:
-            for lo in range(0, len(ids), self.batch_size):
+        """Build the points (tagged list + optional dense vector + payload) one batch at a time
+        (:meth:`_chunks`) and ``send`` each, with a progress bar for calls of several batches."""
+        chunks = self._chunks(vectors)
+        with progress(len(ids), f"upserting into {label}", self.show_progress, len(chunks)) as bar:
+            for chunk in chunks:
                 points = []
-                for x, v, md in zip(ids[lo:lo + self.batch_size], vectors[lo:lo + self.batch_size],
-                                    metadata[lo:lo + self.batch_size], strict=True):
+                for x, v, md in zip(ids[chunk.start:chunk.stop], vectors[chunk.start:chunk.stop],
+                                    metadata[chunk.start:chunk.stop], strict=True):
                     vec = {self.vector_name: v.tolist()}
                     if self.dense_name is not None:
                         vec[self.dense_name] = dense_vector(v).tolist()
@@ -323,6 +347,23 @@ def _is_transient(exc: BaseException) -> bool:
         return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                               grpc.StatusCode.RESOURCE_EXHAUSTED)
     return False
+
+
+def _already_exists(exc: BaseException) -> bool:
+    """Whether ``create_collection`` failed because the collection exists: 409 on a server (REST),
+    ALREADY_EXISTS (gRPC), ``ValueError("Collection ... already exists")`` in local mode."""
+    from qdrant_client.http.exceptions import UnexpectedResponse
+
+    if isinstance(exc, UnexpectedResponse):
+        return exc.status_code == 409
+    if isinstance(exc, ValueError):
+        return "already exists" in str(exc)
+    try:
+        import grpc
+    except ImportError:  # pragma: no cover - grpc comes with qdrant-client
+        return False
+    return (isinstance(exc, grpc.RpcError) and hasattr(exc, "code")
+            and exc.code() == grpc.StatusCode.ALREADY_EXISTS)
 
 
 def _is_transport(exc: BaseException) -> bool:
@@ -451,6 +492,10 @@ class QdrantStore(_QdrantBase):
     shard_number, replication_factor, on_disk, on_disk_payload: passed to
         ``create_collection`` (``on_disk`` applies to both vectors).
     mode, prefetch: default search mode and number of dense candidates.
+    max_rows_per_request: cap on the tagged-list rows (all documents' rows together) of one
+        upsert request, next to ``batch_size``: Qdrant refuses a request body over 32 MiB
+        (its ``max_request_size_mb``), and the default 8192 rows make at most about 25 MB of
+        JSON (:data:`MAX_ROWS_PER_REQUEST`). A document over the cap is sent alone.
     batch_size, max_retries, backoff: upsert batch size; retries of transient failures
         (connection errors, timeouts, 408/429/502/503/504) with exponential backoff from
         ``backoff`` seconds. Every retried call is idempotent (upserts and deletes by id).
@@ -505,6 +550,7 @@ class QdrantStore(_QdrantBase):
         mode: str = "exact",
         prefetch: int = 200,
         batch_size: int = 64,
+        max_rows_per_request: int = MAX_ROWS_PER_REQUEST,
         max_retries: int = 3,
         backoff: float = 0.5,
         payload_indexes: Mapping[str, Any] | None = None,
@@ -521,6 +567,7 @@ class QdrantStore(_QdrantBase):
         if dense_distance.lower() not in ("dot", "cosine"):
             raise ValueError(f"dense_distance must be 'dot' or 'cosine', got {dense_distance!r}")
         check_positive("batch_size", batch_size)
+        check_positive("max_rows_per_request", max_rows_per_request)
         for field, schema in (payload_indexes or {}).items():
             refuse_integer_index(field, schema)  # before the collection is made
         if max_retries < 0 or backoff < 0 or timeout <= 0:
@@ -529,6 +576,7 @@ class QdrantStore(_QdrantBase):
         self.vector_name = vector_name
         self.dense_name = dense_name
         self.batch_size = batch_size
+        self.max_rows_per_request = int(max_rows_per_request)
         self.max_retries = int(max_retries)
         self.backoff = float(backoff)
         self.show_progress = show_progress
@@ -676,6 +724,12 @@ class QdrantStore(_QdrantBase):
                 self.created = True
                 return
             except Exception as e:
+                if _already_exists(e) and self._call("collection_exists", self.client.collection_exists,
+                                                     self.collection):
+                    # another writer created it since our check: validated like any existing one
+                    self._validate(self._call("get_collection", self.client.get_collection,
+                                              self.collection))
+                    return
                 if not _is_transient(e):
                     raise
                 time.sleep(self.backoff)
@@ -702,15 +756,18 @@ class QdrantStore(_QdrantBase):
         m = self._models
         vectors = info.config.params.vectors
         problems: list[str] = []
-        if not isinstance(vectors, Mapping):
+        named = isinstance(vectors, Mapping)
+        if not named:
             desc = "none" if vectors is None else f"size {vectors.size}, {vectors.distance.value}"
             problems.append(f"it has a single unnamed vector ({desc}), not a named multivector "
                             f"{self.vector_name!r}")
             vectors = {}
         names = sorted(vectors)
+        sparse = sorted(info.config.params.sparse_vectors or {})
+        has = str(names) if names else f"no dense vectors; sparse vectors: {sparse}"
         mv = vectors.get(self.vector_name)
-        if vectors and mv is None:
-            problems.append(f"it has no vector named {self.vector_name!r} (it has {names})")
+        if named and mv is None:
+            problems.append(f"it has no vector named {self.vector_name!r} (it has {has})")
         if mv is not None:
             if mv.size != DIM:
                 problems.append(f"{self.vector_name!r} has size {mv.size}, needs {DIM}")
@@ -722,10 +779,11 @@ class QdrantStore(_QdrantBase):
             if cmp != m.MultiVectorComparator.MAX_SIM:
                 problems.append(f"{self.vector_name!r} is not a multivector with comparator max_sim "
                                 f"(multivector_config: {mv.multivector_config})")
-        if self.dense_name is not None and vectors:
+            problems += self._datatype_problems(self.vector_name, mv)
+        if self.dense_name is not None and named:
             dv = vectors.get(self.dense_name)
             if dv is None:
-                problems.append(f"it has no dense vector named {self.dense_name!r} (it has {names}; "
+                problems.append(f"it has no dense vector named {self.dense_name!r} (it has {has}; "
                                 "pass dense_name=None to use exact search only)")
             else:
                 if dv.size != DENSE_DIM:
@@ -735,6 +793,7 @@ class QdrantStore(_QdrantBase):
                                     "needs Dot or Cosine")
                 if dv.multivector_config is not None:
                     problems.append(f"{self.dense_name!r} is a multivector, needs a single vector")
+                problems += self._datatype_problems(self.dense_name, dv)
         elif vectors:
             problems += unwritten_dense({n: (v.size, v.multivector_config is not None)
                                           for n, v in vectors.items()})
@@ -750,6 +809,15 @@ class QdrantStore(_QdrantBase):
             raise CollectionMismatch(
                 f"Qdrant collection {self.collection!r} does not fit uibk-embedding: "
                 + "; ".join(problems) + ". The collection was not changed.")
+
+    def _datatype_problems(self, name: str, params: Any) -> list[str]:
+        """A vector stored as float16 or uint8 rounds (or truncates) what is written, so scores
+        are no longer the exact store's: only float32 (the default) is accepted."""
+        dt = getattr(params, "datatype", None)
+        if dt is None or dt == self._models.Datatype.FLOAT32:
+            return []
+        return [f"{name!r} stores datatype {dt.value}, needs float32 (the default): {dt.value} "
+                "changes the stored vectors and so the scores"]
 
     def create_payload_index(self, field: str, schema: Any = "keyword") -> None:
         """Index a metadata field for fast filtering (``schema``: "keyword", "float", "bool" or a
