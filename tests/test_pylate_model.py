@@ -427,3 +427,54 @@ def test_the_probe_snaps_only_where_stores_take_the_lists():
     rounded = [torch.from_numpy(x).to(torch.bfloat16).float().numpy() for x in lists]
     rounded = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in rounded]
     assert probe_format(rounded[:2], rounded[2:])[0].beta == 0.9
+
+
+def test_no_forward_pass_exceeds_the_token_budget(loaded, monkeypatch):
+    # batches are cut on an estimate from the characters (a third of a token each): Chinese text
+    # has a token a character, so a PyLate batch ran about 3 times batch_tokens in one pass
+    enc = loaded["uibk"]
+    texts = ["机翼的升力边界层传热" * (4 + i % 5) for i in range(40)]
+    want = enc.encode_documents(texts)
+    sizes = []
+    forward = enc.colbert.forward
+
+    def spy(features, *args, **kwargs):
+        sizes.append(tuple(features["input_ids"].shape))
+        return forward(features, *args, **kwargs)
+
+    monkeypatch.setattr(enc, "batch_tokens", 256)
+    monkeypatch.setattr(enc.colbert, "forward", spy)
+    got = enc.encode_documents(texts)
+    assert len(sizes) > 1
+    over = [(b, t) for b, t in sizes if b * t > 256 and b > 1]
+    assert not over, (over, sizes)
+    # batched otherwise: float32 batching noise only (SAME_BATCH, module docstring, bounds the
+    # path difference; the batching noise measured by test_other_batchings... is below 1e-6);
+    # 1e-4 is over 100 times that, and a wrong row or text moves whole vectors
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_the_query_token_cap_is_the_exported_one(natives, tmp_path):
+    # PyLateEncoder reported 64 whatever cap the export used (a server tells clients this value)
+    native = natives["uibk"]
+    cap = native.query_token_cap
+    try:
+        native.query_token_cap = 5
+        folder = save_pylate(native, tmp_path / "cap5")
+    finally:
+        native.query_token_cap = cap
+    enc = load_encoder(folder, trust_remote_code=True, device="cpu")
+    assert enc.query_token_cap == 5
+    assert enc.encode_queries(["lift " * 20])[0].shape == (3 + 5, 128)
+
+
+def test_a_pylate_export_without_modules_json_is_refused(folders, tmp_path):
+    # without modules.json the folder loaded as a plain Hugging Face model: random weights
+    import shutil
+
+    broken = shutil.copytree(folders["uibk"], tmp_path / "no-modules")
+    (broken / "modules.json").unlink()
+    with pytest.raises(ValueError, match=r"modules\.json"):
+        load_encoder(broken, trust_remote_code=True, device="cpu")

@@ -273,3 +273,70 @@ def test_empty_and_bad_input(tiny):
     for lists in (enc.encode_documents(["\u200b", "\x00"]), enc.encode_queries(["\u200b"])):
         assert [x.shape for x in lists] == [(4, 128)] * len(lists)
     ExactStore().upsert(["z"], enc.encode_documents(["\u200b"]))
+
+
+# -- a folder whose weights the model would not read ---------------------------------------------
+def test_a_uibk_folder_without_its_config_is_refused_not_loaded_random(tiny, tmp_path):
+    # with uibk_encoder.json gone, load_encoder took the folder for a plain Hugging Face model:
+    # no trunk.* weight name matched, every weight was freshly initialised, silently
+    _, path = tiny
+    broken = shutil.copytree(path, tmp_path / "no-config")
+    (broken / "uibk_encoder.json").unlink()
+    with pytest.raises(ValueError, match=r"uibk_encoder\.json"):
+        load_encoder(broken)
+
+
+def test_a_bert_folder_loads_without_its_pooler_but_not_without_its_embeddings(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert
+
+    tiny_bert(tmp_path / "bert", [*SPECIAL, "wing", "lift", "heat"], seed=0)
+    want = load_encoder(tmp_path / "bert").encode_documents(["wing lift"])
+    weights = tmp_path / "bert" / "model.safetensors"
+    state = load_file(str(weights))
+    # the pooler is unused (mean / CLS pooling read the token states): a folder without it loads
+    save_file({k: v for k, v in state.items() if "pooler" not in k}, str(weights))
+    got = load_encoder(tmp_path / "bert").encode_documents(["wing lift"])
+    assert got[0].tobytes() == want[0].tobytes()
+    name = next(k for k in state if "word_embeddings" in k)
+    save_file({k: v for k, v in state.items() if k != name}, str(weights))
+    with pytest.raises(ValueError, match="word_embeddings"):
+        load_encoder(tmp_path / "bert")
+
+
+def test_no_forward_pass_exceeds_the_token_budget(tiny, monkeypatch):
+    # batches are cut on an estimate from the characters (a third of a token each): Chinese text
+    # has a token a character, so a UIBK batch ran about 3 times batch_tokens in one pass
+    enc, _ = tiny
+    texts = ["机翼的升力边界层传热" * (4 + i % 5) for i in range(40)]
+    want = enc.encode_documents(texts)
+    sizes = []
+    forward = enc.model.forward
+
+    def spy(input_ids, attention_mask):
+        sizes.append(tuple(input_ids.shape))
+        return forward(input_ids, attention_mask)
+
+    monkeypatch.setattr(enc, "batch_tokens", 256)
+    monkeypatch.setattr(enc.model, "forward", spy)
+    got = enc.encode_documents(texts)
+    assert len(sizes) > 1
+    over = [(b, t) for b, t in sizes if b * t > 256 and b > 1]
+    assert not over, (over, sizes)
+    # batched otherwise: float32 batching noise only (docs/model.md, "Batching": under 1e-6
+    # measured); 1e-4 is over 100 times that, and a wrong row or text moves whole vectors
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["uibk_encoder.json", "config.json", "model.safetensors",
+                                  "tokenizer.json"])
+def test_a_damaged_file_is_named(tiny, tmp_path, name):
+    _, path = tiny
+    broken = shutil.copytree(path, tmp_path / "damaged")
+    data = (broken / name).read_bytes()
+    (broken / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        load_encoder(broken)

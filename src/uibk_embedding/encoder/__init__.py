@@ -18,7 +18,7 @@ from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
 from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.projection import read_saved_projections, refuse_other_kind
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
-from uibk_embedding.encoder.pylate_model import PyLateEncoder, is_pylate_folder
+from uibk_embedding.encoder.pylate_model import MODULES_NAME, PyLateEncoder, is_pylate_folder
 from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
 from uibk_embedding.encoder.uibk import UIBKEncoder
 from uibk_embedding.tagged import (
@@ -94,7 +94,7 @@ def load_encoder(
                              "path; a PyLate model that emits tagged lists is loaded alone")
         return PyLateEncoder(p, trust_remote_code=trust_remote_code, **options)
     cfg_file = p / CONFIG_NAME
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else None
+    cfg = _read_json(cfg_file) if cfg_file.exists() else None
     kind = cfg.get("kind") if cfg is not None else None
     if composing and kind != "composed":
         raise ValueError(f"{p} is not a saved composed encoder: dense= / tokens= without a path "
@@ -118,8 +118,48 @@ def load_encoder(
                                       **{**opts, **options})
         raise ValueError(f"{cfg_file}: unknown encoder kind {kind!r}")
     if (p / "config.json").exists():
+        missing = _missing_own_config(p)
+        if missing:
+            raise ValueError(f"{p} looks like {missing[0]} but has no {missing[1]}: restore that file "
+                             "(without it the folder would load as a plain Hugging Face model, "
+                             "its weights unread)")
         return TransformerEncoder(p, trust_remote_code=trust_remote_code, **options)
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
+
+
+def _read_json(file: Path) -> Any:
+    """The JSON of ``file``; damaged, a ValueError that names it."""
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is damaged (not valid JSON: {e})") from None
+
+
+def _missing_own_config(folder: Path) -> tuple[str, str] | None:
+    """What a folder with a Hugging Face ``config.json`` but no configuration of its own looks
+    like, and the file it lacks: a UIBK folder (``trunk.*`` weights, :data:`CONFIG_NAME`
+    missing) or a PyLate export (``branched_transformer.json``, ``modules.json`` missing).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "branched_transformer.json").write_text("{}")
+    >>> _missing_own_config(d)
+    ('a PyLate model folder', 'modules.json')
+    """
+    if not (folder / MODULES_NAME).exists() and ((folder / "branched_transformer.json").exists()
+                                                 or (folder / "1_HybridTokens").is_dir()):
+        return "a PyLate model folder", MODULES_NAME
+    weights = folder / "model.safetensors"
+    if weights.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="pt") as f:
+                uibk = any(k.startswith("trunk.") for k in f.keys())
+        except Exception:  # damaged weights: the model's own loader names them
+            return None
+        if uibk:
+            return "a UIBK model folder", CONFIG_NAME
+    return None
 
 
 def _no_encoder_message(path: str) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from uibk_embedding.encoder.inputs import (
     validate_texts,
     warn_truncated,
 )
-from uibk_embedding.encoder.padding import TokenBatch, length_order, pad_ids, padded_batches
+from uibk_embedding.encoder.padding import TokenBatch, budget_runs, length_order, pad_ids, padded_batches
 from uibk_embedding.encoder.pipeline import (
     DegenerateVector,
     Pending,
@@ -123,8 +123,9 @@ class TaggedEncoder(FixedProjections):
         raise NotImplementedError
 
     def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:  # pragma: no cover
-        """One forward pass on device inputs: (dense ``(B, dense_dim)``, token states
-        ``(B, T, token_dim)``), both float32 tensors on the model's device."""
+        """The forward pass on device inputs: (dense ``(B, dense_dim)``, token states
+        ``(B, T, token_dim)``), both float32 tensors on the model's device; a batch over
+        ``batch_tokens`` in real tokens runs in several passes (:meth:`_in_budget`)."""
         raise NotImplementedError
 
     def _embed(self, texts: list[str], is_query: bool) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -292,6 +293,46 @@ class TaggedEncoder(FixedProjections):
             g, states = self._forward(inputs)
             host, event = to_host(tag_batch(self.format, g, states, index, tb, consts, w))
         return Pending(tb, host, event, np.concatenate([[0], np.cumsum(tb.counts)]))
+
+    def _in_budget(self, inputs: dict[str, Any], run: Callable[[dict[str, Any]], tuple[Any, ...]],
+                   token_axis: Sequence[bool], crop: bool = True) -> tuple[Any, ...]:
+        """``run(inputs)`` (a forward pass: a tuple of tensors, one row per text), kept to
+        ``batch_tokens``: a batch over it in real tokens (it was cut on an estimate from the
+        characters) runs in :func:`~uibk_embedding.encoder.padding.budget_runs` of consecutive
+        rows, each padded to its own longest text (``crop``; else the batch's width), as if
+        batched so; the outputs are joined, those with a token axis (``token_axis``: dim 1)
+        zero-padded back to the batch's width. Inputs that are no ``(B, T)`` tensor pass whole.
+
+        >>> import torch
+        >>> enc = TaggedEncoder(4, 4, batch_tokens=4)
+        >>> x = {"attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])}
+        >>> shapes = []
+        >>> run = lambda v: (shapes.append(tuple(v["attention_mask"].shape)) or (v["attention_mask"],))
+        >>> out = enc._in_budget(x, run, (True,))
+        >>> shapes, out[0].tolist() == x["attention_mask"].tolist()
+        ([(1, 3), (2, 2)], True)
+        """
+        import torch
+
+        mask = inputs["attention_mask"]
+        b, t = mask.shape
+        if b == 1 or b * t <= self.batch_tokens:
+            return run(inputs)
+        lengths = mask.sum(1).tolist()
+        parts = []
+        for rows in budget_runs(lengths, self.batch_tokens):
+            width = max(lengths[rows]) if crop else t
+            sub = {k: v[rows, :width] if isinstance(v, torch.Tensor) and v.shape[:2] == (b, t) else v
+                   for k, v in inputs.items()}
+            parts.append(run(sub))
+        out = []
+        for i, seq in enumerate(token_axis):
+            pieces = [p[i] for p in parts]
+            if seq:
+                pieces = [torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, t - x.shape[1]))
+                          for x in pieces]
+            out.append(torch.cat(pieces))
+        return tuple(out)
 
     def _finish(self, p: Pending) -> tuple[list[int], list[np.ndarray], np.ndarray]:
         """Wait for the copy, split the packed rows into one list per text."""

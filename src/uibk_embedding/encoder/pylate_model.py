@@ -377,6 +377,10 @@ class PyLateEncoder(TaggedEncoder):
             dense_weight = float(ours.get("dense_weight", 1.0))
         self._probed = False
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
+        # the cap the model's tagged construction applies (HybridTokens), which a server reports
+        cap = next((int(m.query_token_cap) for m in cb if hasattr(m, "query_token_cap")), None)
+        if cap is not None:
+            kwargs.setdefault("query_token_cap", cap)
         eye = {"R": np.eye(N_SLOTS * BODY, dtype=np.float32), "P": np.eye(BODY, dtype=np.float32)}
         super().__init__(N_SLOTS * BODY, BODY, projections=eye, dense_weight=dense_weight,
                          query_max_length=max(2, int(cb.query_length)),
@@ -462,14 +466,21 @@ class PyLateEncoder(TaggedEncoder):
             feats = self._to_device(tb.inputs)
             if self._prompt_length[is_query] is not None:
                 feats["prompt_length"] = self._prompt_length[is_query]
-            out = cb(feats)
+            expanded = is_query and cb.do_query_expansion  # [MASK] rows past the mask: keep the width
+
+            def run(x: dict[str, Any]) -> tuple[Any, Any, Any]:
+                o = cb(x)
+                return o["token_embeddings"], o["attention_mask"], o["input_ids"]
+
+            embeddings, attention, out_ids = self._in_budget(feats, run, (True, True, True),
+                                                             crop=not expanded)
             if is_query:
-                masks = (torch.ones_like(out["input_ids"], dtype=torch.bool) if cb.do_query_expansion
-                         else out["attention_mask"].bool())
+                masks = (torch.ones_like(out_ids, dtype=torch.bool) if cb.do_query_expansion
+                         else attention.bool())
             else:
                 masks = torch.logical_and(cb.skiplist_mask(feats["input_ids"], cb.skiplist),
-                                          out["attention_mask"].bool())
-            rows = torch.nn.functional.normalize(out["token_embeddings"][masks].float(), p=2, dim=1)
+                                          attention.bool())
+            rows = torch.nn.functional.normalize(embeddings[masks].float(), p=2, dim=1)
             counts = masks.sum(1).cpu().numpy().astype(np.int64)
             offsets = np.concatenate([[0], np.cumsum(counts)])
             if rows.shape[-1] != DIM and self._probed:

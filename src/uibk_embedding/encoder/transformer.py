@@ -31,7 +31,7 @@ import numpy as np
 
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.inputs import resolve_device
-from uibk_embedding.encoder.padding import TokenBatch, budget_runs, pad_ids
+from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.trust import model_digest, require_trust
 from uibk_embedding.tagged import TaggedFormat
@@ -133,7 +133,10 @@ class TransformerEncoder(TaggedEncoder):
         self._fast_lock = threading.Lock()
         self._zero_types: bool | None = None
         with quiet_transformers():
-            self.model = AutoModel.from_pretrained(str(path), trust_remote_code=trust).to(self.device).eval()
+            model, info = AutoModel.from_pretrained(str(path), trust_remote_code=trust,
+                                                    output_loading_info=True)
+        refuse_missing_weights(path, info.get("missing_keys", ()))
+        self.model = model.to(self.device).eval()
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         hidden = int(self.model.config.hidden_size)
         self.model_max_length = self._max_positions()
@@ -229,23 +232,9 @@ class TransformerEncoder(TaggedEncoder):
         return TokenBatch(inputs, starts=starts, ends=ends, truncated=cut)
 
     def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
-        """Both heads of a batch; a batch over ``batch_tokens`` in real tokens (it was cut on an
-        estimate from the characters) runs in passes of consecutive rows that keep to it, each
-        padded to its own longest text, as if batched so."""
-        import torch
-
-        mask = inputs["attention_mask"]
-        b, t = mask.shape
-        if b == 1 or b * t <= self.batch_tokens:
-            return self._pass(inputs)
-        lengths = mask.sum(1).tolist()
-        dense, states = [], []
-        for rows in budget_runs(lengths, self.batch_tokens):
-            width = max(lengths[rows])
-            g, s = self._pass({k: v[rows, :width] for k, v in inputs.items()})
-            dense.append(g)
-            states.append(torch.nn.functional.pad(s, (0, 0, 0, t - width)))  # back to the batch's width
-        return torch.cat(dense), torch.cat(states)
+        """Both heads of a batch, in passes that keep to ``batch_tokens``
+        (:meth:`~uibk_embedding.encoder.base.TaggedEncoder._in_budget`)."""
+        return self._in_budget(inputs, self._pass, (False, True))
 
     def _pass(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
         """One forward pass of the model: (sentence vectors, token states)."""
@@ -254,6 +243,25 @@ class TransformerEncoder(TaggedEncoder):
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
             states = self.model(**inputs).last_hidden_state.float()
         return self.pooling.pool(states, inputs["attention_mask"]), states
+
+
+def refuse_missing_weights(folder: Path, missing: Any) -> None:
+    """Refuse a model folder whose weights lack some the model needs: transformers would
+    initialise them at random and hide it (its load report is silenced). The pooler's are not
+    needed (the pooling reads the token states), so a folder saved without them loads.
+
+    >>> refuse_missing_weights(Path("bert"), ["pooler.dense.weight"])
+    >>> refuse_missing_weights(Path("bert"), ["embeddings.word_embeddings.weight"])
+    Traceback (most recent call last):
+    ...
+    ValueError: bert: its weights lack 1 the model needs (embeddings.word_embeddings.weight); ...
+    """
+    needed = sorted(k for k in missing if not (k.startswith("pooler.") or ".pooler." in k))
+    if needed:
+        more = f" and {len(needed) - 5} more" if len(needed) > 5 else ""
+        raise ValueError(f"{folder}: its weights lack {len(needed)} the model needs "
+                         f"({', '.join(needed[:5])}{more}); loading would initialise them at "
+                         "random: not a complete Hugging Face model folder")
 
 
 def text_spans(specials: list[list[int]], n: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

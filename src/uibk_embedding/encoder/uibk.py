@@ -361,7 +361,7 @@ class UIBKEncoder(TaggedEncoder):
         ``dtype``, ``dense_weight``, caps, ``batch_tokens``, ``num_threads``).
         """
         import torch
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
         from tokenizers import Tokenizer
 
         p = _resolve_folder(path)
@@ -370,27 +370,31 @@ class UIBKEncoder(TaggedEncoder):
             raise FileNotFoundError(
                 f"{p} is not a complete UIBK checkpoint: missing {', '.join(missing)} "
                 f"(a UIBK folder holds {', '.join(REQUIRED_FILES)})")
-        meta = json.loads((p / CONFIG_NAME).read_text())
+        meta = _read_json(p / CONFIG_NAME)
         if meta.get("kind") != cls.kind:
             raise ValueError(f"{p / CONFIG_NAME}: kind is {meta.get('kind')!r}, expected 'uibk'")
-        backbone = json.loads((p / BACKBONE_CONFIG_NAME).read_text())
+        backbone = _read_json(p / BACKBONE_CONFIG_NAME)
         backbone = {k: v for k, v in backbone.items()
                     if k not in ("architectures", "model_type", "transformers_version", "dtype",
                                  "torch_dtype", "_attn_implementation_autoset")}
         config = UIBKConfig.from_dict(meta.get("model", {}), backbone)
         model = _build_model(config)
         expected = model.state_dict()
-        with safe_open(str(p / WEIGHTS_NAME), framework="pt") as f:
-            keys = set(f.keys())
-            problems = [f"missing weight {k}" for k in sorted(set(expected) - keys)]
-            problems += [f"unexpected weight {k}" for k in sorted(keys - set(expected))]
-            state = {}
-            for k in sorted(keys & set(expected)):
-                t = f.get_tensor(k)
-                if tuple(t.shape) != tuple(expected[k].shape):
-                    problems.append(f"{k} has shape {tuple(t.shape)}, the configuration expects "
-                                    f"{tuple(expected[k].shape)}")
-                state[k] = t
+        try:
+            with safe_open(str(p / WEIGHTS_NAME), framework="pt") as f:
+                keys = set(f.keys())
+                problems = [f"missing weight {k}" for k in sorted(set(expected) - keys)]
+                problems += [f"unexpected weight {k}" for k in sorted(keys - set(expected))]
+                state = {}
+                for k in sorted(keys & set(expected)):
+                    t = f.get_tensor(k)
+                    if tuple(t.shape) != tuple(expected[k].shape):
+                        problems.append(f"{k} has shape {tuple(t.shape)}, the configuration expects "
+                                        f"{tuple(expected[k].shape)}")
+                    state[k] = t
+        except SafetensorError as e:
+            raise ValueError(f"{p / WEIGHTS_NAME} is damaged (not a readable safetensors file: "
+                             f"{e})") from None
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ValueError(f"{p / WEIGHTS_NAME} does not fit {p / BACKBONE_CONFIG_NAME} and "
@@ -412,8 +416,11 @@ class UIBKEncoder(TaggedEncoder):
             refuse_other_kind(p, opts["projection"], options)
         opts.update(options)
         opts.setdefault("name", str(path))
-        return cls(model, Tokenizer.from_file(str(p / TOKENIZER_NAME)), config,
-                   projections=projections, **opts)
+        try:
+            tokenizer = Tokenizer.from_file(str(p / TOKENIZER_NAME))
+        except Exception as e:  # tokenizers raises a bare Exception ("EOF while parsing ...")
+            raise ValueError(f"{p / TOKENIZER_NAME} is damaged (not a readable tokenizer: {e})") from None
+        return cls(model, tokenizer, config, projections=projections, **opts)
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "model": self.uibk_config.to_dict(), "weights": WEIGHTS_NAME}
@@ -500,7 +507,21 @@ class UIBKEncoder(TaggedEncoder):
                           starts=np.full_like(n, N_PREFIX), ends=N_PREFIX + np.maximum(n, 1), truncated=cut)
 
     def _forward(self, inputs: dict[str, Any]) -> tuple[Any, Any]:
-        return self.model(inputs["input_ids"], inputs["attention_mask"])
+        """Both heads of a batch, in passes that keep to ``batch_tokens``
+        (:meth:`~uibk_embedding.encoder.base.TaggedEncoder._in_budget`)."""
+        return self._in_budget(inputs, lambda x: self.model(x["input_ids"], x["attention_mask"]),
+                               (False, True))
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    """The JSON object of ``file``; damaged, a ValueError that names it."""
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is damaged (not valid JSON: {e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} is damaged (not a JSON object)")
+    return data
 
 
 def _resolve_folder(path: str | os.PathLike) -> Path:
