@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from uibk_embedding.encoder.projection import read_saved_projections, refuse_oth
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
 from uibk_embedding.encoder.pylate_model import MODULES_NAME, PyLateEncoder, is_pylate_folder
 from uibk_embedding.encoder.transformer import EMBEDDED_NAME, TransformerEncoder
-from uibk_embedding.encoder.uibk import UIBKEncoder
+from uibk_embedding.encoder.uibk import UIBKEncoder, read_json
 from uibk_embedding.tagged import (
     Decomposition,
     TaggedFormat,
@@ -94,7 +93,7 @@ def load_encoder(
                              "path; a PyLate model that emits tagged lists is loaded alone")
         return PyLateEncoder(p, trust_remote_code=trust_remote_code, **options)
     cfg_file = p / CONFIG_NAME
-    cfg = _read_json(cfg_file) if cfg_file.exists() else None
+    cfg = read_json(cfg_file) if cfg_file.exists() else None
     kind = cfg.get("kind") if cfg is not None else None
     if composing and kind != "composed":
         raise ValueError(f"{p} is not a saved composed encoder: dense= / tokens= without a path "
@@ -125,14 +124,6 @@ def load_encoder(
                              "its weights unread)")
         return TransformerEncoder(p, trust_remote_code=trust_remote_code, **options)
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
-
-
-def _read_json(file: Path) -> Any:
-    """The JSON of ``file``; damaged, a ValueError that names it."""
-    try:
-        return json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is damaged (not valid JSON: {e})") from None
 
 
 def _missing_own_config(folder: Path) -> tuple[str, str] | None:

@@ -370,10 +370,10 @@ class UIBKEncoder(TaggedEncoder):
             raise FileNotFoundError(
                 f"{p} is not a complete UIBK checkpoint: missing {', '.join(missing)} "
                 f"(a UIBK folder holds {', '.join(REQUIRED_FILES)})")
-        meta = _read_json(p / CONFIG_NAME)
+        meta = read_json(p / CONFIG_NAME)
         if meta.get("kind") != cls.kind:
             raise ValueError(f"{p / CONFIG_NAME}: kind is {meta.get('kind')!r}, expected 'uibk'")
-        backbone = _read_json(p / BACKBONE_CONFIG_NAME)
+        backbone = read_json(p / BACKBONE_CONFIG_NAME)
         backbone = {k: v for k, v in backbone.items()
                     if k not in ("architectures", "model_type", "transformers_version", "dtype",
                                  "torch_dtype", "_attn_implementation_autoset")}
@@ -513,8 +513,17 @@ class UIBKEncoder(TaggedEncoder):
                                (False, True))
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    """The JSON object of ``file``; damaged, a ValueError that names it."""
+def read_json(file: Path) -> dict[str, Any]:
+    """The JSON object of ``file`` (an encoder folder's configuration); damaged, a ValueError
+    that names it.
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "uibk_encoder.json"; _ = f.write_text('{"kind": "ui')
+    >>> read_json(f)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ...uibk_encoder.json is damaged (not valid JSON: ...
+    """
     try:
         data = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
