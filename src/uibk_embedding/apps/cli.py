@@ -45,7 +45,7 @@ from uibk_embedding import __version__, adapters
 from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.registry import BACKENDS, detect_backend, require_store
-from uibk_embedding.apps.data import load_beir, read_corpus
+from uibk_embedding.apps.data import kept_metadata, load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
 from uibk_embedding.apps.evaluation import (
     encode_collection,
@@ -345,6 +345,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     opts = _store_options(args)
     _require_a_place(args.backend, opts)
     docs = read_corpus(args.data)
+    kept = kept_metadata(docs)  # a line's other fields are metadata: said, never dropped unsaid
+    if kept:
+        print(f"uibk-embed: {kept}", file=sys.stderr)
     if args.encoder_url:
         if args.fit_projection:
             raise SystemExit("uibk-embed: --fit-projection fits an in-process encoder; a server "

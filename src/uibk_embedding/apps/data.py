@@ -5,6 +5,12 @@ A BEIR folder holds ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.j
 header line). A plain JSONL file holds one document per line with ``_id`` (or ``id``) and
 ``text`` (and optional ``title`` and ``metadata``).
 
+Every other field of a line is kept as metadata (:func:`row_fields`): ``{"id": "1", "text":
+"...", "topic": "finance"}`` is stored with ``{"topic": "finance"}``, as a nested
+``"metadata": {"topic": "finance"}`` is; nothing is dropped. ``title`` is the document's title: it
+is encoded with the text (:attr:`Document.full_text`) and stored under ``title``, as BEIR's titles
+always were.
+
 Example
 -------
 >>> import json, tempfile, pathlib
@@ -20,7 +26,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +190,50 @@ def check_document(doc_id: Any, text: Any, title: Any = None, metadata: Any = No
     return doc
 
 
+# the fields of a corpus line that are the document itself; every other one is metadata
+DOCUMENT_FIELDS = ("_id", "id", "text", "title", "metadata")
+
+
+def row_fields(obj: dict[str, Any]) -> tuple[Any, Any, Any, Any, str]:
+    """``(id, text, title, metadata, problem)`` of one corpus line (a JSON object).
+
+    The id is ``_id``, else ``id``; every field but ``_id``, ``id``, ``text``, ``title`` and
+    ``metadata`` is kept as metadata (as LangChain's and LlamaIndex's JSON loaders keep a row's
+    other fields), merged with a nested ``metadata`` object. An ``id`` beside a different ``_id``
+    is kept as the metadata key ``id``. Nothing is dropped: a key that is both a top-level field
+    and a key of ``metadata`` with another value, and a ``metadata`` key ``text`` or ``title``
+    (the stored text and title replace them), are a ``problem`` (the row is refused), never
+    resolved silently. ``metadata`` that is not an object is left to :func:`check_document`.
+
+    >>> row_fields({"id": "1", "text": "a wing", "topic": "finance", "metadata": {"year": 1962}})
+    ('1', 'a wing', None, {'year': 1962, 'topic': 'finance'}, '')
+    >>> row_fields({"_id": "1", "text": "x", "topic": "a", "metadata": {"topic": "b"}})[4]
+    "field 'topic' is both a top-level field ('a') and a metadata key ('b'): keep one"
+    """
+    doc_id = obj.get("_id", obj.get("id"))
+    metadata = obj.get("metadata")
+    extra = {k: v for k, v in obj.items() if k not in DOCUMENT_FIELDS}
+    if "_id" in obj and "id" in obj and obj["id"] != obj["_id"]:
+        extra["id"] = obj["id"]
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):  # refused by check_document
+        return doc_id, obj.get("text"), obj.get("title"), metadata, ""
+    for key in ("text", "title"):
+        if key in metadata:
+            return doc_id, obj.get("text"), obj.get("title"), metadata, (
+                f"metadata key {key!r} would be replaced by the document's {key} (stored under "
+                f"{key!r}): rename it")
+    merged = dict(metadata)
+    for k, v in extra.items():
+        if k in merged and merged[k] != v:
+            return doc_id, obj.get("text"), obj.get("title"), metadata, (
+                f"field {k!r} is both a top-level field ({v!r}) and a metadata key ({merged[k]!r}): "
+                "keep one")
+        merged[k] = v
+    return doc_id, obj.get("text"), obj.get("title"), merged, ""
+
+
 def corpus_file(path: str | os.PathLike) -> Path:
     """The JSONL file of a corpus: ``corpus.jsonl`` in a BEIR folder, else ``path`` itself.
 
@@ -196,8 +246,8 @@ def corpus_file(path: str | os.PathLike) -> Path:
 
 def scan_corpus(path: str | os.PathLike) -> Iterator[tuple[int, Document | BadDocument]]:
     """``(line number, Document or BadDocument)`` for every row of a BEIR folder
-    (``corpus.jsonl``) or a JSONL file, in file order, each row checked by
-    :func:`check_document` (position ``FILE:LINE``).
+    (``corpus.jsonl``) or a JSONL file, in file order, each row read by :func:`row_fields` (its
+    other fields kept as metadata) and checked by :func:`check_document` (position ``FILE:LINE``).
 
     What makes the file unusable raises :class:`DataError` at once: it cannot be read, a
     line is not UTF-8 or not a JSON object, an id appears twice, there are no rows.
@@ -215,8 +265,10 @@ def scan_corpus(path: str | os.PathLike) -> Iterator[tuple[int, Document | BadDo
     rows = 0
     for n, obj in _iter_jsonl(p):
         rows += 1
-        item = check_document(obj.get("_id", obj.get("id")), obj.get("text"), obj.get("title"),
-                              obj.get("metadata"), f"{p.name}:{n}")
+        doc_id, text, title, metadata, problem = row_fields(obj)
+        item = check_document(doc_id, text, title, metadata, f"{p.name}:{n}")
+        if problem and isinstance(item, Document):
+            item = BadDocument(item.id, f"{p.name}:{n}", problem)
         doc_id = item.id
         if isinstance(doc_id, str):
             if doc_id in seen:
@@ -248,6 +300,25 @@ def read_corpus(path: str | os.PathLike) -> list[Document]:
     if not docs:
         raise DataError(f"{p}: no documents")
     return docs
+
+
+def kept_metadata(docs: Sequence[Document]) -> str:
+    """One line that says which metadata keys ``docs`` carry (each with how many documents have
+    it), so a user sees what ``--filter`` can match; ``""`` when none.
+
+    >>> kept_metadata([Document("a", "x", metadata={"topic": "f"}), Document("b", "y")])
+    'kept as metadata (for --filter): topic (1 of 2 documents)'
+    """
+    counts: dict[str, int] = {}
+    for d in docs:
+        for k in d.metadata:
+            counts[k] = counts.get(k, 0) + 1
+    if not counts:
+        return ""
+    shown = [f"{k} ({n} of {len(docs)} documents)" if n < len(docs) else k
+             for k, n in list(counts.items())[:12]]
+    more = f" and {len(counts) - 12} more keys" if len(counts) > 12 else ""
+    return "kept as metadata (for --filter): " + ", ".join(shown) + more
 
 
 def read_queries(path: str | os.PathLike) -> dict[str, str]:
