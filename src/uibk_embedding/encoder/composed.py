@@ -30,7 +30,7 @@ composes, a content hash of each, the format, the dense weight and the projectio
 it refuses a model whose files changed since (:class:`~uibk_embedding.errors.ModelChanged`):
 vectors of the old and the new model must not be mixed in one index.
 
-Needs the ``colbert`` extra (``pylate`` and ``sentence-transformers``; see README: pylate
+Needs the ``colbert`` extra (``pylate`` and ``sentence-transformers``; see docs/model.md: pylate
 1.6 pins fast-plaid <= 1.4.6, the ``plaid`` extra pins 1.7.0, so the two extras are installed
 side by side with ``pip install --no-deps pylate==1.6.0``).
 

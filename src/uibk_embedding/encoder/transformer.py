@@ -41,7 +41,7 @@ EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
 # made by ``benchmarks/projection_eval.py ship`` (docs/model.md, "Fitted projections")
 EMBEDDED_PCA_FILE = Path(__file__).resolve().parent / "data" / "minilm_pca.npz"
 
-# Chosen with `uibk-embed eval` on cranfield and npl (README, "The embedded default and its dense weight").
+# Chosen with `uibk-embed eval` on cranfield and npl (docs/model.md, "The embedded default and its dense weight").
 DEFAULT_DENSE_WEIGHT = 4.0
 
 
