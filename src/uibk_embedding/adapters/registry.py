@@ -54,9 +54,16 @@ def backend_factory(backend: str) -> Any:
     return getattr(mod, attr)
 
 
-def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -> MultiVectorStore:
+def open_store(backend: str | None = None, *, create: bool = True, **options: Any) -> MultiVectorStore:
     """Open (or, with ``create=True``, create) a store of the named backend with
     backend-specific ``options``.
+
+    ``backend=None`` (the default): the backend whose store is at ``path=``, read from its files
+    by :func:`find_backend` (the detector ``uibk-embed search`` uses), so
+    ``open_store(path=FOLDER)`` opens a folder written by ``uibk-embed index --backend lancedb``
+    (or ``qdrant``, ``qdrant-edge``, ``plaid``, ...) as it is; ``"exact"`` when there is no
+    ``path`` or nothing is there yet. When the files do not say which backend wrote them, the
+    error names the backends to pass.
 
     ``create=False`` opens a store that exists and creates nothing: for a backend that keeps its
     store in a local folder or file (``exact``, ``plaid``, ``warp``, ``qdrant`` with ``path=``,
@@ -87,9 +94,17 @@ def open_store(backend: str = "exact", *, create: bool = True, **options: Any) -
     >>> open_store("exact", path=where, create=False).count()
     0
     """
+    if backend is None:
+        backend = find_backend(options)
     factory = backend_factory(backend)
     if not create:
-        require_store(backend, options)
+        try:
+            require_store(backend, options)
+        except StoreNotFound as e:
+            found = detect_backend(options["path"], options) if options.get("path") is not None else None
+            if found is None or found == backend:
+                raise
+            raise StoreNotFound(f"{e}; the folder holds a {found} store: pass backend={found!r}") from None
     if "create" in _parameters(factory):
         options = {**options, "create": create}
     return factory(**options)
@@ -161,6 +176,63 @@ def detect_backend(path: str | os.PathLike, options: dict[str, Any] | None = Non
             continue
         return backend
     return None
+
+
+def find_backend(options: dict[str, Any], default: str = "exact") -> str:
+    """The backend whose store is at ``options["path"]``: :func:`detect_backend` (the store and,
+    for qdrant, milvus-lite and lancedb, the ``collection`` or ``table`` the options name), else
+    the one backend whose files are there (its collection or table is then missing: opening it
+    says which it has), else ``default`` (no ``path``, nothing there, or files of no backend).
+    Files of several backends and none of them a store: :class:`~uibk_embedding.errors.UnknownBackend`
+    naming them, to pass one. Nothing is opened or changed.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> find_backend({"path": d}), find_backend({})
+    ('exact', 'exact')
+    >>> open_store("lancedb", path=d).close()
+    >>> find_backend({"path": d})
+    'lancedb'
+    """
+    path = options.get("path")
+    if path is None:
+        return default
+    found = detect_backend(path, options)
+    if found is not None:
+        return found
+    kinds = _backends_of_files(Path(os.fspath(path)))
+    if len(kinds) == 1:
+        return kinds[0]
+    if kinds:
+        raise UnknownBackend(f"cannot tell which backend's store is at {path}: it holds files of "
+                             f"{' and '.join(kinds)}, and no store of either that the options name; "
+                             f"pass the backend (one of {', '.join(repr(k) for k in kinds)})")
+    return default
+
+
+def _backends_of_files(path: Path) -> list[str]:
+    """The folder backends whose files lie at ``path`` (whatever collection or table they hold)."""
+    if path.is_file():
+        milvus = _sqlite_rows(path, "SELECT 1 FROM collection_meta LIMIT 1") is not None
+        return ["milvus-lite"] if milvus else []
+    if not path.is_dir():
+        return []
+    kinds = []
+    if (path / "store.sqlite").is_file() or (path / "store.json").is_file():
+        rows = _sqlite_rows(path / "store.sqlite", "SELECT value FROM state WHERE key = 'config'") or []
+        try:
+            kinds.append(json.loads(rows[0][0]).get("backend") or "exact" if rows else "exact")
+        except (ValueError, AttributeError):
+            kinds.append("exact")
+    if (path / "meta.json").is_file():
+        kinds.append("qdrant")
+    if (path / "edge_config.json").is_file():
+        kinds.append("qdrant-edge")
+    if (path / "milvus.db").is_file():
+        kinds.append("milvus-lite")
+    if any(path.glob("*.lance")):
+        kinds.append("lancedb")
+    return [k for k in kinds if k in BACKENDS]
 
 
 def _read_json(path: Path) -> dict | None:

@@ -44,7 +44,7 @@ import numpy as np
 from uibk_embedding import __version__, adapters
 from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
-from uibk_embedding.adapters.registry import BACKENDS, detect_backend, require_store
+from uibk_embedding.adapters.registry import BACKENDS, detect_backend, find_backend, require_store
 from uibk_embedding.apps.data import kept_metadata, load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
 from uibk_embedding.apps.evaluation import (
@@ -487,19 +487,21 @@ def _read_backend(args: argparse.Namespace, opts: dict[str, Any]) -> None:
     """Check that a store to read is at ``opts`` (:class:`StoreNotFound` if not). A folder that
     another folder backend wrote is detected from that backend's own record: without
     ``--backend`` it is read with that backend (said on stderr); with another ``--backend`` the
-    error names the backend to give."""
+    error names the backend to give. The detector is :func:`~uibk_embedding.adapters.registry.find_backend`,
+    the one ``open_store(path=...)`` uses in Python."""
+    if not getattr(args, "backend_given", True) and opts.get("path") is not None:
+        found = find_backend(opts, default=args.backend)
+        if found != args.backend:
+            print(f"uibk-embed: {opts['path']} holds a {found} store; reading it with --backend {found}",
+                  file=sys.stderr)
+            args.backend = found
     try:
         require_store(args.backend, opts)
-        return
     except StoreNotFound as e:
         found = detect_backend(opts["path"], opts) if opts.get("path") is not None else None
         if found is None or found == args.backend:
             raise
-        if getattr(args, "backend_given", True):
-            raise StoreNotFound(f"{e}; the folder holds a {found} store: give --backend {found}") from None
-    print(f"uibk-embed: {opts['path']} holds a {found} store; reading it with --backend {found}",
-          file=sys.stderr)
-    args.backend = found
+        raise StoreNotFound(f"{e}; the folder holds a {found} store: give --backend {found}") from None
 
 
 class _BackendGiven(argparse.Action):

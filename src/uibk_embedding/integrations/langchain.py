@@ -49,6 +49,7 @@ from typing import Any
 from uibk_embedding._optional import require
 from uibk_embedding.adapters import open_store
 from uibk_embedding.adapters.base import MultiVectorStore, validate_k
+from uibk_embedding.adapters.registry import find_backend
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.integrations.core import (
@@ -135,13 +136,17 @@ def _check_search_params(p: dict[str, Any], search_type: str) -> None:
 
 def _store_target(backend: str | None, collection_name: str | None, path: Any, url: str | None,
                   client: Any, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(backend, options)`` for open_store from langchain-qdrant's argument names."""
-    if backend is None:
-        backend = "qdrant" if (collection_name, url, client) != (None, None, None) else "exact"
+    """``(backend, options)`` for open_store from langchain-qdrant's argument names. Without a
+    ``backend``, a ``path`` is read by the detector ``open_store`` and ``uibk-embed search`` use
+    (:func:`~uibk_embedding.adapters.registry.find_backend`); otherwise, and for a new ``path``,
+    ``"qdrant"`` with a collection, url or client, else ``"exact"``."""
+    default = "qdrant" if (collection_name, url, client) != (None, None, None) else "exact"
     opts = dict(options)
     for key, value in (("path", path), ("url", url), ("client", client), ("collection", collection_name)):
         if value is not None:
             opts[key] = os.fspath(value) if key == "path" else value
+    if backend is None:
+        backend = find_backend(opts, default) if url is None and client is None else default
     return backend, opts
 
 
@@ -263,8 +268,10 @@ class UIBKVectorStore(VectorStore):
     ) -> UIBKVectorStore:
         """Open a store that exists, creating nothing (langchain-qdrant's constructor).
 
-        ``backend`` defaults to ``"qdrant"`` when a ``collection_name``, ``url`` or ``client``
-        is given, else ``"exact"`` (a ``path`` written by ``uibk-embed index``); other
+        ``backend`` defaults to the backend whose store is at ``path`` (read from its files, as
+        ``uibk-embed search`` reads them: a folder of ``uibk-embed index --backend lancedb``,
+        ``qdrant``, ``qdrant-edge``... opens as it is), else ``"qdrant"`` when a
+        ``collection_name``, ``url`` or ``client`` is given, else ``"exact"``; other
         ``options`` go to :func:`~uibk_embedding.open_store`. Fails with a precise message when
         the collection does not fit: :class:`~uibk_embedding.errors.StoreNotFound` when nothing
         is there, a format conflict when it was written by another model, a ``ValueError`` when
