@@ -331,8 +331,11 @@ def test_api_key_is_required_everywhere_but_health(guarded, local):
                               headers=headers)
             assert r.status_code == 401, (path, headers, r.status_code)
             assert r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["detail"]
-    with pytest.raises(RemoteEncoderError, match="needs an API key"):
-        RemoteEncoder(guarded, api_key="wrong-key-0123456789").encode_documents(TEXTS[:1])
+    # a wrong key is said to be refused (it said "needs an API key: pass ..."), and at once
+    with pytest.raises(RemoteEncoderError, match=r"refused the API key \(HTTP 401; the key of api_key=\)"):
+        RemoteEncoder(guarded, api_key="wrong-key-0123456789")
+    with pytest.raises(RemoteEncoderError, match="needs an API key: pass"):
+        RemoteEncoder(guarded, api_key="")
     with RemoteEncoder(guarded, api_key=API_KEY) as enc:
         for a, b in zip(enc.encode_documents(TEXTS), local.encode_documents(TEXTS), strict=True):
             assert a.tobytes() == b.tobytes()

@@ -37,6 +37,7 @@ Example
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -46,6 +47,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -76,7 +78,7 @@ from uibk_embedding.adapters.qdrant_filters import (
     to_qdrant_filter,
 )
 from uibk_embedding.adapters.redo import RedoLog
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse, StoreNotFound
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse, StoreNotFound, UIBKError
 from uibk_embedding.tagged import DIM, N_SLOTS, TaggedFormat, decompose, dense_vector
 
 T = TypeVar("T")
@@ -97,6 +99,10 @@ MAX_ROWS_PER_REQUEST = 8192
 
 class QdrantUnavailable(BackendUnavailable):
     """The Qdrant server could not be reached (after the configured retries)."""
+
+
+class QdrantRefused(UIBKError, PermissionError):
+    """The Qdrant server refused the request (HTTP 401 or 403): a missing or wrong API key."""
 
 
 def point_id(doc_id: str) -> str:
@@ -471,6 +477,34 @@ def redo_folder(path: str | os.PathLike, collection: str) -> Path:
     return Path(path) / "uibk-redo" / quote(collection, safe="")
 
 
+API_KEY_ENV = "QDRANT_API_KEY"  # the server's API key when api_key= is not given
+
+# local-mode stores this process opened and has not closed: closed by _close_at_exit
+_OPEN_LOCAL: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the local-mode stores still open when the interpreter exits. Left to
+    ``QdrantClient.__del__`` at shutdown, the close imports ``portalocker`` when imports no longer
+    work and prints ``Exception ignored in: ... ImportError: sys.meta_path is None``."""
+    for store in list(_OPEN_LOCAL):
+        with contextlib.suppress(Exception):
+            store.close()
+
+
+def _say_client_warnings(said: list[warnings.WarningMessage], where: Any) -> None:
+    """qdrant-client's warnings from making a client, shown again; its warning that the API key
+    goes over plain ``http://`` said as one warning of ours, with what to do."""
+    for w in said:
+        if "insecure connection" in str(w.message):
+            warnings.warn(f"the Qdrant API key is sent unencrypted to {where} (http://, not https://): "
+                          "anyone on the network can read it; use an https:// url (or https=True)",
+                          UserWarning, stacklevel=3)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 class QdrantStore(_QdrantBase):
     """Tagged multivectors in a Qdrant collection, through ``qdrant_client.QdrantClient``.
 
@@ -480,6 +514,8 @@ class QdrantStore(_QdrantBase):
         (and never changed) when it exists.
     url, host, port, grpc_port, prefer_grpc, https, api_key, timeout: a remote server or
         cluster (passed to ``QdrantClient``). ``timeout`` (seconds) bounds every request.
+        ``api_key`` defaults to ``$QDRANT_API_KEY`` (as qdrant-client's users set it); a key
+        sent over plain ``http://`` is warned about, once, in one line.
     location, path: local mode (``":memory:"`` or a directory): qdrant-client's pure-Python
         engine, always exact; for tests and small collections. With no connection argument
         at all the store runs in memory.
@@ -593,9 +629,14 @@ class QdrantStore(_QdrantBase):
         elif remote:
             if location is not None or path is not None:
                 raise ValueError("pass either url/host (a server) or location/path (local mode)")
-            self.client = qc.QdrantClient(
-                url=url, host=host, port=port, grpc_port=grpc_port, prefer_grpc=prefer_grpc,
-                https=https, api_key=api_key, timeout=timeout, check_compatibility=False)
+            if api_key is None:  # as qdrant-client's users set it (the client itself does not read it)
+                api_key = os.environ.get(API_KEY_ENV) or None
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                self.client = qc.QdrantClient(
+                    url=url, host=host, port=port, grpc_port=grpc_port, prefer_grpc=prefer_grpc,
+                    https=https, api_key=api_key, timeout=timeout, check_compatibility=False)
+            _say_client_warnings(said, url or host)
         else:
             if location is not None and path is not None:
                 raise ValueError("pass location= or path=, not both")
@@ -627,6 +668,8 @@ class QdrantStore(_QdrantBase):
         self.local = isinstance(getattr(self.client, "_client", None), QdrantLocal)
         if self.local:
             self._guard = threading.RLock()
+            if self._own_client:  # closed at exit while imports still work (_close_at_exit)
+                _OPEN_LOCAL.add(self)
         self.created = False
         # local mode on disk commits point by point: a redo log makes each call all-or-nothing;
         # one log per collection (a folder may hold several), so a torn write is replayed into
@@ -676,6 +719,11 @@ class QdrantStore(_QdrantBase):
                     warnings.filterwarnings("ignore", message="Payload indexes have no effect")
                     return fn(*args, **kwargs)
             except Exception as e:
+                if getattr(e, "status_code", None) in (401, 403):  # UnexpectedResponse: not retried
+                    raise QdrantRefused(
+                        f"Qdrant at {self.where} refused {what} (HTTP {e.status_code}): the API key is "
+                        "missing or wrong; pass api_key= (uibk-embed: --option api_key=KEY) or set "
+                        f"{API_KEY_ENV}") from e
                 if not _is_transient(e):
                     raise
                 if attempt >= self.max_retries:

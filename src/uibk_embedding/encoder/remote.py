@@ -153,7 +153,9 @@ class RemoteEncoder:
         is retried after its ``Retry-After`` (``retries_429`` times at most).
 
     On construction the client reads ``/health`` (format, dense weight, limits); a server that is
-    down raises :class:`ServerUnavailable` there, with the command to start one. Each answer is
+    down raises :class:`ServerUnavailable` there, with the command to start one. A server that
+    asks for a key is asked once (``/stats``) there too: no key, or a key it refuses (HTTP 401 or
+    403), raises :class:`RemoteEncoderError` saying which. Each answer is
     checked against that format and dense weight: one of another (a server restarted with
     another model) raises :class:`RemoteEncoderError` naming both.
 
@@ -180,6 +182,8 @@ class RemoteEncoder:
         self._httpx = httpx
         headers = {"X-UIBK-Client": self.client_id}
         key = (api_key if api_key is not None else os.environ.get("UIBK_API_KEY", "")).strip()
+        # where the key sent came from, for the message when the server refuses it ("" if none)
+        self._key_from = "" if not key else "api_key=" if api_key is not None else "$UIBK_API_KEY"
         if key:  # stripped: a key read from a file ends in a newline, which no header can carry
             what = "the API key" if api_key is not None else "the API key in $UIBK_API_KEY"
             headers["Authorization"] = f"Bearer {check_api_key(key, what)}"
@@ -187,6 +191,8 @@ class RemoteEncoder:
         self._client = httpx.Client(
             timeout=httpx.Timeout(self.timeout, connect=connect_timeout), headers=headers)
         info = self.health()
+        if info.get("auth") is True:  # a missing or refused key said now, before any work is done
+            self._request("GET", "/stats")
         try:
             self.format = TaggedFormat.from_dict(info["format"])
             self.dense_weight = float(info["dense_weight"])
@@ -209,7 +215,12 @@ class RemoteEncoder:
         try:
             for attempt in range(self.retries_429 + 1):
                 r = self._client.request(method, self.url + path, **kw)
-                if r.status_code == 401:
+                if r.status_code in (401, 403) and self._key_from:
+                    raise RemoteEncoderError(
+                        f"the uibk-embed server at {self.url} refused the API key (HTTP {r.status_code}; "
+                        f"the key of {self._key_from}): check it against the key the server was "
+                        "started with (`uibk-embed serve --api-key-file`)")
+                if r.status_code in (401, 403):
                     raise RemoteEncoderError(
                         f"the uibk-embed server at {self.url} needs an API key: pass "
                         "RemoteEncoder(url, api_key=...) or set UIBK_API_KEY")
