@@ -56,6 +56,7 @@ from uibk_embedding.adapters.filters import (
     parse_filter,
 )
 from uibk_embedding.errors import CollectionMismatch, InvalidInput, StoreInUse
+from uibk_embedding.rank import relevance
 from uibk_embedding.tagged import (
     DIM,
     MAX_DENSE_WEIGHT,
@@ -186,18 +187,50 @@ def read_record(text: str | bytes | None) -> Any:
 @dataclass
 class Hit:
     """One search result: ``id``, MaxSim ``score`` (as the backend computed it), ``metadata``,
-    and, when asked for (``explain=True``), its :class:`Decomposition`."""
+    when asked for (``explain=True``) its :class:`Decomposition`, and its ``relevance``.
+
+    ``relevance`` is the score on a scale in [0, 1] that does not depend on the query's length
+    (:func:`~uibk_embedding.rank.relevance`: 1 a perfect match, off-topic and gibberish queries'
+    best documents mostly below 0.5); :meth:`MultiVectorStore.search` and ``search_batch`` set it
+    on every hit they return, the same on every backend.
+
+    >>> import uibk_embedding as ue
+    >>> enc = ue.load_encoder(); store = ue.open_store("exact", format=enc.format)
+    >>> store.upsert(["wing", "bread"], enc.encode_documents(["lift of a wing in a slipstream",
+    ...                                                       "a rye sourdough recipe"]))
+    >>> hits = store.search(enc.encode_queries(["wing lift"])[0], k=2)
+    >>> [h.id for h in hits], all(0 <= h.relevance <= 1 for h in hits), hits[0].relevance > hits[1].relevance
+    (['wing', 'bread'], True, True)
+    """
 
     id: str
     score: float
     metadata: dict[str, Any] = field(default_factory=dict)
     decomposition: Decomposition | None = None
+    relevance: float | None = None  # set by the store's search (None only on a Hit made by hand)
 
     def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "score": self.score, "metadata": self.metadata}
+        d: dict[str, Any] = {"id": self.id, "score": self.score, "relevance": self.relevance,
+                             "metadata": self.metadata}
         if self.decomposition is not None:
             d["decomposition"] = self.decomposition.as_dict()
         return d
+
+
+def with_relevance(query: np.ndarray, hits: list[Hit]) -> list[Hit]:
+    """``hits`` of ``query`` with their ``relevance`` set (:func:`~uibk_embedding.rank.relevance`,
+    which depends on the query); the same list, returned.
+
+    >>> from uibk_embedding.rank import query_span
+    >>> from uibk_embedding.tagged import TaggedFormat
+    >>> q = TaggedFormat().build(np.eye(3, 127), np.eye(5, 127, 3))
+    >>> c, top = query_span(q)
+    >>> [h.relevance for h in with_relevance(q, [Hit("a", top), Hit("b", c), Hit("c", c - 1.0)])]
+    [1.0, 0.0, 0.0]
+    """
+    for h in hits:
+        h.relevance = relevance(query, h.score)
+    return hits
 
 
 @dataclass
@@ -803,8 +836,8 @@ class MultiVectorStore(ABC):
         k = validate_k(k)
         conds = self._parse_filter(filter)
         if explain:
-            return self._search_explained(q, k, conds, **opts)
-        return self._search(q, k, conds, **opts)
+            return with_relevance(q, self._search_explained(q, k, conds, **opts))
+        return with_relevance(q, self._search(q, k, conds, **opts))
 
     @_refuse_when_closed
     def search_batch(
@@ -815,7 +848,10 @@ class MultiVectorStore(ABC):
         qs = [validate_query(q, f"queries[{i}]", self.format) for i, q in enumerate(queries)]
         k = validate_k(k)
         conds = self._parse_filter(filter)
-        return self._search_batch(qs, k, conds, **opts) if qs else []
+        if not qs:
+            return []
+        return [with_relevance(q, hits) for q, hits in zip(qs, self._search_batch(qs, k, conds, **opts),
+                                                          strict=True)]
 
     def _parse_filter(self, filter: Filter | None) -> tuple[Node, ...]:
         """``parse_filter``, refusing operators this backend does not translate (and a native

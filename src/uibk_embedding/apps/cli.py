@@ -159,14 +159,16 @@ def _load_encoder(args: argparse.Namespace, **kw: Any):
 
 def _print_hits(hits: list, out=None) -> None:
     out = out or sys.stdout
-    print(f"{'rank':>4}  {'score':>8}  {'token':>7}  {'dense':>7}  {'sep':>3}  id", file=out)
+    print(f"{'rank':>4}  {'score':>8}  {'relevance':>9}  {'token':>7}  {'dense':>7}  {'sep':>3}  id",
+          file=out)
     for r, h in enumerate(hits, 1):
         d = h.decomposition
         tok = f"{d.token_part:7.3f}" if d else "    n/a"
         den = f"{d.dense_part:7.3f}" if d else "    n/a"
         sep = ("yes" if d.separated and d.slots_aligned else "no") if d else "n/a"
         text = str(h.metadata.get("text", ""))[:60]
-        print(f"{r:>4}  {h.score:8.3f}  {tok}  {den}  {sep:>3}  {h.id}  {text}", file=out)
+        rel = "      n/a" if h.relevance is None else f"{h.relevance:9.3f}"
+        print(f"{r:>4}  {h.score:8.3f}  {rel}  {tok}  {den}  {sep:>3}  {h.id}  {text}", file=out)
     if hits and hits[0].decomposition:
         d = hits[0].decomposition
         print(f"\nscore = constant {d.constant:.3f} + token part {d.token_part:.3f} "
