@@ -112,6 +112,9 @@ format, beta from 0.8984 to 0.9016 reads as 0.9 (the token tag moves by |d beta|
 relative), and a lambda 0.05 away (slot tag 0.97% away) is refused; formats closer than that
 are not told apart. A PyLate folder's probe snaps its constants to the 0.05 grid only within
 half of it (:func:`~uibk_embedding.encoder.pylate_model.probe_format`)."""
+MAX_POOL_FACTOR = 64
+"""The largest token pool factor (:mod:`uibk_embedding.token_pooling`): past it a document of the
+2048 tokens a document is read to keeps at most 32 token vectors (PyLate's users pool by 2 to 4)."""
 MAX_DENSE_WEIGHT = 1e6
 """The largest dense weight: past it the weighted slots overflow float32 (from about 1e38) long
 before, at float32's 7 digits, the dense part has drowned the token part of every score."""
@@ -235,6 +238,13 @@ class TaggedFormat:
         by the encoder; ``None``: not declared). Not part of the arithmetic, but a store
         records it and refuses an encoder with another one: a query projected with another
         ``P`` does not match the stored token vectors (see :meth:`conflict`).
+    pool_factor:
+        Token pooling at index time (:mod:`uibk_embedding.token_pooling`): a document's ``n``
+        token rows are merged into ``max(n // pool_factor, 1)``; 1 (the default) is off. Queries
+        are never pooled. Not part of the arithmetic either, and not of :meth:`conflict` (any
+        encoder of the same constants searches a pooled store), but a store records it and the
+        paths that write an encoder's documents refuse another one
+        (:func:`~uibk_embedding.token_pooling.check_pool_factor`). A record without it: 1.
 
     >>> TaggedFormat(lambda_=1.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -246,6 +256,7 @@ class TaggedFormat:
     lambda_: float = 0.75
     n_slots: int = N_SLOTS
     projection: str | None = None
+    pool_factor: int = 1
 
     def __post_init__(self) -> None:
         if not (isinstance(self.beta, int | float) and 0 < self.beta < 1):
@@ -254,6 +265,10 @@ class TaggedFormat:
             raise ValueError(f"lambda_ must be a positive finite number, got {self.lambda_!r}")
         if self.projection is not None and not (isinstance(self.projection, str) and self.projection):
             raise ValueError(f"projection must be a non-empty string or None, got {self.projection!r}")
+        if (isinstance(self.pool_factor, bool) or not isinstance(self.pool_factor, int)
+                or not 1 <= self.pool_factor <= MAX_POOL_FACTOR):
+            raise ValueError(f"pool_factor must be a whole number from 1 (no pooling) to "
+                             f"{MAX_POOL_FACTOR}, got {self.pool_factor!r}")
         if self.n_slots != N_SLOTS:
             raise ValueError(f"the format has exactly {N_SLOTS} slots, got n_slots={self.n_slots}")
         b = self.bounds()
@@ -299,8 +314,16 @@ class TaggedFormat:
         return n_query_tokens * (1 - self.beta) + self.n_slots * dense_weight * (1 - self.delta)
 
     def to_dict(self) -> dict[str, float]:
-        """The constants only (what an encoder's configuration records)."""
-        return {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
+        """The constants (what an encoder's configuration records), and the pool factor when
+        documents are pooled (so an unpooled format's record is what it was before pooling).
+
+        >>> TaggedFormat(pool_factor=2).to_dict()
+        {'beta': 0.9, 'lambda_': 0.75, 'n_slots': 3, 'pool_factor': 2}
+        """
+        d = {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
+        if self.pool_factor != 1:
+            d["pool_factor"] = self.pool_factor
+        return d
 
     def to_stored(self) -> dict[str, Any]:
         """What a store records: the constants and the projection (``None`` written out, so
@@ -310,8 +333,13 @@ class TaggedFormat:
 
     @classmethod
     def from_dict(cls, d: dict) -> TaggedFormat:
-        """Read :meth:`to_dict` or :meth:`to_stored` (no ``projection`` key: ``None``)."""
-        return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]), projection=d.get("projection"))
+        """Read :meth:`to_dict` or :meth:`to_stored` (no ``projection`` key: ``None``; no
+        ``pool_factor`` key: 1, a store or an encoder that pools nothing)."""
+        pool = d.get("pool_factor", 1)
+        if not isinstance(pool, int) or isinstance(pool, bool):
+            raise ValueError(f"pool_factor must be a whole number, got {pool!r}")
+        return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]), projection=d.get("projection"),
+                   pool_factor=pool)
 
     @classmethod
     def from_stored(cls, d: dict) -> TaggedFormat:
@@ -325,9 +353,11 @@ class TaggedFormat:
 
     def conflict(self, requested: TaggedFormat | None) -> str | None:
         """Why lists stored with this (saved) format cannot be used with ``requested``, or
-        ``None`` when they can. Constants must be equal; projections too when both sides
-        declare one, and the models (``<projection>@<model hash>``) when both name theirs (a
-        record written before models were named accepts any, as before). A store written before
+        ``None`` when they can. The pool factor does not count here (queries are never pooled;
+        :func:`~uibk_embedding.token_pooling.check_pool_factor` guards the writes). Constants
+        must be equal; projections too when both sides declare one, and the models
+        (``<projection>@<model hash>``) when both name theirs (a record written before models
+        were named accepts any, as before). A store written before
         projections were recorded (:data:`UNRECORDED`) was filled by a seeded random projection,
         the only kind there was: it accepts a ``random-*`` projection (as before) and refuses any
         other.

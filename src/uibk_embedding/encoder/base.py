@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from uibk_embedding.encoder.pipeline import (
 )
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder, protocol_gaps
 from uibk_embedding.tagged import TaggedFormat, check_dense_weight
+from uibk_embedding.token_pooling import check_pool_factor_value, pool_documents
 
 
 class TaggedEncoder(FixedProjections):
@@ -80,6 +82,9 @@ class TaggedEncoder(FixedProjections):
     doc_max_length: tokens read of a document (2048, or the model's maximum if lower).
     batch_tokens: padded tokens per forward pass.
     prefetch: batches tokenised ahead of the one on the device (a background thread; 0: none).
+    pool_factor: token pooling of documents (:mod:`uibk_embedding.token_pooling`; queries never):
+        ``n`` token vectors become ``max(n // pool_factor, 1)``; recorded in :attr:`format`, which
+        a store records. ``None``: the format's (1, off, unless ``format`` says otherwise).
     """
 
     kind = "abstract"
@@ -102,8 +107,11 @@ class TaggedEncoder(FixedProjections):
         batch_tokens: int = 16384,
         show_progress: bool | None = None,
         prefetch: int = 2,
+        pool_factor: int | None = None,
     ) -> None:
         self.format = format or TaggedFormat()
+        if pool_factor is not None:
+            self.format = replace(self.format, pool_factor=check_pool_factor_value(pool_factor))
         self._init_projections(dense_dim, token_dim, projections, seed, projection)
         self.dense_weight = check_dense_weight(dense_weight)
         if query_token_cap < 1 or query_max_length < 2 or doc_max_length < 2:
@@ -233,10 +241,20 @@ class TaggedEncoder(FixedProjections):
             w = np.asarray(weights, dtype=np.float64)[tb.positions] if per_text else float(weights)
             launched = self._launch(tb, w)
             if pending is not None:
-                yield self._finish(pending)
+                yield self._pooled(self._finish(pending), is_query)
             pending = launched
         if pending is not None:
-            yield self._finish(pending)
+            yield self._pooled(self._finish(pending), is_query)
+
+    def _pooled(self, done: tuple[list[int], list[np.ndarray], np.ndarray],
+                is_query: bool) -> tuple[list[int], list[np.ndarray], np.ndarray]:
+        """A finished batch with its documents' tokens pooled by ``format.pool_factor`` (the one
+        place documents are pooled: every encoding path, shared and served ones included, runs
+        through :meth:`_tagged_batches`); queries and ``pool_factor=1`` as they are."""
+        if is_query or self.format.pool_factor == 1:
+            return done
+        positions, arrays, cut = done
+        return positions, pool_documents(arrays, self.format), cut
 
     def _prefetched(self, texts: list[str], batches: list[list[int]],
                     is_query: bool) -> Iterator[TokenBatch]:

@@ -1,0 +1,151 @@
+"""Token pooling at index time (uibk_embedding.token_pooling): the rule, the format record, the
+identity on pooled documents, and the store's refusal of documents of another pool factor."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from uibk_embedding import open_store
+from uibk_embedding.errors import CollectionMismatch
+from uibk_embedding.maxsim import maxsim
+from uibk_embedding.tagged import N_SLOTS, TaggedFormat, check_separation, decompose
+from uibk_embedding.token_pooling import (
+    check_pool_factor,
+    pool_documents,
+    pool_tokens,
+    pooled_token_count,
+    ward_clusters,
+)
+
+
+def _partition(labels: np.ndarray) -> set[frozenset[int]]:
+    return {frozenset(np.flatnonzero(labels == c).tolist()) for c in np.unique(labels)}
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 40, 129])
+def test_ward_clusters_match_scipy(n, rng):
+    hierarchy = pytest.importorskip("scipy.cluster.hierarchy")
+    x = rng.normal(size=(n, 127))
+    tree = hierarchy.linkage(x, method="ward")
+    for k in sorted({1, max(n // 3, 1), max(n // 2, 1), n - 1, n}):
+        if k < 1:
+            continue
+        ours = ward_clusters(x, k)
+        assert len(np.unique(ours)) == k
+        theirs = hierarchy.fcluster(tree, t=k, criterion="maxclust")
+        assert _partition(ours) == _partition(theirs), (n, k)
+
+
+def test_ward_clusters_with_ties_give_exactly_k():
+    x = np.zeros((6, 4))  # all distances equal: any merge order, but still k clusters
+    for k in range(1, 7):
+        assert len(np.unique(ward_clusters(x, k))) == k
+    x = np.repeat(np.eye(3), 4, axis=0)  # three groups of duplicates
+    assert _partition(ward_clusters(x, 3)) == {frozenset(range(i, i + 4)) for i in (0, 4, 8)}
+
+
+def test_pooled_rows_rule_slots_tags_and_norms(real_data, fmt):
+    for p in (2, 3, 4):
+        for doc in real_data.docs[:60]:
+            out = pool_tokens(doc, p, fmt)
+            n = len(doc) - N_SLOTS
+            assert len(out) - N_SLOTS == max(n // p, 1) == pooled_token_count(n, p)
+            assert out.dtype == np.float32
+            assert out[:N_SLOTS].tobytes() == doc[:N_SLOTS].tobytes()  # slots untouched
+            assert out[N_SLOTS:, 0].tobytes() == np.full(len(out) - N_SLOTS, doc[N_SLOTS, 0]).tobytes()
+            assert np.abs(np.linalg.norm(out.astype(np.float64), axis=1) - 1).max() < 1e-6
+            # every pooled token is a renormalised mean of tokens: each row of the list is
+            # closer to some original token than the original tokens are to nothing at all
+            assert (out[N_SLOTS:] @ doc[N_SLOTS:].T).max(axis=1).min() > 0.5
+
+
+def test_pool_factor_one_is_the_same_bytes(encoder, real_data):
+    from uibk_embedding.encoder import load_encoder
+
+    texts = real_data.texts[:20]
+    plain = encoder.encode_documents(texts)
+    one = load_encoder(pool_factor=1)
+    assert one.format == encoder.format and one.format.to_stored() == encoder.format.to_stored()
+    for a, b in zip(plain, one.encode_documents(texts), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    assert pool_documents(plain, encoder.format)[3] is plain[3]
+
+
+def test_encoder_pools_documents_never_queries(encoder, real_data):
+    from uibk_embedding.encoder import load_encoder
+
+    two = load_encoder(pool_factor=2)
+    assert two.format.pool_factor == 2 and two.config()["format"]["pool_factor"] == 2
+    texts = real_data.texts[:20]
+    plain, pooled = encoder.encode_documents(texts), two.encode_documents(texts)
+    for a, b in zip(plain, pooled, strict=True):
+        assert len(b) - N_SLOTS == max((len(a) - N_SLOTS) // 2, 1)
+        assert np.array_equal(b, pool_tokens(a, 2, encoder.format))
+    streamed = list(two.encode_documents_iter(texts, chunk_size=7))
+    for a, b in zip(streamed, pooled, strict=True):  # other batches: float noise of the model only
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+    q = real_data.query_texts[:5]
+    for a, b in zip(encoder.encode_queries(q), two.encode_queries(q), strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_identity_and_decomposition_hold_on_pooled_documents(real_data, fmt):
+    docs = [pool_tokens(d, 2, fmt) for d in real_data.docs[:50]]
+    queries = real_data.queries[:10]
+    report = check_separation(queries, docs)
+    assert report.held, report  # no query token selects a slot, no query slot a token
+    closed_form = 0
+    for q in queries:
+        for d in docs:
+            parts = decompose(q, d, fmt)
+            assert parts.total == pytest.approx(float(maxsim(q, d)), abs=1e-4)
+            assert parts.total == pytest.approx(
+                parts.constant + fmt.beta * (parts.token + fmt.lambda_ * parts.dense_weight * parts.dense),
+                abs=1e-5)
+            if parts.separated and parts.slots_aligned:
+                c = fmt.constant(parts.n_query_tokens, parts.dense_weight)
+                assert parts.constant == pytest.approx(c, abs=1e-5)  # C(q): the same for every document
+                closed_form += 1
+    assert closed_form > 0
+
+
+def test_format_record_of_the_pool_factor():
+    two = TaggedFormat(projection="random-1", pool_factor=2)
+    assert two.to_stored()["pool_factor"] == 2
+    assert TaggedFormat.from_stored(json.loads(json.dumps(two.to_stored()))) == two
+    # an unpooled format's record is what it was before pooling; an old record reads as 1
+    assert "pool_factor" not in TaggedFormat().to_stored()
+    assert TaggedFormat.from_stored({"beta": 0.9, "lambda_": 0.75}).pool_factor == 1
+    for bad in (0, -1, 65, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="pool_factor"):
+            TaggedFormat(pool_factor=bad)
+    with pytest.raises(ValueError, match="pool_factor"):
+        TaggedFormat.from_stored({"beta": 0.9, "lambda_": 0.75, "pool_factor": 2.0})
+    # searching does not depend on it: conflict() leaves it to the write check
+    assert two.conflict(TaggedFormat(projection="random-1")) is None
+
+
+def test_store_records_the_pool_factor_and_refuses_other_documents(tmp_path, encoder, real_data):
+    from uibk_embedding.encoder import load_encoder
+
+    two = load_encoder(pool_factor=2)
+    path = tmp_path / "pooled"
+    with open_store("exact", path=str(path), format=two.format) as store:
+        store.upsert(["a", "b"], two.encode_documents(real_data.texts[:2]))
+    with open_store("exact", path=str(path)) as store:  # no encoder: the record says
+        assert store.format.pool_factor == 2
+    # an unpooled encoder searches it (queries are never pooled) ...
+    with open_store("exact", path=str(path), format=encoder.format, create=False) as store:
+        assert store.format.pool_factor == 2
+        assert len(store.search(encoder.encode_queries(["flow"])[0], k=2)) == 2
+        # ... but its documents are refused, naming both factors and the way out
+        with pytest.raises(CollectionMismatch, match=r"pool_factor=2 and this encoder pools with "
+                                                     r"pool_factor=1.*--pool-factor 2"):
+            check_pool_factor(store.format, encoder.format, "the exact store")
+    check_pool_factor(TaggedFormat(pool_factor=2), two.format, "the exact store")  # the same: fine
+    with pytest.raises(CollectionMismatch, match="pooled with pool_factor=1 and this encoder pools "
+                                                 "with pool_factor=3"):
+        check_pool_factor(TaggedFormat(), TaggedFormat(pool_factor=3), "an old store")
