@@ -161,18 +161,22 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
     if n_docs == 0:
         return out
     itemsize = np.dtype(dtype).itemsize
-    row_bytes = itemsize * max(1, qmat.shape[0])
+    convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
+    # what one document row of a block costs: its similarities with every query row, and, when the
+    # documents are converted, its converted copy (dim values: a wide row with a one-row query
+    # would otherwise size a buffer of gigabytes)
+    row_bytes = itemsize * (max(1, qmat.shape[0]) + (doc_matrix.shape[1] if convert else 0))
     # cache-sized blocks, never above the memory bound, never below one document
     rows_budget = max(1, min(max(BLOCK_BYTES // row_bytes, MIN_BLOCK_ROWS), max_chunk_bytes // row_bytes))
-    convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
     buffer = np.empty((0, doc_matrix.shape[1]), dtype=dtype)
     single = len(qoff) == 2
     for start_doc, end_doc in doc_blocks(offsets, rows_budget):
         r0, r1 = offsets[start_doc], offsets[end_doc]
         block = doc_matrix[r0:r1]
         if convert:
-            if len(buffer) < r1 - r0:
-                buffer = np.empty((max(r1 - r0, rows_budget), doc_matrix.shape[1]), dtype=dtype)
+            if len(buffer) < r1 - r0:  # a block's rows, never more than are left to convert
+                rows = max(r1 - r0, min(rows_budget, int(offsets[-1] - r0)))
+                buffer = np.empty((rows, doc_matrix.shape[1]), dtype=dtype)
             block = _convert_into(block, buffer[: r1 - r0])
         # (query vectors, document rows): the per-document max then runs along contiguous
         # memory, which is ~10x faster than reducing over the other axis
