@@ -187,9 +187,9 @@ def test_no_forward_pass_exceeds_the_token_budget(minilm, is_query, monkeypatch)
     texts = [*cjk, "a wing in a slipstream"]  # 600 characters: 512 tokens (256 for a query), alone
     budget = 480  # estimated 7 texts of 170 characters a batch (1204 tokens), and the two of 600
     want, _ = encode(minilm, texts, is_query)  # batched otherwise (the default budget, 8192)
-    spy = _PassSizes(minilm.model)
+    spy = _PassSizes(minilm._net)  # the network the encoder runs (encoder/bert.py for MiniLM)
     monkeypatch.setattr(minilm, "batch_tokens", budget)
-    monkeypatch.setattr(minilm, "model", spy)
+    monkeypatch.setattr(minilm, "_net", spy)
     got, _ = encode(minilm, texts, is_query)
     assert len(spy.sizes) > 1
     over = [(b, t) for b, t in spy.sizes if b * t > budget and b > 1]

@@ -13,6 +13,7 @@ records and checks) and saved beside the encoder's configuration.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -55,11 +56,24 @@ def seeded_projections(dense_dim: int, token_dim: int, seed: int) -> dict[str, n
 
 @functools.lru_cache(maxsize=8)
 def _seeded(dense_dim: int, token_dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    r = orthonormal_rows(N_SLOTS * BODY, dense_dim, seed)
-    p = orthonormal_rows(BODY, token_dim, seed + 1)
+    # Two small QR factorisations (~10 ms on one thread). On threads they stalled for 0.7-1.7 s
+    # here when other processes held the cores (BLAS threads wait on each other), so one thread;
+    # the float32 matrices were the same bit for bit either way (tests/test_encoder_startup.py).
+    with _one_blas_thread():
+        r = orthonormal_rows(N_SLOTS * BODY, dense_dim, seed)
+        p = orthonormal_rows(BODY, token_dim, seed + 1)
     r.setflags(write=False)
     p.setflags(write=False)
     return r, p
+
+
+def _one_blas_thread() -> Any:
+    """A context in which numpy's BLAS runs on one thread (``threadpoolctl``; without it, as is)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a core dependency
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 class FixedProjections:

@@ -41,7 +41,8 @@ EMBEDDED_NAME = "embedded:all-MiniLM-L6-v2"
 # made by ``benchmarks/projection_eval.py ship`` (docs/model.md, "Fitted projections")
 EMBEDDED_PCA_FILE = Path(__file__).resolve().parent / "data" / "minilm_pca.npz"
 
-# Chosen with `uibk-embed eval` on cranfield and npl (docs/model.md, "The embedded default and its dense weight").
+# Chosen with `uibk-embed eval` on cranfield and npl (docs/model.md, "The embedded default and its
+# dense weight").
 DEFAULT_DENSE_WEIGHT = 4.0
 
 
@@ -112,7 +113,6 @@ class TransformerEncoder(TaggedEncoder):
         **kwargs: Any,
     ) -> None:
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
         self.model_name = str(model_path)
         path = embedded_model_path() if self.model_name == EMBEDDED_NAME else Path(model_path)
@@ -128,17 +128,36 @@ class TransformerEncoder(TaggedEncoder):
         if num_threads:
             torch.set_num_threads(int(num_threads))
         self.device = resolve_device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust)
+        self._path, self._trust = path, trust
         self._fast: dict[int, Any] = {}  # private `tokenizers` copies, one per length limit
         self._fast_lock = threading.Lock()
         self._zero_types: bool | None = None
-        with quiet_transformers():
-            model, info = AutoModel.from_pretrained(str(path), trust_remote_code=trust,
-                                                    output_loading_info=True)
-        refuse_missing_weights(path, info.get("missing_keys", ()))
-        self.model = model.to(self.device).eval()
+        self._hf_model: Any = None  # transformers' model and tokenizer: made when first asked for
+        self._hf_tokenizer: Any = None
+        # the embedded default runs a plain-torch BERT (encoder/bert.py): no transformers import
+        from uibk_embedding.encoder.bert import TokenizerFacts, load_bert, native_bert_config
+
+        native = native_bert_config(path) if self.model_name == EMBEDDED_NAME else None
+        self._native = native
+        if native is not None:
+            from tokenizers import Tokenizer
+
+            self._net = load_bert(path, native).to(self.device)
+            self._base_tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            self._facts = TokenizerFacts.from_folder(path, self._base_tokenizer)
+            hidden = native.hidden_size
+        else:
+            self._net = self.model  # loads it (transformers)
+            self._base_tokenizer = None
+            tok = self.tokenizer
+            self._facts = TokenizerFacts(
+                pad_token_id=int(tok.pad_token_id or 0),
+                truncation_side=str(getattr(tok, "truncation_side", "right")),
+                model_max_length=getattr(tok, "model_max_length", None),
+                takes_token_types="token_type_ids" in tok.model_input_names,
+                pad_token_type_id=int(getattr(tok, "pad_token_type_id", 0) or 0))
+            hidden = int(self._net.config.hidden_size)
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
-        hidden = int(self.model.config.hidden_size)
         self.model_max_length = self._max_positions()
         if kwargs.get("projection") == "pca" and kwargs.get("projections") is None:
             if self.model_name != EMBEDDED_NAME:
@@ -158,16 +177,46 @@ class TransformerEncoder(TaggedEncoder):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "model": self._model_ref}
 
+    @property
+    def model(self) -> Any:
+        """The transformers model of the folder (``AutoModel``, on :attr:`device`, eval mode).
+        The embedded default encodes without it (:mod:`uibk_embedding.encoder.bert`, the same
+        numbers): it is loaded, and transformers imported, the first time it is asked for."""
+        if self._hf_model is None:
+            from transformers import AutoModel
+
+            with quiet_transformers():
+                model, info = AutoModel.from_pretrained(str(self._path), trust_remote_code=self._trust,
+                                                        output_loading_info=True)
+            refuse_missing_weights(self._path, info.get("missing_keys", ()))
+            self._hf_model = model.to(self.device).eval()
+        return self._hf_model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The transformers tokenizer of the folder (``AutoTokenizer``); for the embedded default
+        made the first time it is asked for (encoding runs ``tokenizers`` directly)."""
+        if self._hf_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._hf_tokenizer = AutoTokenizer.from_pretrained(str(self._path),
+                                                               trust_remote_code=self._trust)
+        return self._hf_tokenizer
+
     def _max_positions(self) -> int:
         """The longest input the model embeds: ``max_position_embeddings``, less the offset of
         models whose positions start after the padding index (RoBERTa, XLM-R, MPNet: 514 holds
         512 tokens), and no more than the tokenizer's own ``model_max_length`` when it sets one."""
-        limit = int(getattr(self.model.config, "max_position_embeddings", 512))
-        positions = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)
-        pad = getattr(positions, "padding_idx", None)
-        if pad is not None:  # positions are padding_idx + 1, + 2, ...
-            limit -= int(pad) + 1
-        told = getattr(self.tokenizer, "model_max_length", None)
+        net = self._net
+        if self._native is not None:  # absolute positions from 0
+            limit = self._native.max_position_embeddings
+        else:
+            limit = int(getattr(net.config, "max_position_embeddings", 512))
+            positions = getattr(getattr(net, "embeddings", None), "position_embeddings", None)
+            pad = getattr(positions, "padding_idx", None)
+            if pad is not None:  # positions are padding_idx + 1, + 2, ...
+                limit -= int(pad) + 1
+        told = self._facts.model_max_length
         if isinstance(told, int) and 0 < told < limit:  # unset: a huge sentinel
             limit = told
         return limit
@@ -177,24 +226,25 @@ class TransformerEncoder(TaggedEncoder):
         """A private ``tokenizers.Tokenizer`` cutting at ``max_len`` (never mutated later, so
         threads can share it), or None when the model has no fast tokenizer."""
         tok = self._fast.get(max_len)
-        if tok is None and getattr(self.tokenizer, "is_fast", False):
+        base = self._base_tokenizer
+        if tok is None and (base is not None or getattr(self.tokenizer, "is_fast", False)):
             from tokenizers import Tokenizer
 
             with self._fast_lock:
                 tok = self._fast.get(max_len)
                 if tok is None:
-                    tok = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+                    text = base.to_str() if base is not None else self.tokenizer.backend_tokenizer.to_str()
+                    tok = Tokenizer.from_str(text)
                     tok.no_padding()
                     tok.enable_truncation(max_len, stride=0, strategy="longest_first",
-                                          direction=getattr(self.tokenizer, "truncation_side", "right"))
+                                          direction=self._facts.truncation_side)
                     self._fast[max_len] = tok
         return tok
 
     def _zero_type_ids(self, fast: Any) -> bool:
         if self._zero_types is None:
             sample = fast.encode("a b c")
-            pad_type = int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0)
-            self._zero_types = pad_type == 0 and not any(sample.type_ids)
+            self._zero_types = self._facts.pad_token_type_id == 0 and not any(sample.type_ids)
         return self._zero_types
 
     def _tokenize(self, texts: list[str], is_query: bool) -> TokenBatch:
@@ -219,11 +269,11 @@ class TransformerEncoder(TaggedEncoder):
             rows = enc["input_ids"]
             specials = enc["special_tokens_mask"]
             types = enc.get("token_type_ids")
-        ids, n = pad_ids(rows, int(self.tokenizer.pad_token_id or 0))
+        ids, n = pad_ids(rows, self._facts.pad_token_id)
         mask = (np.arange(ids.shape[1]) < n[:, None]).astype(np.int64)
         inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-        if "token_type_ids" in self.tokenizer.model_input_names:
-            pad_type = int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0)
+        if self._facts.takes_token_types:
+            pad_type = self._facts.pad_token_type_id
             if types is None or (pad_type == 0 and not any(map(any, types))):
                 inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
             else:
@@ -241,7 +291,8 @@ class TransformerEncoder(TaggedEncoder):
         import torch
 
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
-            states = self.model(**inputs).last_hidden_state.float()
+            out = self._net(**inputs)
+            states = (out if isinstance(out, torch.Tensor) else out.last_hidden_state).float()
         return self.pooling.pool(states, inputs["attention_mask"]), states
 
 
