@@ -1,4 +1,4 @@
-"""Calibrate and report the relevance scale of ``uibk_embedding.integrations.core.relevance``.
+"""Calibrate and report the relevance scale of ``uibk_embedding.rank.relevance`` (``Hit.relevance``).
 
 ``calibrate``: paragraphs of Python standard-library module docstrings (not an evaluation
 collection). Each paragraph's first sentence is a query; the rest of its paragraph is a
@@ -8,7 +8,10 @@ matches' 90th percentile (OFF_TOPIC_BELOW_HALF), so that an off-topic query's be
 below 0.5 nine times in ten (the aim of issue #42; the equal-error point, used before, left a third
 above); x of the 0.25 knot is the smaller of the off-topic 5th percentile and half
 the 0.5 knot's x. Also scores gibberish queries against
-the paragraphs.
+the paragraphs. Writes the per-threshold table of this calibration data (related documents
+kept, off-topic and gibberish best matches rejected, precision) into the "Calibration" section
+of benchmarks/results/relevance.md, beside the shared collections' tables (which ``report``
+writes and keeps this section).
 
 ``report``: for ../shared/datasets/{cranfield,npl} (a few hundred documents: every judged one
 of the first queries, plus others), the relevance of judged-relevant vs non-relevant top-10
@@ -31,11 +34,17 @@ from pathlib import Path
 import numpy as np
 
 import uibk_embedding as ue
-from uibk_embedding.integrations.core import hybrid_fraction, relevance
-from uibk_embedding.rank import rerank
+from uibk_embedding.rank import RELEVANCE_KNOTS, hybrid_fraction, relevance, rerank
 
 ROOT = Path(__file__).resolve().parents[1]
-GIBBERISH = ["zzz qqq xxy", "asdf qwer zxcv", "blorp fnarg wibble", "xq zv kj pw", "lorem ipsum dolor"]
+RESULTS = ROOT / "benchmarks" / "results" / "relevance.md"
+CALIBRATION = "## Calibration"  # the section calibrate writes and report keeps
+GIBBERISH = ["zzz qqq xxy", "asdf qwer zxcv", "blorp fnarg wibble", "xq zv kj pw", "lorem ipsum dolor",
+             "qzx vlorp ttrank mmnbv", "florb gnix wubba", "kkrp vntz qqlo", "hjkl yuio bnm",
+             "wibble wobble fnord", "xyzzy plugh", "mmm nnn ooo ppp", "grok zorp blat", "qwop qwop",
+             "zxcvbnm asdfghjkl", "blah blah blah", "oook eek", "vrrm vrrm skrt", "plonk twee fizz",
+             "nrrg hmmf"]
+THRESHOLDS = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)
 OFF_TOPIC_BELOW_HALF = 0.9  # the share of off-topic best matches the 0.5 knot puts below 0.5
 SKIP = ("test", "idlelib", "tkinter", "turtle", "antigravity", "this", "lib2to3", "ensurepip", "__")
 
@@ -78,6 +87,31 @@ def equal_error(pos: np.ndarray, neg: np.ndarray) -> float:
     return float(grid[int(np.argmin(gap))])
 
 
+def threshold_table(own: list[float], off: list[float], gib: list[float]) -> list[str]:
+    """Markdown rows: per relevance threshold, the related documents kept (recall), the related
+    queries' top hits kept, the off-topic and gibberish best matches rejected, and the precision
+    of what is kept when each query meets one related document and its best off-topic one.
+
+    >>> threshold_table([0.9, 0.2], [0.1, 0.6], [0.3])[2].split(" | ")[:4]
+    ['| 0.20', '2/2 (1.00)', '2/2 (1.00)', '1/2 (0.50)']
+    """
+    rows = ["| threshold | related document kept (recall) | related query's top hit kept "
+            "| off-topic best rejected | gibberish best rejected | precision |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    top = [max(o, f) for o, f in zip(own, off, strict=True)]  # its own document or a better other
+
+    def share(n: int, of: int) -> str:
+        return f"{n}/{of} ({n / of:.2f})" if of else "0/0"
+
+    for th in THRESHOLDS:
+        kept, kept_off = sum(r >= th for r in own), sum(r >= th for r in off)
+        prec = kept / (kept + kept_off) if kept + kept_off else float("nan")
+        rows.append(f"| {th:.2f} | {share(kept, len(own))} | {share(sum(r >= th for r in top), len(top))} "
+                    f"| {share(len(off) - kept_off, len(off))} | {share(sum(r < th for r in gib), len(gib))} "
+                    f"| {prec:.3f} |")
+    return rows
+
+
 def calibrate(n_random: int = 50) -> None:
     t0 = time.time()
     enc = ue.load_encoder()
@@ -96,24 +130,42 @@ def calibrate(n_random: int = 50) -> None:
            for q in enc.encode_queries(GIBBERISH)]
     own_a, off_a = np.array(own), np.array(off)
     qs = [0.05, 0.25, 0.5, 0.75, 0.95]
-    print(f"{len(split)} stdlib paragraphs, off-topic = best of {n_random} random others, "
-          f"{time.time() - t0:.0f} s")
-    print("hybrid fraction quantiles", qs)
-    print("  related (rest of its paragraph):", np.round(np.quantile(own_a, qs), 3).tolist())
-    print("  off-topic best:        ", np.round(np.quantile(off_a, qs), 3).tolist())
-    print("  gibberish best over all paragraphs:", np.round(gib, 3).tolist())
     x_half = float(np.quantile(off_a, OFF_TOPIC_BELOW_HALF))
-    print(f"equal-error point (not used): {equal_error(own_a, off_a):.3f}")
     x_quarter = min(float(np.quantile(off_a, 0.05)), x_half / 2)
-    print(f"RELEVANCE_KNOTS = ((0.0, 0.0), ({x_quarter:.3f}, 0.25), ({x_half:.3f}, 0.5), (1.0, 1.0))")
-    print("with the knots in code: related relevance >= 0.5:",
-          f"{np.mean([relevance_of(h) >= 0.5 for h in own]):.3f}",
-          "off-topic < 0.5:", f"{np.mean([relevance_of(h) < 0.5 for h in off]):.3f}")
+    log = [f"{len(split)} stdlib paragraphs, off-topic = best of {n_random} random others, "
+           f"{len(GIBBERISH)} gibberish queries, {time.time() - t0:.0f} s",
+           f"hybrid fraction quantiles {qs}",
+           f"  related (rest of its paragraph): {np.round(np.quantile(own_a, qs), 3).tolist()}",
+           f"  off-topic best:         {np.round(np.quantile(off_a, qs), 3).tolist()}",
+           f"  gibberish best over all paragraphs: {np.round(np.quantile(gib, qs), 3).tolist()}",
+           f"equal-error point (not used): {equal_error(own_a, off_a):.3f}",
+           f"RELEVANCE_KNOTS = ((0.0, 0.0), ({x_quarter:.3f}, 0.25), ({x_half:.3f}, 0.5), (1.0, 1.0))",
+           f"in code: RELEVANCE_KNOTS = {RELEVANCE_KNOTS}"]
+    print("\n".join(log))
+    rel = [[relevance_of(h) for h in xs] for xs in (own, off, gib)]
+    table = threshold_table(*rel)
+    print("\n".join(table))
+    section = [f"{CALIBRATION}: what each threshold keeps on the calibration data", "",
+               "`python benchmarks/relevance.py calibrate`: paragraphs of Python standard-library",
+               "docstrings (no evaluation collection, no qrels). Each paragraph's first sentence is a",
+               "query; the rest of its paragraph its related document; the best of 50 random other",
+               "paragraphs its off-topic match; gibberish queries meet every paragraph. Relevance",
+               "through the knots in code (`uibk_embedding.rank.RELEVANCE_KNOTS`). A query's top hit is",
+               "its related document or an off-topic one that scores higher. Precision: of the pairs",
+               "kept, the related ones, when each query meets its related document and its best",
+               "off-topic match.", "", *table, "", "```", *log, "```", ""]
+    write_section(section)
+
+
+def write_section(section: list[str]) -> None:
+    """Put the calibration ``section`` into :data:`RESULTS`, replacing the one there."""
+    old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+    head = old.split(f"\n{CALIBRATION}", 1)[0].rstrip() if old else "# Relevance scale"
+    RESULTS.write_text(head + "\n\n" + "\n".join(section), encoding="utf-8")
+    print("wrote", RESULTS)
 
 
 def relevance_of(h: float) -> float:
-    from uibk_embedding.integrations.core import RELEVANCE_KNOTS
-
     xs, ys = zip(*RELEVANCE_KNOTS, strict=True)
     return float(np.interp(h, xs, ys))
 
@@ -123,7 +175,7 @@ def report(n_queries: int = 40, n_docs: int = 400) -> None:
 
     enc = ue.load_encoder()
     lines = ["# Relevance scale on the shared collections", "",
-             "`python benchmarks/relevance.py report` (relevance: `integrations.core.relevance`, knots",
+             "`python benchmarks/relevance.py report` (relevance: `uibk_embedding.rank.relevance`, knots",
              "calibrated on stdlib docstrings by `benchmarks/relevance.py calibrate`, never on qrels).",
              f"Per collection: the first {n_queries} queries with judgements; corpus: every judged document",
              f"of those queries plus random others, {n_docs} documents in all; embedded default encoder;",
@@ -169,9 +221,11 @@ def report(n_queries: int = 40, n_docs: int = 400) -> None:
             lines.append(f"| {t:.1f} | {len(kept)} | {prec:.3f} | {sum(kept) / max(1, n_judged):.3f} |")
         lines.append("")
         print("\n".join(lines[-20:]))
-    out = ROOT / "benchmarks" / "results" / "relevance.md"
-    out.write_text("\n".join(lines))
-    print("wrote", out)
+    old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+    mark = f"\n{CALIBRATION}"
+    calibration = mark + old.split(mark, 1)[1] if mark in old else ""
+    RESULTS.write_text("\n".join(lines).rstrip() + "\n" + calibration, encoding="utf-8")
+    print("wrote", RESULTS)
 
 
 if __name__ == "__main__":
