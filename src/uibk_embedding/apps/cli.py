@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -321,7 +322,8 @@ def truncation_said_once(out: Any = None, *, encoded: dict[str, int] | None = No
 
 
 # -- subcommands ---------------------------------------------------------------------------
-def cmd_index(args: argparse.Namespace) -> int:
+def _check_encoder_url(args: argparse.Namespace) -> None:
+    """``--encoder-url``: a server encodes with its own model, so no local encoder option applies."""
     if args.encoder_url and (args.dense or args.tokens):
         raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
                          "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
@@ -330,6 +332,43 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.encoder_url and given:
         raise SystemExit(f"uibk-embed: with --encoder-url the servers encode with their own model: "
                          f"--{given[0].replace('_', '-')} does not apply (give it to `uibk-embed serve`)")
+
+
+def _refuse_a_file_as_the_store(backend: str, opts: dict[str, Any]) -> None:
+    """``index DATA --path FILE``: a store folder cannot be made where a file is (it said
+    ``[Errno 17] File exists``); milvus-lite's database is a file, so it is left to the backend."""
+    path = opts.get("path")
+    if path is not None and backend != "milvus-lite" and Path(path).is_file():
+        raise UsageError(f"uibk-embed index: --path {path} is a file, not a store folder: --path names the "
+                         "folder the store is written to, the data to index is the first argument "
+                         f"(`uibk-embed index {path} --path ./my-index`)")
+
+
+def _new_store_folder(backend: str, opts: dict[str, Any]) -> Path | None:
+    """The folder (or milvus-lite file) ``index`` is about to create: ``--path`` when nothing is there."""
+    path = opts.get("path")
+    if path is None or "path" not in _PLACE.get(backend, ()) or os.path.lexists(path):
+        return None
+    return Path(path)
+
+
+def _remove_if_nothing_stored(store: Any, made: Path | None) -> None:
+    """After a failed ``index``: close ``store``; remove the folder this run made if it holds no
+    document (a server down, a key refused), so no empty store is left behind to be mistaken for
+    one. A store with documents is kept (``index`` again to finish it)."""
+    empty = store is None
+    if store is not None:
+        with contextlib.suppress(Exception):
+            empty = store.count() == 0
+        with contextlib.suppress(Exception):
+            store.close()
+    if made is not None and empty:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    _check_encoder_url(args)
     if len(args.encoder_url) > 1 and not args.ray:
         raise SystemExit("uibk-embed: one process encodes through one server: several --encoder-url "
                          "need --ray (the actors share them)")
@@ -346,6 +385,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     opts = _store_options(args)
     _require_a_place(args.backend, opts)
+    _refuse_a_file_as_the_store(args.backend, opts)
     docs = read_corpus(args.data)
     kept = kept_metadata(docs)  # a line's other fields are metadata: said, never dropped unsaid
     if kept:
@@ -361,18 +401,23 @@ def cmd_index(args: argparse.Namespace) -> int:
             _adopt_the_stores_encoder(args, opts)
         enc = _load_encoder(args)
     saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
-    store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
-    if saved_to is not None:
-        enc.save_projections(saved_to)  # after the store exists: a store folder holds it
-    t0 = time.perf_counter()
-    lines = Progress(f"indexing into {args.backend}", len(docs), enabled=False if args.quiet else None)
-    with truncation_said_once(encoded={"documents": len(docs)}):
-        upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
-                       texts=[d.full_text for d in docs],
-                       encode=lines.wrap(lambda texts: enc.encode_documents(texts, show_progress=False)),
-                       batch_size=args.batch_size, progress=False if args.quiet else None,
-                       desc=f"indexing into {args.backend}")
-    n = store.count()
+    made, store = _new_store_folder(args.backend, opts), None
+    try:
+        store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
+        if saved_to is not None:
+            enc.save_projections(saved_to)  # after the store exists: a store folder holds it
+        t0 = time.perf_counter()
+        lines = Progress(f"indexing into {args.backend}", len(docs), enabled=False if args.quiet else None)
+        with truncation_said_once(encoded={"documents": len(docs)}):
+            upsert_batches(store, [d.id for d in docs], [d.stored_metadata(args.store_text) for d in docs],
+                           texts=[d.full_text for d in docs],
+                           encode=lines.wrap(lambda texts: enc.encode_documents(texts, show_progress=False)),
+                           batch_size=args.batch_size, progress=False if args.quiet else None,
+                           desc=f"indexing into {args.backend}")
+        n = store.count()
+    except BaseException:
+        _remove_if_nothing_stored(store, made)
+        raise
     store.close()
     print(f"indexed {len(docs)} documents into {args.backend} ({n} stored) "
           f"in {time.perf_counter() - t0:.1f} s")
@@ -470,8 +515,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     flt = _read_filter(args.filter)
     opts = _store_options(args)
     _read_backend(args, opts)
-    _adopt_the_stores_encoder(args, opts)
-    enc = _load_encoder(args)
+    _check_encoder_url(args)
+    if args.encoder_url:  # the server's model encodes the query
+        enc = RemoteEncoder(args.encoder_url)
+    else:
+        _adopt_the_stores_encoder(args, opts)
+        enc = _load_encoder(args)
     store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
     q = query_for_mode(enc.encode_queries([args.query], dense_weight=args.dense_weight)[0],
                        args.retrieval_mode)
@@ -708,7 +757,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         corpus = Path(tmp) / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n"
                                   for i, t in QUICKSTART_CORPUS))
-        print(f"wrote {len(QUICKSTART_CORPUS)} documents to {corpus}")
+        print(f"wrote {len(QUICKSTART_CORPUS)} documents to {corpus} (a temporary folder, removed when "
+              "quickstart ends)")
         enc = _load_encoder(args)
         print(f"encoder: {getattr(enc, 'model_name', type(enc).__name__)} "
               f"(beta={enc.format.beta}, lambda={enc.format.lambda_}, "
@@ -718,12 +768,14 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         path = Path(tmp) / "store"
         with adapters.open_store("exact", path=path, format=enc.format) as store:
             store.upsert(ids, enc.encode_documents(texts), [{"text": t} for t in texts])
-        print(f"indexed into an exact store at {path}; reopening it")
-        store = adapters.open_store("exact", path=path, format=enc.format, create=False)
+        print(f"indexed into an exact store at {path} (temporary too); reopening it")
         query = args.query or QUICKSTART_QUERY
         print(f"\nquery: {query}\n")
         q = enc.encode_queries([query])[0]
-        _print_hits(store.search(q, k=args.k, explain=True))
+        with adapters.open_store("exact", path=path, format=enc.format, create=False) as store:
+            _print_hits(store.search(q, k=args.k, explain=True))
+    print(f"\nremoved the temporary folder {tmp}; to keep a store, index your own documents: "
+          "uibk-embed index corpus.jsonl --path ./my-index")
     return 0
 
 
@@ -825,6 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help='a metadata filter as JSON, e.g. {"lang": "en"} or {"year": {"$gte": 1960}}')
     sp.add_argument("--retrieval-mode", choices=RETRIEVAL_MODES, default="hybrid", help=_MODE_HELP)
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--encoder-url", default=None, metavar="URL",
+                    help="a `uibk-embed serve` server to encode the query with (the one the store was "
+                         "indexed with, or one serving the same model)")
     common(sp)
     sp.set_defaults(func=cmd_search)
 
