@@ -40,7 +40,8 @@ received plus the texts queued for the encoder may hold at most ``max_queued_byt
 ``max_queued_texts`` texts in all; a request past either answers 429 with ``Retry-After``.
 The answers are bounded too, since a token vector (512 bytes) is far larger than the text it comes
 from: each request counts an upper bound of its token vectors (per text, 3 plus its characters,
-four times that when not ASCII, at most the document length or the query token cap) from its
+four times that when not ASCII, plus the markers, prompt and query padding the encoder adds, at
+most the document length or the longest query: :func:`vector_bound`) from its
 admission until its answer is sent (a client that does not read its answer keeps holding it);
 past ``max_queued_vectors`` in all it answers 429 too, unless no other request holds vectors.
 The server's memory beyond the model is then about ``max_queued_bytes`` plus twice
@@ -118,7 +119,7 @@ import sys
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from json.decoder import scanstring
 from json.scanner import NUMBER_RE
 from pathlib import Path
@@ -385,6 +386,36 @@ class _Limits:
         return dict(vars(self))
 
 
+def vector_bound(encoder: Any) -> Callable[[Sequence[str], bool], int]:
+    """An upper bound of the rows (3 slots + token vectors) ``encoder`` returns for texts, as a
+    function ``bound(texts, is_query)``: what ``/encode`` admits a request by.
+
+    A text's own tokens are at most its characters (four times that when not ASCII: byte-level
+    tokenizers); what the encoder adds to them, its markers, prompts and query padding (PyLate pads
+    queries with ``[MASK]`` to its query length), is measured once on the one-character text
+    ``"a"``, and the most token rows a query can have on a long query. So a text counts
+    ``3 + min(cap, max(1, characters) + added)``, ``cap`` the document length or the largest query.
+
+    >>> from uibk_embedding.encoder import load_encoder
+    >>> enc = load_encoder(); bound = vector_bound(enc)
+    >>> texts = ["a", "wing lift in a propeller slipstream", "Flügel"]
+    >>> all(bound([t], q) >= len(enc.encode_queries([t])[0] if q else enc.encode_documents([t])[0])
+    ...     for t in texts for q in (True, False))
+    True
+    """
+    one = {True: len(encoder.encode_queries(["a"])[0]), False: len(encoder.encode_documents(["a"])[0])}
+    added = {kind: max(0, rows - 3 - 1) for kind, rows in one.items()}
+    longest = len(encoder.encode_queries(["a " * (4 * int(encoder.query_token_cap) + 64)])[0]) - 3
+    caps = {True: max(int(encoder.query_token_cap), longest, one[True] - 3),
+            False: max(int(encoder.doc_max_length), one[False] - 3)}
+
+    def bound(texts: Sequence[str], is_query: bool) -> int:
+        cap, extra = caps[is_query], added[is_query]
+        return sum(3 + min(cap, max(1, len(t) if t.isascii() else 4 * len(t)) + extra) for t in texts)
+
+    return bound
+
+
 def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: int = 100_000,
                max_body_bytes: int = 32 * 2**20, api_key: str | None = None,
                max_concurrent: int = 64, body_timeout: float = 30.0,
@@ -425,6 +456,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
                   redoc_url=None, openapi_url=None)
     clients: OrderedDict[str, None] = OrderedDict()
     enc = shared.encoder
+    bound_vectors = vector_bound(enc)  # what a request's answer may hold, markers and padding included
     model_format = format_id(shared.format)
     m: dict[str, Any] = {"in_flight": 0, "queued_bytes": 0, "queued_texts": 0, "queued_vectors": 0,
                          "status": {}, "texts": 0,
@@ -622,8 +654,7 @@ def create_app(shared: SharedEncoder, *, max_texts: int = 1024, max_text_chars: 
             return busy(f"{m['queued_texts']} texts")
         m["queued_texts"] += len(texts)
         held["texts"] = len(texts)
-        cap = enc.query_token_cap if kind == "queries" else enc.doc_max_length
-        vectors = sum(3 + min(cap, len(t) if t.isascii() else 4 * len(t)) for t in texts)
+        vectors = bound_vectors(texts, kind == "queries")
         if m["queued_vectors"] and m["queued_vectors"] + vectors > max_queued_vectors:
             return busy(f"{m['queued_vectors']} token vectors")
         m["queued_vectors"] += vectors
