@@ -241,7 +241,8 @@ def pool_factor_problem(stored: TaggedFormat, encoder: TaggedFormat | None) -> s
             f"with pool_factor={encoder.pool_factor}: one store keeps one pool factor (searching it "
             f"needs none: queries are never pooled). Encode documents for it {how} "
             f"(load_encoder(pool_factor={stored.pool_factor}), CLI: uibk-embed index --pool-factor "
-            f"{stored.pool_factor}), or index into a new store")
+            f"{stored.pool_factor}), or index into a new store opened with format=encoder.format "
+            "(which records the encoder's pool factor)")
 
 
 def check_pool_factor(stored: TaggedFormat, encoder: TaggedFormat | None, where: str) -> None:

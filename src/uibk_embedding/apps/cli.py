@@ -60,7 +60,8 @@ from uibk_embedding.encoder.projection import projection_id
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
 from uibk_embedding.metrics import evaluate
-from uibk_embedding.tagged import RETRIEVAL_MODES, query_for_mode
+from uibk_embedding.tagged import MAX_POOL_FACTOR, RETRIEVAL_MODES, query_for_mode
+from uibk_embedding.token_pooling import check_pool_factor
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -396,14 +397,16 @@ def cmd_index(args: argparse.Namespace) -> int:
                              "encodes with its own (fit-projection, then serve that folder)")
 
         enc = RemoteEncoder(args.encoder_url[0])
+        _pool_factor_of_the_server(args, enc)
     else:
         if not args.fit_projection:
             _adopt_the_stores_encoder(args, opts)
-        enc = _load_encoder(args)
+        enc = _load_encoder(args, **_pool_option(args))
     saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
     made, store = _new_store_folder(args.backend, opts), None
     try:
         store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
+        check_pool_factor(store.format, enc.format, f"the {args.backend} store")  # before any encoding
         if saved_to is not None:
             enc.save_projections(saved_to)  # after the store exists: a store folder holds it
         t0 = time.perf_counter()
@@ -426,6 +429,27 @@ def cmd_index(args: argparse.Namespace) -> int:
         found = ", or just `--path`: it is found there" if inside else ""
         print(f"the fitted encoder is in {saved_to}: search with it (`--encoder {saved_to}`{found})")
     return 0
+
+
+def _pool_option(args: argparse.Namespace) -> dict[str, int]:
+    """``index --pool-factor N``: the encoder's ``pool_factor=`` (token pooling of the documents,
+    docs/format.md#pooling); none given: the encoder's own (1, off, unless its folder says)."""
+    return {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+
+
+def _pool_factor_of_the_server(args: argparse.Namespace, enc: Any) -> None:
+    """A server pools (or not) as it was started: ``--pool-factor`` can only agree with it."""
+    served = getattr(enc.format, "pool_factor", 1)
+    if args.pool_factor is not None and args.pool_factor != served:
+        raise SystemExit(f"uibk-embed: the server at {enc.url} encodes documents with pool_factor={served}, "
+                         f"not --pool-factor {args.pool_factor}: a server pools as its encoder was made")
+
+
+def _pool_factor_arg(text: str) -> int:
+    k = _positive_int(text)
+    if k > MAX_POOL_FACTOR:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_POOL_FACTOR}, got {k}")
+    return k
 
 
 # backends whose store folder is ours, so a fitted encoder can live inside it (found by `search`)
@@ -493,6 +517,7 @@ def _index_ray(args: argparse.Namespace) -> int:
     try:
         r = index_distributed(
             args.data, args.backend, opts, encoder=encoder, encoder_options=options or None,
+            pool_factor=args.pool_factor,
             encoder_urls=args.encoder_url or None,
             workers=args.workers, num_gpus=args.num_gpus or 0.0, batch_size=args.batch_size,
             store_text=args.store_text, resume=args.resume, skip_bad=args.skip_bad,
@@ -849,6 +874,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where --fit-projection saves the fitted encoder")
     sp.add_argument("--batch-size", type=_positive_int, default=256,
                     help="documents encoded and upserted together (default 256)")
+    sp.add_argument("--pool-factor", type=_pool_factor_arg, default=None, metavar="N",
+                    help="token pooling at index time: each document keeps max(n // N, 1) of its n token "
+                         "vectors, merged by clustering (slots and queries never pooled; the store "
+                         "records N and refuses documents of another; default 1, off; docs/format.md)")
     sp.add_argument("--no-store-text", dest="store_text", action="store_false",
                     help="do not keep the text in the metadata")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")

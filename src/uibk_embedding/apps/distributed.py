@@ -72,6 +72,7 @@ from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError
 from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.token_pooling import check_pool_factor, check_pool_factor_value
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector", "lancedb")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
@@ -394,6 +395,11 @@ class IndexWorker:
             raise ValueError(f"the encoder servers make different lists ({sorted(map(str, fmts))}); "
                              "give servers of one model and projection")
         self.store = open_store(backend, format=self.encoders[0].format, **dict(store_options))
+        try:  # the driver checked it; a store changed since is refused here, before any write
+            check_pool_factor(self.store.format, self.encoders[0].format, f"the {backend} store")
+        except Exception:
+            self.store.close()
+            raise
         self.skip: frozenset = frozenset()
         if skip:
             ref = skip[0]
@@ -478,6 +484,35 @@ def encoder_format(encoder: EncoderSpec = None, encoder_options: Mapping[str, An
     return load_encoder(encoder, **{**dict(encoder_options or {}), "device": "cpu"}).format
 
 
+def with_pool_factor(encoder: EncoderSpec, encoder_options: Mapping[str, Any] | None,
+                     encoder_urls: Sequence[str] | None, pool_factor: int | None) -> dict[str, Any] | None:
+    """``encoder_options`` with ``index_distributed(pool_factor=N)`` added (each actor's encoder
+    pools its documents, docs/format.md#pooling); ``None`` leaves them as given. A server or an
+    encoder factory makes its own lists: for them ``pool_factor`` is refused here (make the
+    encoder, or start the server, with it).
+
+    >>> with_pool_factor(None, {"projection": "pca"}, None, 2)
+    {'projection': 'pca', 'pool_factor': 2}
+    >>> with_pool_factor(None, None, ["http://h:8000"], 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: pool_factor= applies to an encoder the actors load; ...
+    """
+    options = dict(encoder_options or {})
+    if pool_factor is None:
+        return options or None
+    pool_factor = check_pool_factor_value(pool_factor)
+    if encoder_urls or callable(encoder):
+        made = "the servers" if encoder_urls else "the encoder factory"
+        raise ValueError(f"pool_factor= applies to an encoder the actors load; {made} make their own "
+                         "lists: give the pool factor to the encoder they make (load_encoder(pool_factor=N), "
+                         "uibk-embed serve of an encoder saved with it)")
+    if options.get("pool_factor", pool_factor) != pool_factor:
+        raise ValueError(f"pool_factor={pool_factor} and encoder_options pool_factor="
+                         f"{options['pool_factor']} disagree")
+    return {**options, "pool_factor": pool_factor}
+
+
 def index_distributed(
     data: Any,
     backend: str,
@@ -486,6 +521,7 @@ def index_distributed(
     encoder: EncoderSpec = None,
     encoder_options: Mapping[str, Any] | None = None,
     encoder_urls: Sequence[str] | None = None,
+    pool_factor: int | None = None,
     workers: int | None = None,
     num_gpus: float = 0.0,
     num_cpus: float = 1.0,
@@ -517,6 +553,9 @@ def index_distributed(
         returns an encoder (pickled to the actors); ``encoder_options`` go to ``load_encoder``.
     encoder_urls: ``uibk-embed serve`` servers to use instead of a model in each actor; each
         actor starts at a random server and takes them in turn, batch by batch.
+    pool_factor: token pooling of the documents (:mod:`uibk_embedding.token_pooling`; None: the
+        encoder's own, 1 unless its folder says), given to each actor's ``load_encoder``; the
+        store records it, and one that recorded another is refused before any document is encoded.
     workers: actors in the pool (default: the cluster's GPUs / ``num_gpus`` when ``num_gpus`` > 0, else 2).
     num_gpus, num_cpus: resources per actor (``num_gpus=1``: one encoder per GPU); on CPU the
         actor's torch uses ``num_cpus`` threads. More than the cluster has is refused
@@ -544,6 +583,7 @@ def index_distributed(
     """
     ray = _ray()
 
+    encoder_options = with_pool_factor(encoder, encoder_options, encoder_urls, pool_factor)
     check_backend(backend, store_options)
     check_arguments(workers=workers, num_gpus=num_gpus, num_cpus=num_cpus, batch_size=batch_size,
                     upsert_batch=upsert_batch, retries=retries, total=total)
@@ -558,6 +598,7 @@ def index_distributed(
         fmt = encoder_format(encoder, encoder_options, encoder_urls)
         store = open_store(backend, format=fmt, **dict(store_options))
         try:
+            check_pool_factor(store.format, fmt, f"the {backend} store")
             skip: list[Any] = []
             if resume:
                 have = stored_ids(store)

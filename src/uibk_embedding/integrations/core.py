@@ -67,6 +67,7 @@ from uibk_embedding.tagged import (
     dense_vector,
     query_for_mode,
 )
+from uibk_embedding.token_pooling import check_pool_factor, pool_factor_problem
 
 DEFAULT_TEXT_KEY = "text"
 DEFAULT_FETCH_K = 20  # candidates MMR chooses from (LangChain's default)
@@ -212,6 +213,10 @@ class RetrievalCore:
             raise ValueError(f"text_key must be a non-empty string, got {text_key!r}")
         settle_format(store.format, getattr(encoder, "format", None), f"the {store.backend} store")
         warn_unrecorded_format(store, encoder)
+        pooling = pool_factor_problem(store.format, getattr(encoder, "format", None))
+        if pooling:  # searching needs no pool factor; adding texts is refused (add_texts)
+            warnings.warn(f"the {store.backend} store: {pooling}. Searching it works; adding texts "
+                          "with this encoder is refused", UserWarning, stacklevel=3)
         if dense_weight is not None:
             check_dense_weight(dense_weight)
         self.encoder = encoder
@@ -237,6 +242,8 @@ class RetrievalCore:
         LlamaIndex wrapper says ``"nodes"``).
         """
         texts = validate_texts(texts, what)
+        check_pool_factor(self.store.format, getattr(self.encoder, "format", None),
+                          f"the {self.store.backend} store")
         for i, t in enumerate(texts):  # validate_texts refused lone surrogates; the metadata rules add NUL
             if "\x00" in t:
                 raise InvalidInput(
