@@ -136,13 +136,14 @@ def test_parse_embeddings_request_reads_strictly():
         parse_embeddings_request(b'{"input": "a"} []')
 
 
-def test_a_hub_id_says_nothing_is_downloaded_and_how_to_get_the_folder(tmp_path, monkeypatch):
+def test_a_hub_id_not_in_the_cache_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative path that does not exist here
-    with pytest.raises(FileNotFoundError) as e:
-        load_encoder("sentence-transformers/all-MiniLM-L6-v2")
+    with pytest.raises(FileNotFoundError) as e:  # Hub ids load through huggingface_hub (offline here)
+        load_encoder("sentence-transformers/all-MiniLM-L6-v2", local_files_only=True,
+                     cache_folder=tmp_path / "hub")
     msg = str(e.value)
-    assert "Hugging Face hub id, nothing is downloaded" in msg
-    assert "huggingface-cli download sentence-transformers/all-MiniLM-L6-v2" in msg
+    assert "is not in the Hugging Face cache" in msg
+    assert "hf download sentence-transformers/all-MiniLM-L6-v2" in msg
     with pytest.raises(FileNotFoundError) as e:
         load_encoder(tmp_path / "models" / "mine")
     assert "hub id" not in str(e.value) and "no encoder at" in str(e.value)

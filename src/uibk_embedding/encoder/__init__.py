@@ -35,6 +35,10 @@ def load_encoder(
     dense: str | os.PathLike | None = None,
     tokens: str | os.PathLike | None = None,
     trust_remote_code: bool = False,
+    revision: str | None = None,
+    token: bool | str | None = None,
+    cache_folder: str | os.PathLike | None = None,
+    local_files_only: bool = False,
     **options: Any,
 ) -> LocalEncoder:
     """Load an encoder (in this process; every one satisfies :class:`LocalEncoder`).
@@ -54,6 +58,14 @@ def load_encoder(
       With a saved composed encoder as ``path``, ``dense=`` / ``tokens=`` say where its
       models moved (their content must be unchanged).
 
+    ``path``, ``dense`` and ``tokens`` may also be Hugging Face Hub ids (``"org/name"``, when no
+    such local path exists): fetched, or found in the cache, by ``huggingface_hub`` as
+    sentence-transformers does (:mod:`uibk_embedding.encoder.hub`): ``revision`` (a branch, tag
+    or commit hash, for every id of the call), ``token`` (a private or gated model; default: the
+    login's), ``cache_folder`` (default ``HF_HUB_CACHE``) and ``local_files_only`` (as
+    ``HF_HUB_OFFLINE=1``: the cache only). The snapshot folder is then loaded as any folder, under
+    the same trust rules.
+
     ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...).
     ``trust_remote_code``: let a model folder run the Python code it ships (read it first).
     Without it, a folder that would import any Python file of its own -- a ``modules.json``
@@ -72,11 +84,18 @@ def load_encoder(
     ValueError: composing two models needs both dense= (a sentence-transformers model folder) ...
     """
     composing = dense is not None or tokens is not None
+    if composing and path is None and (dense is None or tokens is None):
+        raise ValueError("composing two models needs both dense= (a sentence-transformers "
+                         "model folder) and tokens= (a PyLate ColBERT model folder)")
+    if revision is not None and (path is None or str(path) == EMBEDDED_NAME) and not composing:
+        raise ValueError("revision= applies to a Hugging Face Hub id; the embedded default has none")
+    hub = {"revision": revision, "token": token, "cache_folder": cache_folder,
+           "local_files_only": local_files_only}
+    if path is not None and str(path) != EMBEDDED_NAME:
+        path = _local(path, hub)
+    dense = _local(dense, hub) if dense is not None else None
+    tokens = _local(tokens, hub) if tokens is not None else None
     if composing and path is None:
-        if dense is None or tokens is None:
-            raise ValueError("composing two models needs both dense= (a sentence-transformers "
-                             "model folder) and tokens= (a PyLate ColBERT model folder)")
-
         return ComposedEncoder(dense, tokens, trust_remote_code=trust_remote_code, **options)
     if path is None or str(path) == EMBEDDED_NAME:
         if composing:
@@ -126,6 +145,19 @@ def load_encoder(
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
 
 
+def _local(name: str | os.PathLike, hub: dict[str, Any]) -> str | os.PathLike:
+    """``name`` as given when it is a local path (or none at all: the missing folder is reported
+    by the loader), the Hub snapshot folder of a Hub id
+    (:func:`~uibk_embedding.encoder.hub.resolve_model`)."""
+    from uibk_embedding.encoder.hub import is_hub_id, resolve_model
+
+    if Path(name).exists() or not is_hub_id(str(name)):
+        if hub["revision"] is not None:
+            return resolve_model(name, revision=hub["revision"])  # refused: a local folder
+        return name
+    return resolve_model(name, **hub)
+
+
 def _missing_own_config(folder: Path) -> tuple[str, str] | None:
     """What a folder with a Hugging Face ``config.json`` but no configuration of its own looks
     like, and the file it lacks: a UIBK folder (``trunk.*`` weights, :data:`CONFIG_NAME`
@@ -154,22 +186,12 @@ def _missing_own_config(folder: Path) -> tuple[str, str] | None:
 
 
 def _no_encoder_message(path: str) -> str:
-    """What a missing encoder path says; a Hugging Face hub id gets how to fetch its folder.
+    """What a missing encoder path says (a Hub id never gets here: :func:`_local` fetches it).
 
     >>> _no_encoder_message("/srv/models/mine")
     'no encoder at /srv/models/mine'
-    >>> print(_no_encoder_message("sentence-transformers/all-MiniLM-L6-v2"))  # doctest: +ELLIPSIS
-    no encoder at sentence-transformers/all-MiniLM-L6-v2: if that is a Hugging Face hub id, nothing ...
     """
-    parts = path.split("/")
-    hub_like = (len(parts) == 2 and all(parts) and not path.startswith((".", "~", "/"))
-                and all(c.isalnum() or c in "-_." for c in path.replace("/", "")))
-    if not hub_like:
-        return f"no encoder at {path}"
-    return (f"no encoder at {path}: if that is a Hugging Face hub id, nothing is downloaded "
-            f"(models are local folders): on a machine with internet run `huggingface-cli download "
-            f"{path} --local-dir ./{parts[1]}` (or `git clone https://huggingface.co/{path}`), copy "
-            f"the folder here and give its path")
+    return f"no encoder at {path}"
 
 
 __all__ = [
