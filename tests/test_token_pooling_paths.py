@@ -124,3 +124,24 @@ def test_ray_path_actor_pools_and_refuses_another_pool_factor(tmp_path, encoder)
         IndexWorker("lancedb", {"uri": uri}, encoder_options=with_pool_factor(None, None, None, 3))
     with pytest.raises(ValueError, match="disagree"):
         with_pool_factor(None, {"pool_factor": 3}, None, 2)
+
+
+def test_a_pylate_folder_keeps_the_pool_factor(tmp_path):
+    pytest.importorskip("pylate")
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.pylate_model import save_pylate
+    from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+
+    cfg = UIBKConfig.tiny()
+    native = UIBKEncoder.random(cfg, train_tokenizer(cfg, TEXTS * 3), seed=0, device="cpu")
+    folder = save_pylate(native, tmp_path / "uibk-pylate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = load_encoder(folder, trust_remote_code=True, device="cpu")
+        pooled = load_encoder(folder, trust_remote_code=True, device="cpu", pool_factor=2)
+    assert plain.format.pool_factor == 1 and pooled.format.pool_factor == 2  # the probe kept it
+    for a, b in zip(plain.encode_documents(TEXTS), pooled.encode_documents(TEXTS), strict=True):
+        assert len(b) - N_SLOTS == max((len(a) - N_SLOTS) // 2, 1)
+        assert np.abs(b - pool_tokens(a, 2, plain.format)).max() < 1e-4
+    for a, b in zip(plain.encode_queries(TEXTS), pooled.encode_queries(TEXTS), strict=True):
+        assert a.tobytes() == b.tobytes()

@@ -395,8 +395,9 @@ class PyLateEncoder(TaggedEncoder):
         if format is not None and (format.beta, format.lambda_) != (fmt.beta, fmt.lambda_):
             raise ValueError(f"{self.folder}: its lists have beta={fmt.beta}, lambda={fmt.lambda_}, "
                              f"not the requested beta={format.beta}, lambda={format.lambda_}")
-        self.format = TaggedFormat(beta=fmt.beta, lambda_=fmt.lambda_,
-                                   projection=f"pylate-{model_hash(self.folder)}")
+        self.format = TaggedFormat(beta=fmt.beta, lambda_=fmt.lambda_,  # pool_factor= kept (docs only)
+                                   projection=f"pylate-{model_hash(self.folder)}",
+                                   pool_factor=self.format.pool_factor)
         self._probed = True
 
     # -- what does not apply: the model holds its own projections ----------------------------
