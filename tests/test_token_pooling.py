@@ -92,6 +92,21 @@ def test_encoder_pools_documents_never_queries(encoder, real_data):
         assert a.tobytes() == b.tobytes()
 
 
+def test_a_shared_encoder_pools_as_its_encoder_does(real_data):
+    from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.shared import SharedEncoder
+
+    inner = load_encoder(pool_factor=3)
+    texts = real_data.texts[:6]
+    direct = inner.encode_documents(texts)
+    with SharedEncoder(inner) as shared:
+        assert shared.format.pool_factor == 3
+        for a, b in zip(direct, shared.encode_documents(texts), strict=True):
+            assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+        qs = real_data.query_texts[:3]
+        assert [q.shape for q in shared.encode_queries(qs)] == [q.shape for q in inner.encode_queries(qs)]
+
+
 def test_identity_and_decomposition_hold_on_pooled_documents(real_data, fmt):
     docs = [pool_tokens(d, 2, fmt) for d in real_data.docs[:50]]
     queries = real_data.queries[:10]
