@@ -77,3 +77,16 @@ def test_requests_past_the_vector_budget_answer_429(composed_folder):
         assert first[0].status_code == 200
         assert second.status_code == 429 and "token vectors" in second.json()["detail"], second.status_code
         assert httpx.post(url + "/encode", json=body, timeout=60).status_code == 200  # released
+
+
+def test_the_bounds_probe_says_no_truncation():
+    """The probe of the longest query is cut on purpose: ``serve`` said "1 of 1 queries were longer
+    than 256 tokens and were truncated" at every start before its first request."""
+    enc = load_encoder()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        bound = vector_bound(enc)
+        enc.encode_queries(["a " * 600])  # a user's long query is still said
+    said = [str(w.message) for w in seen if "truncated" in str(w.message)]
+    assert said == ["1 of 1 queries were longer than 256 tokens and were truncated"], said
+    assert bound(["a"], True) >= len(enc.encode_queries(["a"])[0])
