@@ -12,7 +12,7 @@ import pytest
 import uibk_embedding as ue
 from uibk_embedding.adapters.registry import find_backend
 from uibk_embedding.apps.cli import main
-from uibk_embedding.errors import StoreNotFound, UnknownBackend
+from uibk_embedding.errors import CollectionMismatch, StoreNotFound, UnknownBackend
 
 TEXTS = ["the lift of a wing in a slipstream", "a sourdough bread recipe", "laminar boundary layers"]
 BACKENDS = {"lancedb": "lancedb", "qdrant-edge": "qdrant_edge", "qdrant": "qdrant_client"}
@@ -83,6 +83,30 @@ def test_a_wrong_backend_is_told_the_one_to_pass(folders):
     with pytest.raises(StoreNotFound) as e:
         ue.open_store("exact", path=folder, create=False)
     assert str(e.value).endswith("the folder holds a lancedb store: pass backend='lancedb'")
+    with pytest.raises(StoreNotFound) as e:
+        ue.open_store("lancedb", path=_folder(folders, "qdrant"), create=False)
+    assert "the folder holds a qdrant store" in str(e.value)
+
+
+@pytest.mark.parametrize(("asked", "there"), [("qdrant", "lancedb"), ("exact", "qdrant"),
+                                              ("lancedb", "qdrant-edge"), ("qdrant-edge", "exact")])
+def test_a_wrong_backend_with_create_names_the_one_to_pass(folders, tmp_path, asked, there):
+    """``create=True`` (what users type) said "not a Qdrant local-mode folder and is not empty"
+    without the backend to pass; the store that is there is left as it was."""
+    if there == "exact":
+        folder = tmp_path / "exact"
+        with ue.open_store("exact", path=folder) as s:
+            s.upsert(["x"], ue.load_encoder().encode_documents(["a wing"]))
+    else:
+        folder = _folder(folders, there)
+    before = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+    with pytest.raises(CollectionMismatch) as e:
+        ue.open_store(asked, path=folder)
+    article = "an" if there == "exact" else "a"
+    assert f"holds {article} {there} store, not " in str(e.value)
+    assert f"pass backend={there!r}" in str(e.value)
+    after = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+    assert after == before
 
 
 def test_a_missing_collection_is_said_by_the_backend_the_files_are_of(folders):

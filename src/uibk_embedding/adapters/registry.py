@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding.adapters.base import MultiVectorStore
-from uibk_embedding.errors import StoreNotFound, UnknownBackend
+from uibk_embedding.errors import CollectionMismatch, StoreNotFound, UnknownBackend
 
 # name -> ("module:callable", extra that provides its dependencies)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -104,10 +104,20 @@ def open_store(backend: str | None = None, *, create: bool = True, **options: An
             found = detect_backend(options["path"], options) if options.get("path") is not None else None
             if found is None or found == backend:
                 raise
-            raise StoreNotFound(f"{e}; the folder holds a {found} store: pass backend={found!r}") from None
+            raise StoreNotFound(f"{e}; the folder holds {_a(found)} store: pass backend={found!r}") from None
+    elif options.get("path") is not None:  # a store of another backend is never written over
+        found = detect_backend(options["path"], options)
+        if found is not None and found != backend:
+            raise CollectionMismatch(f"{options['path']} holds {_a(found)} store, not {_a(backend)} one: "
+                                     f"pass backend={found!r} (or give another path); nothing was written")
     if "create" in _parameters(factory):
         options = {**options, "create": create}
     return factory(**options)
+
+
+def _a(name: str) -> str:
+    """``name`` with its article: ``an exact``, ``a lancedb``."""
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
 def _parameters(factory: Any) -> set[str]:
