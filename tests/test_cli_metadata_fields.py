@@ -56,6 +56,18 @@ def test_a_corpus_without_other_fields_says_nothing_about_metadata(tmp_path, cap
     assert "kept as metadata" not in capsys.readouterr().err
 
 
+def test_a_list_field_is_said_to_match_no_filter(tmp_path, capsys):
+    """The new-user run: ``tags`` was listed "for --filter", and ``--filter '{"tags": "solar"}'``
+    then printed an empty table; a list is kept, and said to match no filter."""
+    rows = [{"_id": "a", "text": "solar panels", "tags": ["solar", "energy"], "topic": "energy"},
+            {"_id": "b", "text": "bread", "topic": "food"}]
+    corpus = _write(tmp_path / "tags.jsonl", rows)
+    assert main(["index", str(corpus), "--path", str(tmp_path / "idx"), "--quiet"]) == 0
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "kept as metadata" in ln]
+    assert said == ["uibk-embed: kept as metadata (for --filter): topic; kept, but no filter matches "
+                    "a list: tags"]
+
+
 def test_the_ray_reader_keeps_the_same_fields(tmp_path):
     rows = read_rows(_write(tmp_path / "c.jsonl", ROWS))
     assert [json.loads(r["_meta"]) for r in rows] == [

@@ -306,19 +306,32 @@ def kept_metadata(docs: Sequence[Document]) -> str:
     """One line that says which metadata keys ``docs`` carry (each with how many documents have
     it), so a user sees what ``--filter`` can match; ``""`` when none.
 
+    A key holding a list in some document is named apart: a filter never matches a list value
+    (docs/filters.md), so ``--filter '{"tags": "solar"}'`` would find nothing.
+
     >>> kept_metadata([Document("a", "x", metadata={"topic": "f"}), Document("b", "y")])
     'kept as metadata (for --filter): topic (1 of 2 documents)'
+    >>> kept_metadata([Document("a", "x", metadata={"topic": "f", "tags": ["solar"]})])
+    'kept as metadata (for --filter): topic; kept, but no filter matches a list: tags'
     """
     counts: dict[str, int] = {}
+    lists: dict[str, None] = {}
     for d in docs:
-        for k in d.metadata:
+        for k, v in d.metadata.items():
             counts[k] = counts.get(k, 0) + 1
+            if isinstance(v, list | tuple):
+                lists[k] = None
     if not counts:
         return ""
-    shown = [f"{k} ({n} of {len(docs)} documents)" if n < len(docs) else k
-             for k, n in list(counts.items())[:12]]
-    more = f" and {len(counts) - 12} more keys" if len(counts) > 12 else ""
-    return "kept as metadata (for --filter): " + ", ".join(shown) + more
+    plain = [(k, n) for k, n in counts.items() if k not in lists]
+    shown = [f"{k} ({n} of {len(docs)} documents)" if n < len(docs) else k for k, n in plain[:12]]
+    more = f" and {len(plain) - 12} more keys" if len(plain) > 12 else ""
+    names = list(lists)
+    listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if not plain:
+        return "kept as metadata, but no filter matches a list: " + listed
+    line = "kept as metadata (for --filter): " + ", ".join(shown) + more
+    return line + ("; kept, but no filter matches a list: " + listed if lists else "")
 
 
 def read_queries(path: str | os.PathLike) -> dict[str, str]:
