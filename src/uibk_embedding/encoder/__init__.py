@@ -66,7 +66,9 @@ def load_encoder(
     ``HF_HUB_OFFLINE=1``: the cache only). The snapshot folder is then loaded as any folder, under
     the same trust rules.
 
-    ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...).
+    ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...);
+    ``backend="onnx"`` runs the embedded default (or a folder saved from it) on ONNX Runtime, on
+    the CPU (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the ``onnx`` extra).
     ``trust_remote_code``: let a model folder run the Python code it ships (read it first).
     Without it, a folder that would import any Python file of its own -- a ``modules.json``
     type that is not an exact installed sentence-transformers / PyLate class, an ``auto_map``
@@ -83,6 +85,11 @@ def load_encoder(
     ...
     ValueError: composing two models needs both dense= (a sentence-transformers model folder) ...
     """
+    backend = options.get("backend", "torch")
+    embedded = path is None or str(path) == EMBEDDED_NAME
+    if backend != "torch" and not embedded and not _saved_embedded(path):
+        raise ValueError(f"backend={backend!r} runs the embedded default only (load_encoder(backend=...) "
+                         "or a folder saved from it); other encoders run on torch")
     composing = dense is not None or tokens is not None
     if composing and path is None and (dense is None or tokens is None):
         raise ValueError("composing two models needs both dense= (a sentence-transformers "
@@ -143,6 +150,17 @@ def load_encoder(
                              "its weights unread)")
         return TransformerEncoder(p, trust_remote_code=trust_remote_code, **options)
     raise FileNotFoundError(f"{p} holds neither {CONFIG_NAME} nor a Hugging Face config.json")
+
+
+def _saved_embedded(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an encoder folder saved from the embedded default (its configuration
+    names the embedded model: a fitted projection, ...)."""
+    cfg_file = Path(path) / CONFIG_NAME
+    try:
+        cfg = read_json(cfg_file) if cfg_file.is_file() else None
+    except Exception:  # the loader reports a damaged configuration
+        return False
+    return isinstance(cfg, dict) and cfg.get("kind") == "transformer" and cfg.get("model") == EMBEDDED_NAME
 
 
 def _local(name: str | os.PathLike, hub: dict[str, Any]) -> str | os.PathLike:

@@ -89,6 +89,9 @@ class TransformerEncoder(TaggedEncoder):
         test collections); another model has none shipped: fit them on your own corpus with
         :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
         ``uibk-embed fit-projection`` and load the saved folder.
+    backend: ``"torch"`` (default) or ``"onnx"``: the embedded default's forward pass on ONNX
+        Runtime, CPU only (:mod:`uibk_embedding.encoder.onnx_backend`, the ``onnx`` extra; the
+        model is exported once into ``$UIBK_CACHE/onnx``); the same lists within float32 noise.
     trust_remote_code: let the folder run the Python code it ships (an ``auto_map`` in its
         ``config.json`` / ``tokenizer_config.json``, ...: :func:`~uibk_embedding.encoder.trust.code_risks`);
         without it such a folder is refused with :class:`~uibk_embedding.errors.UntrustedCode`
@@ -110,6 +113,7 @@ class TransformerEncoder(TaggedEncoder):
         device: str | None = None,
         num_threads: int | None = None,
         trust_remote_code: bool = False,
+        backend: str = "torch",
         **kwargs: Any,
     ) -> None:
         import torch
@@ -125,9 +129,17 @@ class TransformerEncoder(TaggedEncoder):
         require_trust(path, trust, what="a Hugging Face model")
         self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
         self.do_lower_case = _lower_cases(path)  # a sentence-transformers folder's Transformer
+        if backend not in ("torch", "onnx"):
+            raise ValueError(f"backend must be 'torch' or 'onnx', got {backend!r}")
+        if backend == "onnx" and self.model_name != EMBEDDED_NAME:
+            raise ValueError("backend='onnx' runs the embedded default only (its BERT is exported "
+                             f"by this library); {self.model_name} runs on torch")
+        if backend == "onnx" and device not in (None, "cpu"):
+            raise ValueError(f"backend='onnx' runs on the CPU; device={device!r} needs backend='torch'")
+        self.backend = backend
         if num_threads:
             torch.set_num_threads(int(num_threads))
-        self.device = resolve_device(device)
+        self.device = "cpu" if backend == "onnx" else resolve_device(device)
         self._path, self._trust = path, trust
         self._fast: dict[int, Any] = {}  # private `tokenizers` copies, one per length limit
         self._fast_lock = threading.Lock()
@@ -170,6 +182,11 @@ class TransformerEncoder(TaggedEncoder):
         kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
         self._model_id = model_digest(path)[:16]  # the folder's files: weights, tokenizer, pooling
+        if backend == "onnx":  # the same network, exported once and run by onnxruntime
+            from uibk_embedding.encoder.onnx_backend import OnnxBert, exported_model, require_onnxruntime
+
+            require_onnxruntime()
+            self._net = OnnxBert(exported_model(self._net, self._model_id), num_threads=num_threads)
         super().__init__(self.pooling.dim(hidden), hidden, **kwargs)
         self.doc_max_length = min(self.doc_max_length, self.model_max_length)
         self.query_max_length = min(self.query_max_length, self.model_max_length)
