@@ -135,9 +135,14 @@ def test_scan_engine_writes_reopens_and_repairs_a_dirty_index(tmp_path):
     with transaction(db):
         state_set(db, dirty="1")  # an interrupted write
     db.close()
-    with pytest.warns(RuntimeWarning, match="interrupted write"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # opening repairs nothing: a reader
         s = ScanEngine(path, min_index_vectors=40, candidates=3)
     try:
+        assert not s.has_index and stored_state(path, "dirty") == "1"
+        assert s.count() == 11 and [s.search(vecs[8], k=1)[0].id] == ["d8"]  # exact meanwhile
+        with pytest.warns(RuntimeWarning, match="interrupted write"):
+            s.flush()  # the first write repairs it
         assert stored_state(path, "dirty") == "0" and stored_state(path, "index_dir") == "scan-000003"
         assert not (path / "scan-000002").exists()  # the stale index is gone
         assert s.count() == 11 and [s.search(vecs[7], k=1)[0].id] == ["d7"]

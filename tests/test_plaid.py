@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uibk_embedding._sqlite_state import stored_state
+from uibk_embedding._sqlite_state import acquire_write_lock, stored_state
 from uibk_embedding.errors import CollectionMismatch, StoreInUse
 
 pytest.importorskip("fast_plaid")
@@ -87,9 +87,13 @@ _CHILD = textwrap.dedent("""
 
 
 def _check_after_kill(path: Path) -> int:
-    with pytest.warns(RuntimeWarning, match="rebuilding") if _dirty(path) else _nothing():
-        s = PlaidStore(path, num_threads=1)
+    s = PlaidStore(path, num_threads=1)  # a reader: it repairs nothing, searches exactly while dirty
     try:
+        if _dirty(path):
+            assert not s.has_index
+            with pytest.warns(RuntimeWarning, match="rebuilding"):
+                s.flush()  # the first write repairs what the killed writer left
+        assert s.has_index
         n = s.count()
         assert n % 8 == 0 and n >= 8, f"{n} documents: a batch was half stored"
         for b in range(n // 8):
@@ -231,8 +235,11 @@ def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
     p = tmp_path / "p"
     s = PlaidStore(p, **CHEAP)
     s.upsert([f"d{i}" for i in range(10)], docs_for(9, 10))
-    with pytest.raises(StoreInUse, match="open in another store object"):
-        PlaidStore(p)
+    with acquire_write_lock(p / "store.lock", "a writer"), PlaidStore(p) as reader:  # opens shared
+        assert reader.count() == 10
+        with PlaidStore(p, write_timeout=0) as second, \
+                pytest.raises(StoreInUse, match="is being written by another store object"):
+            second.delete(["d0"])  # the write waits for the lock, then fails
     s.close()
     with pytest.raises(CollectionMismatch, match="nbits=2, not 8"):
         PlaidStore(p, nbits=8)
@@ -243,8 +250,10 @@ def test_reopen_checks_parameters_lock_and_engine_version(tmp_path):
         db.execute("UPDATE state SET value = ? WHERE key = 'config'", (json.dumps(cfg),))
     db.close()
     old = {x.name for x in p.iterdir() if x.name.startswith("plaid-")}
+    s2 = PlaidStore(p, num_threads=1)  # a reader: the index of another engine version is not used
+    assert not s2.has_index and s2.search(docs_for(9, 1)[0], k=1)[0].id == "d0"
     with pytest.warns(RuntimeWarning, match="built by fast-plaid 0.0.0"):
-        s2 = PlaidStore(p, num_threads=1)
+        s2.flush()  # the first write rebuilds it
     assert s2.count() == 10 and s2.search(docs_for(9, 1)[0], k=1)[0].id == "d0"
     assert old.isdisjoint(x.name for x in p.iterdir() if x.name.startswith("plaid-"))
     s2.close()
@@ -280,10 +289,12 @@ def test_schema_1_store_is_converted_on_open(tmp_path):
     p, vecs = tmp_path / "p", docs_for(10, 12)
     _schema_1_store(p, vecs)
     (p / "vectors-000001.f16").write_bytes(b"\1" * 1000)  # a conversion killed half-way
-    with pytest.warns(RuntimeWarning, match="from schema 1"), \
-            pytest.warns(RuntimeWarning, match="is missing"):
-        s = PlaidStore(p, num_threads=1, min_index_vectors=64)  # (schema 1 had no index: built now)
+    with pytest.warns(RuntimeWarning, match="from schema 1"):  # a one-time conversion: on open
+        s = PlaidStore(p, num_threads=1, min_index_vectors=64)
     try:
+        assert not s.has_index
+        with pytest.warns(RuntimeWarning, match="is missing"):
+            s.flush()  # (schema 1 had no index: built by the first write)
         assert s.count() == 12 and s.has_index
         for r, v in zip(s.get([f"d{i}" for i in range(12)]), vecs, strict=True):
             np.testing.assert_array_equal(r.vectors, v.astype(np.float16).astype(np.float32))
@@ -349,7 +360,7 @@ def test_dead_rows_are_compacted_and_the_store_reads_the_new_generation(tmp_path
             np.testing.assert_array_equal(r.vectors, want[r.id].astype(np.float16).astype(np.float32))
 
 
-def test_uncommitted_rows_and_unswitched_generations_are_dropped_on_open(tmp_path):
+def test_uncommitted_rows_and_unswitched_generations_are_dropped_by_the_next_writer(tmp_path):
     """What a kill leaves: rows appended but never committed (between the append and the
     transaction) and a compacted generation written but never switched to."""
     p, vecs = tmp_path / "p", docs_for(12, 6)
@@ -360,6 +371,7 @@ def test_uncommitted_rows_and_unswitched_generations_are_dropped_on_open(tmp_pat
         f.write(np.ones((7, 128), np.float32).tobytes())
     (p / "vectors-000002.f32").write_bytes(np.ones((3, 128), np.float32).tobytes())
     with PlaidStore(p, num_threads=1) as s:
+        s.flush()  # a reader leaves them; the first write (of any store object) cuts and removes them
         assert _vector_files(p) == ["vectors-000001.f32"]
         assert (p / "vectors-000001.f32").stat().st_size == size
         assert s.dead_vector_rows == 0

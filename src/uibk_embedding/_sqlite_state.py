@@ -1,5 +1,7 @@
 """The SQLite layer the file-backed stores share (the exact store, PLAID, WARP; the folder locks
-also serve Milvus Lite and Qdrant Edge): a folder lock held for the store's lifetime, a WAL +
+also serve Milvus Lite and Qdrant Edge): the write lock a store takes for each write
+(:func:`acquire_write_lock`; readers take none), the shared locks on index folders readers
+answer from (:func:`share_directory`), read-only connections (:func:`connect_reader`), a WAL +
 ``synchronous=FULL`` connection with a key/value ``state`` table, one ``BEGIN IMMEDIATE``
 transaction helper, and state reads/writes.
 
@@ -21,6 +23,7 @@ import os
 import re
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -40,6 +43,122 @@ def lock_folder(lock_path: str | os.PathLike, what: str) -> IO[bytes]:
         raise StoreInUse(f"{what} is open in another store object (this or another process); "
                          "close it first") from None
     return f
+
+
+WRITE_TIMEOUT = 5.0
+"""Seconds a write waits for the write lock of a store folder another store object holds (then
+:class:`StoreInUse`); the file-backed stores' ``write_timeout`` default (SQLite's own is 5 s)."""
+
+
+def acquire_write_lock(lock_path: str | os.PathLike, what: str, timeout: float = WRITE_TIMEOUT) -> IO[bytes]:
+    """The write lock of a shared folder: an exclusive ``flock`` on ``lock_path`` (created when
+    missing), waited for up to ``timeout`` seconds (polled: a ``flock`` cannot time out), kept
+    until the returned file is closed. :class:`StoreInUse` naming ``what`` when another writer
+    (another store object of this process, or another process) still holds it then. Readers
+    never take this lock, so they neither wait for a writer nor hold one up.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> held = acquire_write_lock(d / "store.lock", "the store folder D")
+    >>> try:
+    ...     acquire_write_lock(d / "store.lock", "the store folder D", timeout=0)
+    ... except StoreInUse as e:
+    ...     print(str(e)[:62])
+    the store folder D is being written by another store object (
+    >>> held.close()
+    """
+    f = open(lock_path, "a+b")
+    deadline = time.monotonic() + max(0.0, timeout)
+    pause = 0.002
+    while True:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                raise StoreInUse(
+                    f"{what} is being written by another store object (this or another process) and "
+                    f"stayed so for {timeout:g} s: a store folder takes one writer at a time (readers "
+                    "are never refused); close the other writer, or wait longer (write_timeout=)") from None
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+
+def share_directory(path: str | os.PathLike, timeout: float = WRITE_TIMEOUT) -> int | None:
+    """A shared ``flock`` on the directory ``path`` (its descriptor; ``os.close`` it to release):
+    what a store object holds on the index folder it has loaded, so that no writer updates that
+    folder in place or deletes it meanwhile (:func:`try_exclusive`). Waits up to ``timeout``
+    seconds for a writer that holds it exclusively (an in-place update, a removal); ``None`` when
+    the folder is gone or still held then. Works in a read-only folder (nothing is created)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.005)
+
+
+def try_exclusive(fd: int) -> bool:
+    """Turn the shared lock ``fd`` holds into an exclusive one if no other store object (of any
+    process) shares it; False, with the shared lock held again, when one does."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        # the conversion may have dropped the shared lock (flock(2)): take it back; only readers
+        # (shared holders) can be in the way, so this does not wait
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return False
+
+
+def remove_unshared_directory(path: str | os.PathLike) -> bool:
+    """Delete the directory ``path`` unless a store object shares it (:func:`share_directory`):
+    taken exclusively first, so no reader loads it while it goes. Returns whether it went (or
+    was gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a reader still answers from it: the next writer removes it
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.exists(path)
+    finally:
+        os.close(fd)
+
+
+def writable_folder(path: str | os.PathLike) -> bool:
+    """Whether this process may create files in ``path`` (SQLite's ``-wal``/``-shm`` files, a
+    lock): ``os.access`` for write and search. A read-only mount, or a folder of another user
+    made read-only (``chmod -R a-w``), is not; the superuser's checks pass wherever the file
+    system itself takes writes."""
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def connect_reader(db_path: str | os.PathLike, writable: bool = True) -> sqlite3.Connection:
+    """A read-only connection to a store database (autocommit; transactions explicit): SQLite's
+    ``mode=ro``, which reads through the WAL (and so sees every committed write, and the changes
+    of ``PRAGMA data_version``). In a folder this process cannot write (``writable`` False) the
+    database is opened ``immutable=1`` instead: no lock, no ``-shm`` file, the WAL not read. A
+    folder is meant to be made read-only after its writer closed (SQLite then folds the WAL into
+    the database file); a WAL a killed writer left there is not seen."""
+    uri = Path(db_path).resolve().as_uri()
+    mode = "ro" if writable else "ro&immutable=1"
+    return sqlite3.connect(f"{uri}?mode={mode}", uri=True, isolation_level=None, check_same_thread=False)
 
 
 def lock_directory(path: str | os.PathLike, what: str) -> int:
@@ -82,6 +201,19 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
         raise
+
+
+@contextlib.contextmanager
+def read_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN`` ... ``COMMIT`` around reads: in WAL mode every statement inside sees the one
+    committed state that was current at the first (a snapshot), whatever a writer commits meanwhile;
+    a writer never waits for it."""
+    db.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("COMMIT")
 
 
 def state_get(db: sqlite3.Connection, key: str, default: str | None = None) -> str | None:
@@ -257,7 +389,7 @@ def refuse_foreign_folder(folder: str | os.PathLike, db_name: str, lock_name: st
 def remove_stale_index_dirs(folder: str | os.PathLike, prefix: str, current: str, generation: int) -> None:
     """Delete the index folders an engine store wrote and no longer uses: ``<prefix>NNNNNN`` of an
     earlier generation, or of the next one (a rebuild that crashed before its switch), never a
-    folder of another name.
+    folder of another name, nor one a reader still answers from (:func:`remove_unshared_directory`).
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -270,4 +402,4 @@ def remove_stale_index_dirs(folder: str | os.PathLike, prefix: str, current: str
     for p in Path(folder).iterdir():
         m = pattern.match(p.name)
         if m and int(m.group(1)) <= int(generation) + 1 and p.is_dir() and p.name != current:
-            shutil.rmtree(p, ignore_errors=True)
+            remove_unshared_directory(p)

@@ -71,12 +71,37 @@ class VectorFile:
     a write grows the file) with its own lock.
     """
 
-    def __init__(self, path: Path, dtype: str, n_rows: int) -> None:
+    def __init__(self, path: Path, dtype: str, n_rows: int, writable: bool = True) -> None:
         self.path = path
         self.dtype = np.dtype(dtype)
         self.n_rows = n_rows
+        self.writable = writable
         self._map: np.ndarray | None = None
-        self._f = open(path, "r+b")  # kept open for appends; close() closes it
+        # kept open for appends (and for the map: a file unlinked by a writer's compaction stays
+        # readable through it); close() closes it
+        self._f = open(path, "r+b" if writable else "rb")
+
+    @classmethod
+    def open_shared(cls, folder: str | os.PathLike, *, generation: int, dtype: str, rows: int) -> VectorFile:
+        """Open generation ``generation`` in ``folder`` for reading its first ``rows`` rows (a
+        reader's snapshot): nothing is created, cut or removed, whatever else the file holds (a
+        writer may be appending). :class:`FileNotFoundError` when a writer's compaction removed
+        it since the snapshot named it (read the snapshot again)."""
+        if dtype not in _SUFFIX:
+            raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
+        path = Path(folder) / file_name(generation, dtype)
+        if rows == 0 and not path.exists():  # a store no writer has opened since it lost the file
+            vf = cls.__new__(cls)
+            vf.path, vf.dtype, vf.n_rows, vf.writable = path, np.dtype(dtype), 0, False
+            vf._map, vf._f = None, None
+            return vf
+        vf = cls(path, dtype, rows, writable=False)
+        size = os.fstat(vf._f.fileno()).st_size
+        if size < rows * vf.row_bytes:
+            vf.close()
+            raise ValueError(f"{path} holds {size // vf.row_bytes} rows, {rows} are referenced: "
+                             "the file was truncated outside this library")
+        return vf
 
     @classmethod
     def open(cls, folder: str | os.PathLike, *, generation: int, dtype: str,
@@ -103,6 +128,8 @@ class VectorFile:
 
     def append(self, vectors: Sequence[np.ndarray]) -> np.ndarray:
         """Write ``vectors`` at the end of the file, durably; returns each one's start row."""
+        if not self.writable:
+            raise PermissionError(f"{self.path} was opened for reading (a reader's snapshot)")
         if len(vectors) == 0:
             return np.zeros(0, dtype=np.int64)
         lengths = np.fromiter((len(v) for v in vectors), dtype=np.int64, count=len(vectors))
@@ -118,10 +145,13 @@ class VectorFile:
         return starts
 
     def _mapped(self) -> np.ndarray:
+        """The first ``n_rows`` rows, memory-mapped read-only through the open file (so N
+        processes reading one file share its pages in the page cache, and a file a writer
+        unlinked meanwhile stays readable); mapped again when the rows grew."""
         if self._map is None or len(self._map) < self.n_rows:
-            self._map = (np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_rows, DIM))
+            self._map = (np.memmap(self._f, dtype=self.dtype, mode="r", shape=(self.n_rows, DIM))
                          if self.n_rows else np.zeros((0, DIM), self.dtype))
-        return self._map
+        return self._map[: self.n_rows]
 
     @property
     def row_bytes(self) -> int:
@@ -134,7 +164,7 @@ class VectorFile:
         private pages, never the file. For engines that take their input as arrays."""
         if not self.n_rows:
             return np.zeros((0, DIM), self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="c", shape=(self.n_rows, DIM))
+        return np.memmap(self._f, dtype=self.dtype, mode="c", shape=(self.n_rows, DIM))
 
     def read(self, start: int, n_rows: int) -> np.ndarray:
         """One document's rows as float32 (a copy)."""
@@ -182,7 +212,7 @@ class VectorFile:
     def close(self) -> None:
         """Release the map and the file handle."""
         self._map = None
-        if not self._f.closed:
+        if self._f is not None and not self._f.closed:
             self._f.close()
 
 
@@ -199,6 +229,7 @@ class MemoryVectors(VectorFile):
         self.path = None  # type: ignore[assignment]
         self.dtype = np.dtype(np.float32)
         self.n_rows = 0
+        self.writable = True
         self._buf = np.zeros((0, DIM), np.float32)
 
     def append(self, vectors: Sequence[np.ndarray]) -> np.ndarray:

@@ -470,6 +470,10 @@ def test_a_second_store_object_or_process_on_the_same_files_is_refused(spec, tmp
     if spec.reopen is None or spec.skip or any(r in spec.name for r in ("server", "standalone", "live")):
         pytest.skip(f"{spec.name} keeps no local files of its own (a server serialises its writers)")
     first = spec.make(tmp_path)
+    if getattr(first, "write_timeout", None) is not None:  # exact, PLAID, WARP folders (issue 62)
+        first.close()
+        pytest.skip(f"{spec.name} shares its folder: many readers, one writer per write "
+                    "(tests/test_sharing.py)")
     try:
         ids, docs, _ = fill(first, fmt, rng, n=8)
         with pytest.raises(StoreInUse, match="open in another"):

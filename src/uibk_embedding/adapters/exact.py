@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from uibk_embedding._durable import TMP_PREFIX, fsync_dir
-from uibk_embedding._sqlite_state import connect, lock_folder, transaction
+from uibk_embedding._sqlite_state import WRITE_TIMEOUT, acquire_write_lock, connect, transaction
 from uibk_embedding.adapters.base import check_positive, check_record, read_record
 from uibk_embedding.adapters.indexed import DB_NAME, LOCK_NAME, IndexedStore
 from uibk_embedding.errors import CollectionMismatch
@@ -83,6 +83,11 @@ class ExactStore(IndexedStore):
     max_chunk_bytes: memory bound of one scoring block (rows converted or gathered at a time).
     compact_every: accepted for stores written by 0.4 (their operation log was folded after this
         many writes); the SQLite store has no log to fold, so it has no effect.
+    read_only, create, write_timeout: how the folder is shared (docs/serving.md): any number of
+        store objects and processes open one folder and read it; each write takes the folder's
+        write lock for its duration, waiting up to ``write_timeout`` seconds for another writer
+        (then StoreInUse). ``read_only=True`` refuses writes; ``create=False`` opens only a store
+        that exists (StoreNotFound otherwise, nothing created).
 
     >>> s = ExactStore()
     >>> s.vector_dtype, s.count(), s.stats()["search"]
@@ -109,6 +114,9 @@ class ExactStore(IndexedStore):
         vector_dtype: str | None = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         compact_every: int = 200,
+        read_only: bool = False,
+        create: bool = True,
+        write_timeout: float = 5.0,
     ) -> None:
         IndexedStore._check_build_params({"vector_dtype": vector_dtype})
         if path is None and vector_dtype == "float16":
@@ -117,9 +125,14 @@ class ExactStore(IndexedStore):
         check_positive("max_chunk_bytes", max_chunk_bytes)
         check_positive("compact_every", compact_every)
         if path is not None and (Path(path) / OLD_CONFIG_NAME).is_file():
-            convert_op_log(Path(path), format, vector_dtype)
+            if read_only:
+                raise CollectionMismatch(f"{path} holds an exact store of 0.4 or older: it is converted "
+                                         "once, by a store opened for writing (not read_only); nothing "
+                                         "was changed")
+            convert_op_log(Path(path), format, vector_dtype, write_timeout)
         super().__init__(path, format, {"vector_dtype": vector_dtype},
-                         vector_compact_fraction=REPACK_FRACTION)
+                         vector_compact_fraction=REPACK_FRACTION, read_only=read_only, create=create,
+                         write_timeout=write_timeout)
         self.max_chunk_bytes = max_chunk_bytes
         self.compact_every = compact_every
 
@@ -133,15 +146,15 @@ class ExactStore(IndexedStore):
         """0: the exact store builds no index, so no document waits for one."""
         return 0
 
-    def _load(self) -> None:
-        super()._load()
+    def _recover(self) -> None:
+        super()._recover()
         if self.path is not None:
             _remove_op_log(self.path)  # what a conversion killed after its switch left
 
     def compact(self) -> None:
         """Drop the rows of deleted or overwritten documents now: the live rows are copied into
         the next generation of the vector file (in memory: a new array)."""
-        with self._lock:
+        with self._lock, self._writing():
             self._check_open()
             if self.dead_vector_rows:
                 self._compact_vectors()
@@ -151,6 +164,7 @@ class ExactStore(IndexedStore):
         ``dtype=np.float64`` for the high-precision reference)."""
         with self._lock:
             self._check_open()
+            self._fresh()
             seqs = self._everyone()
             row = self._scores([np.asarray(query)], seqs, dtype=dtype)[0]
             return {self._id_of[int(s)]: float(v) for s, v in zip(seqs, row, strict=True)}
@@ -158,6 +172,8 @@ class ExactStore(IndexedStore):
     def ids(self) -> list[str]:
         """All stored ids, in insertion order of their live copies."""
         with self._lock:
+            self._check_open()
+            self._fresh()
             return list(self._id_of.values())
 
     def disk_usage(self) -> dict[str, int]:
@@ -168,7 +184,8 @@ class ExactStore(IndexedStore):
         return usage
 
 
-def convert_op_log(path: Path, format: TaggedFormat | None = None, vector_dtype: str | None = None) -> None:
+def convert_op_log(path: Path, format: TaggedFormat | None = None, vector_dtype: str | None = None,
+                   write_timeout: float = WRITE_TIMEOUT) -> None:
     """Convert the exact store folder ``path`` written by 0.4 or older (``store.json``, the
     operation log ``ops/``, ``snapshot-*.npz``) into the SQLite store, under the folder's lock.
 
@@ -181,7 +198,7 @@ def convert_op_log(path: Path, format: TaggedFormat | None = None, vector_dtype:
     and nothing at all when its record does not fit ``format`` or ``vector_dtype`` (the store
     would refuse to open it: it stays a store the version that wrote it can open).
     """
-    lock = lock_folder(path / LOCK_NAME, f"the store folder {path}")
+    lock = acquire_write_lock(path / LOCK_NAME, f"the store folder {path}", write_timeout)
     try:
         cfg = path / OLD_CONFIG_NAME
         if not cfg.is_file():

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -97,15 +98,22 @@ import numpy as np
 
 from uibk_embedding._durable import fsync_tree
 from uibk_embedding._sqlite_state import (
+    WRITE_TIMEOUT,
+    acquire_write_lock,
     committed_generation,
     connect,
-    lock_folder,
+    connect_reader,
+    read_transaction,
     refuse_foreign_folder,
     remove_stale_index_dirs,
+    remove_unshared_directory,
     rename_state_keys,
+    share_directory,
     state_get,
     state_set,
     transaction,
+    try_exclusive,
+    writable_folder,
 )
 from uibk_embedding.adapters.base import (
     BatchSearch,
@@ -119,10 +127,10 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
-from uibk_embedding.errors import CollectionMismatch, EngineError
+from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, StoreNotFound
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, doc_blocks, maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat, decompose
-from uibk_embedding.vectorfile import MemoryVectors, VectorFile, remove_other_generations
+from uibk_embedding.vectorfile import MemoryVectors, VectorFile, file_name, remove_other_generations
 
 DB_NAME = "store.sqlite"
 LOCK_NAME = "store.lock"
@@ -323,9 +331,22 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         min_index_vectors: int | None = None,
         vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = None, growth_name: str = "rebuild_growth", device: str = "cpu",
-        memory_budget: int | None = None,
+        memory_budget: int | None = None, read_only: bool = False, create: bool = True,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         MultiVectorStore.__init__(self, format)
+        for name, flag in (("read_only", read_only), ("create", create)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) \
+                or not 0 <= write_timeout < float("inf"):
+            raise ValueError(f"write_timeout must be a number of seconds >= 0, got {write_timeout!r}")
+        if path is None and (read_only or not create):
+            raise StoreNotFound(f"no {self.label} store to read: without path= it would be a new, empty "
+                                "store; give the path of the store (read_only=True and create=False "
+                                "open one that exists)")
+        self.read_only = read_only
+        self.write_timeout = float(write_timeout)
         self._init_reranking(rerank, candidates, n_rerank, default_candidates)
         check_positive("candidates_limit", candidates_limit, allow_none=True)
         self.candidates_limit = candidates_limit or self.default_candidates_limit
@@ -357,7 +378,17 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             path = self._tmpdir
         self.path = None if path is None else Path(path)
         self.max_chunk_bytes = DEFAULT_CHUNK_BYTES
-        self._lockfile: Any = None
+        self._writable = True                 # may this process create files in the folder
+        self._write_depth = 0                 # > 0 while a write holds the folder (see _writing)
+        self._has_written = False             # whether this object ever wrote (it flushes its own)
+        self._synced = False                  # the view was read under the write lock, unchanged since
+        self._data_version: Any = None        # PRAGMA data_version of the snapshot the view holds
+        self._config: dict[str, Any] = {}
+        self._index_problem: str | None = None
+        self._index_fd: int | None = None     # shared lock on the loaded index folder
+        self._index_dir, self._generation, self._vgen, self._built_vectors = "", 0, 1, 0
+        self._engine_folder: Path | None = None
+        self._db: Any = None
         self._index: Any = None
         self._vf: VectorFile | None = None
         # in-memory view of the committed rows (dicts keep insertion order = seq order)
@@ -379,12 +410,15 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             if self.path is None:  # in memory: the same tables, nothing written anywhere
                 self._db = connect(":memory:")
             else:
-                # is the folder ours? Decided before the lock file (or anything) is created in it
-                self.path.mkdir(parents=True, exist_ok=True)
+                if not self.path.exists():
+                    if read_only or not create:
+                        raise StoreNotFound(f"no {self.label} store at {self.path}: the path does not exist; "
+                                            "nothing was created")
+                    self.path.mkdir(parents=True, exist_ok=True)
+                # is the folder ours? Decided before anything is created in it
                 refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
-                self._lockfile = lock_folder(self.path / LOCK_NAME, f"the store folder {self.path}")
-                self._db = connect(self.path / DB_NAME)
-            self._open(format, given)
+                self._writable = writable_folder(self.path)
+            self._open(format, given, create)
         except sqlite3.DatabaseError as e:
             self._closed = True
             self._release()
@@ -511,51 +545,213 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                          **state})
 
     # -- open ------------------------------------------------------------------------------
-    def _open(self, format: TaggedFormat | None, given: dict[str, Any]) -> None:
-        raw = self._state_get("config")
+    def _open(self, format: TaggedFormat | None, given: dict[str, Any], create: bool = True) -> None:
+        """Open the folder for reading (creating the store first when there is none and ``create``):
+        nothing is repaired, rebuilt or cleaned up here. The one-time conversions of an older
+        layout (renamed state keys, an older schema) are writes: they take the write lock."""
         mine = f"{self.engine_name} {self.engine_version}"
-        if raw is None:
-            if self._db.execute("SELECT name FROM sqlite_master WHERE name = 'docs'").fetchone():
+        if self.path is not None:
+            have, why = self._stored_config()
+            if not have:
+                if self.read_only or not create:
+                    half = (self.path / DB_NAME).is_file()
+                    raise StoreNotFound(
+                        f"no {self.label} store at {self.path} ({why}); nothing was created"
+                        + ("; its store.sqlite is what a creation killed before its first commit leaves: "
+                           "open it with create=True to make the store there, or delete the folder"
+                           if half else ""))
+                with self._folder_lock():  # creation is a write; a creator that lost the race opens
+                    self._db = connect(self.path / DB_NAME)
+                    if self._state_get("config") is None:
+                        self._create(given, mine)
+                    self._db.close()
+                    self._db = None
+            self._db = self._connect()
+        elif self._state_get("config") is None:
+            self._create(given, mine)
+        raw = self._state_get("config")
+        assert raw is not None
+        # the record first: nothing is renamed or converted in a store that does not fit
+        config = read_record(raw)
+        self.format = check_record(
+            config, format, f"{self.path} (the configuration in its {DB_NAME})", key="backend",
+            value=self.backend, schema=self._readable_schemas()) or self.format
+        self._build = {**self.build_legacy, **config["build"]}
+        for k, v in given.items():
+            if v is not None and v != self._build[k]:
                 raise CollectionMismatch(
-                    f"{self.path / DB_NAME} has documents but no configuration: not a {self.label} store "
-                    "this library wrote; refusing to guess its layout")
-            self._build = {k: (self.build_defaults[k] if v is None else v) for k, v in given.items()}
-            config = {"backend": self.backend, "schema": self.schema_version,
-                      "format": self.format.to_stored(), "build": self._build, "engine": mine}
-            with self._tx() as db:
-                self._create_tables(db, config)
-        else:  # the record first: nothing is renamed or converted in a store that does not fit
-            config = read_record(raw)
-            self.format = check_record(
-                config, format, f"{self.path} (the configuration in its {DB_NAME})", key="backend",
-                value=self.backend, schema=self._readable_schemas()) or self.format
-            self._build = {**self.build_legacy, **config["build"]}
-            for k, v in given.items():
-                if v is not None and v != self._build[k]:
-                    raise CollectionMismatch(
-                        f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
-                        f"without {k}, or index into a new store")
-            rename_state_keys(self._db, RENAMED_KEYS)
-            config = self._upgrade(config)
+                    f"store at {self.path} was built with {k}={self._build[k]!r}, not {v!r}: open it "
+                    f"without {k}, or index into a new store")
+        marks = ",".join("?" * len(RENAMED_KEYS))
+        old_keys = self._db.execute(f"SELECT key FROM state WHERE key IN ({marks})",
+                                    list(RENAMED_KEYS)).fetchall()
+        old_schema = config.get("schema") != self.schema_version
+        if old_schema and (self.read_only or not self._writable):
+            raise CollectionMismatch(
+                f"the {self.label} store at {self.path} has schema {config.get('schema')}: it is converted "
+                f"to schema {self.schema_version} once, by a store opened for writing (not read_only, "
+                "in a writable folder); nothing was changed")
+        if (old_keys or old_schema) and not self.read_only and self._writable:
+            with self._folder_lock():
+                rename_state_keys(self._db, RENAMED_KEYS)
+                config = self._upgrade(read_record(self._state_get("config") or raw))
+        self._config = config
         self._load()
-        reason = None
-        engine = config.get("engine")
-        if self._state_get("dirty") == "1":
-            reason = f"an interrupted {'write' if self.sync_on_write else 'flush'} left it out of date"
-        elif engine != mine:
-            reason = f"it was built by {engine}, this is {mine}"
-        elif self._index_dir:
-            reason = self._open_index()
-        elif self.sync_on_write and self._wants_index():
-            reason = "it is missing"
+
+    def _create(self, given: dict[str, Any], engine: str) -> None:
+        """The tables of a new store (in ``self._db``, under the write lock of its folder)."""
+        if self._db.execute("SELECT name FROM sqlite_master WHERE name = 'docs'").fetchone():
+            raise CollectionMismatch(
+                f"{self.path / DB_NAME} has documents but no configuration: not a {self.label} store "
+                "this library wrote; refusing to guess its layout")
+        build = {k: (self.build_defaults[k] if v is None else v) for k, v in given.items()}
+        config = {"backend": self.backend, "schema": self.schema_version,
+                  "format": self.format.to_stored(), "build": build, "engine": engine}
+        with self._tx() as db:
+            self._create_tables(db, config)
+        if self.path is not None:  # readers map it from the start
+            VectorFile.open(self.path, generation=1, dtype=build["vector_dtype"], committed_rows=0).close()
+
+    def _stored_config(self) -> tuple[bool, str]:
+        """Whether the folder holds a store (its ``store.sqlite`` has a configuration), read
+        through a read-only connection (the WAL included; nothing is created), and why not."""
+        db_path = self.path / DB_NAME
+        if not db_path.is_file():
+            return False, f"the folder holds no {DB_NAME}"
+        # immutable first (no -wal/-shm file made); through the WAL where one lies beside it (a
+        # creator that has not checkpointed yet, a killed writer)
+        for writable in (False, *((self._writable,) if Path(f"{db_path}-wal").is_file() else ())):
+            con = connect_reader(db_path, writable)
+            try:
+                try:
+                    row = con.execute("SELECT value FROM state WHERE key = 'config'").fetchone()
+                except sqlite3.OperationalError as e:
+                    if "no such table" not in str(e):
+                        raise
+                    row = None
+            finally:
+                con.close()
+            if row is not None:
+                return True, ""
+        return False, f"its {DB_NAME} holds no store configuration"
+
+    def _connect(self) -> sqlite3.Connection:
+        """The store object's connection: read-write (it never writes before a write takes the
+        folder's write lock); ``PRAGMA query_only`` for ``read_only`` (a read-write connection all
+        the same: SQLite removes its ``-wal``/``-shm`` files when the last one closes, where a
+        ``mode=ro`` one leaves them); immutable in a folder this process cannot write
+        (:func:`~uibk_embedding._sqlite_state.connect_reader`)."""
+        if not self._writable:
+            return connect_reader(self.path / DB_NAME, writable=False)
+        if self.read_only:
+            db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=1")
+            return db
+        return connect(self.path / DB_NAME)
+
+    # -- sharing: many readers, one writer at a time ----------------------------------------
+    @contextlib.contextmanager
+    def _folder_lock(self, timeout: float | None = None) -> Iterator[None]:
+        """The folder's write lock (:func:`~uibk_embedding._sqlite_state.acquire_write_lock`),
+        for the duration of the block; nothing for a store without a folder."""
+        if self.path is None:
+            yield
+            return
+        self._refuse_writes()
+        lock = acquire_write_lock(self.path / LOCK_NAME, f"the store folder {self.path}",
+                                  self.write_timeout if timeout is None else timeout)
+        try:
+            yield
+        finally:
+            lock.close()
+
+    def _refuse_writes(self) -> None:
+        if self.read_only:
+            raise StoreInUse(f"this {type(self).__name__} ({self.path}) was opened with read_only=True: "
+                             "it answers reads and refuses writes; open the folder without read_only "
+                             "to write")
+        if not self._writable:
+            raise PermissionError(f"the store folder {self.path} is not writable by this process: the "
+                                  "store answers reads, but cannot take writes")
+
+    @contextlib.contextmanager
+    def _writing(self, timeout: float | None = None) -> Iterator[None]:
+        """Around every write (under ``self._lock``): the folder's write lock (waited for up to
+        ``write_timeout``, then :class:`~uibk_embedding.errors.StoreInUse`), the view brought up
+        to date with what other store objects committed, and what a killed writer left recovered
+        (:meth:`_recover`), then the write; the lock goes when the write returns. Nested writes
+        (a flush inside an upsert) hold it once."""
+        if self._write_depth:
+            self._write_depth += 1
+            try:
+                yield
+            finally:
+                self._write_depth -= 1
+            return
+        with self._folder_lock(timeout):
+            self._write_depth = 1
+            try:
+                if self.path is not None and (not self._synced or self._changed()):
+                    self._load(writer=True)
+                    self._recover()
+                    self._synced = True
+                self._has_written = True
+                yield
+            finally:
+                self._write_depth = 0
+
+    def _changed(self) -> bool:
+        """Whether another connection (store object, process) committed since the view's snapshot:
+        one ``PRAGMA data_version`` (a read of SQLite's shared-memory WAL header; no file read)."""
+        return self._db.execute("PRAGMA data_version").fetchone()[0] != self._data_version
+
+    def _fresh(self) -> None:
+        """Before a read: the view moves on to the newest committed state when another store
+        object committed since its snapshot (:meth:`_changed`; then the rows are read again)."""
+        if self.path is not None and not self._write_depth and self._changed():
+            self._load()
+            self._synced = False
+
+    def refresh(self) -> bool:
+        """Move on to the newest committed state of the folder (other store objects' and
+        processes' writes); returns whether there was one. Every search, ``get``, ``count`` and
+        listing does this check first (one ``PRAGMA data_version``, about a microsecond); until
+        then a store object answers from the snapshot it read: a consistent state, never half a
+        write.
+
+        >>> import tempfile
+        >>> from uibk_embedding.testing import make_list
+        >>> import numpy as np
+        >>> d = tempfile.mkdtemp()
+        >>> a, b = ScanEngine(d), ScanEngine(d)      # two store objects on one folder
+        >>> a.upsert(["x"], [make_list(a.format, np.random.default_rng(0), 4)])
+        >>> b.refresh(), b.count()
+        (True, 1)
+        >>> a.close(); b.close()
+        """
+        with self._lock:
+            self._check_open()
+            if self.path is None or not self._changed():
+                return False
+            self._load()
+            self._synced = False
+            return True
+
+    def _recover(self) -> None:
+        """Under the write lock, once the view was read: finish what a killed or failed writer
+        left (the view's index is out of date, of another engine version, or missing where the
+        store wants one: rebuilt; index folders no reader uses any more: removed). The vector
+        file's uncommitted tail and other generations went when :meth:`_load` opened it."""
+        reason = self._index_problem
+        mine = f"{self.engine_name} {self.engine_version}"
         if reason is not None:
             if self._index_dir or (self.sync_on_write and self._wants_index()):
                 warnings.warn(f"rebuilding the {self.label} index at {self.path} from the stored vectors: "
-                              f"{reason}", RuntimeWarning, stacklevel=4)
-            if engine != mine:
-                config["engine"] = mine
+                              f"{reason}", RuntimeWarning, stacklevel=6)
+            if self._config.get("engine") != mine:
+                self._config = {**self._config, "engine": mine}
                 with self._tx() as db:
-                    self._state_set(db, config=json.dumps(config))
+                    self._state_set(db, config=json.dumps(self._config))
             try:
                 self._rebuild()
             except (self.engine_error, OSError, sqlite3.Error) as e:
@@ -573,50 +769,152 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         converts = type(self)._upgrade is not IndexedStore._upgrade
         return tuple(range(1 if converts else self.schema_version, self.schema_version + 1))
 
-    def _load(self) -> None:
-        """Read the committed rows, the vector file and the index's document map."""
-        self._generation = int(self._state_get("generation", "0") or 0)
-        self._index_dir = self._state_get("index_dir", "") or ""
-        built = self._state_get("built_vectors")  # absent in stores written before it existed
-        for seq, doc_id, start, n_rows, md in self._db.execute(
-                "SELECT seq, id, start, n_rows, metadata FROM docs ORDER BY seq"):
+    def _load(self, writer: bool = False) -> None:
+        """Read the view (the committed rows, the vector file, the index's document map) from one
+        snapshot: a SQLite read transaction and the vector-file generation and index folder it
+        names. The index folder is shared-locked before the snapshot is taken (:meth:`_snapshot`),
+        so no writer changes it in place while this object answers from it. A ``writer`` (under
+        the write lock) opens the vector file for appending, cutting an uncommitted tail and
+        removing every other generation (a reader's map of one stays readable: an unlinked file
+        lives while it is mapped); a reader changes nothing."""
+        keep = self._index
+        seen = None
+        for _ in range(100):
+            state, rows, refs, dead, version, fd = self._snapshot()
+            gen = int(state.get("vector_gen", "1") or 1)
+            committed = int(state.get("vector_rows", "0") or 0)
+            try:
+                vf = self._open_vectors(gen, committed, writer)
+                break
+            except FileNotFoundError:  # a writer's compaction removed it after the snapshot: again
+                if fd is not None and fd != self._index_fd:
+                    os.close(fd)
+                if writer or self.path is None or version == seen:  # not a compaction meanwhile: lost
+                    raise
+                seen = version
+        else:
+            raise StoreInUse(f"the store folder {self.path} kept changing while it was read "
+                             "(100 snapshots); try again")
+        same_index = (keep is not None and fd == self._index_fd
+                      and state.get("index_dir", "") == self._index_dir
+                      and state.get("generation", "0") == str(self._generation)
+                      and state.get("dirty", "0") == "0")
+        if not same_index:
+            if fd is not None and fd == self._index_fd:
+                self._close_index()  # the same folder, still shared-locked: opened again below
+            else:
+                self._release_index()
+                self._index_fd = fd
+        old_vf, self._vf = self._vf, vf
+        if old_vf is not None and old_vf is not vf:
+            old_vf.close()
+        self._reset_view()
+        self._vgen = gen
+        self._data_version = version
+        self._generation = int(state.get("generation", "0") or 0)
+        self._index_dir = state.get("index_dir", "") or ""
+        self._dirty = state.get("dirty", "0") == "1"
+        for seq, doc_id, start, n_rows, md in rows:
+            if start + n_rows > committed:
+                raise CollectionMismatch(f"{self.path / DB_NAME} references vector rows beyond the committed "
+                                         f"{committed}: the store was modified outside this library")
             self._remember(seq, doc_id, start, n_rows, json.loads(md))
-        self._open_vectors()
+        built = state.get("built_vectors")  # absent in stores written before it existed
         self._built_vectors = int(built) if built is not None else self._n_vectors
-        self._last_seq = max([int(self._state_get("last_seq", "0") or 0), *self._id_of])
+        self._last_seq = max([int(state.get("last_seq", "0") or 0), *self._id_of])
         if self.ref_column:
-            for seq, ref in self._db.execute(
-                    f"SELECT seq, {self.ref_column} FROM docs WHERE {self.ref_column} IS NOT NULL"):
+            for seq, ref in refs:
                 self._ref[seq], self._seq_of_ref[ref] = ref, seq
-            self._dead = {r[0] for r in self._db.execute("SELECT pid FROM dead")}
+            self._dead = set(dead)
             self._pending = {s: None for s in self._id_of if s not in self._ref}
         elif not self._index_dir:
             self._pending = dict.fromkeys(self._id_of)
+        mine = f"{self.engine_name} {self.engine_version}"
+        engine = self._config.get("engine")
+        problem = None
+        if self._dirty:
+            problem = f"an interrupted {'write' if self.sync_on_write else 'flush'} left it out of date"
+        elif engine != mine:
+            problem = f"it was built by {engine}, this is {mine}"
+        elif self._index_dir and self._index_fd is None:
+            problem = "its folder is missing or was held by a writer"
+        elif self._index_dir and not same_index:
+            problem = self._open_index()
+        elif not self._index_dir and self.sync_on_write and self._wants_index():
+            problem = "it is missing"
+        if problem is not None:
+            self._release_index()
+        self._index_problem = problem
 
-    def _open_vectors(self) -> None:
-        """Open the committed generation of the vector file (cutting an uncommitted tail) and
-        remove every other one (a compaction that crashed before its switch, or after it)."""
-        gen = int(self._state_get("vector_gen", "1") or 1)
-        committed = int(self._state_get("vector_rows", "0") or 0)
-        if any(self._start[s] + self._rows[s] > committed for s in self._id_of):
-            raise CollectionMismatch(f"{self.path / DB_NAME} references vector rows beyond the committed "
-                                     f"{committed}: the store was modified outside this library")
-        self._vgen = gen
+    def _snapshot(self) -> tuple[dict[str, str], list, list, list, Any, int | None]:
+        """One consistent read of the database: the state keys (older names read as today's),
+        the documents, the engine refs and dead refs, ``PRAGMA data_version``, and the descriptor
+        of a shared lock on the index folder the state names (taken *before* the read: a writer
+        updates a folder in place only while no store object shares it; None: no index, or its
+        folder could not be shared). Read again when the index folder changed in between."""
+        for _ in range(100):
+            peek = state_get(self._db, "index_dir") or state_get(self._db, "plaid_dir") or ""
+            if not peek or self.path is None:
+                fd = None
+            elif peek == self._index_dir and self._index_fd is not None:
+                fd = self._index_fd  # held since this object loaded it
+            else:
+                fd = share_directory(self.path / peek, self.write_timeout)
+            with read_transaction(self._db) as db:
+                state = dict(db.execute("SELECT key, value FROM state").fetchall())
+                for old, new in RENAMED_KEYS.items():
+                    if old in state:
+                        state.setdefault(new, state.pop(old))
+                if state.get("index_dir", "") != peek:
+                    if fd is not None and fd != self._index_fd:
+                        os.close(fd)
+                    continue
+                rows = db.execute("SELECT seq, id, start, n_rows, metadata FROM docs ORDER BY seq").fetchall()
+                refs, dead = [], []
+                if self.ref_column:
+                    refs = db.execute(f"SELECT seq, {self.ref_column} FROM docs "
+                                      f"WHERE {self.ref_column} IS NOT NULL").fetchall()
+                    dead = [r[0] for r in db.execute("SELECT pid FROM dead")]
+                version = db.execute("PRAGMA data_version").fetchone()[0]
+            return state, rows, refs, dead, version, fd
+        raise StoreInUse(f"the index of {self.path} kept changing while it was read (100 snapshots); "
+                         "try again")
+
+    def _reset_view(self) -> None:
+        self._id_of, self._seq_of, self._start, self._rows, self._meta = {}, {}, {}, {}, {}
+        self._pending, self._dead, self._ref, self._seq_of_ref = {}, set(), {}, {}
+        self._n_vectors = 0
+        self._live = None
+        self._version += 1
+
+    def _open_vectors(self, gen: int, committed: int, writer: bool) -> VectorFile:
+        """The vector file of generation ``gen``: a writer's opens (or creates) it for appending,
+        cutting an uncommitted tail, and removes every other generation (a compaction that
+        crashed before its switch, or after it); a reader's maps its first ``committed`` rows."""
         if self.path is None:
-            self._vf = MemoryVectors()
-            return
-        self._vf = VectorFile.open(self.path, generation=gen, dtype=self._build["vector_dtype"],
-                                   committed_rows=committed)
-        remove_other_generations(self.path, keep=self._vf.path.name)
+            return self._vf if self._vf is not None else MemoryVectors()
+        dtype = self._build["vector_dtype"]
+        if not writer:
+            vf = self._vf
+            if vf is not None and not vf.writable and vf.path.name == file_name(gen, dtype) \
+                    and committed >= vf.n_rows and vf._f is not None:
+                vf.n_rows = committed  # the same file, grown: mapped again on the next read
+                return vf
+            return VectorFile.open_shared(self.path, generation=gen, dtype=dtype, rows=committed)
+        vf = VectorFile.open(self.path, generation=gen, dtype=dtype, committed_rows=committed)
+        remove_other_generations(self.path, keep=vf.path.name)
+        return vf
 
     def _open_index(self) -> str | None:
-        """Open the current index; the reason it cannot be used, or None."""
+        """Open the current index (its folder shared-locked by :meth:`_snapshot`); the reason it
+        cannot be used, or None."""
         folder = self.path / self._index_dir
         expected = len(self._id_of) - len(self._pending) + len(self._dead)
         try:
             n = self._engine_count(folder)
             if n != expected:
                 return f"it holds {n} documents, the store {expected}"
+            self._engine_folder = folder
             self._index = self._engine_open(folder)
         except self.engine_error as e:
             return str(e)
@@ -660,10 +958,33 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
 
     # -- the index -------------------------------------------------------------------------
     def _close_index(self) -> None:
+        """Close the engine's handle (the folder stays shared-locked: :meth:`_release_index`)."""
         if self._index is not None:
             with contextlib.suppress(Exception):
                 self._engine_close()
             self._index = None
+
+    def _release_index(self) -> None:
+        """Close the engine's handle and let go of its folder (a writer may then remove it)."""
+        self._close_index()
+        self._engine_folder = None
+        if self._index_fd is not None:
+            os.close(self._index_fd)
+            self._index_fd = None
+
+    def _switch_index(self, handle: Any, name: str) -> None:
+        """This object answers from the index folder ``name`` now (its handle ``handle``; none
+        for ``""``): the previous folder is let go, and removed when no reader shares it."""
+        old = self._engine_folder
+        self._release_index()
+        self._index = handle
+        if name:
+            self._engine_folder = self.path / name
+            self._index_fd = share_directory(self._engine_folder, 0)
+        if old is not None and old.name != name:
+            remove_unshared_directory(old)
+        if self.path is not None:
+            remove_stale_index_dirs(self.path, self.index_prefix, name, self._generation)
 
     def _rebuild(self) -> None:
         """Build a fresh index from the stored vectors into a new folder, then switch to it (the
@@ -681,7 +1002,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             fix_mmap_threshold()
             handle, refs = self._engine_build(target, live)
             fsync_tree(target)  # durable before the state row points at it
-        old_dir, built = self._index_dir, self._n_vectors if name else 0
+        built = self._n_vectors if name else 0
         try:
             with self._tx() as db:
                 if self.ref_column:
@@ -696,32 +1017,35 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                 self._close_index()
                 self._index = old
             raise
-        self._close_index()
-        self._index, self._index_dir, self._generation = handle, name, gen
-        self._built_vectors, self._dirty = built, False
+        self._index_dir, self._generation = name, gen
+        self._switch_index(handle, name)
+        self._built_vectors, self._dirty, self._index_problem = built, False, None
         self._dead, self._pending = set(), ({} if name else dict.fromkeys(live))
         if self.ref_column:
             self._ref = dict(zip(indexed, refs, strict=True))
             self._seq_of_ref = {r: s for s, r in self._ref.items()}
         self._version += 1
-        if old_dir and old_dir != name:
-            shutil.rmtree(self.path / old_dir, ignore_errors=True)
 
     def rebuild(self) -> None:
         """Re-cluster: build the index anew from the stored vectors (e.g. after the collection
         drifted far from the one the centroids were trained on). The vector file is compacted
         first (rows of deleted or overwritten documents dropped)."""
-        with self._lock:
+        with self._lock, self._writing():
             self._check_open()
             self._compact_vectors()
             self._rebuild()
 
     def flush(self) -> None:
         """Bring the index up to date with every committed write (builds it when the store has
-        reached ``min_index_vectors``)."""
+        reached ``min_index_vectors``): a write (it takes the folder's write lock). A
+        ``read_only`` store only moves on to the newest committed state (:meth:`refresh`)."""
         with self._lock:
             self._check_open()
-            self._sync()
+            if self.read_only:
+                self._fresh()
+                return
+            with self._writing():
+                self._sync()
 
     def _sync(self) -> None:
         """:meth:`_flush`; on any failure the index is dropped (searches fall back to exact
@@ -754,16 +1078,53 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._rebuild()
 
     def _update_index(self) -> None:
-        """The in-place update: dirty, engine update, count check, fsync, then clean."""
-        folder = self.path / self._index_dir
-        if not self._dirty:
+        """The engine update: in place when no other store object answers from the index folder
+        (:func:`~uibk_embedding._sqlite_state.try_exclusive`), else on a copy of it
+        (:meth:`_update_copy`), so a reader keeps the index its snapshot names."""
+        fd = self._index_fd
+        if fd is not None and not try_exclusive(fd):
+            self._update_copy()
+            return
+        try:
+            self._update_in_place()
+        finally:
+            if fd is not None and fd == self._index_fd:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+
+    def _update_copy(self) -> None:
+        """Copy the index folder into the next generation, update the copy, then switch to it in
+        one transaction (readers of the old folder keep it until they move on; the old folder
+        goes when none shares it)."""
+        gen = self._generation + 1
+        name = f"{self.index_prefix}{gen:06d}"
+        target = self.path / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(self._engine_folder, target)
+        self._close_index()
+        old_folder, self._engine_folder = self._engine_folder, target
+        try:
+            self._index = self._engine_open(target)
+            dead, added = sorted(self._dead), list(self._pending)
+            if added:
+                fix_mmap_threshold()
+            refs = self._engine_update(dead, added)
+            self._check_update(refs, added, target)
+            fsync_tree(target)
             with self._tx() as db:
-                self._state_set(db, dirty="1")
-            self._dirty = True
-        dead, added = sorted(self._dead), list(self._pending)
-        if added:
-            fix_mmap_threshold()
-        refs = self._engine_update(dead, added)
+                self._commit_refs(db, refs, added, dead)
+                self._state_set(db, index_dir=name, generation=str(gen), dirty="0")
+        except BaseException:
+            self._close_index()
+            self._engine_folder = old_folder
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        handle, self._index = self._index, None
+        self._index_dir, self._generation = name, gen
+        self._engine_folder = old_folder
+        self._switch_index(handle, name)
+        self._updated(refs, added)
+
+    def _check_update(self, refs: list[int], added: list[int], folder: Path) -> None:
         if len(refs) != len(added) or len(set(refs)) != len(refs) \
                 or (self.ref_column and set(refs) & set(self._seq_of_ref)):
             raise self.engine_error(f"the update returned {len(refs)} document numbers for {len(added)} "
@@ -772,22 +1133,42 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         if n != len(self._id_of):
             raise self.engine_error(f"after the update the index holds {n} documents, the store "
                                     f"{len(self._id_of)}")
-        # the engine updated its files in place without fsync: durable before the clean flag,
-        # or a power cut leaves the old index trusted and its numbers mapped to other ids
-        fsync_tree(folder)
-        with self._tx() as db:
-            if self.ref_column:
-                db.executemany(f"UPDATE docs SET {self.ref_column} = ? WHERE seq = ?",
-                               zip(refs, added, strict=True))
-                for clause, chunk in _in("pid", dead):
-                    db.execute(f"DELETE FROM dead WHERE {clause}", chunk)
-            self._state_set(db, dirty="0")
+
+    def _commit_refs(self, db: sqlite3.Connection, refs: list[int], added: list[int],
+                     dead: list[int]) -> None:
+        if self.ref_column:
+            db.executemany(f"UPDATE docs SET {self.ref_column} = ? WHERE seq = ?",
+                           zip(refs, added, strict=True))
+            for clause, chunk in _in("pid", dead):
+                db.execute(f"DELETE FROM dead WHERE {clause}", chunk)
+
+    def _updated(self, refs: list[int], added: list[int]) -> None:
         self._dirty = False
         if self.ref_column:
             for r, s in zip(refs, added, strict=True):
                 self._ref[s], self._seq_of_ref[r] = r, s
         self._pending, self._dead = {}, set()
         self._version += 1
+
+    def _update_in_place(self) -> None:
+        """The in-place update: dirty, engine update, count check, fsync, then clean."""
+        folder = self._engine_folder
+        if not self._dirty:
+            with self._tx() as db:
+                self._state_set(db, dirty="1")
+            self._dirty = True
+        dead, added = sorted(self._dead), list(self._pending)
+        if added:
+            fix_mmap_threshold()
+        refs = self._engine_update(dead, added)
+        self._check_update(refs, added, folder)
+        # the engine updated its files in place without fsync: durable before the clean flag,
+        # or a power cut leaves the old index trusted and its numbers mapped to other ids
+        fsync_tree(folder)
+        with self._tx() as db:
+            self._commit_refs(db, refs, added, dead)
+            self._state_set(db, dirty="0")
+        self._updated(refs, added)
 
     # -- the vector file -------------------------------------------------------------------
     def _compact_vectors(self) -> None:
@@ -863,7 +1244,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._maybe_compact_vectors()
 
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
-        with self._lock:
+        with self._lock, self._writing():
             self._check_open()
             assert self._vf is not None
             old = [self._seq_of[x] for x in ids if x in self._seq_of]
@@ -886,7 +1267,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._written()
 
     def _delete(self, ids: list[str]) -> None:
-        with self._lock:
+        with self._lock, self._writing():
             self._check_open()
             old = [self._seq_of[x] for x in ids if x in self._seq_of]
             if not old:
@@ -901,12 +1282,16 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
 
     # -- reads -----------------------------------------------------------------------------
     def count(self) -> int:
-        return len(self._id_of)
+        with self._lock:
+            self._check_open()
+            self._fresh()
+            return len(self._id_of)
 
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
         """From the id map in memory (the committed SQLite rows), in insertion order."""
         with self._lock:
             self._check_open()
+            self._fresh()
             found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
                      for s in self._id_of if matches(self._meta[s], conditions)]
         for i in range(0, len(found), batch_size):
@@ -915,6 +1300,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
     def _get(self, ids: list[str]) -> list[Record]:
         with self._lock:
             self._check_open()
+            self._fresh()
             assert self._vf is not None
             seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
             return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]), self._meta[s])
@@ -1003,6 +1389,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         limit = max(pool, limit or 0) if rerank else pool
         with self._lock:
             self._check_open()
+            self._fresh()
             self._before_search(rerank)
             if not self._id_of:
                 return [[] for _ in queries]
@@ -1061,7 +1448,9 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             assert self._vf is not None
             if self.path is None:
                 return {f"{self.backend}_index": 0, "vectors": 0, "stored": 0}
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count each stored byte once
+            if not self.read_only and self._writable:  # count each stored byte once
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             idx = sum(p.stat().st_size for p in (self.path / self._index_dir).rglob("*") if p.is_file()) \
                 if self._index_dir else 0
             db = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
@@ -1069,16 +1458,13 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             return {f"{self.backend}_index": idx, "vectors": vec, "stored": db + vec}
 
     def _release(self) -> None:
-        self._close_index()
+        self._release_index()
         if self._vf is not None:
             self._vf.close()
             self._vf = None
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
-        if self._lockfile is not None:
-            self._lockfile.close()  # releases the flock
-            self._lockfile = None
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None

@@ -40,7 +40,7 @@ from uibk_embedding.adapters.filters import (
     is_number,
 )
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.errors import CollectionMismatch, StoreNotFound
+from uibk_embedding.errors import CollectionMismatch, StoreInUse, StoreNotFound
 from uibk_embedding.maxsim import pack
 from uibk_embedding.tagged import DIM, TaggedFormat
 
@@ -147,6 +147,9 @@ class LanceDBStore(MultiVectorStore):
         superseded version (run every :data:`PRUNE_EVERY` writes in either mode; LanceDB's 7 days
         took 4.5 GiB on NPL); a version older than that goes at the first upkeep after it is
         superseded. 0: one process only (older readers would fail).
+    read_only: refuse every write (StoreInUse) and open only a table that exists: for readers
+        beside a writer (LanceDB versions its table: every reader sees the newest committed
+        version), and for a folder made read-only.
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -168,7 +171,11 @@ class LanceDBStore(MultiVectorStore):
                  path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
                  mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
                  index_min_rows: int = 2048, reindex_share: float = 0.1, keep_versions: float = 60.0,
-                 create: bool = True) -> None:
+                 create: bool = True, read_only: bool = False) -> None:
+        if not isinstance(read_only, bool):
+            raise TypeError(f"read_only must be True or False, got {read_only!r}")
+        self.read_only = read_only
+        create = create and not read_only  # a read-only store opens a table that exists
         self._ldb, self._pa = (require(m, "lancedb", "the LanceDB adapter") for m in ("lancedb", "pyarrow"))
         super().__init__(format)
         if uri is not None and path is not None:
@@ -301,16 +308,25 @@ class LanceDBStore(MultiVectorStore):
             "_uibk_num": [json.dumps({digest(f): v for f, v in m.items() if is_number(v)}) for m in metadata],
         }, schema=self._schema())
 
+    def _refuse_writes(self) -> None:
+        if self.read_only:
+            raise StoreInUse(f"this LanceDBStore ({self.uri}, table {self.table!r}) was opened with "
+                             "read_only=True: it answers reads and refuses writes; open it without "
+                             "read_only to write")
+
     def _upsert(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        self._refuse_writes()
         (self._tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
          .execute(self._arrow(ids, vectors, metadata)))
         self._mean_rows = float(np.mean([len(v) for v in vectors]))  # for the index's partitions
         self._upkeep()
 
     def _delete(self, ids: list[str]) -> None:
+        self._refuse_writes()
         self._upkeep(self._tbl.delete(f"id IN ({', '.join(map(quote, ids))})"))
 
     def _delete_where(self, conditions: tuple[Node, ...]) -> int:
+        self._refuse_writes()
         return self._upkeep(int(self._tbl.delete(filter_sql(conditions)).num_deleted_rows))
 
     def _upkeep(self, result: Any = None) -> Any:
@@ -381,11 +397,13 @@ class LanceDBStore(MultiVectorStore):
     def create_index(self, *, index_type: str = "IVF_FLAT", num_partitions: int | None = None,
                      **options: Any) -> None:
         """Build (or rebuild) the IVF index (cosine; ``options``: LanceDB's ``create_index``'s)."""
+        self._refuse_writes()
         self._tbl.create_index(metric="cosine", vector_column_name="vectors", index_type=index_type,
                                num_partitions=num_partitions, **options)
 
     def optimize(self) -> None:
         """LanceDB's ``optimize``: compact, index new rows, prune versions older than ``keep_versions``."""
+        self._refuse_writes()
         self._tbl.optimize(cleanup_older_than=self.keep_versions)
 
     def close(self) -> None:

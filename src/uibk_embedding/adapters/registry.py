@@ -39,6 +39,11 @@ BACKENDS: dict[str, tuple[str, str]] = {
 }
 
 
+READ_ONLY_BACKENDS = frozenset({"exact", "plaid", "warp", "lancedb"})
+"""The backends whose store takes ``read_only=True`` (refuses writes; a folder shared with a
+writer, or made read-only, is searched: docs/serving.md)."""
+
+
 def backend_factory(backend: str) -> Any:
     """The class (or factory function) behind a backend name."""
     if backend not in BACKENDS:

@@ -74,7 +74,7 @@ import numpy as np
 from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import check_positive, renamed_option
 from uibk_embedding.adapters.indexed import CPU_MAX_PARTITIONS, IndexedStore, default_partitions
-from uibk_embedding.errors import EngineError, call_engine
+from uibk_embedding.errors import EngineError, StoreInUse, call_engine
 from uibk_embedding.tagged import DIM, TaggedFormat
 from uibk_embedding.vectorfile import file_name
 
@@ -282,6 +282,12 @@ class WarpStore(IndexedStore):
         The engine's progress report while it builds, adds or compacts (its plan, then one line
         per encoded chunk; bars on a terminal), on standard error. ``None`` (default): when
         standard error is a terminal.
+    read_only, create, write_timeout:
+        How the folder is shared (:class:`~uibk_embedding.adapters.indexed.IndexedStore`; docs/serving.md):
+        any number of store objects and processes open one folder and read it; each write takes
+        the folder's write lock for its duration, waiting up to ``write_timeout`` seconds (5) for
+        another writer, then StoreInUse. ``read_only=True`` refuses writes; ``create=False``
+        opens only a store that exists (StoreNotFound otherwise, nothing created).
     """
 
     backend = "warp"
@@ -335,6 +341,9 @@ class WarpStore(IndexedStore):
         device: str = "cpu",
         memory_budget: int | None = None,
         show_progress: bool | None = None,
+        read_only: bool = False,
+        create: bool = True,
+        write_timeout: float = 5.0,
     ) -> None:
         if show_progress is not None and not isinstance(show_progress, bool):
             raise TypeError(f"show_progress must be True, False or None, got {show_progress!r}")
@@ -377,7 +386,8 @@ class WarpStore(IndexedStore):
                              min_index_vectors=min_index_vectors,
                              vector_compact_fraction=vector_compact_fraction,
                              rebuild_growth=rebuild_growth, growth_name=growth_name, device=device,
-                             memory_budget=memory_budget)
+                             memory_budget=memory_budget, read_only=read_only, create=create,
+                             write_timeout=write_timeout)
         except BaseException:
             self._worker.stop()
             raise
@@ -440,9 +450,14 @@ class WarpStore(IndexedStore):
         store without an index (its documents stay committed): the search answers exactly,
         with a warning, and no search tries again before the next write or :meth:`flush`."""
         waiting = len(self._pending) + len(self._dead)
+        if not self._has_written or self.read_only:
+            return  # a reader never writes: pending documents are scored exactly beside the index
         if (waiting > self.buffer_size or (not rerank and waiting)) and self._failed_flush != self._version:
             try:
-                self._sync()
+                with self._writing(timeout=0):
+                    self._sync()
+            except StoreInUse:
+                return  # another store object writes now: this search answers as a reader
             except (self.engine_error, OSError) as e:
                 self._failed_flush = self._version
                 warnings.warn(f"{e}; this search and the next ones until a write or flush() are exact "
@@ -475,7 +490,7 @@ class WarpStore(IndexedStore):
         return self._engine_passages(folder) - self._tombstones(folder)
 
     def _engine_update(self, dead: list[int], seqs: list[int]) -> list[int]:
-        engine, folder = self._index, self.path / self._index_dir
+        engine, folder = self._index, self._engine_folder
         if dead:
             self._call("delete", engine.delete, dead, compact_threshold=None)
         self._close_index()  # the engine rewrites files the searcher maps

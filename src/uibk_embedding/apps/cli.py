@@ -45,7 +45,13 @@ import numpy as np
 from uibk_embedding import __version__, adapters
 from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
-from uibk_embedding.adapters.registry import BACKENDS, detect_backend, find_backend, require_store
+from uibk_embedding.adapters.registry import (
+    BACKENDS,
+    READ_ONLY_BACKENDS,
+    detect_backend,
+    find_backend,
+    require_store,
+)
 from uibk_embedding.apps.data import kept_metadata, load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
 from uibk_embedding.apps.evaluation import (
@@ -546,7 +552,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         _adopt_the_stores_encoder(args, opts)
         enc = _load_encoder(args)
-    store = adapters.open_store(args.backend, create=False, format=enc.format, **opts)  # creates nothing
+    ro = {"read_only": True} if args.backend in READ_ONLY_BACKENDS else {}  # shared with a writer
+    store = adapters.open_store(args.backend, create=False, format=enc.format, **ro, **opts)  # makes nothing
     q = query_for_mode(enc.encode_queries([args.query], dense_weight=args.dense_weight)[0],
                        args.retrieval_mode)
     hits = store.search(q, k=args.k, filter=flt, explain=True)
@@ -637,7 +644,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         elif new:
             store = adapters.open_store(args.backend, format=enc.format, **opts)
         else:  # an existing store: read it; a server collection that --create may make is made here
-            store = adapters.open_store(args.backend, create=args.create, format=enc.format, **opts)
+            ro = {"read_only": True} if args.backend in READ_ONLY_BACKENDS and not args.create else {}
+            store = adapters.open_store(args.backend, create=args.create, format=enc.format, **ro, **opts)
             if store.count() == 0:
                 if not args.create:
                     store.close()

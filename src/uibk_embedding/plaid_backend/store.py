@@ -234,6 +234,12 @@ class PlaidStore(IndexedStore):
         fewer than 64 vectors per centroid; ``n_samples_kmeans`` overrides it);
         ``None``: :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the
         vector file, 256 MiB to 4 GiB; docs/memory.md).
+    read_only, create, write_timeout:
+        How the folder is shared (:class:`~uibk_embedding.adapters.indexed.IndexedStore`; docs/serving.md):
+        any number of store objects and processes open one folder and read it; each write takes
+        the folder's write lock for its duration, waiting up to ``write_timeout`` seconds (5) for
+        another writer, then StoreInUse. ``read_only=True`` refuses writes; ``create=False``
+        opens only a store that exists (StoreNotFound otherwise, nothing created).
     """
 
     backend = "plaid"
@@ -283,6 +289,9 @@ class PlaidStore(IndexedStore):
         vector_compact_fraction: float = 0.5,
         rebuild_growth: float | None = 2.0,
         memory_budget: int | None = None,
+        read_only: bool = False,
+        create: bool = True,
+        write_timeout: float = 5.0,
     ) -> None:
         for name, value in [("n_ivf_probe", n_ivf_probe), ("n_full_scores", n_full_scores),
                             ("index_batch_size", index_batch_size),
@@ -311,7 +320,8 @@ class PlaidStore(IndexedStore):
         super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
                          default_candidates=100, candidates_limit=candidates_limit,
                          min_index_vectors=min_index_vectors, vector_compact_fraction=vector_compact_fraction,
-                         rebuild_growth=rebuild_growth, device=device, memory_budget=memory_budget)
+                         rebuild_growth=rebuild_growth, device=device, memory_budget=memory_budget,
+                         read_only=read_only, create=create, write_timeout=write_timeout)
 
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
@@ -487,7 +497,7 @@ class PlaidStore(IndexedStore):
     def _centroid_count_of_index(self) -> int:
         """The current index's number of centroids (fast-plaid panics when asked to probe more),
         read from the file's header at each search: an update may add centroids."""
-        return int(np.load(self.path / self._index_dir / "centroids.npy", mmap_mode="r").shape[0])
+        return int(np.load(self._engine_folder / "centroids.npy", mmap_mode="r").shape[0])
 
     def _engine_close(self) -> None:
         self._fp.close()
