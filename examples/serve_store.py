@@ -3,7 +3,7 @@
 Every worker opens the same folder read-only at start-up, with its own copy of the encoder; a
 writer (``examples/index_more.py`` or ``uibk-embed index``) adds documents beside the running
 service, and every worker answers from the newest committed state: the store checks for newer
-writes before each search (about a microsecond when there is none).
+writes before each search (one ``PRAGMA data_version``, some microseconds; docs/sharing.md).
 
     UIBK_STORE=./my-index uvicorn examples.serve_store:app --workers 2 --port 8000
     curl 'http://127.0.0.1:8000/search?q=slipstream+lift&k=5'
