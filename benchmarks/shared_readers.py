@@ -1,0 +1,225 @@
+"""Many readers, one writer on one store folder (issue 62): errors, consistency, throughput, memory.
+
+For each backend (exact, PLAID, WARP, LanceDB) a folder of ``--docs`` random tagged lists is
+built, then for each reader count in ``--readers`` (1, 2, 4) that many reader processes search it
+for ``--seconds`` while one writer process upserts batches of 5 new documents and deletes older
+batches of its own. Reported per backend and reader count:
+
+* ``errors``: exceptions in any reader or the writer (must be 0);
+* ``torn``: answers in which a writer batch appeared in part (must be 0: a reader sees whole
+  writes only);
+* ``mismatches``: hits whose score is not the exact MaxSim of that document's stored vectors
+  (float16 stores: within 2e-2), and, for the exact store, answers whose ids are not the exact
+  top k of the snapshot the search read (``checked`` counts the answers whose snapshot every
+  check read too: no write landed in between; the torn-batch check counts those as well);
+* ``qps``: aggregate searches per second of search time over the readers (each reader's
+  searches / the seconds its searches took, summed; checking is not timed), p50/p95 in ms;
+* ``rss_mib`` / ``pss_mib``: resident and proportional memory of each reader at the end (PSS
+  splits shared pages, the mapped vector file among them, between the processes);
+* ``loadavg``: the 1-minute load average before and after.
+
+Run it alone on the machine (the lead's run, 60 s per point):
+
+    .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 5000 \
+        --out benchmarks/results/shared_readers.json
+
+A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+K = 10
+MAKERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "exact": ("uibk_embedding.adapters.exact", "ExactStore", {}),
+    "plaid": ("uibk_embedding.plaid_backend.store", "PlaidStore",
+              {"nbits": 2, "num_threads": 1, "min_index_vectors": 1000}),
+    "warp": ("uibk_embedding.adapters.warp", "WarpStore", {"nbits": 2, "min_index_vectors": 1000}),
+    "lancedb": ("uibk_embedding.adapters.lancedb", "LanceDBStore", {}),
+}
+
+
+def _open(backend: str, path: str, **kw: Any) -> Any:
+    import importlib
+
+    module, name, opts = MAKERS[backend]
+    return getattr(importlib.import_module(module), name)(path, **{**opts, **kw})
+
+
+def _lists(seed: int, n: int, rows: int = 24) -> list[np.ndarray]:
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    rng = np.random.default_rng(seed)
+    return [make_list(TaggedFormat(), rng, rows) for _ in range(n)]
+
+
+def _memory() -> tuple[float, float]:
+    rss = pss = 0.0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+    rollup = Path("/proc/self/smaps_rollup")
+    if rollup.exists():
+        for line in rollup.read_text().splitlines():
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) / 1024
+    return rss, pss
+
+
+def _reader(backend: str, path: str, seconds: float, seed: int, out: Any) -> None:
+    from uibk_embedding.maxsim import maxsim
+
+    res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
+                           "first_error": None}
+    try:
+        store = _open(backend, path, read_only=True)
+        queries = _lists(seed, 32, rows=12)
+        dtype = store.build_params["vector_dtype"] if backend != "lancedb" else "float32"
+        tol = 2e-2 if dtype == "float16" else 1e-3
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            q = queries[i % len(queries)]
+            i += 1
+            try:
+                t0 = time.perf_counter()
+                hits = store.search(q, k=K)
+                res["times"].append(time.perf_counter() - t0)
+                snapshot = getattr(store, "_data_version", None)  # the snapshot the search read
+                recs = {r.id: r for r in store.get([h.id for h in hits])}
+                for h in hits:  # documents are never overwritten here: a hit's vectors are its own
+                    off = abs(maxsim(q, recs[h.id].vectors) - h.score) if h.id in recs else 0.0
+                    res["mismatches"] += off > tol * max(1, abs(h.score))
+                if backend == "lancedb":
+                    continue
+                batches: dict[Any, int] = {}
+                for _, md in store.scan(filter={"batch": {"$exists": True}}):
+                    batches[md["batch"]] = batches.get(md["batch"], 0) + 1
+                want = sorted(store.scores(q).items(), key=lambda t: (-t[1], t[0]))[:K] \
+                    if backend == "exact" else None
+                if store._data_version != snapshot:  # a write landed meanwhile: another snapshot
+                    continue
+                res["checked"] += 1
+                res["torn"] += sum(1 for n in batches.values() if n != 5)
+                if want is not None and [h.id for h in hits] != [x for x, _ in want]:
+                    res["mismatches"] += 1
+            except Exception:  # counted, and the first one kept
+                res["errors"] += 1
+                res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
+        res["rss_mib"], res["pss_mib"] = _memory()
+        store.close()
+    except Exception:
+        res["errors"] += 1
+        res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
+    out.put(res)
+
+
+def _writer(backend: str, path: str, seconds: float, out: Any) -> None:
+    res: dict[str, Any] = {"errors": 0, "writes": 0, "first_error": None}
+    try:
+        store = _open(backend, path)
+        end, b = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            try:
+                store.upsert([f"w{b}-{j}" for j in range(5)], _lists(10_000 + b, 5), [{"batch": b}] * 5)
+                if b >= 10:
+                    store.delete([f"w{b - 10}-{j}" for j in range(5)])
+                res["writes"] += 1
+                b += 1
+            except Exception:
+                res["errors"] += 1
+                res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
+                time.sleep(0.05)
+        store.close()
+    except Exception:
+        res["errors"] += 1
+        res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
+    out.put(res)
+
+
+def build(backend: str, path: str, n_docs: int) -> None:
+    store = _open(backend, path)
+    docs = _lists(1, n_docs)
+    for i in range(0, n_docs, 500):
+        store.upsert([f"d{j}" for j in range(i, min(n_docs, i + 500))], docs[i:i + 500])
+    if hasattr(store, "flush"):
+        store.flush()
+    store.close()
+
+
+def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path) -> list[dict]:
+    path = str(workdir / backend)
+    build(backend, path, n_docs)
+    ctx = mp.get_context("spawn")
+    rows = []
+    for n in reader_counts:
+        q = ctx.Queue()
+        load0 = os.getloadavg()[0]
+        procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q)) for r in range(n)]
+        procs.append(ctx.Process(target=_writer, args=(backend, path, seconds, q)))
+        for p in procs:
+            p.start()
+        results = [q.get(timeout=seconds + 600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        readers = [r for r in results if "times" in r]
+        writer = next(r for r in results if "writes" in r)
+        times = np.concatenate([np.asarray(r["times"]) for r in readers]) if readers else np.zeros(0)
+        qps = sum(len(r["times"]) / max(sum(r["times"]), 1e-9) for r in readers)
+        row = {"backend": backend, "readers": n, "docs": n_docs, "seconds": seconds,
+               "errors": sum(r["errors"] for r in results), "torn": sum(r["torn"] for r in readers),
+               "mismatches": sum(r["mismatches"] for r in readers),
+               "checked": sum(r["checked"] for r in readers), "searches": len(times),
+               "writes": writer["writes"], "qps": round(qps, 1),
+               "p50_ms": round(float(np.percentile(times, 50)) * 1e3, 2) if len(times) else None,
+               "p95_ms": round(float(np.percentile(times, 95)) * 1e3, 2) if len(times) else None,
+               "rss_mib": [round(r.get("rss_mib", 0), 1) for r in readers],
+               "pss_mib": [round(r.get("pss_mib", 0), 1) for r in readers],
+               "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+               "first_error": next((r["first_error"] for r in results if r["first_error"]), None)}
+        print(json.dumps({k: v for k, v in row.items() if k != "first_error"}), flush=True)
+        if row["first_error"]:
+            print(row["first_error"], flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default="exact,plaid,warp,lancedb")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--docs", type=int, default=5000)
+    ap.add_argument("--readers", default="1,2,4")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="uibk-shared-"))
+    rows: list[dict] = []
+    try:
+        for backend in args.backends.split(","):
+            try:
+                counts = [int(x) for x in args.readers.split(",")]
+                rows += run(backend, args.docs, args.seconds, counts, workdir)
+            except ImportError as e:
+                print(f"{backend}: skipped ({e})", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 1 if any(r["errors"] or r["torn"] or r["mismatches"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
