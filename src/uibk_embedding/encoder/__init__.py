@@ -14,6 +14,7 @@ from typing import Any
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.composed import ComposedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME
+from uibk_embedding.encoder.hub import is_hub_id, resolve_model
 from uibk_embedding.encoder.inputs import validate_texts
 from uibk_embedding.encoder.projection import read_saved_projections, refuse_other_kind
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder
@@ -167,8 +168,6 @@ def _local(name: str | os.PathLike, hub: dict[str, Any]) -> str | os.PathLike:
     """``name`` as given when it is a local path (or none at all: the missing folder is reported
     by the loader), the Hub snapshot folder of a Hub id
     (:func:`~uibk_embedding.encoder.hub.resolve_model`)."""
-    from uibk_embedding.encoder.hub import is_hub_id, resolve_model
-
     if Path(name).exists() or not is_hub_id(str(name)):
         if hub["revision"] is not None:
             return resolve_model(name, revision=hub["revision"])  # refused: a local folder

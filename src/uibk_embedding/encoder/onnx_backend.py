@@ -12,8 +12,22 @@ one backend is searched with the other.
 
 Example
 -------
->>> onnx_cache_dir().name
-'onnx'
+A tiny random BERT, exported and run (the embedded default is exported the same way):
+
+>>> import pathlib, tempfile, torch
+>>> from uibk_embedding.encoder.bert import BertConfig, bert_encoder
+>>> cfg = BertConfig(vocab_size=8000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+...                  intermediate_size=32, max_position_embeddings=16)
+>>> net = bert_encoder(cfg).eval(); _ = torch.manual_seed(0)
+>>> with torch.no_grad():
+...     for p in net.parameters():
+...         _ = p.normal_(std=0.2)
+>>> path = export_bert(net, pathlib.Path(tempfile.mkdtemp()) / "tiny.onnx")
+>>> ids = torch.tensor([[101, 7, 9, 102]]); mask = torch.ones_like(ids)
+>>> with torch.no_grad():
+...     want = net(ids, mask)
+>>> bool(torch.allclose(OnnxBert(path)(ids, mask), want, atol=1e-5))
+True
 """
 
 from __future__ import annotations
@@ -31,12 +45,20 @@ EXPORT_TOLERANCE = 1e-4
 
 
 def onnx_cache_dir() -> Path:
-    """``$UIBK_CACHE/onnx`` (default ``~/.cache/uibk_embedding/onnx``)."""
+    """``$UIBK_CACHE/onnx`` (default ``~/.cache/uibk_embedding/onnx``).
+
+    >>> onnx_cache_dir().name
+    'onnx'
+    """
     return Path(os.environ.get("UIBK_CACHE", Path.home() / ".cache" / "uibk_embedding")) / "onnx"
 
 
 def require_onnxruntime() -> Any:
-    """``onnxruntime``, or an ImportError naming the extra to install."""
+    """``onnxruntime``, or an ImportError naming the extra to install.
+
+    >>> require_onnxruntime().__name__
+    'onnxruntime'
+    """
     try:
         import onnxruntime
     except ImportError as e:
@@ -74,7 +96,7 @@ def _probe() -> dict[str, np.ndarray]:
 
 
 def export_bert(net: Any, out: Path) -> Path:
-    """Export the :class:`~uibk_embedding.encoder.bert.BertEncoder` ``net`` to ``out`` (written
+    """Export the BERT ``net`` (:func:`~uibk_embedding.encoder.bert.load_bert`) to ``out`` (written
     to a temporary file, checked against ``net`` on a probe batch, then moved into place)."""
     import torch
 

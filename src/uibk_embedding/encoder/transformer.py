@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding.encoder.base import TaggedEncoder
+from uibk_embedding.encoder.bert import TokenizerFacts, load_bert, native_bert_config
 from uibk_embedding.encoder.inputs import resolve_device
+from uibk_embedding.encoder.onnx_backend import OnnxBert, exported_model, require_onnxruntime
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.trust import model_digest, require_trust
@@ -147,8 +149,6 @@ class TransformerEncoder(TaggedEncoder):
         self._hf_model: Any = None  # transformers' model and tokenizer: made when first asked for
         self._hf_tokenizer: Any = None
         # the embedded default runs a plain-torch BERT (encoder/bert.py): no transformers import
-        from uibk_embedding.encoder.bert import TokenizerFacts, load_bert, native_bert_config
-
         native = native_bert_config(path) if self.model_name == EMBEDDED_NAME else None
         self._native = native
         if native is not None:
@@ -183,8 +183,6 @@ class TransformerEncoder(TaggedEncoder):
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
         self._model_id = model_digest(path)[:16]  # the folder's files: weights, tokenizer, pooling
         if backend == "onnx":  # the same network, exported once and run by onnxruntime
-            from uibk_embedding.encoder.onnx_backend import OnnxBert, exported_model, require_onnxruntime
-
             require_onnxruntime()
             self._net = OnnxBert(exported_model(self._net, self._model_id), num_threads=num_threads)
         super().__init__(self.pooling.dim(hidden), hidden, **kwargs)

@@ -266,7 +266,11 @@ _SETTLED_NS = 2 * 10**9
 
 def digest_cache_dir() -> Path:
     """Where :func:`model_digest` keeps the digests of unchanged folders: ``$UIBK_CACHE/digests``
-    (default ``~/.cache/uibk_embedding/digests``), beside the evaluation cache."""
+    (default ``~/.cache/uibk_embedding/digests``), beside the evaluation cache.
+
+    >>> digest_cache_dir().name
+    'digests'
+    """
     return Path(os.environ.get("UIBK_CACHE", Path.home() / ".cache" / "uibk_embedding")) / "digests"
 
 
