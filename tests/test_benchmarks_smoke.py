@@ -255,3 +255,21 @@ def test_scale_table_without_the_reference_engine():
            "build_peak_rss": 2**20, "search_peak_rss": 2**20, "aim_rss": 2**30, "p50_ms": 1.0, "p95_ms": 2.0}
     table = _bench("scale").markdown({"sizes": {"30": {"warp": row}}})
     assert "| 30 | warp | 10 | 1.0 | 2.0 | 1 | 1 / 1 / 1 | - / - | 1,024 | 1.0 / 2.0 | - | - |" in table
+
+
+def test_shared_readers(tmp_path):
+    """benchmarks/shared_readers.py (issue 62) on a small exact folder: readers beside a writer,
+    every answer checked against exact MaxSim on the snapshot it read."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "shared.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "shared_readers.py"
+    argv = ["--backends", "exact", "--seconds", "2", "--docs", "60", "--readers", "1,2", "--out", str(out)]
+    run = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(out.read_text())
+    assert [r["readers"] for r in rows] == [1, 2]
+    for r in rows:
+        assert (r["errors"], r["torn"], r["mismatches"]) == (0, 0, 0), r
+        assert r["checked"] > 0 and r["qps"] > 0, r
