@@ -120,8 +120,9 @@ def test_revisions_tokens_and_a_missing_model(minilm_cache):
         assert Path(enc.model_name).name == commit
     with pytest.raises(FileNotFoundError, match=r"revision 'v2' is not in the Hugging Face cache"):
         load_encoder(MINILM, revision="v2", **hub)
-    with pytest.raises(FileNotFoundError, match=r"nobody/nothing is not in the Hugging Face cache.*"
-                                                r"hf download nobody/nothing"):
+    with pytest.raises(FileNotFoundError, match=r"no local folder nobody/nothing, and as a Hugging Face "
+                                                r"Hub id: nobody/nothing is not in the Hugging Face "
+                                                r"cache.*hf download nobody/nothing"):
         load_encoder("nobody/nothing", **hub)
     # a composed pair by ids, and a revision for a folder or the embedded default is refused
     with pytest.raises(ValueError, match="applies to a Hugging Face Hub id"):

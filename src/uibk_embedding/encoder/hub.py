@@ -70,8 +70,11 @@ def resolve_model(
         return path
     if not is_hub_id(str(name)):
         raise FileNotFoundError(f"no encoder at {name}")
-    return snapshot(str(name), revision=revision, token=token, cache_folder=cache_folder,
-                    local_files_only=local_files_only)
+    try:
+        return snapshot(str(name), revision=revision, token=token, cache_folder=cache_folder,
+                        local_files_only=local_files_only)
+    except FileNotFoundError as e:  # a mistyped local path reads as a Hub id too: say both
+        raise FileNotFoundError(f"no local folder {name}, and as a Hugging Face Hub id: {e}") from e
 
 
 def _version() -> str:
