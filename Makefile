@@ -15,7 +15,8 @@ PYLATE := pylate==1.6.0
 PYLATE_DEPS := 'sentence-transformers==5.3.0' 'transformers>=4.41.0,<=5.3.0' 'datasets>=2.20.0' \
 	'accelerate>=0.31.0' 'pandas>=2.2.1' 'ujson==5.12.0' 'ninja==1.11.1.4' 'fastkmeans==0.5.0'
 
-$(VENV)/.installed: pyproject.toml
+# the fused MaxSim kernel is compiled by the editable install: a changed kernel source installs again
+$(VENV)/.installed: pyproject.toml src/uibk_embedding/_maxsim_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[test]' $(PYLATE_DEPS)

@@ -6,15 +6,21 @@
  * it finds the file) and called through ctypes by uibk_embedding/maxsim.py:
  *   uibk_maxsim_supported()  1 when this CPU has AVX2 + FMA + F16C (checked at run time, so the
  *                             library builds with the compiler's default flags on any x86-64);
- *   uibk_maxsim(...)          scores of documents [d0, d1) against every query (see below).
+ *   uibk_maxsim(...)          scores of documents [d0, d1) against every query (see below);
+ *   uibk_maxsim_kinds()       how many row kinds uibk_maxsim reads (3: float32, float16, int8
+ *                             rows); a library built before int8 rows lacks it.
  * Other CPUs (and other architectures, where this file compiles to the stub at the bottom) use
  * the numpy path in maxsim.py.
  *
  * Micro-kernel: 6 document rows x 16 query rows in 12 AVX2 accumulators, one broadcast of each
  * row's value per dimension (the classic register-blocked GEMM shape, FMA-bound). Query rows are
  * given transposed and zero-padded to a multiple of 16 (qt: dim x rpad); padded rows are never
- * summed. Rows are copied (float16: widened with F16C) into a small per-thread buffer, CHUNK rows
- * at a time.
+ * summed. Rows are copied (float16: widened with F16C; int8 rows: 8 codes at a time widened to
+ * float32 and multiplied by the row's scale, in registers) into a small per-thread buffer, CHUNK
+ * rows at a time, so no block of the matrix is ever converted in memory.
+ * An int8 row (uibk_embedding/quantize.py) is dim int8 codes, a float16 scale and a float16 tag
+ * (dim + 4 bytes): its values are scale * codes[i], and coordinate 0 the tag. A code times a
+ * float16 scale is exact in float32, so int8 rows score bit for bit as their float32 rows do.
  * Groups of fewer than 6 rows repeat their last row, which cannot change a maximum.
  */
 #define PY_SSIZE_T_CLEAN
@@ -69,6 +75,27 @@ TARGET static inline void group6(const float *const r[RB], int64_t dim, const fl
     *m1 = _mm256_max_ps(*m1, _mm256_max_ps(a01, _mm256_max_ps(a41, a51)));
 }
 
+/* n int8 rows (dim codes, float16 scale, float16 tag each) dequantised into dst (n x dim floats) */
+TARGET static void dequant(const uint8_t *src, float *dst, int64_t n, int64_t dim) {
+    const int64_t stride = dim + 4;
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *row = src + r * stride;
+        uint16_t sbits, tbits;
+        memcpy(&sbits, row + dim, 2);
+        memcpy(&tbits, row + dim + 2, 2);
+        const float scale = _cvtsh_ss(sbits);
+        const __m256 s = _mm256_set1_ps(scale);
+        float *out = dst + r * dim;
+        int64_t i = 0;
+        for (; i + 8 <= dim; i += 8) {
+            const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i)));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(c), s));
+        }
+        for (; i < dim; i++) out[i] = (float)(int8_t)row[i] * scale;
+        out[0] = _cvtsh_ss(tbits);
+    }
+}
+
 TARGET static void widen(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -76,19 +103,22 @@ TARGET static void widen(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
 
-/* Scores of documents [d0, d1) (rows offsets[d]..offsets[d+1] of docs, dim wide, float32 or,
- * when f16 != 0, IEEE float16) against nq queries whose rows are qoff[q]..qoff[q+1] of the
+/* Scores of documents [d0, d1) (rows offsets[d]..offsets[d+1] of docs, dim wide: kind 0 float32,
+ * kind 1 IEEE float16, kind 2 int8 rows as above) against nq queries whose rows are qoff[q]..qoff[q+1] of the
  * transposed, padded query matrix qt (dim x rpad, rpad a multiple of 16). out[q * out_stride + d]
  * receives the sum over query q's rows of the max over document d's rows; a document without
  * rows scores -inf. work holds rpad + CHUNK * dim floats. Returns 0, or -1 when rpad is not a
  * multiple of 16. Pure computation: safe to call from several threads on disjoint [d0, d1). */
-TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int f16,
+int uibk_maxsim_kinds(void) { return 3; }
+
+TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int kind,
                        const int64_t *offsets, int64_t d0, int64_t d1, const int64_t *qoff,
                        int64_t nq, float *out, int64_t out_stride, float *work) {
-    if (rpad % QB != 0) return -1;
+    if (rpad % QB != 0 || kind < 0 || kind > 2) return -1;
     float *maxes = work, *buf = work + rpad;
     const float *rows32 = (const float *)docs;
     const uint16_t *rows16 = (const uint16_t *)docs;
+    const uint8_t *rows8 = (const uint8_t *)docs;
     for (int64_t d = d0; d < d1; d++) {
         const int64_t start = offsets[d], stop = offsets[d + 1];
         if (stop <= start) {
@@ -98,7 +128,9 @@ TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *d
         for (int64_t i = 0; i < rpad; i++) maxes[i] = -__builtin_inff();
         for (int64_t c = start; c < stop; c += CHUNK) {
             const int64_t n = (stop - c < CHUNK) ? stop - c : CHUNK;
-            if (f16) {
+            if (kind == 2) {
+                dequant(rows8 + c * (dim + 4), buf, n, dim);
+            } else if (kind == 1) {
                 widen(rows16 + c * dim, buf, n * dim);
             } else {  /* copied too: one sequential stream, then 6 broadcast streams from L1
                        * (broadcasting straight from memory ran ~1.4x slower, loaded machine) */
@@ -131,10 +163,12 @@ TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *d
 
 int uibk_maxsim_supported(void) { return 0; }
 
-int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int f16,
+int uibk_maxsim_kinds(void) { return 0; }
+
+int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int kind,
                 const int64_t *offsets, int64_t d0, int64_t d1, const int64_t *qoff, int64_t nq,
                 float *out, int64_t out_stride, float *work) {
-    (void)qt; (void)rpad; (void)dim; (void)docs; (void)f16; (void)offsets; (void)d0; (void)d1;
+    (void)qt; (void)rpad; (void)dim; (void)docs; (void)kind; (void)offsets; (void)d0; (void)d1;
     (void)qoff; (void)nq; (void)out; (void)out_stride; (void)work;
     return -1;
 }

@@ -12,13 +12,19 @@ takes, reach the scores as numpy's arithmetic takes them on both):
   register-blocked products whose max over a document's rows is taken while they are still in
   registers, so the ``(query vectors x document rows)`` product matrix is never written to memory;
   float16 rows are widened in a 24 KiB buffer on the fly (no slower than float32 rows: half the
-  bytes to read); documents are split across the cores (:data:`THREADS`). Used for float32 scores
-  whenever it is built and the CPU has those instructions (:func:`kernel`).
+  bytes to read), int8 rows (:mod:`uibk_embedding.quantize`) dequantised there 8 codes at a
+  time in registers, bit for bit their float32 dequantisation; documents are split across the
+  cores (:data:`THREADS`). Used for float32 scores whenever it is built and the CPU has those
+  instructions (:func:`kernel`; int8 rows need a library built with them: :func:`kernel_kinds`).
 - **blas** (numpy): per cache-sized block one BLAS product in the requested dtype,
   ``np.maximum.reduceat`` over each document's rows and a sum per query. Used for
   ``dtype=np.float64`` (the reference the tests compare with), and for float32 where the fused
-  kernel is not available, and for document rows that are neither float32 nor float16 (float64,
-  another byte order).
+  kernel is not available, and for document rows that are neither float32, float16 nor int8 rows
+  (float64, another byte order). int8 rows are dequantised block by block (exact in float32 and
+  float64).
+
+``doc_matrix`` is a ``(rows, dim)`` float array, or a 1-d array of
+:data:`~uibk_embedding.quantize.QROW` records (int8 rows, 128 dimensions).
 
 ``benchmarks/maxsim_kernel.py`` measures both against the outside MaxSim kernels
 (benchmarks/results/maxsim_kernel.md).
@@ -42,6 +48,9 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from uibk_embedding.quantize import DIM as QDIM
+from uibk_embedding.quantize import dequantize_into, is_quantized
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 """Hard upper bound on the memory of one similarity block (``query rows x document rows``)."""
@@ -110,33 +119,43 @@ def maxsim_scores(
     n_docs = len(doc_offsets) - 1
     if len(queries) == 0:
         return np.zeros((0, n_docs), dtype=dtype)
-    if any(np.ndim(q) != 2 for q in queries) or np.ndim(doc_matrix) != 2:
-        raise ValueError("queries and doc_matrix must be (rows, dim) arrays, got shapes "
+    quantized = is_quantized(np.asarray(doc_matrix))
+    if any(np.ndim(q) != 2 for q in queries) or np.ndim(doc_matrix) != (1 if quantized else 2):
+        raise ValueError("queries and doc_matrix must be (rows, dim) arrays (or int8 rows), got shapes "
                          f"{[np.shape(q) for q in queries][:3]} and {np.shape(doc_matrix)}")
     if np.size(doc_offsets) and not np.issubdtype(np.asarray(doc_offsets).dtype, np.integer):
         raise TypeError(f"doc_offsets must be integers, got {np.asarray(doc_offsets).dtype}")
     qmat, qoff = pack(queries, dtype=dtype)
-    if n_docs and qmat.shape[1] != doc_matrix.shape[1]:
-        raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {doc_matrix.shape[1]}")
+    dim = QDIM if quantized else doc_matrix.shape[1]
+    if n_docs and qmat.shape[1] != dim:
+        raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {dim}")
     offsets = np.ascontiguousarray(doc_offsets, dtype=np.int64)
     if (offsets.ndim != 1 or len(offsets) == 0 or offsets[0] < 0 or offsets[-1] > len(doc_matrix)
             or np.any(np.diff(offsets) <= 0)):  # the kernel would read past the matrix
         raise ValueError(f"doc_offsets must rise strictly from 0 or more to at most the {len(doc_matrix)} "
                          "rows of doc_matrix (every document at least one row)")
-    lib = _fused() if dtype == np.float32 and doc_matrix.dtype in (np.float32, np.float16) else None
-    if lib is None or n_docs == 0 or doc_matrix.ndim != 2:
+    lib = _fused() if dtype == np.float32 and (doc_matrix.dtype in (np.float32, np.float16)
+                                               or (quantized and kernel_kinds() >= 3)) else None
+    if lib is None or n_docs == 0:
         return _blas_scores(qmat, qoff, doc_matrix, offsets, n_docs, dtype, max_chunk_bytes)
     if doc_matrix.flags.c_contiguous:
         return _fused_scores(lib, qmat, qoff, doc_matrix, offsets)
     # a strided view: contiguous copies of bounded blocks of whole documents. A document's score
     # does not depend on which block or thread computes it, so this equals scoring a copy.
     out = np.empty((len(queries), n_docs), dtype=np.float32)
-    rows_budget = max(1, max_chunk_bytes // (doc_matrix.itemsize * max(1, doc_matrix.shape[1])))
+    rows_budget = max(1, max_chunk_bytes // _row_bytes(doc_matrix))
     for start, stop in doc_blocks(offsets, rows_budget):
         r0 = offsets[start]
         block = np.ascontiguousarray(doc_matrix[r0:offsets[stop]])
         out[:, start:stop] = _fused_scores(lib, qmat, qoff, block, offsets[start:stop + 1] - r0)
     return out
+
+
+def _row_bytes(doc_matrix: np.ndarray) -> int:
+    """Bytes of one row of ``doc_matrix`` (an int8 row record is one element)."""
+    if is_quantized(doc_matrix):
+        return doc_matrix.itemsize
+    return doc_matrix.itemsize * max(1, doc_matrix.shape[1])
 
 
 def doc_blocks(offsets: np.ndarray, rows_budget: int) -> Iterator[tuple[int, int]]:
@@ -161,14 +180,15 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
     if n_docs == 0:
         return out
     itemsize = np.dtype(dtype).itemsize
+    dim = qmat.shape[1]
     convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
     # what one document row of a block costs: its similarities with every query row, and, when the
     # documents are converted, its converted copy (dim values: a wide row with a one-row query
     # would otherwise size a buffer of gigabytes)
-    row_bytes = itemsize * (max(1, qmat.shape[0]) + (doc_matrix.shape[1] if convert else 0))
+    row_bytes = itemsize * (max(1, qmat.shape[0]) + (dim if convert else 0))
     # cache-sized blocks, never above the memory bound, never below one document
     rows_budget = max(1, min(max(BLOCK_BYTES // row_bytes, MIN_BLOCK_ROWS), max_chunk_bytes // row_bytes))
-    buffer = np.empty((0, doc_matrix.shape[1]), dtype=dtype)
+    buffer = np.empty((0, dim), dtype=dtype)
     single = len(qoff) == 2
     for start_doc, end_doc in doc_blocks(offsets, rows_budget):
         r0, r1 = offsets[start_doc], offsets[end_doc]
@@ -176,7 +196,7 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
         if convert:
             if len(buffer) < r1 - r0:  # a block's rows, never more than are left to convert
                 rows = max(r1 - r0, min(rows_budget, int(offsets[-1] - r0)))
-                buffer = np.empty((rows, doc_matrix.shape[1]), dtype=dtype)
+                buffer = np.empty((rows, dim), dtype=dtype)
             block = _convert_into(block, buffer[: r1 - r0])
         # (query vectors, document rows): the per-document max then runs along contiguous
         # memory, which is ~10x faster than reducing over the other axis
@@ -214,6 +234,25 @@ def _fused() -> ctypes.CDLL | None:
     return _LIB  # type: ignore[return-value]
 
 
+def kernel_kinds() -> int:
+    """How many row kinds the fused kernel reads here: 3 (float32, float16 and int8 rows), 2 for a
+    library built before int8 rows (rebuilt by ``make setup`` or ``pip install -e .``; int8
+    rows are scored by numpy meanwhile), 0 without the fused kernel.
+
+    >>> kernel_kinds() in (0, 2, 3)
+    True
+    """
+    lib = _fused()
+    if lib is None:
+        return 0
+    try:
+        kinds = lib.uibk_maxsim_kinds
+    except AttributeError:
+        return 2
+    kinds.restype = ctypes.c_int
+    return int(kinds())
+
+
 def kernel() -> str:
     """Which kernel computes float32 scores here: ``"fused"`` or ``"blas"`` (see the module doc).
 
@@ -242,7 +281,7 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     ctypes releases the GIL for the call, so the threads run at once; each gets its own work
     buffer and a disjoint range of documents (and so of output columns).
     """
-    n_docs, dim = len(offsets) - 1, doc_matrix.shape[1]
+    n_docs, dim = len(offsets) - 1, qmat.shape[1]
     rows = qmat.shape[0]
     rpad = -(-rows // _QUERY_BLOCK) * _QUERY_BLOCK
     qt = np.zeros((dim, rpad), dtype=np.float32)
@@ -253,7 +292,7 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     # balanced by rows, not documents: thread t takes the documents starting in its share of rows
     bounds = np.searchsorted(offsets, np.linspace(first, last, threads + 1), side="left")
     bounds[0], bounds[-1] = 0, n_docs
-    f16 = int(doc_matrix.dtype == np.float16)
+    kind = 2 if is_quantized(doc_matrix) else int(doc_matrix.dtype == np.float16)
 
     codes: list[int] = []
     failed: list[BaseException] = []  # a worker's error (its thread would only print it)
@@ -261,7 +300,7 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     def scan(d0: int, d1: int) -> None:
         try:
             work = np.empty(rpad + _CHUNK_ROWS * dim, dtype=np.float32)
-            codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, f16,
+            codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, kind,
                                          offsets.ctypes.data, d0, d1, qoff.ctypes.data, len(qoff) - 1,
                                          out.ctypes.data, n_docs, work.ctypes.data))
         except BaseException as e:  # its columns of ``out`` were never written
@@ -297,6 +336,8 @@ def _convert_into(block: np.ndarray, out: np.ndarray) -> np.ndarray:
     >>> _convert_into(np.array([[0.5, -2.0]], np.float16), np.empty((1, 2), np.float32)).tolist()
     [[0.5, -2.0]]
     """
+    if is_quantized(block):  # int8 rows: dequantised (exact in float32 and float64)
+        return dequantize_into(block, out)
     try:
         import torch
 

@@ -891,6 +891,48 @@ class MultiVectorStore(ABC):
     def count(self) -> int:
         """Number of stored documents."""
 
+    @_refuse_when_closed
+    def stats(self) -> dict[str, Any]:
+        """What the store holds and what it costs, the same keys on every backend:
+
+        * ``documents``: stored documents; ``vectors``: their stored rows (vectors);
+        * ``bytes_on_disk``: every file of the store's local folder or file (ids, metadata,
+          indexes and logs included); ``None`` where the store lives on a server or in memory
+          without a folder (unknown here);
+        * ``resident_bytes``: what the store keeps in memory or must map whole for a search
+          (the rule is the backend's: the file-backed stores count the rows a search scans plus
+          their document table, :meth:`~uibk_embedding.adapters.indexed.IndexedStore.stats`);
+          ``None`` where the engine does not say (servers, Qdrant's and LanceDB's own files).
+
+        Backends add their own keys (which path answers a search, and why).
+
+        >>> from uibk_embedding.adapters.exact import ExactStore
+        >>> s = ExactStore()
+        >>> {k: s.stats()[k] for k in ("documents", "vectors", "bytes_on_disk", "resident_bytes")}
+        {'documents': 0, 'vectors': 0, 'bytes_on_disk': 0, 'resident_bytes': 0}
+        """
+        return {"documents": self.count(), "vectors": self._stored_vectors(),
+                "bytes_on_disk": self._bytes_on_disk(), "resident_bytes": self._resident_bytes()}
+
+    def _stored_vectors(self) -> int:
+        """Rows stored: by default every document read back (engines that count rows natively
+        override this)."""
+        ids = [x for page in self._scan((), 1000) for x, _ in page]
+        return sum(len(r.vectors) for i in range(0, len(ids), 256) for r in self._get(ids[i:i + 256]))
+
+    def _bytes_on_disk(self) -> int | None:
+        """Bytes of the store's local folder or file (its ``path``, ``uri`` or ``where`` when that
+        names one on this machine), else None."""
+        for attr in ("path", "uri", "where"):
+            v = self.__dict__.get(attr)
+            if isinstance(v, str | os.PathLike) and "://" not in str(v) and os.path.exists(v):
+                return folder_bytes(v)
+        return None
+
+    def _resident_bytes(self) -> int | None:
+        """What a search needs in memory (see :meth:`stats`); None: the engine does not say."""
+        return None
+
     @_closing  # noqa: B027 - optional hook, a no-op for stores without resources
     def close(self) -> None:
         """Release resources (files, connections). Every later call raises
@@ -972,6 +1014,24 @@ class BatchSearch:
     def _search_explained(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
                           **options: Any) -> list[Hit]:
         return self._search_batch([q], k, conditions, explain=True, **options)[0]  # type: ignore[attr-defined]
+
+
+def folder_bytes(path: str | os.PathLike) -> int:
+    """Bytes of the files under ``path`` (or of the file ``path``); files that vanish meanwhile
+    (a writer's compaction) are not counted.
+
+    >>> import tempfile
+    >>> folder_bytes(tempfile.mkdtemp())
+    0
+    """
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
 
 
 def finite_score(x: float) -> float:

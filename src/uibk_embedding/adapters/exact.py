@@ -9,7 +9,12 @@ metadata, opening it reads no vectors. In memory (no ``path``) the same tables l
 ``:memory:`` and the rows in one float32 array; nothing is written anywhere.
 
 Rows are float32 by default (scores equal to the in-memory store's); ``vector_dtype="float16"``
-halves the disk and page cache, scores within float16 rounding. Deleted or overwritten
+halves the disk and page cache, scores within float16 rounding. Profiles name what a persisted
+store keeps (:data:`PROFILES`, ``profile=``; recorded with the store, kept on reopen):
+``"exact"`` (float32 rows), ``"float16"``, ``"compact"`` (int8 rows only, 132 bytes a row,
+:mod:`uibk_embedding.quantize`: scores within int8 rounding) and ``"int8-rerank"`` (int8 rows
+scanned, then the best ``rerank_depth`` documents rescored exactly from float16 originals kept
+in a file of their own, read only for those documents; docs/compact.md). Deleted or overwritten
 documents' rows are dropped (the live rows copied into the next generation of the vector file)
 once they exceed :data:`REPACK_FRACTION` of the file (and 1,024 rows), or by :meth:`ExactStore.compact`.
 
@@ -50,7 +55,7 @@ from uibk_embedding._sqlite_state import WRITE_TIMEOUT, acquire_write_lock, conn
 from uibk_embedding.adapters.base import check_positive, check_record, read_record
 from uibk_embedding.adapters.indexed import DB_NAME, LOCK_NAME, IndexedStore
 from uibk_embedding.errors import CollectionMismatch
-from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES
+from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, file_name
 
@@ -66,6 +71,31 @@ float16 by default: float16 scores differ from the in-memory store's by float16 
 REPACK_FRACTION = 0.3
 """Rows of deleted or overwritten documents above this share of the vector file are dropped at
 the next write."""
+PROFILES: dict[str, dict[str, str | None]] = {
+    "exact": {"vector_dtype": "float32"},
+    "float16": {"vector_dtype": "float16"},
+    "compact": {"vector_dtype": "int8", "originals": None},
+    "int8-rerank": {"vector_dtype": "int8", "originals": "float16"},
+}
+"""What each profile keeps: the scanned rows (``vector_dtype``) and, for int8 rows, the
+``originals`` kept beside them for the final rerank (docs/compact.md)."""
+VECTOR_DTYPES = ("float32", "float16", "int8")
+MIN_RERANK_DEPTH = 100
+"""The ``int8-rerank`` profile rescores at least this many documents (and at least ``4 * k``)
+when no ``rerank_depth`` is given."""
+
+
+def profile_of(build: dict[str, Any]) -> str:
+    """The profile name of a store's build parameters.
+
+    >>> profile_of({"vector_dtype": "int8", "originals": "float16"}), profile_of({"vector_dtype": "float32"})
+    ('int8-rerank', 'exact')
+    """
+    if build.get("profile"):
+        return build["profile"]
+    if build["vector_dtype"] == "int8":
+        return "int8-rerank" if build.get("originals") else "compact"
+    return {"float32": "exact", "float16": "float16"}[build["vector_dtype"]]
 
 
 class ExactStore(IndexedStore):
@@ -77,9 +107,17 @@ class ExactStore(IndexedStore):
         store; a folder of 0.4 or older is converted; any other folder is refused, untouched).
     format: the tagged format (saved with the store; used for decompositions).
     vector_dtype: how a persisted store keeps its rows: ``"float32"`` (the default for a new
-        store: scores equal to the in-memory store's) or ``"float16"`` (half the disk and page
-        cache, scores within float16 rounding). ``None``: the saved value. In memory the rows
-        are always float32.
+        store: scores equal to the in-memory store's), ``"float16"`` (half the disk and page
+        cache, scores within float16 rounding) or ``"int8"`` (the ``compact`` profile).
+        ``None``: the saved value. In memory the rows are always float32.
+    profile: a name of :data:`PROFILES` (``"exact"``, ``"float16"``, ``"compact"``,
+        ``"int8-rerank"``): what a new store keeps, or the profile an existing store must have
+        (``CollectionMismatch`` otherwise). ``None``: the saved one (``vector_dtype``'s for a
+        new store).
+    rerank_depth: the ``int8-rerank`` profile rescores this many of the int8 scan's best
+        documents from their float16 originals (at least ``k``; ``None``: ``max(100, 4 * k)``).
+        Not saved. The result is the exact top ``k`` of that pool (exact MaxSim of the
+        originals, as a ``float16`` store scores them), wherever they stood in it.
     max_chunk_bytes: memory bound of one scoring block (rows converted or gathered at a time).
     compact_every: accepted for stores written by 0.4 (their operation log was folded after this
         many writes); the SQLite store has no log to fold, so it has no effect.
@@ -100,7 +138,10 @@ class ExactStore(IndexedStore):
     exact = True
     schema_version: ClassVar[int] = 3  # 1 and 2 were store.json's versions (0.4 and older)
     search_options: ClassVar[tuple[str, ...]] = ()
-    build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": DEFAULT_VECTOR_DTYPE}
+    # profile and originals are given (and recorded) for int8 stores only: float stores' records
+    # are those written before profiles
+    build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": DEFAULT_VECTOR_DTYPE, "profile": "compact",
+                                                "originals": None}
     sync_on_write = False  # no index to keep in line: a write is one transaction
     builds_index = False
     vector_compact_min_rows = 1024  # a small file is not copied for every few deleted rows
@@ -112,16 +153,21 @@ class ExactStore(IndexedStore):
         format: TaggedFormat | None = None,
         *,
         vector_dtype: str | None = None,
+        profile: str | None = None,
+        rerank_depth: int | None = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         compact_every: int = 200,
         read_only: bool = False,
         create: bool = True,
         write_timeout: float = 5.0,
     ) -> None:
-        IndexedStore._check_build_params({"vector_dtype": vector_dtype})
-        if path is None and vector_dtype == "float16":
-            raise ValueError("an in-memory ExactStore keeps float32 rows; vector_dtype='float16' "
-                             "needs a path (the rows are then memory-mapped from a file)")
+        given = self._profile_params(profile, vector_dtype)
+        self._check_build_params(given)
+        if path is None and given["vector_dtype"] not in (None, "float32"):
+            raise ValueError(f"an in-memory ExactStore keeps float32 rows; vector_dtype="
+                             f"{given['vector_dtype']!r} needs a path (the rows are then memory-mapped "
+                             "from a file)")
+        check_positive("rerank_depth", rerank_depth, allow_none=True)
         check_positive("max_chunk_bytes", max_chunk_bytes)
         check_positive("compact_every", compact_every)
         if path is not None and (Path(path) / OLD_CONFIG_NAME).is_file():
@@ -130,16 +176,73 @@ class ExactStore(IndexedStore):
                                          "once, by a store opened for writing (not read_only); nothing "
                                          "was changed")
             convert_op_log(Path(path), format, vector_dtype, write_timeout)
-        super().__init__(path, format, {"vector_dtype": vector_dtype},
+        super().__init__(path, format, given,
                          vector_compact_fraction=REPACK_FRACTION, read_only=read_only, create=create,
                          write_timeout=write_timeout)
         self.max_chunk_bytes = max_chunk_bytes
         self.compact_every = compact_every
+        self.rerank_depth = rerank_depth
+
+    @staticmethod
+    def _profile_params(profile: str | None, vector_dtype: str | None) -> dict[str, Any]:
+        """The build parameters given to the store: ``vector_dtype`` alone (float rows; the
+        records of float stores are as before profiles), or, for int8 rows, their profile and
+        originals too."""
+        if profile is None:
+            if vector_dtype == "int8":  # a new store: compact; an existing one: as it is
+                return {"vector_dtype": "int8", "profile": None, "originals": None}
+            return {"vector_dtype": vector_dtype}
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
+        params = PROFILES[profile]
+        if vector_dtype is not None and vector_dtype != params["vector_dtype"]:
+            raise ValueError(f"profile={profile!r} keeps {params['vector_dtype']} rows; vector_dtype="
+                             f"{vector_dtype!r} contradicts it (give one of them)")
+        if params["vector_dtype"] != "int8":
+            return {"vector_dtype": params["vector_dtype"]}
+        return {"vector_dtype": "int8", "profile": profile, "originals": params["originals"]}
+
+    @staticmethod
+    def _check_build_params(given: dict[str, Any]) -> None:
+        dtype = given.get("vector_dtype")
+        if not isinstance(dtype, str | None) or dtype not in (None, *VECTOR_DTYPES):
+            raise ValueError(f"vector_dtype must be one of {', '.join(map(repr, VECTOR_DTYPES))}, "
+                             f"got {dtype!r}")
 
     @property
     def vector_dtype(self) -> str:
-        """``"float32"`` or ``"float16"``: how the rows are kept (saved with the store)."""
+        """``"float32"``, ``"float16"`` or ``"int8"``: how the scanned rows are kept (saved with
+        the store)."""
         return self._build["vector_dtype"]
+
+    @property
+    def profile(self) -> str:
+        """The store's profile (:data:`PROFILES`), saved with it."""
+        return profile_of(self._build)
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`IndexedStore.stats` with the store's ``profile`` and ``vector_dtype``."""
+        return {**super().stats(), "profile": self.profile, "vector_dtype": self.vector_dtype}
+
+    def _exact(self, queries: list[np.ndarray], seqs: Any, k: int) -> list[list[Any]]:
+        """The exact scan; the ``int8-rerank`` profile rescores the scan's best
+        ``rerank_depth`` (``max(100, 4 k)`` by default, at least ``k``) from their float16
+        originals and returns the exact top ``k`` of that pool (ties: lower seq)."""
+        assert self._vf is not None
+        originals = self._vf.originals
+        if originals is None:
+            return super()._exact(queries, seqs, k)
+        depth = max(k, self.rerank_depth or max(MIN_RERANK_DEPTH, 4 * k))
+        coarse = self._scores(queries, seqs)
+        out = []
+        for q, row in zip(queries, coarse, strict=True):
+            pool = np.sort(top_k(row, depth))  # store order: ties resolve by seq below
+            pool_seqs = [int(seqs[i]) for i in pool]
+            starts, lengths = self._extents(pool_seqs)
+            mat, off = originals.gather(starts, lengths, None)  # float16, as stored
+            exact = maxsim_scores([q], mat, off, max_chunk_bytes=self.max_chunk_bytes)[0]
+            out.append([self._hit(pool_seqs[i], float(exact[i])) for i in top_k(exact, k)])
+        return out
 
     @property
     def n_pending(self) -> int:

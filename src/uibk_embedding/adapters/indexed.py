@@ -123,6 +123,7 @@ from uibk_embedding.adapters.base import (
     check_positive,
     check_record,
     finite_score,
+    folder_bytes,
     read_record,
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
@@ -474,6 +475,16 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         With rerank on, a store or filtered subset no larger than the rerank pool is scored
         exactly even with an index.
 
+        And what it costs (:meth:`MultiVectorStore.stats`): ``bytes_on_disk``, every file in the
+        store folder (SQLite with its WAL, the vector files with dead rows and originals, the
+        index folders, the lock file; 0 in memory), and ``resident_bytes``, by this rule: the
+        rows a search scans whole, which the store maps from its vector file (every live row
+        times the bytes of a row of the scanned file; with an engine index, the index folder
+        and the pending documents' rows instead), plus the document table every store object
+        loads (the SQLite database's bytes: ids and metadata; Python's own objects cost more and
+        are not counted). Rows read only for a few documents a query (the rerank of candidates,
+        the float16 originals of the ``int8-rerank`` profile) are not resident.
+
         >>> s = ScanEngine(min_index_vectors=10)
         >>> s.stats()["search"], s.stats()["reason"]
         ('exact', 'the store holds 0 vectors, below min_index_vectors=10: no index is built')
@@ -506,7 +517,27 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                 reason = f"the store holds {n} vectors, below min_index_vectors={limit}: no index is built"
             return {"documents": len(self._id_of), "vectors": n, "min_index_vectors": limit,
                     "has_index": self._index is not None, "pending": self.n_pending,
-                    "search": "index" if self._index is not None else "exact", "reason": reason}
+                    "search": "index" if self._index is not None else "exact", "reason": reason,
+                    "bytes_on_disk": self._bytes_on_disk(), "resident_bytes": self._resident_bytes()}
+
+    def _bytes_on_disk(self) -> int:
+        if self.path is None:
+            return 0
+        if not self.read_only and self._writable:  # count each stored byte once
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return folder_bytes(self.path)
+
+    def _resident_bytes(self) -> int:
+        assert self._vf is not None
+        if self._index is not None:
+            index = folder_bytes(self._engine_folder) if self._engine_folder is not None else 0
+            rows = index + sum(self._rows[s] for s in self._pending) * self._vf.row_bytes
+        else:
+            rows = self._n_vectors * self._vf.row_bytes
+        if self.path is None:
+            return rows
+        return rows + sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
 
     @property
     def n_pending(self) -> int:
@@ -610,7 +641,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         with self._tx() as db:
             self._create_tables(db, config)
         if self.path is not None:  # readers map it from the start
-            VectorFile.open(self.path, generation=1, dtype=build["vector_dtype"], committed_rows=0).close()
+            VectorFile.open(self.path, generation=1, dtype=build["vector_dtype"], committed_rows=0,
+                            originals=build.get("originals")).close()
 
     def _stored_config(self) -> tuple[bool, str]:
         """Whether the folder holds a store (its ``store.sqlite`` has a configuration), read
@@ -893,16 +925,18 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         crashed before its switch, or after it); a reader's maps its first ``committed`` rows."""
         if self.path is None:
             return self._vf if self._vf is not None else MemoryVectors()
-        dtype = self._build["vector_dtype"]
+        dtype, originals = self._build["vector_dtype"], self._build.get("originals")
         if not writer:
             vf = self._vf
             if vf is not None and not vf.writable and vf.path.name == file_name(gen, dtype) \
                     and committed >= vf.n_rows and vf._f is not None:
-                vf.n_rows = committed  # the same file, grown: mapped again on the next read
+                vf.grow_to(committed)  # the same file, grown: mapped again on the next read
                 return vf
-            return VectorFile.open_shared(self.path, generation=gen, dtype=dtype, rows=committed)
-        vf = VectorFile.open(self.path, generation=gen, dtype=dtype, committed_rows=committed)
-        remove_other_generations(self.path, keep=vf.path.name)
+            return VectorFile.open_shared(self.path, generation=gen, dtype=dtype, rows=committed,
+                                          originals=originals)
+        vf = VectorFile.open(self.path, generation=gen, dtype=dtype, committed_rows=committed,
+                             originals=originals)
+        remove_other_generations(self.path, keep=vf.file_names())
         return vf
 
     def _open_index(self) -> str | None:
@@ -1198,7 +1232,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._start[s] = st
         self._version += 1
         if self.path is not None:
-            remove_other_generations(self.path, keep=new.path.name)
+            remove_other_generations(self.path, keep=new.file_names())
 
     def _maybe_compact_vectors(self) -> None:
         dead = self.dead_vector_rows
@@ -1334,7 +1368,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                                      max_chunk_bytes=self.max_chunk_bytes)[:, pos]
             out = np.empty((len(queries), len(seqs)), dtype=dtype)
             for first, last in doc_blocks(np.concatenate([[0], np.cumsum(lengths)]), SCORE_CHUNK_ROWS):
-                mat, off = self._vf.gather(starts[first:last], lengths[first:last], self._vf.dtype.type)
+                mat, off = self._vf.gather(starts[first:last], lengths[first:last], self._vf.dtype)
                 out[:, first:last] = maxsim_scores(queries, mat, off, dtype=dtype,
                                                    max_chunk_bytes=self.max_chunk_bytes)
         return out
@@ -1363,7 +1397,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
     def _fetch(self, keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict[str, Any]]]:
         """The engine contract's ``fetch``: the stored lists of ``keys`` (seqs) in the vector
         file's own dtype (views of one gathered block) and their metadata (not copied)."""
-        mat, off = self._gather(keys, self._vf.dtype.type)
+        mat, off = self._gather(keys, self._vf.dtype)
         return {s: (mat[off[i]:off[i + 1]], self._meta[s]) for i, s in enumerate(keys)}
 
     def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
@@ -1454,7 +1488,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             idx = sum(p.stat().st_size for p in (self.path / self._index_dir).rglob("*") if p.is_file()) \
                 if self._index_dir else 0
             db = sum(p.stat().st_size for p in self.path.glob(DB_NAME + "*") if p.is_file())
-            vec = self._vf.path.stat().st_size
+            vec = sum((self.path / name).stat().st_size for name in self._vf.file_names())
             return {f"{self.backend}_index": idx, "vectors": vec, "stored": db + vec}
 
     def _release(self) -> None:

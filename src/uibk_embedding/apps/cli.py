@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding import __version__, adapters
+from uibk_embedding.adapters.exact import PROFILES
 from uibk_embedding.adapters.filters import parse_filter
 from uibk_embedding.adapters.indexing import upsert_batches
 from uibk_embedding.adapters.registry import (
@@ -391,6 +392,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     opts = _store_options(args)
+    if args.profile is not None:
+        if args.backend != "exact":
+            raise UsageError(f"uibk-embed: --profile chooses what the exact store keeps; the {args.backend} "
+                             "backend keeps its own (docs/compact.md)")
+        opts["profile"] = args.profile
     _require_a_place(args.backend, opts)
     _refuse_a_file_as_the_store(args.backend, opts)
     docs = read_corpus(args.data)
@@ -563,6 +569,29 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         _print_hits(hits)
     store.close()
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``uibk-embed stats --path P``: what a store holds and costs (``store.stats()``), the
+    store opened read-only (the backend read from its folder, as ``search`` does)."""
+    opts = _store_options(args)
+    _read_backend(args, opts)
+    ro = {"read_only": True} if args.backend in READ_ONLY_BACKENDS else {}
+    store = adapters.open_store(args.backend, create=False, **ro, **opts)  # makes nothing
+    try:
+        stats = {"backend": args.backend, **store.stats()}
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    n = stats.get("vectors")
+    for key in ("bytes_on_disk", "resident_bytes"):
+        if n and stats.get(key) is not None:
+            stats[f"{key} per vector"] = round(stats[key] / n, 1)
+    for key, value in stats.items():
+        print(f"{key:>24}  {value}")
     return 0
 
 
@@ -882,6 +911,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where --fit-projection saves the fitted encoder")
     sp.add_argument("--batch-size", type=_positive_int, default=256,
                     help="documents encoded and upserted together (default 256)")
+    sp.add_argument("--profile", choices=list(PROFILES), default=None,
+                    help="what the exact store keeps: exact (float32 rows, the default), float16, "
+                         "compact (int8 rows only) or int8-rerank (int8 rows scanned, the best "
+                         "reranked from float16 originals on disk); recorded with the store "
+                         "(docs/compact.md)")
     sp.add_argument("--pool-factor", type=_pool_factor_arg, default=None, metavar="N",
                     help="token pooling at index time: each document keeps max(n // N, 1) of its n token "
                          "vectors, merged by clustering (slots and queries never pooled; the store "
@@ -919,6 +953,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "indexed with, or one serving the same model)")
     common(sp)
     sp.set_defaults(func=cmd_search)
+
+    sp = sub.add_parser("stats", help="what a store holds and costs: documents, vectors, bytes on disk "
+                                      "and resident")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--backend", default="exact", choices=sorted(BACKENDS), action=_BackendGiven,
+                    help="the store's engine (default: the one that wrote the folder at --path)")
+    sp.set_defaults(backend_given=False)
+    sp.add_argument("--path", default=None, help="store location (backend option path)")
+    sp.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="backend option, repeatable")
+    sp.set_defaults(func=cmd_stats)
 
     sp = sub.add_parser(
         "eval", help="nDCG@10 and recall of fused, dense-only and token-only",
