@@ -301,3 +301,20 @@ def test_cli_stats_and_index_profile(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["index", str(corpus), "--path", str(tmp_path / "q"), "--backend", "qdrant",
               "--profile", "compact"])
+
+
+def test_benchmark_runs_on_the_smallest_collection(tmp_path):
+    from uibk_embedding.testing.specs import datasets_dir, load_benchmark
+
+    if not (datasets_dir() / "limit-small" / "corpus.jsonl").exists():
+        pytest.skip("the shared collections are not on this machine")
+    bench = load_benchmark("compact")
+    report = bench.run_collection("limit-small", bench.PROFILES, tmp_path)
+    by = {r["profile"]: r for r in report["rows"]}
+    assert by["exact"]["recall@10_vs_exact"] == 1.0 and by["int8-rerank"]["recall@10_vs_exact"] >= 0.99
+    assert by["compact"]["disk_ratio"] < 0.3 and by["float16"]["disk_ratio"] < 0.55
+    assert by["int8-rerank"]["resident_bytes"] == by["compact"]["resident_bytes"]
+    md = bench.markdown({"date": "d", "machine": "m", "cpus": 2, "kernel": "fused", "kernel_kinds": 3,
+                         "quiet_cores": False, "loadavg_start": [1], "loadavg_end": [1],
+                         "collections": [report]})
+    assert "| limit-small | compact |" in md and "not quiet" in md
