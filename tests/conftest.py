@@ -52,6 +52,22 @@ def _importorskip_extra(modname: str, minversion: str | None = None, reason: str
 pytest.importorskip = _importorskip_extra
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test leaves torch's thread count as it found it. A benchmark's ``main`` run in
+    process (``--threads 1``) left the worker on one thread, and one thread's sums differ from
+    two threads' in the last bit (6e-8 on the tiny UIBK model), so a later test that compares an
+    in-process encoder with a server process at the default count failed."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 _OWN_CACHE = pytest.StashKey[str]()
 
 

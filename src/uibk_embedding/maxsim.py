@@ -182,10 +182,11 @@ def _blas_scores(qmat: np.ndarray, qoff: np.ndarray, doc_matrix: np.ndarray, off
     itemsize = np.dtype(dtype).itemsize
     dim = qmat.shape[1]
     convert = doc_matrix.dtype != dtype  # converted block by block: memory stays bounded
-    # what one document row of a block costs: its similarities with every query row, and, when the
-    # documents are converted, its converted copy (dim values: a wide row with a one-row query
-    # would otherwise size a buffer of gigabytes)
-    row_bytes = itemsize * (max(1, qmat.shape[0]) + (dim if convert else 0))
+    # what one document row of a block costs: its similarities with every query row and its
+    # converted copy (dim values: a wide row with a one-row query would otherwise size a buffer
+    # of gigabytes), counted whether or not the rows need converting, so float16 rows are scored
+    # in the same blocks, and so to the same bits, as their float32 widening
+    row_bytes = itemsize * (max(1, qmat.shape[0]) + dim)
     # cache-sized blocks, never above the memory bound, never below one document
     rows_budget = max(1, min(max(BLOCK_BYTES // row_bytes, MIN_BLOCK_ROWS), max_chunk_bytes // row_bytes))
     buffer = np.empty((0, dim), dtype=dtype)
