@@ -64,7 +64,7 @@ def acquire_write_lock(lock_path: str | os.PathLike, what: str, timeout: float =
     ...     acquire_write_lock(d / "store.lock", "the store folder D", timeout=0)
     ... except StoreInUse as e:
     ...     print(e)  # doctest: +ELLIPSIS
-    the store folder D is being written by another store object (this or another process) and stayed so for 0 s: ...
+    the store folder D is being written by another store object (this or another process) and ...
     >>> held.close()
     """
     f = open(lock_path, "a+b")
