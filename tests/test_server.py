@@ -47,6 +47,25 @@ MAX_TEXTS = 16
 MAX_CHARS = 20_000
 
 
+THREADS = "2"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _same_threads_as_the_servers():
+    """The byte-identity tests compare an in-process encoder with server processes: both run on
+    ``THREADS`` torch threads (one thread's sums differ from two threads' in the last bit, 6e-8
+    on the tiny model; the full suite's worker had been left on one by another module)."""
+    saved_env, saved = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = THREADS  # the servers this module starts inherit it
+    torch.set_num_threads(int(THREADS))
+    yield
+    torch.set_num_threads(saved)
+    if saved_env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = saved_env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
