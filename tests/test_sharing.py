@@ -29,7 +29,7 @@ import pytest
 from uibk_embedding._sqlite_state import acquire_write_lock, stored_state
 from uibk_embedding.adapters.exact import ExactStore
 from uibk_embedding.adapters.registry import open_store
-from uibk_embedding.errors import StoreInUse, StoreNotFound
+from uibk_embedding.errors import ReadOnlyStore, StoreInUse, StoreNotFound
 from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.testing import make_list
@@ -139,7 +139,7 @@ def test_read_only_refuses_writes_and_creates_nothing(backend, tmp_path):
     before = listing()
     with _make(backend, tmp_path / "s", read_only=True) as ro:
         for write in (lambda: ro.upsert(["x"], _docs(8, 1)), lambda: ro.delete(["x"])):
-            with pytest.raises(StoreInUse, match="read_only=True"):
+            with pytest.raises(ReadOnlyStore, match="read_only=True"):
                 write()
         assert ro.count() == 0 and ro.search(_docs(8, 1)[0], k=3) == []
     assert listing() == before

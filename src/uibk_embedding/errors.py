@@ -20,6 +20,8 @@ exception              also a                  raised when
 ``EngineError``        ``RuntimeError``        the engine failed or returned something impossible
 ``StoreInUse``         ``RuntimeError``        a store folder is open in another store object or
                                                process, or the store was closed
+``ReadOnlyStore``      ``StoreInUse``          a write to a store opened with ``read_only=True``;
+                                               nothing written
 ``DataError``          ``ValueError``          an input file (JSONL, BEIR, qrels) is malformed
 ``ModelChanged``       ``ValueError``          a saved encoder's model folder is not the model it
                                                was saved with (its content hash differs): its
@@ -105,6 +107,15 @@ def call_engine(engine: str, error: type[EngineError], what: str, fn: Any, *args
 
 class StoreInUse(UIBKError, RuntimeError):
     """The store's folder is held by another open store, or this store was closed."""
+
+
+class ReadOnlyStore(StoreInUse):
+    """A write to a store opened with ``read_only=True`` (a ``StoreInUse``, as it was before it
+    had a type of its own); nothing was written.
+
+    >>> issubclass(ReadOnlyStore, StoreInUse), issubclass(ReadOnlyStore, RuntimeError)
+    (True, True)
+    """
 
 
 class DataError(UIBKError, ValueError):

@@ -128,7 +128,7 @@ from uibk_embedding.adapters.base import (
 )
 from uibk_embedding.adapters.filters import OPERATORS, Node, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
-from uibk_embedding.errors import CollectionMismatch, EngineError, StoreInUse, StoreNotFound
+from uibk_embedding.errors import CollectionMismatch, EngineError, ReadOnlyStore, StoreInUse, StoreNotFound
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, doc_blocks, maxsim_scores, top_k
 from uibk_embedding.tagged import TaggedFormat, decompose
 from uibk_embedding.vectorfile import MemoryVectors, VectorFile, file_name, remove_other_generations
@@ -699,7 +699,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
 
     def _refuse_writes(self) -> None:
         if self.read_only:
-            raise StoreInUse(f"this {type(self).__name__} ({self.path}) was opened with read_only=True: "
+            raise ReadOnlyStore(f"this {type(self).__name__} ({self.path}) was opened with read_only=True: "
                              "it answers reads and refuses writes; open the folder without read_only "
                              "to write")
         if not self._writable:

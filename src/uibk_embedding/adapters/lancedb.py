@@ -40,7 +40,7 @@ from uibk_embedding.adapters.filters import (
     is_number,
 )
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.errors import CollectionMismatch, StoreInUse, StoreNotFound
+from uibk_embedding.errors import CollectionMismatch, ReadOnlyStore, StoreNotFound
 from uibk_embedding.maxsim import pack
 from uibk_embedding.tagged import DIM, TaggedFormat
 
@@ -310,7 +310,7 @@ class LanceDBStore(MultiVectorStore):
 
     def _refuse_writes(self) -> None:
         if self.read_only:
-            raise StoreInUse(f"this LanceDBStore ({self.uri}, table {self.table!r}) was opened with "
+            raise ReadOnlyStore(f"this LanceDBStore ({self.uri}, table {self.table!r}) was opened with "
                              "read_only=True: it answers reads and refuses writes; open it without "
                              "read_only to write")
 
