@@ -121,11 +121,8 @@ class ExactStore(IndexedStore):
     max_chunk_bytes: memory bound of one scoring block (rows converted or gathered at a time).
     compact_every: accepted for stores written by 0.4 (their operation log was folded after this
         many writes); the SQLite store has no log to fold, so it has no effect.
-    read_only, create, write_timeout: how the folder is shared (docs/serving.md): any number of
-        store objects and processes open one folder and read it; each write takes the folder's
-        write lock for its duration, waiting up to ``write_timeout`` seconds for another writer
-        (then StoreInUse). ``read_only=True`` refuses writes; ``create=False`` opens only a store
-        that exists (StoreNotFound otherwise, nothing created).
+    read_only, create, write_timeout: how the folder is shared: see
+        :class:`~uibk_embedding.adapters.indexed.IndexedStore`.
 
     >>> s = ExactStore()
     >>> s.vector_dtype, s.count(), s.stats()["search"]
@@ -159,7 +156,7 @@ class ExactStore(IndexedStore):
         compact_every: int = 200,
         read_only: bool = False,
         create: bool = True,
-        write_timeout: float = 5.0,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         given = self._profile_params(profile, vector_dtype)
         self._check_build_params(given)

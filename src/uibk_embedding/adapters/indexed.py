@@ -291,6 +291,12 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         compression batches), beside the memory-mapped vector file; ``None``:
         :func:`default_memory_budget` (half the vector file, 256 MiB to 4 GiB). Not saved:
         each process chooses its own (docs/memory.md).
+    read_only, create, write_timeout:
+        How the folder is shared (docs/sharing.md): any number of store objects and processes
+        open one folder and read it; each write takes the folder's write lock for its duration,
+        waiting up to ``write_timeout`` seconds (:data:`WRITE_TIMEOUT`) for another writer, then
+        StoreInUse. ``read_only=True`` refuses writes (:class:`ReadOnlyStore`); ``create=False``
+        opens only a store that exists (StoreNotFound otherwise, nothing created).
     """
 
     exact = False
@@ -1138,12 +1144,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         old_folder, self._engine_folder = self._engine_folder, target
         try:
             self._index = self._engine_open(target)
-            dead, added = sorted(self._dead), list(self._pending)
-            if added:
-                fix_mmap_threshold()
-            refs = self._engine_update(dead, added)
-            self._check_update(refs, added, target)
-            fsync_tree(target)
+            refs, added, dead = self._apply_update(target)
             with self._tx() as db:
                 self._commit_refs(db, refs, added, dead)
                 self._state_set(db, index_dir=name, generation=str(gen), dirty="0")
@@ -1157,6 +1158,19 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._engine_folder = old_folder
         self._switch_index(handle, name)
         self._updated(refs, added)
+
+    def _apply_update(self, folder: Path) -> tuple[list[int], list[int], list[int]]:
+        """The engine's update of the index in ``folder`` (the pending documents added, the dead
+        ones removed), checked and made durable; returns ``(refs, added, dead)`` to commit. The
+        engine writes its files without fsync: durable before the clean flag or the switch, or a
+        power cut leaves the old index trusted and its numbers mapped to other ids."""
+        dead, added = sorted(self._dead), list(self._pending)
+        if added:
+            fix_mmap_threshold()
+        refs = self._engine_update(dead, added)
+        self._check_update(refs, added, folder)
+        fsync_tree(folder)
+        return refs, added, dead
 
     def _check_update(self, refs: list[int], added: list[int], folder: Path) -> None:
         if len(refs) != len(added) or len(set(refs)) != len(refs) \
@@ -1191,14 +1205,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             with self._tx() as db:
                 self._state_set(db, dirty="1")
             self._dirty = True
-        dead, added = sorted(self._dead), list(self._pending)
-        if added:
-            fix_mmap_threshold()
-        refs = self._engine_update(dead, added)
-        self._check_update(refs, added, folder)
-        # the engine updated its files in place without fsync: durable before the clean flag,
-        # or a power cut leaves the old index trusted and its numbers mapped to other ids
-        fsync_tree(folder)
+        refs, added, dead = self._apply_update(folder)
         with self._tx() as db:
             self._commit_refs(db, refs, added, dead)
             self._state_set(db, dirty="0")

@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import WRITE_TIMEOUT
 from uibk_embedding.adapters.base import check_positive, renamed_option
 from uibk_embedding.adapters.indexed import CPU_MAX_PARTITIONS, IndexedStore, default_partitions
 from uibk_embedding.errors import EngineError, StoreInUse, call_engine
@@ -283,11 +284,7 @@ class WarpStore(IndexedStore):
         per encoded chunk; bars on a terminal), on standard error. ``None`` (default): when
         standard error is a terminal.
     read_only, create, write_timeout:
-        How the folder is shared (:class:`~uibk_embedding.adapters.indexed.IndexedStore`; docs/serving.md):
-        any number of store objects and processes open one folder and read it; each write takes
-        the folder's write lock for its duration, waiting up to ``write_timeout`` seconds (5) for
-        another writer, then StoreInUse. ``read_only=True`` refuses writes; ``create=False``
-        opens only a store that exists (StoreNotFound otherwise, nothing created).
+        How the folder is shared: see :class:`~uibk_embedding.adapters.indexed.IndexedStore`.
     """
 
     backend = "warp"
@@ -343,7 +340,7 @@ class WarpStore(IndexedStore):
         show_progress: bool | None = None,
         read_only: bool = False,
         create: bool = True,
-        write_timeout: float = 5.0,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         if show_progress is not None and not isinstance(show_progress, bool):
             raise TypeError(f"show_progress must be True, False or None, got {show_progress!r}")

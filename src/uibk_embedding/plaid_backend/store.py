@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
+from uibk_embedding._sqlite_state import WRITE_TIMEOUT
 from uibk_embedding.adapters.base import Hit, check_positive
 from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold: its old home)
     DB_NAME,
@@ -235,11 +236,7 @@ class PlaidStore(IndexedStore):
         ``None``: :func:`~uibk_embedding.adapters.indexed.default_memory_budget` (half the
         vector file, 256 MiB to 4 GiB; docs/memory.md).
     read_only, create, write_timeout:
-        How the folder is shared (:class:`~uibk_embedding.adapters.indexed.IndexedStore`; docs/serving.md):
-        any number of store objects and processes open one folder and read it; each write takes
-        the folder's write lock for its duration, waiting up to ``write_timeout`` seconds (5) for
-        another writer, then StoreInUse. ``read_only=True`` refuses writes; ``create=False``
-        opens only a store that exists (StoreNotFound otherwise, nothing created).
+        How the folder is shared: see :class:`~uibk_embedding.adapters.indexed.IndexedStore`.
     """
 
     backend = "plaid"
@@ -291,7 +288,7 @@ class PlaidStore(IndexedStore):
         memory_budget: int | None = None,
         read_only: bool = False,
         create: bool = True,
-        write_timeout: float = 5.0,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         for name, value in [("n_ivf_probe", n_ivf_probe), ("n_full_scores", n_full_scores),
                             ("index_batch_size", index_batch_size),
