@@ -14,14 +14,23 @@ batches of its own. Reported per backend and reader count:
   check read too: no write landed in between; the torn-batch check counts those as well);
 * ``qps``: aggregate searches per second of search time over the readers (each reader's
   searches / the seconds its searches took, summed; checking is not timed), p50/p95 in ms;
-* ``rss_mib`` / ``pss_mib``: resident and proportional memory of each reader at the end (PSS
-  splits shared pages, the mapped vector file among them, between the processes);
+* ``rss_mib`` / ``pss_mib``: resident and proportional memory of each reader at the end, read
+  from ``/proc/self/smaps`` once the writer has exited and while every reader is still alive
+  (PSS splits shared pages, the mapped vector file and the libraries among them, between the
+  processes that map them); ``baseline_pss_mib``: the PSS of as many idle processes that
+  imported exactly the modules a reader had (its ``sys.modules``), opened nothing and were
+  measured together the same way; ``store_mib``: the readers' PSS less the baseline's, what
+  the store itself costs them (its mapped files, its view of ids, the engine's state);
+  ``pss_ratio`` / ``store_ratio``: against the row with one reader;
 * ``loadavg``: the 1-minute load average before and after.
 
-Run it alone on the machine (the lead's run, 60 s per point):
+Run it alone on the machine (the lead's run, 60 s per point; ``--docs 11426 --tokens 48`` is
+NPL's size, 582,726 vectors, where the store's own data outweigh a reader's libraries):
 
     .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 5000 \
         --out benchmarks/results/shared_readers.json
+    .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 11426 --tokens 48 \
+        --out benchmarks/results/shared_readers_npl.json
 
 A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact``.
 """
@@ -29,11 +38,14 @@ A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -67,19 +79,46 @@ def _lists(seed: int, n: int, rows: int = 24) -> list[np.ndarray]:
 
 
 def _memory() -> tuple[float, float]:
+    """RSS and PSS of this process in MiB (``/proc/self/smaps_rollup``; 0 where there is none)."""
     rss = pss = 0.0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) / 1024
     rollup = Path("/proc/self/smaps_rollup")
     if rollup.exists():
         for line in rollup.read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1]) / 1024
             if line.startswith("Pss:"):
                 pss = int(line.split()[1]) / 1024
     return rss, pss
 
 
-def _reader(backend: str, path: str, seconds: float, seed: int, out: Any) -> None:
+def _measured_together(writer_gone: Any, barrier: Any, res: dict[str, Any]) -> None:
+    """Wait until the writer has exited and every process of the group got here, read this
+    process's memory into ``res``, and wait until every one has read its own (so each is read
+    while all of them map what they share)."""
+    if writer_gone is not None:
+        writer_gone.wait(timeout=600)
+    barrier.wait(timeout=600)
+    time.sleep(0.2)
+    res["rss_mib"], res["pss_mib"] = _memory()
+
+
+def _baseline(modules: list[str], barrier: Any, out: Any) -> None:
+    """An idle process that imported ``modules`` (a reader's ``sys.modules``) and opened nothing."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # a module that imports only inside its package's own run
+            continue
+    res: dict[str, Any] = {}
+    _measured_together(None, barrier, res)
+    out.put(res)
+    barrier.wait(timeout=600)
+
+
+def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer_gone: Any = None,
+            barrier: Any = None) -> None:
     from uibk_embedding.maxsim import maxsim
 
     res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
@@ -119,22 +158,29 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any) -> Non
             except Exception:  # counted, and the first one kept
                 res["errors"] += 1
                 res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
-        res["rss_mib"], res["pss_mib"] = _memory()
-        store.close()
+        res["modules"] = sorted(sys.modules)
+        if barrier is None:
+            res["rss_mib"], res["pss_mib"] = _memory()
+        else:
+            _measured_together(writer_gone, barrier, res)
     except Exception:
         res["errors"] += 1
         res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
     out.put(res)
+    if barrier is not None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=600)  # the others read theirs while this one still maps the store
 
 
-def _writer(backend: str, path: str, seconds: float, out: Any) -> None:
+def _writer(backend: str, path: str, seconds: float, out: Any, tokens: int = 24) -> None:
     res: dict[str, Any] = {"errors": 0, "writes": 0, "first_error": None}
     try:
         store = _open(backend, path)
         end, b = time.monotonic() + seconds, 0
         while time.monotonic() < end:
             try:
-                store.upsert([f"w{b}-{j}" for j in range(5)], _lists(10_000 + b, 5), [{"batch": b}] * 5)
+                store.upsert([f"w{b}-{j}" for j in range(5)], _lists(10_000 + b, 5, tokens),
+                             [{"batch": b}] * 5)
                 if b >= 10:
                     store.delete([f"w{b - 10}-{j}" for j in range(5)])
                 res["writes"] += 1
@@ -150,33 +196,60 @@ def _writer(backend: str, path: str, seconds: float, out: Any) -> None:
     out.put(res)
 
 
-def build(backend: str, path: str, n_docs: int) -> None:
+def build(backend: str, path: str, n_docs: int, tokens: int = 24) -> None:
+    """The folder, written in one upsert (one index build), in a process of its own."""
     store = _open(backend, path)
-    docs = _lists(1, n_docs)
-    for i in range(0, n_docs, 500):
-        store.upsert([f"d{j}" for j in range(i, min(n_docs, i + 500))], docs[i:i + 500])
+    store.upsert([f"d{j}" for j in range(n_docs)], _lists(1, n_docs, tokens))
     if hasattr(store, "flush"):
         store.flush()
     store.close()
 
 
-def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path) -> list[dict]:
-    path = str(workdir / backend)
-    build(backend, path, n_docs)
+def _baselines(modules: list[str], n: int) -> list[dict]:
+    """The memory of ``n`` idle processes that imported ``modules``, measured together."""
     ctx = mp.get_context("spawn")
-    rows = []
+    q, barrier = ctx.Queue(), ctx.Barrier(n)
+    procs = [ctx.Process(target=_baseline, args=(modules, barrier, q)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return results
+
+
+def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path,
+        tokens: int = 24) -> list[dict]:
+    path = str(workdir / backend)
+    ctx = mp.get_context("spawn")
+    builder = ctx.Process(target=build, args=(backend, path, n_docs, tokens))
+    builder.start()
+    builder.join()
+    if builder.exitcode:
+        raise RuntimeError(f"building the {backend} folder failed (exit {builder.exitcode})")
+    rows: list[dict] = []
     for n in reader_counts:
-        q = ctx.Queue()
+        q, writer_gone, barrier = ctx.Queue(), ctx.Event(), ctx.Barrier(n)
         load0 = os.getloadavg()[0]
-        procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q)) for r in range(n)]
-        procs.append(ctx.Process(target=_writer, args=(backend, path, seconds, q)))
-        for p in procs:
+        procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q, writer_gone, barrier))
+                 for r in range(n)]
+        wproc = ctx.Process(target=_writer, args=(backend, path, seconds, q, tokens))
+        for p in [*procs, wproc]:
             p.start()
-        results = [q.get(timeout=seconds + 600) for _ in procs]
+        results = [q.get(timeout=seconds + 600)]
+        while "writes" not in results[-1] and len(results) < n + 1:
+            results.append(q.get(timeout=seconds + 600))
+        wproc.join(timeout=600)  # gone before the readers read their memory: it maps the store too
+        writer_gone.set()
+        results += [q.get(timeout=600) for _ in range(n + 1 - len(results))]
         for p in procs:
             p.join(timeout=60)
         readers = [r for r in results if "times" in r]
         writer = next(r for r in results if "writes" in r)
+        modules = next((r["modules"] for r in readers if "modules" in r), [])
+        bases = _baselines(modules, n) if modules else []
+        pss = sum(r.get("pss_mib", 0) for r in readers)
+        base = sum(b["pss_mib"] for b in bases)
         times = np.concatenate([np.asarray(r["times"]) for r in readers]) if readers else np.zeros(0)
         qps = sum(len(r["times"]) / max(sum(r["times"]), 1e-9) for r in readers)
         row = {"backend": backend, "readers": n, "docs": n_docs, "seconds": seconds,
@@ -188,8 +261,14 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
                "p95_ms": round(float(np.percentile(times, 95)) * 1e3, 2) if len(times) else None,
                "rss_mib": [round(r.get("rss_mib", 0), 1) for r in readers],
                "pss_mib": [round(r.get("pss_mib", 0), 1) for r in readers],
+               "pss_total_mib": round(pss, 1), "baseline_pss_mib": round(base, 1),
+               "store_mib": round(pss - base, 1),
                "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)],
                "first_error": next((r["first_error"] for r in results if r["first_error"]), None)}
+        first = rows[0] if rows else row
+        for key, name in (("pss_total_mib", "pss_ratio"), ("baseline_pss_mib", "baseline_ratio"),
+                          ("store_mib", "store_ratio")):
+            row[name] = round(row[key] / first[key], 2) if first[key] else None
         print(json.dumps({k: v for k, v in row.items() if k != "first_error"}), flush=True)
         if row["first_error"]:
             print(row["first_error"], flush=True)
@@ -202,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="exact,plaid,warp,lancedb")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--docs", type=int, default=5000)
+    ap.add_argument("--tokens", type=int, default=24, help="token vectors per document (3 slots added)")
     ap.add_argument("--readers", default="1,2,4")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -211,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             try:
                 counts = [int(x) for x in args.readers.split(",")]
-                rows += run(backend, args.docs, args.seconds, counts, workdir)
+                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens)
             except ImportError as e:
                 print(f"{backend}: skipped ({e})", flush=True)
     finally:

@@ -148,6 +148,11 @@ RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_row
                 "trained_vectors": "built_vectors"}
 
 
+class _StaleView(Exception):
+    """A document of a store object's view is gone from SQLite (another writer removed it after
+    the view's snapshot): read the view again (:meth:`IndexedStore._reading`)."""
+
+
 def _in(column: str, values: list[int]) -> Iterator[tuple[str, list[int]]]:
     """``column IN (?, ...)`` clauses over ``values``, a bounded number of parameters each."""
     for i in range(0, len(values), SQL_CHUNK):
@@ -403,7 +408,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._seq_of: dict[str, int] = {}
         self._start: dict[int, int] = {}
         self._rows: dict[int, int] = {}
-        self._meta: dict[int, dict] = {}
+        # metadata are not held: read from SQLite for the documents an answer names (_metadata)
         self._pending: dict[int, None] = {}   # live seqs not in the index, in order
         self._dead: set[int] = set()          # refs of removed documents the index still holds
         self._ref: dict[int, int] = {}        # seq -> engine ref (ref_column engines only)
@@ -852,11 +857,11 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._generation = int(state.get("generation", "0") or 0)
         self._index_dir = state.get("index_dir", "") or ""
         self._dirty = state.get("dirty", "0") == "1"
-        for seq, doc_id, start, n_rows, md in rows:
+        for seq, doc_id, start, n_rows in rows:
             if start + n_rows > committed:
                 raise CollectionMismatch(f"{self.path / DB_NAME} references vector rows beyond the committed "
                                          f"{committed}: the store was modified outside this library")
-            self._remember(seq, doc_id, start, n_rows, json.loads(md))
+            self._remember(seq, doc_id, start, n_rows)
         built = state.get("built_vectors")  # absent in stores written before it existed
         self._built_vectors = int(built) if built is not None else self._n_vectors
         self._last_seq = max([int(state.get("last_seq", "0") or 0), *self._id_of])
@@ -907,7 +912,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                     if fd is not None and fd != self._index_fd:
                         os.close(fd)
                     continue
-                rows = db.execute("SELECT seq, id, start, n_rows, metadata FROM docs ORDER BY seq").fetchall()
+                rows = db.execute("SELECT seq, id, start, n_rows FROM docs ORDER BY seq").fetchall()
                 refs, dead = [], []
                 if self.ref_column:
                     refs = db.execute(f"SELECT seq, {self.ref_column} FROM docs "
@@ -919,7 +924,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                          "try again")
 
     def _reset_view(self) -> None:
-        self._id_of, self._seq_of, self._start, self._rows, self._meta = {}, {}, {}, {}, {}
+        self._id_of, self._seq_of, self._start, self._rows = {}, {}, {}, {}
         self._pending, self._dead, self._ref, self._seq_of_ref = {}, set(), {}, {}
         self._n_vectors = 0
         self._live = None
@@ -972,10 +977,56 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                       "is open without an index: searches are exact over the stored vectors until a "
                       "write, flush or rebuild() succeeds", RuntimeWarning, stacklevel=5)
 
-    def _remember(self, seq: int, doc_id: str, start: int, n_rows: int, md: dict) -> None:
+    def _remember(self, seq: int, doc_id: str, start: int, n_rows: int) -> None:
         self._id_of[seq], self._seq_of[doc_id] = doc_id, seq
-        self._start[seq], self._rows[seq], self._meta[seq] = start, n_rows, md
+        self._start[seq], self._rows[seq] = start, n_rows
         self._n_vectors += n_rows
+
+    def _metadata(self, seqs: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The metadata of the documents ``seqs`` of the view, read from SQLite now (a store object
+        holds no metadata: N readers do not keep N copies of every document's metadata, which
+        may hold its text). A document's row never changes while its seq lives (an upsert gives
+        a new seq), so the rows read now are those of the view's snapshot, unless another
+        writer removed one since: then :class:`_StaleView` (the caller reads the view again
+        and answers from the newer snapshot)."""
+        want = list(dict.fromkeys(int(s) for s in seqs))
+        out: dict[int, dict[str, Any]] = {}
+        for clause, chunk in _in("seq", want):
+            for seq, md in self._db.execute(f"SELECT seq, metadata FROM docs WHERE {clause}", chunk):
+                out[seq] = json.loads(md)
+        if len(out) != len(want):
+            raise _StaleView
+        return out
+
+    def _metadata_rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(seq, metadata)`` of every document of the view, in seq order, read from SQLite in one
+        statement (documents written after the view's snapshot skipped); :class:`_StaleView`
+        when one of the view's documents is gone (another writer removed it since)."""
+        seen = 0
+        for seq, md in self._db.execute("SELECT seq, metadata FROM docs ORDER BY seq"):
+            if seq in self._id_of:
+                seen += 1
+                yield seq, json.loads(md)
+        if seen != len(self._id_of):
+            raise _StaleView
+
+    def _matching(self, conditions: tuple[Node, ...]) -> list[int]:
+        """The seqs of the view's documents whose metadata pass ``conditions`` (read from SQLite)."""
+        return [s for s, md in self._metadata_rows() if matches(md, conditions)]
+
+    def _reading(self, read: Any) -> Any:
+        """``read()`` (a read of metadata, which come from SQLite), done again on the newest
+        snapshot when the view's one lost a document meanwhile (:class:`_StaleView`)."""
+        for _ in range(100):
+            try:
+                return read()
+            except _StaleView:
+                if self.path is None or self._write_depth:
+                    raise RuntimeError(f"the {self.label} store's documents changed under a write") from None
+                self._load()
+                self._synced = False
+        raise StoreInUse(f"the store folder {self.path} kept changing while it was read (100 snapshots); "
+                         "try again")
 
     def _gather(self, seqs: Sequence[int], dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """The stored vectors of ``seqs`` packed as ``(matrix, offsets)`` (:meth:`VectorFile.gather`)."""
@@ -1265,7 +1316,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         for s in seqs:
             self._n_vectors -= self._rows.pop(s)
             del self._seq_of[self._id_of.pop(s)]
-            del self._start[s], self._meta[s]
+            del self._start[s]
             indexed = s not in self._pending
             self._pending.pop(s, None)
             if self.ref_column:
@@ -1302,8 +1353,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._dirty = self._dirty or self.sync_on_write
             self._last_seq = new[-1]
             self._forget(old)
-            for s, x, st, v, m in zip(new, ids, starts, vectors, metadata, strict=True):
-                self._remember(s, x, int(st), len(v), m)
+            for s, x, st, v in zip(new, ids, starts, vectors, strict=True):
+                self._remember(s, x, int(st), len(v))
                 self._pending[s] = None
             self._written()
 
@@ -1329,12 +1380,12 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             return len(self._id_of)
 
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        """From the id map in memory (the committed SQLite rows), in insertion order."""
+        """The view's documents (metadata read from SQLite), in insertion order."""
         with self._lock:
             self._check_open()
             self._fresh()
-            found = [(self._id_of[s], json.loads(json.dumps(self._meta[s])))
-                     for s in self._id_of if matches(self._meta[s], conditions)]
+            found = self._reading(lambda: [(self._id_of[s], md) for s, md in self._metadata_rows()
+                                           if matches(md, conditions)])
         for i in range(0, len(found), batch_size):
             yield found[i:i + batch_size]
 
@@ -1343,12 +1394,27 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._check_open()
             self._fresh()
             assert self._vf is not None
-            seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
-            return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]), self._meta[s])
-                    for s in seqs]
+
+            def read() -> list[Record]:
+                seqs = [self._seq_of[x] for x in ids if x in self._seq_of]
+                md = self._metadata(seqs)
+                return [Record(self._id_of[s], self._vf.read(self._start[s], self._rows[s]), md[s])
+                        for s in seqs]
+
+            return self._reading(read)
 
     def _hit(self, key: int, score: float) -> Hit:
-        return Hit(self._id_of[key], finite_score(score), json.loads(json.dumps(self._meta[key])))
+        """A hit of the view's document ``key`` (seq); its metadata are filled in by
+        :meth:`_with_metadata` once the answer is complete."""
+        return Hit(self._id_of[key], finite_score(score), {})
+
+    def _with_metadata(self, answers: list[list[Hit]]) -> list[list[Hit]]:
+        """``answers`` with every hit's metadata, read from SQLite in one statement per 900 hits."""
+        md = self._metadata([self._seq_of[h.id] for row in answers for h in row])
+        for row in answers:
+            for h in row:
+                h.metadata = md[self._seq_of[h.id]]
+        return answers
 
     def _scores(self, queries: list[np.ndarray], seqs: Sequence[int], dtype: type = np.float32) -> np.ndarray:
         """Exact MaxSim of every query against the stored vectors of ``seqs``:
@@ -1403,9 +1469,10 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
 
     def _fetch(self, keys: Sequence[int]) -> dict[int, tuple[np.ndarray, dict[str, Any]]]:
         """The engine contract's ``fetch``: the stored lists of ``keys`` (seqs) in the vector
-        file's own dtype (views of one gathered block) and their metadata (not copied)."""
+        file's own dtype (views of one gathered block); no metadata (filled in for the final
+        hits only, :meth:`_with_metadata`)."""
         mat, off = self._gather(keys, self._vf.dtype)
-        return {s: (mat[off[i]:off[i + 1]], self._meta[s]) for i, s in enumerate(keys)}
+        return {s: (mat[off[i]:off[i + 1]], {}) for i, s in enumerate(keys)}
 
     def _exact(self, queries: list[np.ndarray], seqs: list[int], k: int) -> list[list[Hit]]:
         """Exact MaxSim of ``queries`` over the stored vectors of ``seqs`` (ties: lower seq)."""
@@ -1432,42 +1499,47 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._check_open()
             self._fresh()
             self._before_search(rerank)
-            if not self._id_of:
-                return [[] for _ in queries]
-            # live: the allowed documents (None: all of them, not listed unless needed)
-            live = [s for s in self._id_of if matches(self._meta[s], conditions)] if conditions else None
-            if live is not None and not live:
-                return [[] for _ in queries]
-            n_indexed, subset, pending = 0, None, []
-            if self._index is not None:
-                if self._pending:
-                    pending = list(self._pending) if live is None else [s for s in live if s in self._pending]
-                n_indexed = (len(self._id_of) if live is None else len(live)) - len(pending)
-                if live is not None and n_indexed < len(self._id_of) - len(self._pending):
-                    subset = [s for s in live if s not in self._pending] if pending else live
-            everyone = self._everyone if live is None else (lambda: live)
-            if not n_indexed or (rerank and n_indexed <= pool):  # native exact path: a scan
-                return self._explained(queries, self._exact(queries, everyone(), k), explain)
-            # the engine may still return removed documents: ask for that many more
-            top = limit + (len(self._dead) if subset is None else 0)
-            found = self._engine_candidates(queries, top, subset)
-            out = []
-            for q, cands in zip(queries, found, strict=True):
-                cands = [(s, sc) for s, sc in cands if s in self._id_of][:limit]
-                if len(cands) < min(k, n_indexed):  # the engine came up short
-                    hits = self._exact([q], everyone(), k)[0] if rerank else self._fill_short(
-                        q, cands, everyone(), k)
-                    out.append(self._explained([q], [hits], explain)[0])
-                elif rerank:
-                    with self._scoring():
-                        hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
-                                                 head=pending,
-                                                 explain=self.format if explain else None)
-                    out.append([Hit(self._id_of[h.id], h.score, json.loads(json.dumps(h.metadata)),
-                                    h.decomposition) for h in hits])
-                else:
-                    out.append(self._explained([q], [[self._hit(s, sc) for s, sc in cands[:k]]], explain)[0])
-            return out
+            return self._reading(lambda: self._with_metadata(
+                self._search_view(queries, k, conditions, limit, rerank, pool, explain)))
+
+    def _search_view(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...], limit: int,
+                     rerank: bool, pool: int, explain: bool) -> list[list[Hit]]:
+        """:meth:`_search_batch` on the view as it is (under ``self._lock``); hits without metadata."""
+        if not self._id_of:
+            return [[] for _ in queries]
+        # live: the allowed documents (None: all of them, not listed unless needed)
+        live = self._matching(conditions) if conditions else None
+        if live is not None and not live:
+            return [[] for _ in queries]
+        n_indexed, subset, pending = 0, None, []
+        if self._index is not None:
+            if self._pending:
+                pending = list(self._pending) if live is None else [s for s in live if s in self._pending]
+            n_indexed = (len(self._id_of) if live is None else len(live)) - len(pending)
+            if live is not None and n_indexed < len(self._id_of) - len(self._pending):
+                subset = [s for s in live if s not in self._pending] if pending else live
+        everyone = self._everyone if live is None else (lambda: live)
+        if not n_indexed or (rerank and n_indexed <= pool):  # native exact path: a scan
+            return self._explained(queries, self._exact(queries, everyone(), k), explain)
+        # the engine may still return removed documents: ask for that many more
+        top = limit + (len(self._dead) if subset is None else 0)
+        found = self._engine_candidates(queries, top, subset)
+        out = []
+        for q, cands in zip(queries, found, strict=True):
+            cands = [(s, sc) for s, sc in cands if s in self._id_of][:limit]
+            if len(cands) < min(k, n_indexed):  # the engine came up short
+                hits = self._exact([q], everyone(), k)[0] if rerank else self._fill_short(
+                    q, cands, everyone(), k)
+                out.append(self._explained([q], [hits], explain)[0])
+            elif rerank:
+                with self._scoring():
+                    hits = rerank_candidates(q, [(s, None) for s, _ in cands], self._fetch, k, pool=pool,
+                                             head=pending,
+                                             explain=self.format if explain else None)
+                out.append([Hit(self._id_of[h.id], h.score, {}, h.decomposition) for h in hits])
+            else:
+                out.append(self._explained([q], [[self._hit(s, sc) for s, sc in cands[:k]]], explain)[0])
+        return out
 
     def _explained(self, queries: list[np.ndarray], hits: list[list[Hit]], explain: bool) -> list[list[Hit]]:
         """Hits of a path that did not fetch their lists (an exact scan, the engine's own

@@ -1,0 +1,155 @@
+"""What N readers of one store folder cost (issue 62): the store's data are mapped pages that the
+readers share, not copies each reader keeps.
+
+* The vector file (and an engine's mapped index files) of a store that two reader processes
+  search is in both processes as shared clean pages of the page cache: no private copy.
+* A store object holds no metadata (they may hold every document's text): they are read from
+  SQLite for the documents an answer names; a reader whose snapshot lost a document to another
+  writer meanwhile answers from the newer snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from uibk_embedding._procmem import mappings, matching
+from uibk_embedding.adapters.exact import ExactStore
+from uibk_embedding.adapters.filters import parse_filter
+from uibk_embedding.adapters.indexed import _StaleView
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+
+FMT = TaggedFormat()
+LINUX = Path("/proc/self/smaps").exists()
+
+
+def _docs(seed: int, n: int, rows: int = 12) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [make_list(FMT, rng, rows) for _ in range(n)]
+
+
+READER = textwrap.dedent("""
+    import importlib, json, sys
+    import numpy as np
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+    module, name, path, opts = json.loads(sys.argv[1])
+    store = getattr(importlib.import_module(module), name)(path, read_only=True, **opts)
+    q = make_list(TaggedFormat(), np.random.default_rng(9), 8)
+    print(len(store.search(q, k=5)), flush=True)      # an exact scan reads every row
+    sys.stdin.readline()                                # held open while the parent looks
+""")
+
+
+def _readers(module: str, name: str, path: Path, opts: dict, n: int = 2) -> list[subprocess.Popen]:
+    args = [sys.executable, "-c", READER, json.dumps([module, name, str(path), opts])]
+    procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(n)]
+    for p in procs:
+        line = p.stdout.readline()
+        assert line.strip() == "5", p.stderr.read()[-2000:] if p.poll() is not None else line
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.communicate("\n", timeout=60)
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/PID/smaps (Linux)")
+def test_two_reader_processes_share_the_vector_file_pages(tmp_path):
+    path = tmp_path / "s"
+    with ExactStore(path) as w:  # float32 rows: 600 documents x 20 rows x 512 bytes = 6 MB
+        w.upsert([f"d{i}" for i in range(600)], _docs(1, 600, 17))
+        name = w._vf.path.name
+        size = w._vf.path.stat().st_size
+    procs = _readers("uibk_embedding.adapters.exact", "ExactStore", path, {})
+    try:
+        for p in procs:
+            vec = matching(mappings(p.pid), name)
+            # every row was read: resident, and shared with the other reader, never a private copy
+            assert vec["Rss"] >= size * 0.9, vec
+            assert vec["Shared_Clean"] == vec["Rss"], vec
+            assert vec["Private_Dirty"] == vec["Private_Clean"] == 0, vec
+            assert vec["Pss"] <= vec["Rss"] // 2 + 4096 * 4, vec  # divided between the two readers
+    finally:
+        _stop(procs)
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/PID/smaps (Linux)")
+def test_two_plaid_readers_share_the_mapped_index_files(tmp_path):
+    pytest.importorskip("fast_plaid")
+    path = tmp_path / "s"
+    opts = {"nbits": 2, "kmeans_niters": 1, "num_threads": 1, "min_index_vectors": 64}
+    from uibk_embedding.plaid_backend.store import PlaidStore
+
+    with PlaidStore(path, **opts) as w:
+        w.upsert([f"d{i}" for i in range(300)], _docs(2, 300, 17))
+        assert w.has_index
+        index = w._engine_folder
+        vec_name = w._vf.path.name
+    procs = _readers("uibk_embedding.plaid_backend.store", "PlaidStore", path, opts)
+    try:
+        for p in procs:
+            usage = mappings(p.pid)
+            mapped = [(n, f) for n, f in usage if n.startswith(str(index.resolve()) + "/")]
+            assert {Path(n).name for n, _ in mapped} >= {"merged_codes.npy", "merged_residuals.npy"}
+            for n, f in mapped:  # mapped, never written: no private copy of an index page
+                assert f["Private_Dirty"] == 0, (n, f)
+            vec = matching(usage, vec_name)
+            assert vec["Private_Dirty"] == 0 and vec["Shared_Clean"] == vec["Rss"], vec
+    finally:
+        _stop(procs)
+
+
+def test_a_reader_holds_no_metadata_in_memory(tmp_path):
+    """Metadata of 200 KB per 20 documents (the documents' text, say) are not loaded by a reader:
+    its open costs a small part of them in Python objects."""
+    texts = [f"{i} " + "lorem ipsum " * 800 for i in range(200)]  # ~9.6 KB each, 1.9 MB in all
+    with ExactStore(tmp_path / "s") as w:
+        w.upsert([f"d{i}" for i in range(200)], _docs(3, 200, 4), [{"text": t} for t in texts])
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        r = ExactStore(tmp_path / "s", read_only=True)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    try:
+        assert held < 0.1 * sum(map(len, texts)), held
+        hits = r.search(_docs(3, 200, 4)[42], k=2)  # the metadata of what an answer names
+        assert hits[0].id == "d42" and hits[0].metadata == {"text": texts[42]}
+        assert r.get(["d7"])[0].metadata == {"text": texts[7]}
+        assert [md["text"][:3] for _, md in r.scan(filter={"text": {"$eq": texts[5]}})] == ["5 l"]
+        assert [h.id for h in r.search(_docs(3, 200, 4)[5], k=3, filter={"text": texts[5]})] == ["d5"]
+    finally:
+        r.close()
+
+
+def test_a_reader_whose_snapshot_lost_a_document_answers_from_the_newer_one(tmp_path):
+    docs = _docs(4, 30)
+    with ExactStore(tmp_path / "s") as w:
+        w.upsert([f"d{i}" for i in range(30)], docs, [{"i": i} for i in range(30)])
+        with ExactStore(tmp_path / "s", read_only=True) as r:
+            assert r.count() == 30
+            w.delete(["d3"])  # after the reader's snapshot
+            # the reader's view (not refreshed) still ranks d3 first; its metadata row is gone
+            stale = r._search_view([docs[3]], 1, (), 100, True, 100, False)
+            assert stale[0][0].id == "d3"
+            with pytest.raises(_StaleView):
+                r._with_metadata(stale)
+            with pytest.raises(_StaleView):
+                r._matching(parse_filter({"i": {"$gte": 0}}))
+            answer = r._reading(lambda: r._with_metadata(r._search_view([docs[3]], 2, (), 100, True, 100,
+                                                                        False)))
+            assert "d3" not in [h.id for h in answer[0]]
+            assert [h.metadata["i"] for h in answer[0]] == [int(h.id[1:]) for h in answer[0]]
+            assert r.count() == 29 and r.get(["d3"]) == []
