@@ -4,8 +4,9 @@ For every BEIR collection under the shared datasets folder (``$UIBK_DATASETS`` o
 ``../shared/datasets``; read from there, never copied), with the embedded default encoder (the
 corpus encoded once and cached by :func:`~uibk_embedding.apps.evaluation.encode_collection`), the
 same lists are indexed into one persisted exact store per profile (a temporary folder each):
-``exact`` (float32 rows, the reference), ``float16``, ``compact`` (int8 rows only) and
-``int8-rerank`` (int8 rows scanned, the best ``max(100, 4 k)`` rescored from float16 originals).
+``exact`` (float32 rows, the reference), ``float16``, ``compact`` (rotated 4-bit rows only),
+``exact-rerank`` (rotated 2-bit rows scanned, the best ``max(100, 4 k)`` rescored from float16
+originals), ``int8`` (int8 rows only: ``compact`` before the 4-bit code) and ``int8-rerank``.
 
 Reported per collection and profile: bytes per stored vector on disk (``stats()["bytes_on_disk"]``:
 the whole folder, ids and metadata included) and resident (``stats()["resident_bytes"]``: the rows
@@ -19,8 +20,10 @@ Usage::
 
     .venv/bin/python benchmarks/compact.py                       # every shared collection
     .venv/bin/python benchmarks/compact.py --collections cranfield limit-small
+    .venv/bin/python benchmarks/compact.py --quiet-cores    # alone on the machine: timings count
 
-Writes ``benchmarks/results/compact.json`` and ``compact.md`` (``--out`` for another stem).
+Writes ``benchmarks/results/compact.json`` and ``compact.md`` (``--out`` for another stem); the
+markdown ends with the "which profile when" table of the README, filled from the run.
 """
 
 from __future__ import annotations
@@ -47,7 +50,15 @@ from uibk_embedding.metrics import evaluate, overlap_at_k
 from uibk_embedding.testing.specs import datasets_dir
 
 HERE = Path(__file__).resolve().parent
-PROFILES = ("exact", "float16", "compact", "int8-rerank")
+PROFILES = ("exact", "float16", "compact", "exact-rerank", "int8", "int8-rerank")
+WHEN = {  # the README's "which profile when": what each profile is for (the figures come from a run)
+    "exact": "the reference: scores equal to the in-memory store's",
+    "float16": "half the bytes, scores within float16 rounding",
+    "compact": "the smallest folder (no originals), scores within the 4-bit code's bound",
+    "exact-rerank": "the smallest scan; exact scores of its pool, originals on disk",
+    "int8": "int8 rows only (compact before the 4-bit code)",
+    "int8-rerank": "int8 scan, exact rerank from originals on disk",
+}
 K = 10
 
 
@@ -145,18 +156,42 @@ def markdown(report: dict) -> str:
                          f"store's (aim <= 0.16x: {'met' if r['disk_ratio'] <= 0.16 else 'not met'}), "
                          f"nDCG@10 {r['ndcg@10_delta_points']:+.2f} points (aim within 0.5: "
                          f"{'met' if r['ndcg@10_delta_points'] >= -0.5 else 'not met'}).")
-        if "int8-rerank" in by:
-            r = by["int8-rerank"]
+        if "exact-rerank" in by:
+            r = by["exact-rerank"]
             met = "met" if r["resident_per_vector"] <= 64 else "not met"
-            lines.append(f"- {c['collection']}, int8-rerank: resident {r['resident_per_vector']:.1f} "
+            p50 = by["exact"]["p50_ms"]
+            shared = "" if report["quiet_cores"] else ", cores shared"
+            lines.append(f"- {c['collection']}, exact-rerank: resident {r['resident_per_vector']:.1f} "
                          f"bytes/vector (aim <= 64: {met}), "
                          f"recall@10 vs exact {r['recall@10_vs_exact']:.3f} (aim >= 0.99: "
-                         f"{'met' if r['recall@10_vs_exact'] >= 0.99 else 'not met'}).")
-    lines += ["", "int8 rows alone cannot reach the 0.16x folder: 132 of 512 bytes is 0.258x before ids and "
-              "metadata. About 80 bytes a vector needs 4-bit codes (64 bytes + scale, 0.14x) or residual "
-              "codes against centroids (PLAID's 2-bit residuals), which would also bring the rerank "
-              "profile's scanned rows under 64 bytes resident (docs/compact.md).", ""]
+                         f"{'met' if r['recall@10_vs_exact'] >= 0.99 else 'not met'}), p50 {r['p50_ms']:.1f} "
+                         f"ms against exact's {p50:.1f} (aim on NPL: no slower, "
+                         f"{'met' if r['p50_ms'] <= p50 else 'not met'}{shared}).")
+    lines += ["", "## Which profile when (the README's table, from this run)", "",
+              *which_profile_when(report), ""]
     return "\n".join(lines)
+
+
+def which_profile_when(report: dict) -> list[str]:
+    """The README's "which profile when" table: per profile, what it is for and its figures in
+    this run (bytes per vector on disk and resident, as a ratio of exact's folder, the nDCG@10
+    delta and recall@10 range over the collections, NPL's p50)."""
+    names = [r["profile"] for r in report["collections"][0]["rows"]] if report["collections"] else []
+    out = ["| profile | when | disk B/vector (x exact) | resident B/vector | nDCG@10 vs exact (points) "
+           "| recall@10 vs exact | p50 ms on NPL |", "|---|---|---:|---:|---:|---:|---:|"]
+    for name in names:
+        rows = [(c["collection"], r) for c in report["collections"] for r in c["rows"]
+                if r["profile"] == name]
+        disk = [r["disk_per_vector"] for _, r in rows]
+        ratio = [r["disk_ratio"] for _, r in rows]
+        res = [r["resident_per_vector"] for _, r in rows]
+        nd = [r["ndcg@10_delta_points"] for _, r in rows]
+        rec = [r["recall@10_vs_exact"] for _, r in rows]
+        npl = [r["p50_ms"] for c, r in rows if c == "npl"]
+        out.append(f"| `{name}` | {WHEN.get(name, '')} | {min(disk):.0f}-{max(disk):.0f} ({min(ratio):.2f}-"
+                   f"{max(ratio):.2f}x) | {min(res):.0f}-{max(res):.0f} | {min(nd):+.2f} to {max(nd):+.2f} "
+                   f"| {min(rec):.3f}-{max(rec):.3f} | {f'{npl[0]:.1f}' if npl else '-'} |")
+    return out
 
 
 def main() -> None:

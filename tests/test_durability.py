@@ -73,12 +73,18 @@ def _assert_holds(store, model: dict[str, int], atol: float = 1e-3) -> None:
 
 # -- the exact store: every step ------------------------------------------------------------------
 
-def test_exact_store_reopened_without_close_at_every_step(tmp_path):
+@pytest.mark.parametrize("spec_name", ["exact-disk", "exact-compact", "exact-rerank"])
+def test_exact_store_reopened_without_close_at_every_step(tmp_path, spec_name):
     """Reopen after every single operation, without close() (a copy of the folder as a killed
     process leaves it): every acknowledged upsert, overwrite and delete is there, also across
-    the vector file's compactions (many overwrites and deletes of few documents)."""
+    the vector file's compactions (many overwrites and deletes of few documents); for the coded
+    profiles both files of a generation (the codes, the float16 originals) at every step."""
+    from uibk_embedding.testing import load_backend_specs
+
+    spec = next(s for s in load_backend_specs(Path(__file__).resolve().parent / "backends")
+                if s.name == spec_name)
     path = tmp_path / "exact"
-    store = ExactStore(path=path)
+    store = spec.make(tmp_path)
     store.vector_compact_min_rows, store.vector_compact_fraction = 1, 0.1  # compact at 10 % dead rows
     model: dict[str, int] = {}
     for step, op in enumerate(_script(23)):
@@ -90,7 +96,8 @@ def test_exact_store_reopened_without_close_at_every_step(tmp_path):
         _apply(model, op)
         reopened = ExactStore(path=_as_a_crash_leaves(path, tmp_path / f"crash-{step}"))
         try:
-            _assert_holds(reopened, model)
+            assert reopened.profile == store.profile
+            _assert_holds(reopened, model, spec.get_atol)
         except AssertionError as e:
             raise AssertionError(f"after step {step} ({op}): {e}") from e
         reopened.close()

@@ -7,8 +7,9 @@
  *   uibk_maxsim_supported()  1 when this CPU has AVX2 + FMA + F16C (checked at run time, so the
  *                             library builds with the compiler's default flags on any x86-64);
  *   uibk_maxsim(...)          scores of documents [d0, d1) against every query (see below);
- *   uibk_maxsim_kinds()       how many row kinds uibk_maxsim reads (3: float32, float16, int8
- *                             rows); a library built before int8 rows lacks it.
+ *   uibk_maxsim_kinds()       how many row kinds uibk_maxsim reads (6: float32, float16, int8
+ *                             rows, rotated 4-, 3- and 2-bit rows; 3 before the rotated codes); a
+ *                             library built before int8 rows lacks it.
  * Other CPUs (and other architectures, where this file compiles to the stub at the bottom) use
  * the numpy path in maxsim.py.
  *
@@ -21,6 +22,11 @@
  * An int8 row (uibk_embedding/quantize.py) is dim int8 codes, a float16 scale and a float16 tag
  * (dim + 4 bytes): its values are scale * codes[i], and coordinate 0 the tag. A code times a
  * float16 scale is exact in float32, so int8 rows score bit for bit as their float32 rows do.
+ * A rotated b-bit row (b = 4, 3, 2) is 16 b bytes of codes, then a float16 scale and a float16 tag:
+ * 128 codes packed 8 to b bytes (code i of a group at bits b i of its little-endian integer), each
+ * the value scale * (code - (2^b - 1) / 2) of the rotated body; the row is scanned as dim = 129
+ * values [tag ; 128 rotated values] against queries the caller rotated the same way (quantize.py).
+ * Decoded 8 codes at a time in registers (one broadcast, a variable shift, a mask), exactly.
  * Groups of fewer than 6 rows repeat their last row, which cannot change a maximum.
  */
 #define PY_SSIZE_T_CLEAN
@@ -96,6 +102,44 @@ TARGET static void dequant(const uint8_t *src, float *dst, int64_t n, int64_t di
     }
 }
 
+/* the 8 codes of one group: b bytes read one at a time (never past the row) */
+TARGET static inline __attribute__((always_inline)) uint32_t group_bits(const uint8_t *p, int bits) {
+    uint32_t w = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+    if (bits > 2) w |= (uint32_t)p[2] << 16;
+    if (bits > 3) w |= (uint32_t)p[3] << 24;
+    return w;
+}
+
+/* n rotated bits-bit rows (16 bits code bytes, float16 scale, float16 tag) decoded into dst
+ * (n x 129 floats: the tag, then the 128 rotated values); bits is a constant where inlined */
+TARGET static inline __attribute__((always_inline)) void decode_rows(const uint8_t *src, float *dst,
+                                                                     int64_t n, int bits) {
+    const int64_t stride = 16 * bits + 4;
+    const __m256i shifts = _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 4 * bits, 5 * bits, 6 * bits, 7 * bits);
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    const __m256 half = _mm256_set1_ps(0.5f * (float)((1 << bits) - 1));
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *row = src + r * stride;
+        uint16_t sbits, tbits;
+        memcpy(&sbits, row + 16 * bits, 2);
+        memcpy(&tbits, row + 16 * bits + 2, 2);
+        const __m256 s = _mm256_set1_ps(_cvtsh_ss(sbits));
+        float *out = dst + r * 129;
+        out[0] = _cvtsh_ss(tbits);
+        for (int g = 0; g < 16; g++) {
+            const __m256i w = _mm256_set1_epi32((int)group_bits(row + g * bits, bits));
+            const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(w, shifts), mask);
+            /* code - half is exact (at most 5 significant bits), and so is its product with a
+             * float16 scale: the values numpy's decoding computes */
+            _mm256_storeu_ps(out + 1 + 8 * g, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(c), half), s));
+        }
+    }
+}
+
+TARGET static void decode4(const uint8_t *src, float *dst, int64_t n) { decode_rows(src, dst, n, 4); }
+TARGET static void decode3(const uint8_t *src, float *dst, int64_t n) { decode_rows(src, dst, n, 3); }
+TARGET static void decode2(const uint8_t *src, float *dst, int64_t n) { decode_rows(src, dst, n, 2); }
+
 TARGET static void widen(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -104,17 +148,18 @@ TARGET static void widen(const uint16_t *src, float *dst, int64_t n) {
 }
 
 /* Scores of documents [d0, d1) (rows offsets[d]..offsets[d+1] of docs, dim wide: kind 0 float32,
- * kind 1 IEEE float16, kind 2 int8 rows as above) against nq queries whose rows are qoff[q]..qoff[q+1] of the
+ * kind 1 IEEE float16, kind 2 int8 rows as above, kinds 3, 4, 5 rotated 4-, 3-, 2-bit rows, which
+ * need dim = 129) against nq queries whose rows are qoff[q]..qoff[q+1] of the
  * transposed, padded query matrix qt (dim x rpad, rpad a multiple of 16). out[q * out_stride + d]
  * receives the sum over query q's rows of the max over document d's rows; a document without
  * rows scores -inf. work holds rpad + CHUNK * dim floats. Returns 0, or -1 when rpad is not a
  * multiple of 16. Pure computation: safe to call from several threads on disjoint [d0, d1). */
-int uibk_maxsim_kinds(void) { return 3; }
+int uibk_maxsim_kinds(void) { return 6; }
 
 TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *docs, int kind,
                        const int64_t *offsets, int64_t d0, int64_t d1, const int64_t *qoff,
                        int64_t nq, float *out, int64_t out_stride, float *work) {
-    if (rpad % QB != 0 || kind < 0 || kind > 2) return -1;
+    if (rpad % QB != 0 || kind < 0 || kind > 5 || (kind >= 3 && dim != 129)) return -1;
     float *maxes = work, *buf = work + rpad;
     const float *rows32 = (const float *)docs;
     const uint16_t *rows16 = (const uint16_t *)docs;
@@ -128,7 +173,13 @@ TARGET int uibk_maxsim(const float *qt, int64_t rpad, int64_t dim, const void *d
         for (int64_t i = 0; i < rpad; i++) maxes[i] = -__builtin_inff();
         for (int64_t c = start; c < stop; c += CHUNK) {
             const int64_t n = (stop - c < CHUNK) ? stop - c : CHUNK;
-            if (kind == 2) {
+            if (kind >= 3) {
+                const int bits = 7 - kind;  /* 3: 4 bits, 4: 3 bits, 5: 2 bits */
+                const uint8_t *src = rows8 + c * (16 * bits + 4);
+                if (bits == 4) decode4(src, buf, n);
+                else if (bits == 3) decode3(src, buf, n);
+                else decode2(src, buf, n);
+            } else if (kind == 2) {
                 dequant(rows8 + c * (dim + 4), buf, n, dim);
             } else if (kind == 1) {
                 widen(rows16 + c * dim, buf, n * dim);

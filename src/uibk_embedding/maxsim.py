@@ -12,19 +12,22 @@ takes, reach the scores as numpy's arithmetic takes them on both):
   register-blocked products whose max over a document's rows is taken while they are still in
   registers, so the ``(query vectors x document rows)`` product matrix is never written to memory;
   float16 rows are widened in a 24 KiB buffer on the fly (no slower than float32 rows: half the
-  bytes to read), int8 rows (:mod:`uibk_embedding.quantize`) dequantised there 8 codes at a
-  time in registers, bit for bit their float32 dequantisation; documents are split across the
-  cores (:data:`THREADS`). Used for float32 scores whenever it is built and the CPU has those
-  instructions (:func:`kernel`; int8 rows need a library built with them: :func:`kernel_kinds`).
+  bytes to read), int8 rows and the rotated 4/3/2-bit codes (:mod:`uibk_embedding.quantize`)
+  decoded there 8 codes at a time in registers, bit for bit their float32 decoding; documents
+  are split across the cores (:data:`THREADS`). Used for float32 scores whenever it is built and
+  the CPU has those instructions (:func:`kernel`; coded rows need a library built with them:
+  :func:`kernel_kinds`).
 - **blas** (numpy): per cache-sized block one BLAS product in the requested dtype,
   ``np.maximum.reduceat`` over each document's rows and a sum per query. Used for
   ``dtype=np.float64`` (the reference the tests compare with), and for float32 where the fused
   kernel is not available, and for document rows that are neither float32, float16 nor int8 rows
-  (float64, another byte order). int8 rows are dequantised block by block (exact in float32 and
+  (float64, another byte order). Coded rows are decoded block by block (exact in float32 and
   float64).
 
-``doc_matrix`` is a ``(rows, dim)`` float array, or a 1-d array of
-:data:`~uibk_embedding.quantize.QROW` records (int8 rows, 128 dimensions).
+``doc_matrix`` is a ``(rows, dim)`` float array, or a 1-d array of coded rows (128 dimensions:
+:data:`~uibk_embedding.quantize.QROW` int8 records or :func:`~uibk_embedding.quantize.code_dtype`
+records of a rotated code, whose queries are rotated once here,
+:func:`~uibk_embedding.quantize.scan_queries`).
 
 ``benchmarks/maxsim_kernel.py`` measures both against the outside MaxSim kernels
 (benchmarks/results/maxsim_kernel.md).
@@ -49,8 +52,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from uibk_embedding.quantize import CODE_BITS, code_of, is_quantized, scan_queries, scan_rows_into
 from uibk_embedding.quantize import DIM as QDIM
-from uibk_embedding.quantize import dequantize_into, is_quantized
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 """Hard upper bound on the memory of one similarity block (``query rows x document rows``)."""
@@ -129,13 +132,16 @@ def maxsim_scores(
     dim = QDIM if quantized else doc_matrix.shape[1]
     if n_docs and qmat.shape[1] != dim:
         raise ValueError(f"query vectors have {qmat.shape[1]} dimensions, documents {dim}")
+    if n_docs and quantized:  # the rotated codes are scanned against rotated queries
+        qmat = scan_queries(qmat, doc_matrix.dtype)
     offsets = np.ascontiguousarray(doc_offsets, dtype=np.int64)
     if (offsets.ndim != 1 or len(offsets) == 0 or offsets[0] < 0 or offsets[-1] > len(doc_matrix)
             or np.any(np.diff(offsets) <= 0)):  # the kernel would read past the matrix
         raise ValueError(f"doc_offsets must rise strictly from 0 or more to at most the {len(doc_matrix)} "
                          "rows of doc_matrix (every document at least one row)")
     lib = _fused() if dtype == np.float32 and (doc_matrix.dtype in (np.float32, np.float16)
-                                               or (quantized and kernel_kinds() >= 3)) else None
+                                               or (quantized and kernel_kinds() >= _kinds_for(doc_matrix))) \
+        else None
     if lib is None or n_docs == 0:
         return _blas_scores(qmat, qoff, doc_matrix, offsets, n_docs, dtype, max_chunk_bytes)
     if doc_matrix.flags.c_contiguous:
@@ -149,6 +155,19 @@ def maxsim_scores(
         block = np.ascontiguousarray(doc_matrix[r0:offsets[stop]])
         out[:, start:stop] = _fused_scores(lib, qmat, qoff, block, offsets[start:stop + 1] - r0)
     return out
+
+
+def _kinds_for(doc_matrix: np.ndarray) -> int:
+    """The :func:`kernel_kinds` a library needs to read coded rows of ``doc_matrix``'s dtype."""
+    return 3 if code_of(doc_matrix.dtype) == "int8" else 6
+
+
+def _kind(doc_matrix: np.ndarray) -> int:
+    """The kernel's number for the rows of ``doc_matrix`` (``uibk_maxsim``'s ``kind``)."""
+    code = code_of(doc_matrix.dtype)
+    if code is None:
+        return int(doc_matrix.dtype == np.float16)
+    return 2 if code == "int8" else 7 - CODE_BITS[code]
 
 
 def _row_bytes(doc_matrix: np.ndarray) -> int:
@@ -236,11 +255,12 @@ def _fused() -> ctypes.CDLL | None:
 
 
 def kernel_kinds() -> int:
-    """How many row kinds the fused kernel reads here: 3 (float32, float16 and int8 rows), 2 for a
-    library built before int8 rows (rebuilt by ``make setup`` or ``pip install -e .``; int8
-    rows are scored by numpy meanwhile), 0 without the fused kernel.
+    """How many row kinds the fused kernel reads here: 6 (float32, float16, int8 rows and the
+    rotated 4/3/2-bit codes), 3 for a library built before the rotated codes, 2 before int8 rows
+    (rebuilt by ``make setup`` or ``pip install -e .``; the rows it lacks are scored by numpy
+    meanwhile), 0 without the fused kernel.
 
-    >>> kernel_kinds() in (0, 2, 3)
+    >>> kernel_kinds() in (0, 2, 3, 6)
     True
     """
     lib = _fused()
@@ -293,7 +313,7 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     # balanced by rows, not documents: thread t takes the documents starting in its share of rows
     bounds = np.searchsorted(offsets, np.linspace(first, last, threads + 1), side="left")
     bounds[0], bounds[-1] = 0, n_docs
-    kind = 2 if is_quantized(doc_matrix) else int(doc_matrix.dtype == np.float16)
+    kind = _kind(doc_matrix)
 
     codes: list[int] = []
     failed: list[BaseException] = []  # a worker's error (its thread would only print it)
@@ -337,8 +357,8 @@ def _convert_into(block: np.ndarray, out: np.ndarray) -> np.ndarray:
     >>> _convert_into(np.array([[0.5, -2.0]], np.float16), np.empty((1, 2), np.float32)).tolist()
     [[0.5, -2.0]]
     """
-    if is_quantized(block):  # int8 rows: dequantised (exact in float32 and float64)
-        return dequantize_into(block, out)
+    if is_quantized(block):  # coded rows: decoded as scanned (exact in float32 and float64)
+        return scan_rows_into(block, out)
     try:
         import torch
 

@@ -1,11 +1,13 @@
 """Original vectors in one memory-mapped, append-only file: exact rerank without a database read.
 
-A :class:`VectorFile` is a flat file of ``(rows, 128)`` float16 or float32 rows, or of int8 rows
-(``dtype="int8"``, ``vectors-000001.i8``: one 132-byte :data:`~uibk_embedding.quantize.QROW`
-record a row, quantised on append, read back dequantised as float32). An int8 file may keep
-*originals* beside it (``originals="float16"``): a float16 file of the same generation
-(``vectors-000001.f16``) with the same rows at the same positions, appended, cut, rewritten and
-removed with it; the scan reads the codes, only the final rerank (and ``get``) reads originals.
+A :class:`VectorFile` is a flat file of ``(rows, 128)`` float16 or float32 rows, or of coded rows
+(:mod:`uibk_embedding.quantize`: ``dtype="int8"``, ``vectors-000001.i8``, one 132-byte
+:data:`~uibk_embedding.quantize.QROW` record a row; ``"int4"``, ``"int3"``, ``"int2"``,
+``.i4``/``.i3``/``.i2``, the rotated codes' 68/52/36-byte records), quantised on append, read
+back decoded as float32. A coded file may keep *originals* beside it (``originals="float16"``):
+a float16 file of the same generation (``vectors-000001.f16``) with the same rows at the same
+positions, appended, cut, rewritten and removed with it; the scan reads the codes, only the
+final rerank (and ``get``) reads originals.
 Documents are
 *appended*; the store that owns the file keeps each document's ``(start, n_rows)`` in its own
 source of truth (a SQLite row) and commits those references only after
@@ -47,13 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from uibk_embedding._durable import fsync_dir
-from uibk_embedding.quantize import QROW, dequantize, is_quantized, quantize
+from uibk_embedding.quantize import CODES, code_dtype, dequantize, is_quantized, quantize
 
 DIM = 128
-_SUFFIX = {"float16": "f16", "float32": "f32", "int8": "i8"}
-_NAME = re.compile(r"^vectors-(\d{6})\.(f16|f32|i8)$")
+_SUFFIX = {"float16": "f16", "float32": "f32", "int8": "i8", "int4": "i4", "int3": "i3", "int2": "i2"}
+_NAME = re.compile(r"^vectors-(\d{6})\.(f16|f32|i8|i4|i3|i2)$")
 ORIGINALS = (None, "float16")
-"""What an int8 file may keep beside it: nothing, or float16 originals."""
+"""What a coded file may keep beside it: nothing, or float16 originals."""
 
 
 def file_name(generation: int, dtype: str) -> str:
@@ -62,17 +64,18 @@ def file_name(generation: int, dtype: str) -> str:
 
 
 def row_dtype(kind: str) -> np.dtype:
-    """The numpy dtype of one element of a ``kind`` file: float16, float32, or the int8 row
-    record :data:`~uibk_embedding.quantize.QROW` (one element a row)."""
+    """The numpy dtype of one element of a ``kind`` file: float16, float32, or a coded row's
+    record (:func:`~uibk_embedding.quantize.code_dtype`: one element a row)."""
     if kind not in _SUFFIX:
-        raise ValueError(f"dtype must be 'float16', 'float32' or 'int8', got {kind!r}")
-    return QROW if kind == "int8" else np.dtype(kind)
+        raise ValueError(f"dtype must be one of {', '.join(map(repr, _SUFFIX))}, got {kind!r}")
+    return code_dtype(kind) if kind in CODES else np.dtype(kind)
 
 
 def _check_originals(kind: str, originals: str | None) -> None:
     row_dtype(kind)
-    if originals not in ORIGINALS or (originals is not None and kind != "int8"):
-        raise ValueError(f"originals={originals!r}: only an int8 file keeps originals, as 'float16'")
+    if originals not in ORIGINALS or (originals is not None and kind not in CODES):
+        raise ValueError(f"originals={originals!r}: only a coded file ({', '.join(CODES)}) keeps "
+                         "originals, as 'float16'")
 
 
 def remove_other_generations(folder: str | os.PathLike, keep: str | Sequence[str]) -> None:
@@ -97,7 +100,7 @@ class VectorFile:
     """
 
     originals: VectorFile | None = None
-    """The float16 originals kept beside an int8 file (same rows, same positions), or None."""
+    """The float16 originals kept beside a coded file (same rows, same positions), or None."""
 
     def __init__(self, path: Path, dtype: str, n_rows: int, writable: bool = True) -> None:
         self.path = path
@@ -117,7 +120,7 @@ class VectorFile:
         reader's snapshot): nothing is created, cut or removed, whatever else the file holds (a
         writer may be appending). :class:`FileNotFoundError` when a writer's compaction removed
         it since the snapshot named it (read the snapshot again). ``originals``: the kind of the
-        originals file kept beside an int8 file (opened the same way)."""
+        originals file kept beside a coded file (opened the same way)."""
         _check_originals(dtype, originals)
         path = Path(folder) / file_name(generation, dtype)
         if rows == 0 and not path.exists():  # a store no writer has opened since it lost the file
@@ -144,7 +147,7 @@ class VectorFile:
              committed_rows: int, originals: str | None = None) -> VectorFile:
         """Open (or create) generation ``generation`` in ``folder``, keeping its first
         ``committed_rows`` rows (the rows the owner's references reach) and cutting off the rest;
-        ``originals``: the kind of the originals file kept beside an int8 file (the same)."""
+        ``originals``: the kind of the originals file kept beside a coded file (the same)."""
         _check_originals(dtype, originals)
         vf = cls._open_one(Path(folder), generation, dtype, committed_rows)
         if originals is not None:
@@ -179,8 +182,8 @@ class VectorFile:
 
     def append(self, vectors: Sequence[np.ndarray],
                originals: Sequence[np.ndarray] | None = None) -> np.ndarray:
-        """Write ``vectors`` at the end of the file, durably; returns each one's start row. An
-        int8 file quantises float rows (int8 row records are written as they are); its originals
+        """Write ``vectors`` at the end of the file, durably; returns each one's start row. A
+        coded file quantises float rows (records of its code are written as they are); its originals
         file gets the float rows (or ``originals``, when ``vectors`` are records), durably too."""
         if not self.writable:
             raise PermissionError(f"{self.path} was opened for reading (a reader's snapshot)")
@@ -188,9 +191,9 @@ class VectorFile:
             return np.zeros(0, dtype=np.int64)
         lengths = np.fromiter((len(v) for v in vectors), dtype=np.int64, count=len(vectors))
         starts = self.n_rows + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        if self.kind == "int8":
+        if self.kind in CODES:
             raw = [np.asarray(v) for v in vectors]
-            if all(is_quantized(v) for v in raw):
+            if all(v.dtype == self.dtype for v in raw):
                 block = np.concatenate(raw)
                 floats = None if originals is None else np.concatenate(
                     [np.asarray(v, dtype=np.float32) for v in originals])
@@ -198,9 +201,9 @@ class VectorFile:
                 floats = np.concatenate([np.asarray(v, dtype=np.float32) for v in raw])
                 if floats.ndim != 2 or floats.shape[1] != DIM:
                     raise ValueError(f"vectors must have {DIM} columns, got shape {floats.shape}")
-                block = quantize(floats)
+                block = quantize(floats, self.kind)
             if self.originals is not None and (floats is None or len(floats) != len(block)):
-                raise ValueError("an int8 file with originals needs the original rows of what it appends")
+                raise ValueError("a coded file with originals needs the original rows of what it appends")
         else:
             block = np.concatenate([np.asarray(v, dtype=self.dtype) for v in vectors])
             if block.ndim != 2 or block.shape[1] != DIM:
@@ -235,11 +238,12 @@ class VectorFile:
         return self._map[: self.n_rows]
 
     def _shape(self, n: int) -> tuple[int, ...]:
-        return (n,) if self.kind == "int8" else (n, DIM)
+        return (n,) if self.kind in CODES else (n, DIM)
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row in the file (132 for an int8 row, its originals not counted)."""
+        """Bytes of one row in the file (132 for an int8 row, 68 for int4, its originals not
+        counted)."""
         return self._row_bytes_of(self.kind)
 
     def private_map(self) -> np.ndarray:
@@ -252,17 +256,17 @@ class VectorFile:
 
     def read(self, start: int, n_rows: int) -> np.ndarray:
         """One document's rows as float32 (a copy): its originals where the file keeps them,
-        else its rows (int8 rows dequantised)."""
+        else its rows (coded rows decoded)."""
         if self.originals is not None:
             return self.originals.read(start, n_rows)
         rows = self._mapped()[start:start + n_rows]
-        return dequantize(rows) if self.kind == "int8" else np.array(rows, dtype=np.float32)
+        return dequantize(rows) if self.kind in CODES else np.array(rows, dtype=np.float32)
 
     def gather(self, starts: np.ndarray, lengths: np.ndarray,
                dtype: type | np.dtype | None = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """The rows of several documents packed as ``(matrix, offsets)`` in the order given;
         the matrix as ``dtype`` (float32 by default; ``None`` or the file's own dtype
-        :attr:`dtype`: the rows as stored, no conversion; int8 rows as float are dequantised)."""
+        :attr:`dtype`: the rows as stored, no conversion; coded rows as float are decoded)."""
         starts = np.asarray(starts, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -275,7 +279,7 @@ class VectorFile:
         got = self._mapped()[rows]
         if want == self.dtype:
             return got, offsets
-        return (dequantize(got, want) if self.kind == "int8" else got.astype(want, copy=False)), offsets
+        return (dequantize(got, want) if self.kind in CODES else got.astype(want, copy=False)), offsets
 
     def rewrite(self, folder: str | os.PathLike, generation: int, starts: np.ndarray,
                 lengths: np.ndarray, chunk_rows: int = 1 << 20) -> tuple[VectorFile, np.ndarray]:

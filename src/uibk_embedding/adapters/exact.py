@@ -10,11 +10,14 @@ metadata, opening it reads no vectors. In memory (no ``path``) the same tables l
 
 Rows are float32 by default (scores equal to the in-memory store's); ``vector_dtype="float16"``
 halves the disk and page cache, scores within float16 rounding. Profiles name what a persisted
-store keeps (:data:`PROFILES`, ``profile=``; recorded with the store, kept on reopen):
-``"exact"`` (float32 rows), ``"float16"``, ``"compact"`` (int8 rows only, 132 bytes a row,
-:mod:`uibk_embedding.quantize`: scores within int8 rounding) and ``"int8-rerank"`` (int8 rows
-scanned, then the best ``rerank_depth`` documents rescored exactly from float16 originals kept
-in a file of their own, read only for those documents; docs/compact.md). Deleted or overwritten
+store keeps (:data:`PROFILES`, ``profile=``; its rows' code is recorded with the store, kept on
+reopen): ``"exact"`` (float32 rows), ``"float16"``, ``"compact"`` (rotated 4-bit rows only, 68
+bytes a row, :mod:`uibk_embedding.quantize`: scores within the code's bound) and
+``"exact-rerank"`` (rotated 2-bit rows scanned, 36 bytes a row, then the best ``rerank_depth``
+documents rescored exactly from float16 originals kept in a file of their own, read only for
+those documents; docs/compact.md); ``"int8"`` and ``"int8-rerank"`` the same with int8 rows (132
+bytes; ``"int8"`` was called ``"compact"`` before the 4-bit code: such stores open as ``"int8"``).
+Deleted or overwritten
 documents' rows are dropped (the live rows copied into the next generation of the vector file)
 once they exceed :data:`REPACK_FRACTION` of the file (and 1,024 rows), or by :meth:`ExactStore.compact`.
 
@@ -56,6 +59,7 @@ from uibk_embedding.adapters.base import check_positive, check_record, read_reco
 from uibk_embedding.adapters.indexed import DB_NAME, LOCK_NAME, IndexedStore
 from uibk_embedding.errors import CollectionMismatch
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, maxsim_scores, top_k
+from uibk_embedding.quantize import CODES
 from uibk_embedding.tagged import TaggedFormat
 from uibk_embedding.vectorfile import VectorFile, file_name
 
@@ -74,28 +78,34 @@ the next write."""
 PROFILES: dict[str, dict[str, str | None]] = {
     "exact": {"vector_dtype": "float32"},
     "float16": {"vector_dtype": "float16"},
-    "compact": {"vector_dtype": "int8", "originals": None},
+    "compact": {"vector_dtype": "int4", "originals": None},
+    "exact-rerank": {"vector_dtype": "int2", "originals": "float16"},
+    "int8": {"vector_dtype": "int8", "originals": None},
     "int8-rerank": {"vector_dtype": "int8", "originals": "float16"},
 }
-"""What each profile keeps: the scanned rows (``vector_dtype``) and, for int8 rows, the
-``originals`` kept beside them for the final rerank (docs/compact.md)."""
-VECTOR_DTYPES = ("float32", "float16", "int8")
+"""What each profile keeps: the scanned rows (``vector_dtype``: float, or a code of
+:mod:`uibk_embedding.quantize`) and, for coded rows, the ``originals`` kept beside them for the
+final rerank (docs/compact.md)."""
+VECTOR_DTYPES = ("float32", "float16", *CODES)
 MIN_RERANK_DEPTH = 100
-"""The ``int8-rerank`` profile rescores at least this many documents (and at least ``4 * k``)
-when no ``rerank_depth`` is given."""
+"""A rerank profile rescores at least this many documents (and at least ``4 * k``) when no
+``rerank_depth`` is given."""
 
 
 def profile_of(build: dict[str, Any]) -> str:
-    """The profile name of a store's build parameters.
+    """The profile name of a store's build parameters (its rows' code and originals; a
+    ``profile`` recorded by 0.5's int8 stores is not read: their ``"compact"`` is ``"int8"`` now).
 
     >>> profile_of({"vector_dtype": "int8", "originals": "float16"}), profile_of({"vector_dtype": "float32"})
     ('int8-rerank', 'exact')
+    >>> profile_of({"vector_dtype": "int8", "profile": "compact", "originals": None})
+    'int8'
     """
-    if build.get("profile"):
-        return build["profile"]
-    if build["vector_dtype"] == "int8":
-        return "int8-rerank" if build.get("originals") else "compact"
-    return {"float32": "exact", "float16": "float16"}[build["vector_dtype"]]
+    dtype, originals = build["vector_dtype"], build.get("originals")
+    for name, params in PROFILES.items():
+        if params["vector_dtype"] == dtype and params.get("originals") == originals:
+            return name
+    return f"{dtype}-rerank" if originals else dtype  # a code no profile names (vector_dtype="int3")
 
 
 class ExactStore(IndexedStore):
@@ -108,14 +118,15 @@ class ExactStore(IndexedStore):
     format: the tagged format (saved with the store; used for decompositions).
     vector_dtype: how a persisted store keeps its rows: ``"float32"`` (the default for a new
         store: scores equal to the in-memory store's), ``"float16"`` (half the disk and page
-        cache, scores within float16 rounding) or ``"int8"`` (the ``compact`` profile).
+        cache, scores within float16 rounding) or a code: ``"int4"`` (the ``compact``
+        profile), ``"int3"``, ``"int2"``, ``"int8"`` (:mod:`uibk_embedding.quantize`).
         ``None``: the saved value. In memory the rows are always float32.
     profile: a name of :data:`PROFILES` (``"exact"``, ``"float16"``, ``"compact"``,
-        ``"int8-rerank"``): what a new store keeps, or the profile an existing store must have
-        (``CollectionMismatch`` otherwise). ``None``: the saved one (``vector_dtype``'s for a
-        new store).
-    rerank_depth: the ``int8-rerank`` profile rescores this many of the int8 scan's best
-        documents from their float16 originals (at least ``k``; ``None``: ``max(100, 4 * k)``).
+        ``"exact-rerank"``, ``"int8"``, ``"int8-rerank"``): what a new store keeps, or the
+        profile an existing store must have (``CollectionMismatch`` otherwise). ``None``: the
+        saved one (``vector_dtype``'s for a new store).
+    rerank_depth: a rerank profile rescores this many of the coded scan's best documents from
+        their float16 originals (at least ``k``; ``None``: ``max(100, 4 * k)``).
         Not saved. The result is the exact top ``k`` of that pool (exact MaxSim of the
         originals, as a ``float16`` store scores them), wherever they stood in it.
     max_chunk_bytes: memory bound of one scoring block (rows converted or gathered at a time).
@@ -137,8 +148,7 @@ class ExactStore(IndexedStore):
     search_options: ClassVar[tuple[str, ...]] = ()
     # profile and originals are given (and recorded) for int8 stores only: float stores' records
     # are those written before profiles
-    build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": DEFAULT_VECTOR_DTYPE, "profile": "compact",
-                                                "originals": None}
+    build_defaults: ClassVar[dict[str, Any]] = {"vector_dtype": DEFAULT_VECTOR_DTYPE, "originals": None}
     sync_on_write = False  # no index to keep in line: a write is one transaction
     builds_index = False
     vector_compact_min_rows = 1024  # a small file is not copied for every few deleted rows
@@ -173,9 +183,20 @@ class ExactStore(IndexedStore):
                                          "once, by a store opened for writing (not read_only); nothing "
                                          "was changed")
             convert_op_log(Path(path), format, vector_dtype, write_timeout)
-        super().__init__(path, format, given,
-                         vector_compact_fraction=REPACK_FRACTION, read_only=read_only, create=create,
-                         write_timeout=write_timeout)
+        try:
+            super().__init__(path, format, given,
+                             vector_compact_fraction=REPACK_FRACTION, read_only=read_only, create=create,
+                             write_timeout=write_timeout)
+        except CollectionMismatch as e:
+            if profile is None:
+                raise
+            raise CollectionMismatch(f"{e} (profile={profile!r} keeps {given['vector_dtype']} rows"
+                                     f"{' and float16 originals' if given.get('originals') else ''})") from e
+        if profile is not None and self.profile != profile:  # originals=None is not checked above
+            have = self.profile
+            self.close()
+            raise CollectionMismatch(f"store at {path} has profile={have!r}, not {profile!r}: open it "
+                                     "without profile, or index into a new store")
         self.max_chunk_bytes = max_chunk_bytes
         self.compact_every = compact_every
         self.rerank_depth = rerank_depth
@@ -183,11 +204,11 @@ class ExactStore(IndexedStore):
     @staticmethod
     def _profile_params(profile: str | None, vector_dtype: str | None) -> dict[str, Any]:
         """The build parameters given to the store: ``vector_dtype`` alone (float rows; the
-        records of float stores are as before profiles), or, for int8 rows, their profile and
-        originals too."""
+        records of float stores are as before profiles), or, for coded rows, their originals
+        too (the record names the code: ``vector_dtype``)."""
         if profile is None:
-            if vector_dtype == "int8":  # a new store: compact; an existing one: as it is
-                return {"vector_dtype": "int8", "profile": None, "originals": None}
+            if vector_dtype in CODES:  # a new store: no originals; an existing one: as it is
+                return {"vector_dtype": vector_dtype, "originals": None}
             return {"vector_dtype": vector_dtype}
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
@@ -195,9 +216,9 @@ class ExactStore(IndexedStore):
         if vector_dtype is not None and vector_dtype != params["vector_dtype"]:
             raise ValueError(f"profile={profile!r} keeps {params['vector_dtype']} rows; vector_dtype="
                              f"{vector_dtype!r} contradicts it (give one of them)")
-        if params["vector_dtype"] != "int8":
+        if params["vector_dtype"] not in CODES:
             return {"vector_dtype": params["vector_dtype"]}
-        return {"vector_dtype": "int8", "profile": profile, "originals": params["originals"]}
+        return {"vector_dtype": params["vector_dtype"], "originals": params["originals"]}
 
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
@@ -208,8 +229,8 @@ class ExactStore(IndexedStore):
 
     @property
     def vector_dtype(self) -> str:
-        """``"float32"``, ``"float16"`` or ``"int8"``: how the scanned rows are kept (saved with
-        the store)."""
+        """``"float32"``, ``"float16"`` or a code (``"int4"``, ``"int2"``, ``"int8"``, ...): how
+        the scanned rows are kept (saved with the store)."""
         return self._build["vector_dtype"]
 
     @property
@@ -222,7 +243,7 @@ class ExactStore(IndexedStore):
         return {**super().stats(), "profile": self.profile, "vector_dtype": self.vector_dtype}
 
     def _exact(self, queries: list[np.ndarray], seqs: Any, k: int) -> list[list[Any]]:
-        """The exact scan; the ``int8-rerank`` profile rescores the scan's best
+        """The exact scan; a rerank profile rescores the scan's best
         ``rerank_depth`` (``max(100, 4 k)`` by default, at least ``k``) from their float16
         originals and returns the exact top ``k`` of that pool (ties: lower seq)."""
         assert self._vf is not None

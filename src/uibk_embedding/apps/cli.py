@@ -913,9 +913,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="documents encoded and upserted together (default 256)")
     sp.add_argument("--profile", choices=list(PROFILES), default=None,
                     help="what the exact store keeps: exact (float32 rows, the default), float16, "
-                         "compact (int8 rows only) or int8-rerank (int8 rows scanned, the best "
-                         "reranked from float16 originals on disk); recorded with the store "
-                         "(docs/compact.md)")
+                         "compact (rotated 4-bit rows only, 0.15x of exact on disk), exact-rerank "
+                         "(rotated 2-bit rows scanned, the best reranked exactly from float16 "
+                         "originals on disk), int8 or int8-rerank (the same with int8 rows); "
+                         "recorded with the store (docs/compact.md)")
     sp.add_argument("--pool-factor", type=_pool_factor_arg, default=None, metavar="N",
                     help="token pooling at index time: each document keeps max(n // N, 1) of its n token "
                          "vectors, merged by clustering (slots and queries never pooled; the store "
