@@ -383,6 +383,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     for flag in ("save_encoder", "fit_sample"):
         if getattr(args, flag) is not None and not args.fit_projection:
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --fit-projection")
+    if args.profile is not None and args.backend != "exact":  # --ray too: no engine there takes it
+        raise UsageError(f"uibk-embed: --profile chooses what the exact store keeps; the {args.backend} "
+                         "backend keeps its own (docs/compact.md)")
     if args.ray:
         if args.fit_projection:
             raise SystemExit("uibk-embed: --fit-projection runs in one process: fit first "
@@ -393,9 +396,6 @@ def cmd_index(args: argparse.Namespace) -> int:
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --ray")
     opts = _store_options(args)
     if args.profile is not None:
-        if args.backend != "exact":
-            raise UsageError(f"uibk-embed: --profile chooses what the exact store keeps; the {args.backend} "
-                             "backend keeps its own (docs/compact.md)")
         opts["profile"] = args.profile
     _require_a_place(args.backend, opts)
     _refuse_a_file_as_the_store(args.backend, opts)
