@@ -147,7 +147,7 @@ def test_the_vector_dtype_is_the_stores_own(tmp_path):
     with pytest.raises(ValueError, match="needs a path"):
         ExactStore(vector_dtype="float16")
     with pytest.raises(ValueError, match="vector_dtype must be"):
-        ExactStore(path=tmp_path / "t", vector_dtype="int4")  # int8 is the compact profile's
+        ExactStore(path=tmp_path / "t", vector_dtype="int5")  # int8, int4, int3, int2 are codes
 
 
 def test_a_repack_that_fails_leaves_the_old_generation_in_use(tmp_path, monkeypatch):

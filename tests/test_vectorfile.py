@@ -62,7 +62,7 @@ def test_truncated_or_missing_file_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing"):
         VectorFile.open(tmp_path, generation=2, dtype="float32", committed_rows=1)
     with pytest.raises(ValueError, match="dtype"):
-        VectorFile.open(tmp_path, generation=1, dtype="int4", committed_rows=0)  # int8 is a kind now
+        VectorFile.open(tmp_path, generation=1, dtype="int5", committed_rows=0)  # int8/4/3/2 are kinds now
     vf = VectorFile.open(tmp_path, generation=1, dtype="float32", committed_rows=4)
     with pytest.raises(ValueError, match="128 columns"):
         vf.append([np.ones((2, 64), np.float32)])
