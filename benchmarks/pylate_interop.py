@@ -1,21 +1,32 @@
-"""PyLate interop (issue 26): our tagged lists in PyLate's own PLAID index, and encoding speed.
+"""PyLate interop (issues 26, 60): our tagged lists in PyLate's own PLAID index, and encoding speed.
 
-1. Speed: documents per second on CPU for the same model three ways: our native encoder, the
-   model saved with ``save_pylate`` and run by PyLate's ``ColBERT.encode`` (its own loop, batch
-   size 32), and that PyLate folder loaded back with ``load_encoder`` (PyLate's model, our
-   pipeline). For the tiny random UIBK model and the embedded default (MiniLM).
-2. Interop: the tagged lists of the exported MiniLM model on a slice of a shared collection,
-   indexed by ``pylate.indexes.PLAID`` (fast-plaid) with its defaults and searched with
-   ``pylate.retrieve.ColBERT``, unchanged, against our exact store: recall@10 vs exact, build
-   time, latency per query; beside our PLAID backend (``open_store("plaid")``) on the same vectors.
+1. Speed: documents per second on CPU for the same model: our native encoder and the model saved
+   with ``save_pylate`` and run by PyLate's ``ColBERT.encode`` (its own loop, batch size 32); and,
+   where sentence-transformers >= 6 is installed (not in PyLate's environment), the model saved
+   with ``save_sentence_transformers`` and loaded back with ``load_encoder`` (sentence-transformers
+   6's ``MultiVectorEncoder``, our pipeline). For the tiny random UIBK model and the embedded
+   default (MiniLM).
+2. Interop: the tagged lists of MiniLM (the native encoder's; PyLate's encode of the export gives
+   the same within 1e-5, tests/test_pylate_interop.py) on a slice of a shared collection, indexed by
+   ``pylate.indexes.PLAID`` (fast-plaid) with its defaults and searched with
+   ``pylate.retrieve.ColBERT``, unchanged, against our exact store: recall@10 vs exact, build time,
+   latency per query; beside our PLAID backend (``open_store("plaid")``) on the same vectors.
 
-    python benchmarks/pylate_interop.py --docs 2000 --json out.json
+PyLate 1.6.0 pins ``sentence-transformers==5.3.0`` and ``transformers<=5.3.0`` (and fast-plaid
+<=1.4.6.2110, while the ``plaid`` extra pins 1.7.0.2110, which its PLAID index also runs on): it
+cannot share an environment with the package's ``colbert`` extra (sentence-transformers >= 6), so
+it has its own, which ``make pylate-env`` builds (``.venv-pylate``: the package with its ``plaid``
+and ``bench`` extras, sentence-transformers 5.3.0 and PyLate's other requirements, then PyLate
+with ``--no-deps``)::
 
-Encoding speed: the median of ``--runs`` runs, the three encoders taking turns (after one
-warm-up each); the load average is recorded before and after. Our PLAID store is indexed at any
-size here (``min_index_vectors=1``; by default it searches exactly below 6,000,000 vectors) and
-its figures say which path answered. Figures printed; GPU figures are not measured by this
-script's CPU run.
+    make pylate-env
+    .venv-pylate/bin/python benchmarks/pylate_interop.py --docs 2000 --json out.json
+
+About 10 minutes on 2 CPU cores (most of it in the speed runs and the two PLAID builds). Encoding
+speed: the median of ``--runs`` runs, the encoders taking turns (after one warm-up each); the load
+average is recorded before and after. Our PLAID store is indexed at any size here
+(``min_index_vectors=1``; by default it searches exactly below 6,000,000 vectors) and its figures
+say which path answered. Figures printed; GPU figures are not measured by this script's CPU run.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ def rates(fns: dict, n: int, runs: int) -> dict[str, float]:
     return {k: n / statistics.median(v) for k, v in times.items()}
 
 
-def speed(native, folder: Path, texts: list[str], runs: int = 3) -> dict[str, float]:
+def speed(native, folder: Path, st_folder: Path | None, texts: list[str], runs: int = 3) -> dict[str, float]:
     from pylate.models import ColBERT
 
     from uibk_embedding.encoder import load_encoder
@@ -65,17 +76,27 @@ def speed(native, folder: Path, texts: list[str], runs: int = 3) -> dict[str, fl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cb = ColBERT(str(folder), trust_remote_code=True, device="cpu")
-        ours = load_encoder(folder, trust_remote_code=True, device="cpu")
-    for warm in (lambda t: native.encode_documents(t, show_progress=False),  # one-time costs out
-                 lambda t: cb.encode(t, is_query=False, batch_size=32, show_progress_bar=False),
-                 lambda t: ours.encode_documents(t, show_progress=False)):
-        warm(texts[:32])
-    return rates({
+        ours = (load_encoder(st_folder, trust_remote_code=True, device="cpu")
+                if st_folder is not None else None)
+    fns = {
         "native_docs_per_s": lambda: native.encode_documents(texts, show_progress=False),
         "pylate_encode_docs_per_s": lambda: cb.encode(texts, is_query=False, batch_size=32,
                                                       show_progress_bar=False),
-        "load_encoder_pylate_docs_per_s": lambda: ours.encode_documents(texts, show_progress=False),
-    }, len(texts), runs)
+    }
+    if ours is not None:
+        fns["load_encoder_st6_docs_per_s"] = lambda: ours.encode_documents(texts, show_progress=False)
+    for fn in fns.values():  # one-time costs out
+        fn()
+    return rates(fns, len(texts), runs)
+
+
+def sentence_transformers_6() -> bool:
+    """Whether sentence-transformers >= 6 (MultiVectorEncoder) is installed here."""
+    try:
+        import sentence_transformers
+    except ImportError:
+        return False
+    return hasattr(sentence_transformers, "MultiVectorEncoder")
 
 
 def recall(found: list[list[str]], exact: list[list[str]], k: int = 10) -> float:
@@ -148,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.pylate_model import save_pylate, save_sentence_transformers
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
 
     data = Path(args.data)
@@ -161,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = UIBKConfig.tiny()
         tiny = UIBKEncoder.random(cfg, train_tokenizer(cfg, texts[:500]), seed=0, device="cpu")
         minilm = load_encoder(device="cpu")
+        st6 = sentence_transformers_6()
+        report["sentence_transformers_6"] = st6
         for name, enc in (("tiny_uibk", tiny), ("minilm", minilm)):
-            folder = enc.save_pylate(work / name)
-            report[f"speed_{name}"] = speed(enc, folder, texts[: args.speed_docs], args.runs)
+            folder = save_pylate(enc, work / name)
+            st_folder = save_sentence_transformers(enc, work / f"{name}-st6") if st6 else None
+            report[f"speed_{name}"] = speed(enc, folder, st_folder, texts[: args.speed_docs], args.runs)
             print(name, report[f"speed_{name}"], flush=True)
-        exported = load_encoder(work / "minilm", trust_remote_code=True, device="cpu")
-        report["interop_minilm"] = interop(exported, docs, queries, work)
+        report["interop_minilm"] = interop(minilm, docs, queries, work)
         print(json.dumps(report["interop_minilm"], indent=2), flush=True)
     report["load_average_after"] = list(os.getloadavg())
     if args.json:

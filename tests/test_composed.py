@@ -1,11 +1,15 @@
-"""Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model.
+"""Bring your own models: a sentence-transformers dense model + a ColBERT model.
 
-Tiny random models are built here and saved with the libraries' own savers (no downloads):
-a 2-layer BERT saved as a sentence-transformers folder with CLS pooling, Normalize and query /
-document prompts; another saved by PyLate as a ColBERT model (its Linear projection to 128-d,
-[Q]/[D] markers, query length 16 with [MASK] expansion, document length 40). The composed
-encoder's heads must equal what the two libraries return themselves, through the real
-pipeline (batching, prefetch thread, device construction), within 1e-5.
+Tiny random models are built here (no downloads): a 2-layer BERT saved by sentence-transformers
+as a folder with CLS pooling, Normalize and query / document prompts; another as a ColBERT model
+in PyLate's format (:func:`~uibk_embedding.testing.colbert_folders.pylate_colbert`: its Linear
+projection to 128-d, [Q]/[D] markers, query length 16 with [MASK] expansion, document length
+40) and one saved by sentence-transformers 6 itself (``st6_colbert``). The token head runs
+sentence-transformers 6's ``MultiVectorEncoder`` (PyLate is not needed); the composed encoder's
+heads must equal what ``SentenceTransformer`` and ``MultiVectorEncoder`` return themselves,
+through the real pipeline (batching, prefetch thread, device construction), within 1e-5. That the
+PyLate-format folder is what PyLate itself writes is checked in PyLate's own environment
+(tests/test_pylate_interop.py).
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.transformer import TransformerEncoder, embedded_model_path
 from uibk_embedding.errors import ModelChanged
 from uibk_embedding.tagged import orthonormal_rows
+from uibk_embedding.testing.colbert_folders import pylate_colbert, st6_colbert
 from uibk_embedding.testing.tiny_models import tiny_bert
 
-st = pytest.importorskip("sentence_transformers")
-pylate_models = pytest.importorskip("pylate.models")
+st = pytest.importorskip("sentence_transformers", minversion="6.0",
+                         reason="the colbert extra (sentence-transformers >= 6) is not installed")
+import sentence_transformers.models  # noqa: E402,F401  (st.models: Transformer, Pooling, ...)
 
 TOL = 1e-5
 WORDS = ("the a of in on wing lift slipstream boundary layer flow heat transfer what is how "
@@ -45,8 +51,9 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Folders: ``dense`` (CLS + Normalize + prompts), ``colbert`` (PyLate), ``maxmean``
-    (max + mean pooling, no Normalize), ``densehead`` (a Dense layer after pooling)."""
+    """Folders: ``dense`` (CLS + Normalize + prompts), ``colbert`` (PyLate's format),
+    ``colbert_st6`` (saved by sentence-transformers 6), ``maxmean`` (max + mean pooling, no
+    Normalize), ``densehead`` (a Dense layer after pooling)."""
     root = tmp_path_factory.mktemp("byo")
     letters = list(string.ascii_lowercase + string.digits)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"[unused{i}]" for i in range(4)),
@@ -74,10 +81,9 @@ def models(tmp_path_factory):
         st.SentenceTransformer(
             modules=[st.models.Transformer(hf), st.models.Pooling(32),
                      st.models.Dense(32, 16)], device="cpu").save(str(root / "densehead"))
-        torch.manual_seed(2)
-        pylate_models.ColBERT(model_name_or_path=str(root / "hf_colbert"), device="cpu",
-                              query_length=16, document_length=40).save(str(root / "colbert"))
-    for name in ("dense", "colbert", "maxmean", "densehead"):
+        pylate_colbert(root / "colbert", root / "hf_colbert", seed=2, query_length=16, document_length=40)
+        st6_colbert(root / "colbert_st6", root / "hf_colbert", seed=3, query_length=16, document_length=40)
+    for name in ("dense", "colbert", "colbert_st6", "maxmean", "densehead"):
         folders[name] = root / name
     return folders
 
@@ -92,7 +98,7 @@ def references(models):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dense = st.SentenceTransformer(str(models["dense"]), device="cpu")
-        colbert = pylate_models.ColBERT(model_name_or_path=str(models["colbert"]), device="cpu")
+        colbert = st.MultiVectorEncoder(str(models["colbert"]), device="cpu")
     return dense, colbert
 
 
@@ -106,18 +112,25 @@ def encode(enc, texts, is_query, w=1.0, **kw):
 
 def reference_lists(enc, references, texts, is_query, w=1.0):
     """What the two libraries return, composed by hand in float64: ST's normalised sentence
-    vector -> R -> 3 slots; PyLate's token vectors -> R' -> renormalised tokens."""
+    vector -> R -> 3 slots; MultiVectorEncoder's token vectors -> R' -> renormalised tokens."""
     dense, colbert = references
     name = "query" if is_query else "document"
     g = dense.encode(texts, prompt_name=name, normalize_embeddings=True, convert_to_numpy=True)
-    toks = colbert.encode(texts, is_query=is_query, normalize_embeddings=True,
-                          show_progress_bar=False)
+    toks = token_vectors(colbert, texts, is_query)
     out = []
     for gi, ti in zip(g, toks, strict=True):
         ti = np.asarray(ti, dtype=np.float64)[: enc.query_token_cap if is_query else None]
         out.append(enc.format.build(enc.format.split(gi, enc.R), ti @ enc.P.T.astype(np.float64),
                                     dense_weight=w))
     return out
+
+
+def token_vectors(colbert, texts, is_query):
+    """What ``MultiVectorEncoder.encode_query`` / ``encode_document`` return (unit vectors)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = colbert.encode_query if is_query else colbert.encode_document
+        return run(texts, convert_to_numpy=True, normalize_embeddings=True)
 
 
 # -- the two heads equal the libraries' own outputs ---------------------------------------------
@@ -137,10 +150,9 @@ def test_dense_head_equals_sentence_transformers(composed, references, is_query)
 
 
 @pytest.mark.parametrize("is_query", [True, False])
-def test_token_head_equals_pylate_then_r_prime(composed, references, is_query):
+def test_token_head_equals_multi_vector_encoder_then_r_prime(composed, references, is_query):
     _, colbert = references
-    want = colbert.encode(TEXTS, is_query=is_query, normalize_embeddings=True,
-                          show_progress_bar=False)
+    want = token_vectors(colbert, TEXTS, is_query)
     p = composed.P.astype(np.float64)
     assert p.shape == (127, 128)
     np.testing.assert_allclose(p @ p.T, np.eye(127), atol=1e-6)  # R': orthonormal rows
@@ -174,6 +186,21 @@ def test_whole_lists_equal_the_composed_reference(models, references, batch_toke
         np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("is_query", [True, False])
+def test_a_colbert_saved_by_sentence_transformers_6_is_a_token_head(models, is_query):
+    """A native MultiVectorEncoder save (Transformer, Dense, MultiVectorMask, Normalize)."""
+    enc = load_encoder(dense=models["dense"], tokens=models["colbert_st6"], device="cpu", batch_tokens=60)
+    dense = st.SentenceTransformer(str(models["dense"]), device="cpu")
+    refs = (dense, st.MultiVectorEncoder(str(models["colbert_st6"]), device="cpu"))
+    w = 1.5 if is_query else 1.0
+    got = encode(enc, TEXTS, is_query, w)
+    want = reference_lists(enc, refs, TEXTS, is_query, w)
+    assert [len(x) for x in got] == [len(x) for x in want]
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True))
+    print(f"sentence-transformers 6 ColBERT, {'queries' if is_query else 'documents'}: max |diff| {diff:.2e}")
+    assert diff <= TOL
+
+
 def test_truncation_is_reported(composed):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -187,10 +214,8 @@ def test_truncation_without_a_document_marker_counts_every_position(models, tmp_
     # reported as truncated, though all 40 of them were kept
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.manual_seed(2)
-        pylate_models.ColBERT(model_name_or_path=str(models["colbert"].parent / "hf_colbert"), device="cpu",
-                              query_length=16, document_length=40, document_prefix="",
-                              query_prefix="").save(str(tmp_path / "plain"))
+        pylate_colbert(tmp_path / "plain", models["colbert"].parent / "hf_colbert", seed=2,
+                       query_length=16, document_length=40, query_prefix="", document_prefix="")
         enc = load_encoder(dense=models["dense"], tokens=tmp_path / "plain", device="cpu")
     for words, rows, cut in ((38, 3 + 40, False), (39, 3 + 40, True)):  # [CLS] words [SEP]
         with warnings.catch_warnings(record=True) as caught:
@@ -318,11 +343,11 @@ def test_a_changed_model_is_refused(composed, models, tmp_path):
 def test_wrong_folders_are_refused(models, tmp_path):
     with pytest.raises(ValueError, match=r"needs both dense= .* and tokens="):
         load_encoder(dense=models["dense"])
-    with pytest.raises(ValueError, match="PyLate ColBERT model is a Transformer followed by"):
+    with pytest.raises(ValueError, match="a ColBERT model is a Transformer followed by"):
         load_encoder(dense=models["dense"], tokens=models["maxmean"])  # not a ColBERT model
     with pytest.raises(ValueError, match="looks like a ColBERT model"):
         load_encoder(dense=models["colbert"], tokens=models["colbert"])
-    with pytest.raises(ValueError, match="not a ColBERT model in PyLate's format"):
+    with pytest.raises(ValueError, match=r"is not a ColBERT model \(no modules\.json"):
         load_encoder(dense=models["dense"], tokens=models["dense"].parent / "hf_colbert")
     with pytest.raises(FileNotFoundError, match="dense model folder"):
         load_encoder(dense=tmp_path / "nope", tokens=models["colbert"])

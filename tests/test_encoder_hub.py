@@ -150,11 +150,13 @@ def _modules_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """Clean tiny folders: ``hf`` (a BERT), ``dense`` (sentence-transformers), ``colbert`` (PyLate)."""
-    st = pytest.importorskip("sentence_transformers")
-    pylate_models = pytest.importorskip("pylate.models")
-    import torch
+    """Clean tiny folders: ``hf`` (a BERT), ``dense`` (sentence-transformers), ``colbert`` (PyLate's
+    format)."""
+    st = pytest.importorskip("sentence_transformers", minversion="6.0",
+                             reason="the colbert extra (sentence-transformers >= 6) is not installed")
+    import sentence_transformers.models  # noqa: F401  (st.models)
 
+    from uibk_embedding.testing.colbert_folders import pylate_colbert
     from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert
 
     root = tmp_path_factory.mktemp("trust-hub")
@@ -166,9 +168,7 @@ def base(tmp_path_factory):
         st.SentenceTransformer(modules=[st.models.Transformer(str(root / "hf"), max_seq_length=64),
                                         st.models.Pooling(32, pooling_mode="cls"), st.models.Normalize()],
                                device="cpu").save(str(root / "dense"))
-        torch.manual_seed(1)
-        pylate_models.ColBERT(model_name_or_path=str(root / "hf"), device="cpu", query_length=16,
-                              document_length=40).save(str(root / "colbert"))
+        pylate_colbert(root / "colbert", root / "hf", seed=1, query_length=16, document_length=40)
     return root
 
 

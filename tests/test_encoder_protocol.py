@@ -71,10 +71,16 @@ def test_transformer_embedded_default():
     check(load_encoder(device="cpu"), local=True)
 
 
-def test_pylate(tiny, tmp_path):
-    pytest.importorskip("pylate", reason="the colbert extra is not installed")
-    check(load_encoder(tiny.save_pylate(tmp_path / "pylate"), trust_remote_code=True, device="cpu"),
-          local=True)
+@pytest.mark.parametrize("export", ["sentence_transformers", "pylate"])
+def test_pylate(tiny, tmp_path, export):
+    """A multi-vector model folder (PyLateEncoder): our sentence-transformers 6 export and our
+    PyLate export, both run through sentence-transformers 6."""
+    pytest.importorskip("sentence_transformers", minversion="6.0",
+                        reason="the colbert extra (sentence-transformers >= 6) is not installed")
+    from uibk_embedding.encoder.pylate_model import save_pylate, save_sentence_transformers
+
+    save = save_sentence_transformers if export == "sentence_transformers" else save_pylate
+    check(load_encoder(save(tiny, tmp_path / export), trust_remote_code=True, device="cpu"), local=True)
 
 
 def test_shared(tiny):
@@ -95,8 +101,11 @@ def test_remote(tiny, tmp_path):
 
 
 def test_composed(tmp_path):
-    st = pytest.importorskip("sentence_transformers", reason="the colbert extra is not installed")
-    pylate_models = pytest.importorskip("pylate.models", reason="the colbert extra is not installed")
+    st = pytest.importorskip("sentence_transformers", minversion="6.0",
+                             reason="the colbert extra (sentence-transformers >= 6) is not installed")
+    import sentence_transformers.models  # noqa: F401  (st.models)
+
+    from uibk_embedding.testing.colbert_folders import pylate_colbert
     letters = list(string.ascii_lowercase)
     words = sorted({w for t in TEXTS for w in t.split()} - set(letters))  # no duplicate entries
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", *letters,
@@ -108,8 +117,8 @@ def test_composed(tmp_path):
         st.SentenceTransformer(modules=[st.models.Transformer(str(tmp_path / "hf_dense"), max_seq_length=64),
                                         st.models.Pooling(32), st.models.Normalize()],
                                device="cpu").save(str(tmp_path / "dense"))
-        pylate_models.ColBERT(model_name_or_path=str(tmp_path / "hf_colbert"), device="cpu",
-                              query_length=16, document_length=40).save(str(tmp_path / "colbert"))
+        pylate_colbert(tmp_path / "colbert", tmp_path / "hf_colbert", seed=1, query_length=16,
+                       document_length=40)
         enc = load_encoder(dense=tmp_path / "dense", tokens=tmp_path / "colbert", device="cpu")
     assert isinstance(enc, TaggedEncoder)
     check(enc, local=True)

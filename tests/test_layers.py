@@ -52,8 +52,12 @@ MAY_IMPORT: dict[str, set[str]] = {
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 ALLOWED_IN_FUNCTION = {
     # optional or heavy third-party code behind a first-party module: loaded only when used
-    ("uibk_embedding.encoder.pylate_model", "uibk_embedding.encoder.pylate_modules.hybrid_tokens"):
-        "imports pylate (the colbert extra)",
+    ("uibk_embedding.encoder.pylate_model", "uibk_embedding.encoder.pylate_modules.tagged_modules"):
+        "imports sentence-transformers 6 (the colbert extra)",
+    # a model-folder file (copied into exports, imported there by sentence-transformers): the UIBK
+    # architecture imports transformers' ModernBERT, which a one-model ("transformer") export skips
+    ("uibk_embedding.encoder.pylate_modules.tagged_modules",
+     "uibk_embedding.encoder.pylate_modules.uibk_architecture"): "ModernBERT only for a UIBK model",
     ("uibk_embedding.encoder.uibk", "uibk_embedding.encoder.pylate_modules.uibk_architecture"):
         "imports torch and transformers' ModernBERT (about 5 s): only when a UIBK model is built",
     # the one cycle left: TaggedEncoder.save_pylate (README: ``enc.save_pylate(folder)``) forwards

@@ -2,7 +2,8 @@
 hold (issue #61). The bound was ``3 + min(cap, characters)`` per text, but a composed or PyLate
 encoder pads queries with ``[MASK]`` to its query length and adds markers: the query ``"a"`` gave
 19 rows against a bound of 4, so requests far past ``--max-queued-vectors`` were admitted.
-Tiny random models (no downloads), saved by the libraries' own savers."""
+Tiny random models (no downloads); the ColBERT one in PyLate's format
+(:func:`~uibk_embedding.testing.colbert_folders.pylate_colbert`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import time
 import warnings
 
 import pytest
-import torch
 
 from uibk_embedding.encoder import load_encoder
+from uibk_embedding.testing.colbert_folders import pylate_colbert
 from uibk_embedding.testing.tiny_models import tiny_bert
 
-st = pytest.importorskip("sentence_transformers")
-pylate_models = pytest.importorskip("pylate.models")
+st = pytest.importorskip("sentence_transformers", minversion="6.0",
+                         reason="the colbert extra (sentence-transformers >= 6) is not installed")
+import sentence_transformers.models  # noqa: E402,F401  (st.models)
+
 httpx = pytest.importorskip("httpx", reason="the serve extra (httpx) is not installed")
 pytest.importorskip("fastapi", reason="the serve extra (fastapi) is not installed")
 
@@ -45,9 +48,8 @@ def composed_folder(tmp_path_factory):
             modules=[st.models.Transformer(str(root / "hf_dense"), max_seq_length=64),
                      st.models.Pooling(32, pooling_mode="cls"), st.models.Normalize()],
             prompts={"query": "query: ", "document": "passage: "}, device="cpu").save(str(root / "dense"))
-        torch.manual_seed(2)
-        pylate_models.ColBERT(model_name_or_path=str(root / "hf_colbert"), device="cpu",
-                              query_length=QUERY_LENGTH, document_length=40).save(str(root / "colbert"))
+        pylate_colbert(root / "colbert", root / "hf_colbert", seed=2, query_length=QUERY_LENGTH,
+                       document_length=40)
         enc = load_encoder(dense=root / "dense", tokens=root / "colbert", device="cpu")
     enc.save(root / "encoder")
     return root / "encoder"

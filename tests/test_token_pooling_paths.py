@@ -127,7 +127,8 @@ def test_ray_path_actor_pools_and_refuses_another_pool_factor(tmp_path, encoder)
 
 
 def test_a_pylate_folder_keeps_the_pool_factor(tmp_path):
-    pytest.importorskip("pylate")
+    pytest.importorskip("sentence_transformers", minversion="6.0",
+                        reason="the colbert extra (sentence-transformers >= 6) is not installed")
     from uibk_embedding.encoder import load_encoder
     from uibk_embedding.encoder.pylate_model import save_pylate
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer

@@ -21,14 +21,16 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-st = pytest.importorskip("sentence_transformers")
-pylate_models = pytest.importorskip("pylate.models")
+st = pytest.importorskip("sentence_transformers", minversion="6.0",
+                         reason="the colbert extra (sentence-transformers >= 6) is not installed")
+import sentence_transformers.models  # noqa: E402,F401  (st.models)
 
 from uibk_embedding.encoder import load_encoder  # noqa: E402
 from uibk_embedding.encoder.composed import check_colbert_folder  # noqa: E402
 from uibk_embedding.encoder.pylate_model import custom_code  # noqa: E402
 from uibk_embedding.encoder.trust import code_risks  # noqa: E402
 from uibk_embedding.errors import UntrustedCode  # noqa: E402
+from uibk_embedding.testing.colbert_folders import pylate_colbert  # noqa: E402
 from uibk_embedding.testing.tiny_models import SPECIAL, tiny_bert  # noqa: E402
 
 TRUST_HINT = "pass trust_remote_code=True if you trust this folder"
@@ -56,7 +58,7 @@ def _modules_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """Clean folders, copied by each test: ``hf`` (a Hugging Face BERT), ``dense`` (a
-    sentence-transformers model: Transformer, Pooling, Normalize) and ``colbert`` (PyLate)."""
+    sentence-transformers model: Transformer, Pooling, Normalize) and ``colbert`` (PyLate's format)."""
     root = tmp_path_factory.mktemp("trust")
     letters = list(string.ascii_lowercase + string.digits)
     vocab = [*SPECIAL, *(f"[unused{i}]" for i in range(4)),
@@ -67,9 +69,7 @@ def base(tmp_path_factory):
         st.SentenceTransformer(modules=[st.models.Transformer(str(root / "hf"), max_seq_length=64),
                                         st.models.Pooling(32, pooling_mode="cls"), st.models.Normalize()],
                                device="cpu").save(str(root / "dense"))
-        torch.manual_seed(1)
-        pylate_models.ColBERT(model_name_or_path=str(root / "hf"), device="cpu", query_length=16,
-                              document_length=40).save(str(root / "colbert"))
+        pylate_colbert(root / "colbert", root / "hf", seed=1, query_length=16, document_length=40)
     return {name: root / name for name in ("hf", "dense", "colbert")}
 
 

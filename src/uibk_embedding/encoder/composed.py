@@ -1,4 +1,4 @@
-"""Bring your own models: a sentence-transformers dense model + a PyLate ColBERT model, one list.
+"""Bring your own models: a sentence-transformers dense model + a ColBERT model, one list.
 
 :class:`ComposedEncoder` (``load_encoder(dense=..., tokens=...)``) fuses two models you already
 own into the tagged format of docs/format.md#composing, so a "dense index + ColBERT index + fusion" setup
@@ -10,29 +10,28 @@ becomes one index and one search:
   queries; ``"document"``, ``"passage"`` or ``"corpus"`` for documents), L2-normalised: the
   vector ``SentenceTransformer.encode(..., normalize_embeddings=True)`` returns. ``R``
   (381 x D) splits it into the three slots;
-* the **token head** is PyLate's ``ColBERT`` run as PyLate runs it (its ``[Q]``/``[D]``
-  markers, query length and ``[MASK]`` expansion, its document length and punctuation skiplist,
-  its trained ``Linear`` projection): the vectors ``ColBERT.encode(..., is_query=...)``
-  returns, in order, then the fixed orthonormal ``R'`` (127 x 128 for a 128-d model;
-  ``P`` in the code), renormalised and tagged.
+* the **token head** is any checkpoint sentence-transformers 6's ``MultiVectorEncoder`` loads
+  (its native saves, PyLate ColBERT models, Stanford ColBERT checkpoints), run as it runs it
+  (its ``[Q]``/``[D]`` prompts, query length and ``[MASK]`` expansion, its document length and
+  punctuation skiplist -- its ``MultiVectorMask`` --, its trained projection, ``Normalize``):
+  the vectors ``encode_query`` / ``encode_document`` return, in order, then the fixed
+  orthonormal ``R'`` (127 x 128 for a 128-d model; ``P`` in the code), renormalised and tagged.
 
 That is **two forward passes** per text (one per model, each on its own tokenisation), where
 the embedded default and the UIBK model need one. The list is the 3 slots followed by every
-PyLate vector (``[CLS]`` and the marker included, as PyLate emits them), so a query list has
-``3 + query_length`` rows (32 by default, the expansion tokens included; at most
-``query_token_cap`` = 64 are kept) and a document list ``3 +`` its non-punctuation tokens.
-The dense head reads up to ``query_max_length`` (256) tokens of a query and ``doc_max_length``
-(2048) of a document, or the dense model's ``max_seq_length`` if lower; the token head reads
-PyLate's ``query_length`` / ``document_length``.
+vector of the token model (``[CLS]`` and the marker included, as ``MultiVectorEncoder`` emits
+them), so a query list has ``3 + query_length`` rows with ``[MASK]`` expansion (32 for a PyLate
+model, the expansion tokens included; at most ``query_token_cap`` = 64 are kept) and a document
+list ``3 +`` its non-punctuation tokens. The dense head reads up to ``query_max_length`` (256)
+tokens of a query and ``doc_max_length`` (2048) of a document, or the dense model's
+``max_seq_length`` if lower; the token head reads its own query / document lengths.
 
 Saving (:meth:`ComposedEncoder.save`) writes a small folder: which two model folders it
 composes, a content hash of each, the format, the dense weight and the projections. Loading
 it refuses a model whose files changed since (:class:`~uibk_embedding.errors.ModelChanged`):
 vectors of the old and the new model must not be mixed in one index.
 
-Needs the ``colbert`` extra (``pylate`` and ``sentence-transformers``; see docs/model.md: pylate
-1.6 pins fast-plaid <= 1.4.6, the ``plaid`` extra pins 1.7.0, so the two extras are installed
-side by side with ``pip install --no-deps pylate==1.6.0``).
+Needs the ``colbert`` extra (``sentence-transformers>=6``; PyLate is not used).
 
 Example (folders you trained or downloaded; ``tests/test_composed.py`` builds tiny random ones)::
 
@@ -53,13 +52,18 @@ from typing import Any
 
 import numpy as np
 
-from uibk_embedding._optional import require
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.fixed_projections import CONFIG_NAME, PROJECTIONS_NAME
 from uibk_embedding.encoder.inputs import resolve_device
 from uibk_embedding.encoder.padding import TokenBatch
 from uibk_embedding.encoder.pooling import read_modules
 from uibk_embedding.encoder.projection import read_saved_projections, refuse_other_kind
+from uibk_embedding.encoder.pylate_model import (
+    _limits,
+    _sentence_transformers_6,
+    load_multi_vector_model,
+    task_prompts,
+)
 from uibk_embedding.encoder.transformer import quiet_transformers
 from uibk_embedding.encoder.trust import check_loader_options, model_digest, require_trust
 from uibk_embedding.errors import ModelChanged
@@ -70,12 +74,17 @@ _DOC_PROMPTS = ("document", "passage", "corpus")  # sentence-transformers' encod
 _HOST_KEYS = frozenset({"dense.task_is_query", "dense.prompt_length"})
 
 
+#: the modules a ColBERT model may list after its Transformer (sentence-transformers 6 names; a
+#: PyLate model lists a Dense only, the mask and Normalize are added when it loads)
+_TOKEN_HEAD_MODULES = frozenset({"Dense", "MultiVectorMask", "Normalize"})
+
+
 def check_colbert_folder(folder: str | os.PathLike, *, trust_remote_code: bool = False) -> None:
-    """Refuse a token-model folder that is not a trained ColBERT model: PyLate would quietly add
-    a randomly initialised projection to a plain encoder, and the vectors would mean nothing.
-    Refuse too, unless ``trust_remote_code=True``, a folder that would run its own code when it
-    loads (:func:`~uibk_embedding.encoder.trust.require_trust`: module types are compared as
-    exact class paths, so ``evil.Transformer`` is not a Transformer).
+    """Refuse a token-model folder that is not a trained ColBERT model: ``MultiVectorEncoder``
+    would quietly add a randomly initialised projection to a plain encoder, and the vectors would
+    mean nothing. Refuse too, unless ``trust_remote_code=True``, a folder that would run its own
+    code when it loads (:func:`~uibk_embedding.encoder.trust.require_trust`: module types are
+    compared as exact class paths, so ``evil.Transformer`` is not a Transformer).
 
     >>> import tempfile, pathlib
     >>> missing = pathlib.Path(tempfile.mkdtemp()) / "missing"
@@ -90,31 +99,44 @@ def check_colbert_folder(folder: str | os.PathLike, *, trust_remote_code: bool =
     require_trust(p, trust_remote_code, what="the token model, tokens=")
     mods = read_modules(p)
     if mods is None:
-        if (p / "artifact.metadata").exists():  # a Stanford ColBERT checkpoint: PyLate reads it
+        if (p / "artifact.metadata").exists() or _stanford(p):  # Stanford ColBERT: read as such
             return
         raise ValueError(
-            f"{p} is not a ColBERT model in PyLate's format (no modules.json) nor a Stanford "
-            "ColBERT checkpoint (no artifact.metadata): its token projection would be random")
+            f"{p} is not a ColBERT model (no modules.json: a PyLate or sentence-transformers "
+            "MultiVectorEncoder save) nor a Stanford ColBERT checkpoint (no artifact.metadata): its "
+            "token projection would be random")
     names = [str(m["type"]).rsplit(".", 1)[-1] for m in mods]
-    if len(names) < 2 or names[0] != "Transformer" or any(n != "Dense" for n in names[1:]):
+    if (len(names) < 2 or names[0] != "Transformer" or "Dense" not in names[1:]
+            or any(n not in _TOKEN_HEAD_MODULES for n in names[1:])):
         raise ValueError(
-            f"{p / 'modules.json'} lists {names}: a PyLate ColBERT model is a Transformer "
-            "followed by its Dense projection(s). For a sentence-transformers model use dense=")
+            f"{p / 'modules.json'} lists {names}: a ColBERT model is a Transformer followed by its "
+            "Dense projection(s) (and, saved by sentence-transformers 6, a MultiVectorMask and "
+            "Normalize). For a sentence-transformers model use dense=")
+
+
+def _stanford(folder: Path) -> bool:
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return "HF_ColBERT" in archs
 
 
 class ComposedEncoder(TaggedEncoder):
-    """Tagged lists from a sentence-transformers dense model and a PyLate ColBERT model.
+    """Tagged lists from a sentence-transformers dense model and a ColBERT model.
 
     Parameters
     ----------
     dense: folder of a sentence-transformers model (bge, gte, e5, MiniLM, ...).
-    tokens: folder of a ColBERT model in PyLate's format (or a Stanford ColBERT checkpoint).
+    tokens: folder of a ColBERT model ``MultiVectorEncoder`` loads (its own save, PyLate's
+        format, a Stanford ColBERT checkpoint).
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     num_threads: CPU threads for torch; None leaves it alone.
     query_prompt, document_prompt: override the dense model's own prompts (e.g. bge's query
         instruction when the folder does not declare it); ``""`` for none.
-    colbert_options: overrides passed to ``pylate.models.ColBERT`` (``query_length``,
-        ``document_length``, ``do_query_expansion``, ...); by default the model's own.
+    colbert_options: options for ``MultiVectorEncoder`` (``model_kwargs``, ...) and the
+        token model's ``query_length``, ``document_length``, ``query_expansion`` (e.g.
+        ``None``: no ``[MASK]`` expansion); by default the model's own.
     trust_remote_code: let either folder run the Python code it ships (custom module types,
         an ``auto_map``: :func:`~uibk_embedding.encoder.trust.code_risks`); without it such a
         folder is refused with :class:`~uibk_embedding.errors.UntrustedCode` before anything
@@ -138,9 +160,6 @@ class ComposedEncoder(TaggedEncoder):
         trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> None:
-        st = require("sentence_transformers", "colbert", "the dense head of a composed encoder")
-        pylate_models = require("pylate.models", "colbert", "the ColBERT head of a composed encoder")
-        import torch
 
         self.dense_path = Path(dense).resolve()
         self.tokens_path = Path(tokens).resolve()
@@ -156,6 +175,9 @@ class ComposedEncoder(TaggedEncoder):
         trust = trust_remote_code is True
         require_trust(self.dense_path, trust, what="the dense model, dense=")
         check_colbert_folder(self.tokens_path, trust_remote_code=trust)
+        st = _sentence_transformers_6("a composed encoder (dense= and tokens=)")
+        import torch
+
         mods = read_modules(self.dense_path)
         if mods is not None and [str(m["type"]).rsplit(".", 1)[-1] for m in mods][1:2] == ["Dense"]:
             raise ValueError(f"{self.dense_path} looks like a ColBERT model (Transformer -> Dense, no "
@@ -172,9 +194,13 @@ class ComposedEncoder(TaggedEncoder):
             self.dense_model = st.SentenceTransformer(
                 str(self.dense_path), device=self.device, local_files_only=True,
                 trust_remote_code=trust).eval()
-            self.colbert = pylate_models.ColBERT(
-                model_name_or_path=str(self.tokens_path), device=self.device,
-                local_files_only=True, trust_remote_code=trust, **self.colbert_options).eval()
+        self.colbert = load_multi_vector_model(self.tokens_path, trust_remote_code=trust,
+                                               device=self.device, options=self.colbert_options)
+        if any(isinstance(m, st.multi_vector_encoder.modules.BaseTokenPooling) for m in self.colbert):
+            raise ValueError(f"{self.tokens_path}: its modules pool document tokens; the token head "
+                             "takes one vector per token (pool in the store: pool_factor=)")
+        self._masks = [m for m in self.colbert
+                       if isinstance(m, st.multi_vector_encoder.modules.MultiVectorMask)]
         self.amp_dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         prompts = self.dense_model.prompts
         default = prompts.get(self.dense_model.default_prompt_name or "", None)
@@ -184,17 +210,18 @@ class ComposedEncoder(TaggedEncoder):
         self.document_prompt = (document_prompt if document_prompt is not None
                                 else (prompts[doc_name] if doc_name else default) or "")
         self._overrides = {"query_prompt": query_prompt, "document_prompt": document_prompt}
-        cb_default = self.colbert.prompts.get(self.colbert.default_prompt_name or "", None) or ""
-        self._colbert_prompt = cb_default  # PyLate's encode prepends the default prompt, if any
-        self.skiplist = np.asarray(sorted(set(self.colbert.skiplist)), dtype=np.int64)
-
-        dense_dim = int(self.dense_model.get_sentence_embedding_dimension())
-        token_dim = int(self.colbert.get_sentence_embedding_dimension() or self.colbert[-1].out_features)
+        cb = self.colbert
+        self._colbert_prompts = task_prompts(dict(cb.prompts or {}),
+                                             cb.prompts.get(cb.default_prompt_name or "", None))
+        self._colbert_prompt = self._colbert_prompts[False]  # (part of the model id, as before)
+        self._colbert_limits = dict(zip((True, False), _limits(cb[0]), strict=True))
+        dense_dim = int(self.dense_model.get_embedding_dimension())
+        token_dim = int(cb.get_embedding_dimension())
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
         # the lists' source, beside the projections: both models' files and the prompts
         self._model_id = hashlib.sha256("\0".join((
             self.dense_sha256, self.tokens_sha256, self.query_prompt, self.document_prompt,
-            self._colbert_prompt)).encode()).hexdigest()[:16]
+            *self._colbert_prompts.values())).encode()).hexdigest()[:16]
         super().__init__(dense_dim, token_dim, **kwargs)
         self._requested = {"query_max_length": self.query_max_length,
                            "doc_max_length": self.doc_max_length}
@@ -203,7 +230,8 @@ class ComposedEncoder(TaggedEncoder):
                               False: min(self.doc_max_length, dense_max)}
         # what the truncation warning names: the lower of the two heads' limits
         self.query_max_length = self.dense_lengths[True]
-        self.doc_max_length = min(self.dense_lengths[False], int(self.colbert.document_length))
+        self.doc_max_length = min(self.dense_lengths[False],
+                                  self._colbert_limits[False] or self.doc_max_length)
         self._tok_lock = threading.Lock()  # both libraries set a length on the model to tokenise
 
     # -- persistence -----------------------------------------------------------------------
@@ -277,24 +305,18 @@ class ComposedEncoder(TaggedEncoder):
         import torch
 
         cb = self.colbert
+        task = "query" if is_query else "document"
         with self._tok_lock:
-            # token head: PyLate's own tokenisation (marker after [CLS], [MASK] expansion)
-            ctexts = [self._colbert_prompt + t for t in texts] if self._colbert_prompt else texts
-            tok = dict(cb.tokenize(ctexts, is_query=is_query))
+            # token head: the model's own preprocessing (its prompt / marker, lengths, expansion)
+            cprompt = self._colbert_prompts[is_query]
+            tok = dict(cb.preprocess(texts, prompt=cprompt or None, task=task))
             # dense head: the model's prompt, then its own tokeniser, cut at our length
             prompt = self.query_prompt if is_query else self.document_prompt
             dtexts = [prompt + t for t in texts] if prompt else texts
             limit = self.dense_lengths[is_query]
             self.dense_model.max_seq_length = limit
-            task = "query" if is_query else "document"
-            dense = dict(self.dense_model.tokenize(dtexts, task=task))
-            prompt_length = self.dense_model._get_prompt_length(prompt, task=task) if prompt else None
-        ids = tok["input_ids"].numpy()
-        att = tok["attention_mask"].numpy().astype(bool)
-        if is_query:
-            keep = np.ones_like(att) if cb.do_query_expansion else att
-        else:
-            keep = att & ~np.isin(ids, self.skiplist)
+            dense = dict(self.dense_model.preprocess(texts, prompt=prompt or None, task=task))
+        keep = self._kept(tok, task).numpy()
         n = keep.sum(axis=1).astype(np.int64)
         order = np.argsort(~keep, axis=1, kind="stable")  # kept positions first, in order
         inputs: dict[str, Any] = {k: v for k, v in tok.items() if isinstance(v, torch.Tensor)}
@@ -303,12 +325,21 @@ class ComposedEncoder(TaggedEncoder):
             if isinstance(v, torch.Tensor):
                 inputs[f"dense.{k}"] = v
         inputs["dense.task_is_query"] = torch.tensor(int(is_query))
-        if prompt_length is not None:
-            inputs["dense.prompt_length"] = torch.tensor(int(prompt_length))
+        if isinstance(dense.get("prompt_length"), int):
+            inputs["dense.prompt_length"] = torch.tensor(int(dense["prompt_length"]))
         cut = self._dense_truncated(dtexts, dense["attention_mask"], limit)
         if not is_query:
-            cut |= self._colbert_truncated(ctexts, tok["attention_mask"])
+            cut |= self._colbert_truncated([cprompt + t for t in texts] if cprompt else texts)
         return TokenBatch(inputs, starts=np.zeros_like(n), ends=n, truncated=cut)
+
+    def _kept(self, features: dict[str, Any], task: str) -> Any:
+        """The positions the token model scores (its ``MultiVectorMask``: the document
+        skiplist, the query expansion), computed on the host from the ids alone."""
+        f = {k: features[k] for k in ("input_ids", "query_expansion_positions") if k in features}
+        f["attention_mask"] = features["attention_mask"].clone()
+        for m in self._masks:
+            f = m(f, task=task)
+        return f["attention_mask"].bool()
 
     def _dense_truncated(self, texts: list[str], mask: Any, limit: int) -> np.ndarray:
         lengths = mask.sum(1).numpy()
@@ -320,17 +351,14 @@ class ComposedEncoder(TaggedEncoder):
             cut[full] = [len(x) > limit for x in enc["input_ids"]]
         return cut
 
-    def _colbert_truncated(self, texts: list[str], mask: Any) -> np.ndarray:
-        marker = int(self.colbert.document_prefix_id is not None)  # inserted after cutting
-        limit = int(self.colbert.document_length) - marker
-        lengths = mask.sum(1).numpy() - marker
-        cut = np.zeros(len(texts), dtype=bool)
-        full = np.flatnonzero(lengths >= limit)
-        if len(full):
-            enc = self.colbert.tokenizer([texts[i] for i in full], add_special_tokens=True,
-                                         truncation=False, verbose=False)
-            cut[full] = [len(x) > limit for x in enc["input_ids"]]
-        return cut
+    def _colbert_truncated(self, texts: list[str]) -> np.ndarray:
+        """Documents the token model cut: their full token count, prompt and special tokens
+        included, over its document length."""
+        limit = self._colbert_limits[False]
+        if limit is None:
+            return np.zeros(len(texts), dtype=bool)
+        enc = self.colbert.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
+        return np.array([len(x) > limit for x in enc["input_ids"]], dtype=bool)
 
     def _to_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
         # the 0-d settings (task, prompt length) stay on the host: reading them then never
@@ -342,7 +370,7 @@ class ComposedEncoder(TaggedEncoder):
         import torch
 
         keep = inputs["keep"]
-        tok = {k: inputs[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in inputs}
+        tok = {k: v for k, v in inputs.items() if k != "keep" and not k.startswith("dense.")}
         dense = {k[6:]: v for k, v in inputs.items() if k.startswith("dense.")}
         task = "query" if int(dense.pop("task_is_query")) else "document"
         if "prompt_length" in dense:
@@ -350,10 +378,10 @@ class ComposedEncoder(TaggedEncoder):
         if "attention_mask" in dense:  # pooling may edit the mask in place (include_prompt=False)
             dense["attention_mask"] = dense["attention_mask"].clone()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp_dtype is not None):
-            emb = self.colbert(tok)["token_embeddings"].float()
+            emb = self.colbert(tok, task=task)["token_embeddings"].float()
             g = self.dense_model(dense, task=task)["sentence_embedding"].float()
-        # PyLate's kept vectors (skiplist / expansion rules), left-aligned: row i holds them in
-        # positions 0 .. ends[i] - 1 (TokenBatch.starts = 0)
+        # the token model's kept vectors (skiplist / expansion rules), left-aligned: row i holds
+        # them in positions 0 .. ends[i] - 1 (TokenBatch.starts = 0)
         states = torch.gather(emb, 1, keep.unsqueeze(-1).expand(-1, -1, emb.shape[-1]))
         return torch.nn.functional.normalize(g, dim=-1), states
 

@@ -121,6 +121,10 @@ class PoolingSpec:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{cfg_file}: cannot read the pooling configuration ({e})") from e
         modes = tuple(m for m, key in _MODES if cfg.get(key))
+        declared = cfg.get("pooling_mode")  # sentence-transformers 6: one mode or a list, in order
+        if not modes and declared:
+            names6 = (declared,) if isinstance(declared, str) else tuple(str(m) for m in declared)
+            modes = tuple("mean_sqrt_len" if m == "mean_sqrt_len_tokens" else m for m in names6)
         if not modes:
             raise ValueError(f"{cfg_file}: no pooling mode is switched on")
         if not cfg.get("include_prompt", True):

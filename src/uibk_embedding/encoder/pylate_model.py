@@ -1,36 +1,41 @@
-"""PyLate model folders: load one as an encoder of ours, save ours as one.
+"""Multi-vector model folders (sentence-transformers 6, PyLate): load one as an encoder of ours,
+save ours as one.
 
 The released UIBK-Embedding-v1 (docs/model.md) is a PyLate ColBERT model with custom modules, whose
 ``ColBERT.encode(texts, is_query=...)`` returns the tagged lists themselves. This module makes
 such a folder an :class:`~uibk_embedding.encoder.protocol.Encoder` like every other
 (:class:`PyLateEncoder`, what ``load_encoder(folder, trust_remote_code=True)`` returns for a
-folder with ``modules.json`` and PyLate's ``config_sentence_transformers.json``), and writes our
-own encoders in the same format (:func:`save_pylate`, ``encoder.save_pylate(folder)``).
+folder with ``modules.json`` and a ``config_sentence_transformers.json`` of sentence-transformers
+6's ``MultiVectorEncoder`` or of PyLate), and writes our own encoders in both formats
+(:func:`save_sentence_transformers`, :func:`save_pylate`, ``encoder.save_pylate(folder)``).
 
-Loading runs PyLate's own ``ColBERT`` (its prompts, query / document prefixes, lengths,
-skiplist and modules), batched by our pipeline (a background tokeniser, batches by a token
-budget, one copy to the host per batch). Before the encoder is returned, its output on a probe
-is checked (:func:`probe_format`): 128 dims, unit rows, coordinate 0 one negative value on the
-first 3 rows (the slots) and one positive value on the others (the tokens); ``beta`` and
-``lambda`` are read from the two tag values and the docs/format.md#identity identity is verified. The
-format's ``projection`` is ``"pylate-<hash>"``, a content hash of the files the model's modules
-load, so a store filled by this model refuses another one.
+Loading runs sentence-transformers 6's ``MultiVectorEncoder`` (:func:`load_multi_vector_model`:
+its prompts, lengths, query expansion, skiplist and modules; PyLate is not needed), batched by our
+pipeline (a background tokeniser, batches by a token budget, one copy to the host per batch). A
+PyLate folder in :func:`save_pylate`'s layout is read by its files with this package's
+sentence-transformers 6 modules (``pylate_modules/tagged_modules.py``): its own modules are
+written for PyLate. Before the encoder is returned, its output on a probe is checked
+(:func:`probe_format`): 128 dims, unit rows, coordinate 0 one negative value on the first 3 rows
+(the slots) and one positive value on the others (the tokens); ``beta`` and ``lambda`` are read
+from the two tag values and the docs/format.md#identity identity is verified. The format's
+``projection`` is ``"pylate-<hash>"``, a content hash of the files the model's modules load, so a
+store filled by this model refuses another one.
 
 A folder that would run Python code of its own when it loads (a ``modules.json`` type that is
 not an exact installed sentence-transformers / PyLate class, an ``auto_map``, a file shadowing
 an installed package: :func:`~uibk_embedding.encoder.trust.code_risks`) is refused unless
-``trust_remote_code=True`` (CLI: ``--trust-remote-code``). Note that sentence-transformers itself
-imports such code from a *local* folder even with ``trust_remote_code=False``: this check is the
-one that asks.
+``trust_remote_code=True`` (CLI: ``--trust-remote-code``), before anything loads; the libraries
+are then called with the same ``trust_remote_code``.
 
 Example (a tiny random UIBK model, exported and loaded back)::
 
     from uibk_embedding.encoder import load_encoder
+    from uibk_embedding.encoder.pylate_model import save_sentence_transformers
     from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
     cfg = UIBKConfig.tiny()
     native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]))
-    native.save_pylate("tiny-pylate")          # pylate.models.ColBERT("tiny-pylate", trust_remote_code=True)
-    enc = load_encoder("tiny-pylate", trust_remote_code=True)
+    save_sentence_transformers(native, "tiny-st")  # MultiVectorEncoder("tiny-st", trust_remote_code=True)
+    enc = load_encoder("tiny-st", trust_remote_code=True)
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from uibk_embedding.encoder.pipeline import Pending, to_host
 from uibk_embedding.encoder.transformer import TransformerEncoder, quiet_transformers
 from uibk_embedding.encoder.trust import LIBRARY_MODULES, check_loader_options, digest_files, require_trust
 from uibk_embedding.encoder.uibk import UIBKEncoder
+from uibk_embedding.errors import MissingDependency
 from uibk_embedding.tagged import BODY, DIM, N_SLOTS, TAG_RTOL, TaggedFormat, apply_dense_weight
 
 MODULES_NAME = "modules.json"
@@ -77,8 +83,8 @@ PROBE_DOCUMENTS = ("experimental investigation of the lift of a wing in the slip
 
 # -- what a folder is ------------------------------------------------------------------------
 def is_pylate_folder(folder: str | os.PathLike) -> bool:
-    """A sentence-transformers folder saved by PyLate: ``modules.json`` and a
-    ``config_sentence_transformers.json`` with ``model_type`` ColBERT or PyLate's own keys.
+    """A multi-vector model folder: ``modules.json`` and a ``config_sentence_transformers.json``
+    with ``model_type`` MultiVectorEncoder (sentence-transformers 6), ColBERT or PyLate's own keys.
 
     >>> import tempfile, pathlib, json
     >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "modules.json").write_text("[]")
@@ -95,7 +101,8 @@ def is_pylate_folder(folder: str | os.PathLike) -> bool:
         cfg = json.loads((p / ST_CONFIG_NAME).read_text())
     except json.JSONDecodeError:
         return False
-    return cfg.get("model_type") == "ColBERT" or any(k in cfg for k in PYLATE_KEYS)
+    return (cfg.get("model_type") in ("ColBERT", "MultiVectorEncoder")
+            or any(k in cfg for k in PYLATE_KEYS))
 
 
 def _modules(folder: Path) -> list[dict[str, Any]]:
@@ -292,8 +299,175 @@ def probe_format(queries: list[np.ndarray], documents: list[np.ndarray], *,
 
 
 # -- the encoder -------------------------------------------------------------------------------
+#: the module types of a PyLate model folder written by save_pylate (uibk-embedding <= 0.3 wrote
+#: only this export): loaded with the installed sentence-transformers 6 modules of this package
+#: (tagged_modules.py), which read the same files, so PyLate is not needed to load it
+_OUR_PYLATE_TYPES = ["branched_transformer.BranchedTransformer", "hybrid_tokens.HybridTokens"]
+
+
+def _our_pylate_export(folder: Path) -> dict[str, Any] | None:
+    """The ``config_sentence_transformers.json`` of a PyLate folder in :func:`save_pylate`'s layout
+    (its two module types, ``branched_transformer.json``, ``1_HybridTokens``' projections; also
+    after PyLate saved it again, which drops our block of the configuration), else None."""
+    try:
+        mods = _modules(folder)
+        cfg = json.loads((folder / ST_CONFIG_NAME).read_text())
+    except (OSError, ValueError, KeyError):
+        return None
+    if ([str(m["type"]) for m in mods] != _OUR_PYLATE_TYPES or cfg.get("model_type") != "ColBERT"
+            or not (folder / "branched_transformer.json").is_file()
+            or not (folder / str(mods[1].get("path", "")) / "projections.safetensors").is_file()):
+        return None
+    return cfg
+
+
+def _sentence_transformers_6(purpose: str) -> Any:
+    """sentence-transformers with ``MultiVectorEncoder`` (6.0 or later), or a clear error."""
+    st = require("sentence_transformers", "colbert", purpose)
+    if not hasattr(st, "MultiVectorEncoder"):
+        raise MissingDependency(
+            f"{purpose} needs sentence-transformers >= 6 (its MultiVectorEncoder); "
+            f"{st.__version__} is installed: pip install 'uibk-embedding[colbert]'")
+    return st
+
+
+def _foreign_code_error(folder: Path, classes: list[str], e: Exception) -> Exception:
+    """The error for a folder whose own module code does not run under sentence-transformers 6."""
+    import sentence_transformers
+
+    what = (f"imports {e.name!r}, which is not installed" if isinstance(e, ModuleNotFoundError)
+            else f"fails under sentence-transformers {sentence_transformers.__version__} "
+                 f"({type(e).__name__}: {e})")
+    msg = (f"{folder}: its own module code ({', '.join(classes)}) {what}. Multi-vector folders load "
+           "through sentence-transformers 6 (MultiVectorEncoder), without PyLate: custom modules "
+           "written against PyLate (a PyLate Dense) or sentence-transformers 5 (its Transformer) "
+           "need PyLate's own environment; re-export a model of ours with "
+           "save_sentence_transformers(encoder, FOLDER)")
+    return ImportError(msg) if isinstance(e, ImportError) else RuntimeError(msg)
+
+
+def load_multi_vector_model(folder: str | os.PathLike, *, trust_remote_code: bool = False,
+                            device: str = "cpu", options: dict[str, Any] | None = None) -> Any:
+    """A ``sentence_transformers.MultiVectorEncoder`` for a local model folder, after the trust
+    check (:func:`~uibk_embedding.encoder.trust.require_trust`). A PyLate folder that
+    :func:`save_pylate` wrote runs this package's sentence-transformers 6 modules over its files
+    (its own modules need PyLate); any other folder -- a native ``MultiVectorEncoder`` save, a
+    PyLate ColBERT model, a Stanford ColBERT checkpoint, an export of
+    :func:`save_sentence_transformers` -- is ``MultiVectorEncoder(folder, ...)`` itself.
+
+    ``options`` go to ``MultiVectorEncoder`` (``model_kwargs``, ...); ``query_length``,
+    ``document_length`` and ``query_expansion`` (PyLate's knobs) set the Transformer module's.
+
+    >>> load_multi_vector_model("/no/such/folder")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: multi-vector model folder /no/such/folder does not exist
+    """
+    p = Path(folder)
+    if not p.is_dir():
+        raise FileNotFoundError(f"multi-vector model folder {p} does not exist")
+    trust = trust_remote_code is True
+    require_trust(p, trust, what="a multi-vector model")
+    opts = dict(options or {})
+    check_loader_options(opts, trust)
+    st = _sentence_transformers_6("loading a multi-vector (ColBERT / PyLate) model")
+    knobs = {k: opts.pop(k) for k in ("query_length", "document_length", "query_expansion") if k in opts}
+    ours = _our_pylate_export(p)
+    with quiet_transformers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if ours is not None:
+            from uibk_embedding.encoder.pylate_modules import tagged_modules
+
+            model = st.MultiVectorEncoder(modules=list(_modules_of_pylate_export(p, ours, tagged_modules)),
+                                          device=device, **opts)
+        else:
+            classes, _ = custom_code(p)
+            try:
+                model = st.MultiVectorEncoder(str(p), device=device, local_files_only=True,
+                                              trust_remote_code=trust, **opts)
+            except (ImportError, AttributeError, TypeError) as e:
+                if not classes:  # no code of the folder's own ran: the library's error as it is
+                    raise
+                raise _foreign_code_error(p, classes, e) from e
+    first = model[0]
+    for k, v in knobs.items():
+        if not hasattr(first, k):
+            raise ValueError(f"{p}: its first module ({type(first).__name__}) has no {k!r} to set")
+        setattr(first, k, v)
+    return model.eval()
+
+
+def _modules_of_pylate_export(folder: Path, cfg: dict[str, Any], tm: Any) -> tuple[Any, Any]:
+    """:class:`tagged_modules.TaggedInput` and ``TaggedLists`` over the files of a PyLate folder
+    written by :func:`save_pylate` (its ``branched_transformer.json``, ``1_HybridTokens``)."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    branched = json.loads((folder / "branched_transformer.json").read_text())
+    hybrid_dir = folder / str(_modules(folder)[1].get("path", ""))
+    hybrid = json.loads((hybrid_dir / "config.json").read_text())
+    proj = load_file(str(hybrid_dir / "projections.safetensors"))
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    layout = branched["architecture"]
+    if layout == "uibk":
+        word = str((cfg.get("prompts") or {}).get("query", "")).strip()
+        uibk = {**branched.get("uibk", {}), "cls": tok.cls_token, "sep": tok.sep_token, "pad": tok.pad_token,
+                "query_marker": cfg["query_prefix"], "document_marker": cfg["document_prefix"],
+                "prompt_word": word}
+        lengths = (int(cfg["query_length"]), int(cfg["document_length"]))
+        facts: dict[str, Any] = {}
+    else:
+        uibk = {}
+        lengths = (int(cfg["query_length"]) - 1, int(cfg["document_length"]) - 1)  # less PyLate's marker
+        facts = {"pad_token_id": int(tok.pad_token_id or 0),
+                 "truncation_side": str(getattr(tok, "truncation_side", "right")),
+                 "takes_token_types": "token_type_ids" in tok.model_input_names,
+                 "pad_token_type_id": int(getattr(tok, "pad_token_type_id", 0) or 0)}
+    first = tm.TaggedInput(str(folder), layout=layout, query_length=lengths[0], document_length=lengths[1],
+                           uibk=uibk, pooling=branched.get("pooling"), tokenizer_facts=facts,
+                           do_lower_case=bool(branched.get("do_lower_case")))
+    second = tm.TaggedLists(R=proj["R"], P=proj["P"], beta=hybrid["beta"], lambda_=hybrid["lambda_"],
+                            query_token_cap=hybrid["query_token_cap"])
+    return first, second
+
+
+def task_prompts(prompts: dict[str, str], default: str | None) -> dict[bool, str]:
+    """The prompt of queries (``True``) and documents (``False``) as ``MultiVectorEncoder``'s
+    ``encode_query`` / ``encode_document`` choose it: the ``"query"`` prompt; the first of
+    ``"document"``, ``"passage"``, ``"corpus"``; else the default prompt (a prompt declared
+    empty stays empty).
+
+    >>> task_prompts({"query": "[Q] ", "passage": "[D] "}, None)
+    {True: '[Q] ', False: '[D] '}
+    >>> task_prompts({"query": ""}, "x: ")
+    {True: '', False: 'x: '}
+    """
+    doc = next((n for n in _DOC_PROMPTS if n in prompts), None)
+    return {True: (prompts["query"] if "query" in prompts else default) or "",
+            False: (prompts[doc] if doc else default) or ""}
+
+
+def _limits(module: Any) -> tuple[int | None, int | None]:
+    """The tokens a sentence-transformers ``Transformer`` reads of a query and of a document
+    (special tokens included), None where it does not say."""
+    seq = getattr(module, "max_seq_length", None)
+    q, d = getattr(module, "query_length", None) or seq, getattr(module, "document_length", None) or seq
+    exp = getattr(module, "query_expansion", None)
+    if isinstance(exp, dict) and exp.get("length"):
+        q = int(exp["length"]) if exp.get("strategy") == "fixed" else max(int(q or 0), int(exp["length"]))
+    return (int(q) if q else None), (int(d) if d else None)
+
+
 class PyLateEncoder(TaggedEncoder):
-    """A PyLate model folder whose ``ColBERT.encode`` returns tagged lists, as an encoder.
+    """A multi-vector model folder whose ``MultiVectorEncoder.encode_query`` / ``encode_document``
+    return tagged lists, as an encoder: a sentence-transformers 6 folder written by
+    :func:`save_sentence_transformers`, a PyLate folder written by :func:`save_pylate`, or a
+    released UIBK model (PyLate's format, custom modules: see docs/loading.md for what loads).
+
+    Runs sentence-transformers 6's ``MultiVectorEncoder`` (:func:`load_multi_vector_model`): its
+    prompts, ``preprocess`` (lengths, markers) and modules, batched by our pipeline (a background
+    tokeniser, batches by a token budget, one copy to the host per batch). PyLate itself is not
+    needed.
 
     Parameters
     ----------
@@ -304,21 +478,21 @@ class PyLateEncoder(TaggedEncoder):
     device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when present, else CPU).
     dtype: ``"bfloat16"`` or ``"float32"`` (default: bfloat16 on CUDA, float32 otherwise).
     num_threads: CPU threads for torch; None leaves it alone.
-    dense_weight: default query-time dense weight (default: what ``save_pylate`` recorded, else 1).
-    colbert_options: overrides for ``pylate.models.ColBERT`` (``query_length``, ...).
+    dense_weight: default query-time dense weight (default: what the export recorded, else 1).
+    colbert_options: options for ``MultiVectorEncoder`` (``model_kwargs``, ...) and the
+        Transformer module's ``query_length`` / ``document_length`` / ``query_expansion``.
     format: if given, must have the constants the probe reads.
     **kwargs: ``batch_tokens``, ``show_progress``, ``prefetch`` (see
         :class:`~uibk_embedding.encoder.base.TaggedEncoder`).
 
     Prompts: the model's ``query`` prompt for queries and ``document`` (or ``passage`` /
-    ``corpus``) prompt for documents when it declares them (as ``encode(prompt_name=...)``),
-    else its default prompt (as a bare ``ColBERT.encode``).
+    ``corpus``) prompt for documents when it declares them, else its default prompt.
 
     >>> import tempfile
     >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
     >>> cfg = UIBKConfig.tiny()
     >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
-    >>> folder = native.save_pylate(tempfile.mkdtemp())
+    >>> folder = save_sentence_transformers(native, tempfile.mkdtemp())
     >>> enc = PyLateEncoder(folder, trust_remote_code=True, device="cpu")
     >>> enc.format.beta, enc.format.lambda_, enc.format.projection.startswith("pylate-")
     (0.9, 0.75, True)
@@ -339,10 +513,9 @@ class PyLateEncoder(TaggedEncoder):
                  format: TaggedFormat | None = None, name: str | None = None, **kwargs: Any) -> None:
         self.folder = Path(folder).resolve()
         if not is_pylate_folder(self.folder):
-            raise ValueError(f"{self.folder} is not a PyLate model folder ({MODULES_NAME} and a "
-                             f"{ST_CONFIG_NAME} written by PyLate)")
+            raise ValueError(f"{self.folder} is not a multi-vector model folder ({MODULES_NAME} and a "
+                             f"{ST_CONFIG_NAME} written by sentence-transformers 6 or PyLate)")
         require_trust(self.folder, trust_remote_code, what="a PyLate model")
-        pylate_models = require("pylate.models", "colbert", "loading a PyLate model")
         import torch
 
         if num_threads:
@@ -351,40 +524,32 @@ class PyLateEncoder(TaggedEncoder):
         self.dtype = dtype = resolve_dtype(self.device, dtype)
         self.trust_remote_code = trust_remote_code is True
         self.colbert_options = dict(colbert_options or {})
-        check_loader_options(self.colbert_options, self.trust_remote_code)
-        with quiet_transformers(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.colbert = pylate_models.ColBERT(
-                model_name_or_path=str(self.folder), device=self.device, local_files_only=True,
-                trust_remote_code=self.trust_remote_code, **self.colbert_options).eval()
+        self.colbert = load_multi_vector_model(self.folder, trust_remote_code=self.trust_remote_code,
+                                               device=self.device, options=self.colbert_options)
         if dtype == "bfloat16":
             self.colbert.to(torch.bfloat16)
         self.model_name = name or str(folder)
-        cb = self.colbert
-        prompts = dict(cb.prompts or {})
-        default = prompts.get(cb.default_prompt_name or "", None)
-        doc = next((n for n in _DOC_PROMPTS if n in prompts), None)
-        self.prompts = {True: prompts.get("query", default) or "",
-                        False: (prompts[doc] if doc else default) or ""}
-        self._prompt_length: dict[bool, int | None] = {}
-        for is_query, prompt in self.prompts.items():
-            tp = cb.tokenize([prompt]) if prompt else None
-            self._prompt_length[is_query] = (int(tp["input_ids"].shape[-1] - 1)
-                                             if tp is not None and "input_ids" in tp else None)
-        self._tok_lock = threading.Lock()  # PyLate sets the length on its first module to tokenise
+        mve = self.colbert
+        prompts = dict(mve.prompts or {})
+        default = prompts.get(mve.default_prompt_name or "", None)
+        self.prompts = task_prompts(prompts, default)
+        self._tok_lock = threading.Lock()
         ours = json.loads((self.folder / ST_CONFIG_NAME).read_text()).get(OUR_BLOCK, {})
         if dense_weight is None:
             dense_weight = float(ours.get("dense_weight", 1.0))
         self._probed = False
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
-        # the cap the model's tagged construction applies (HybridTokens), which a server reports
-        cap = next((int(m.query_token_cap) for m in cb if hasattr(m, "query_token_cap")), None)
+        # the cap the model's tagged construction applies, which a server reports
+        cap = next((int(m.query_token_cap) for m in mve if hasattr(m, "query_token_cap")), None)
         if cap is not None:
             kwargs.setdefault("query_token_cap", cap)
+        first = mve[0]
+        self._limit = dict(zip((True, False), _limits(first), strict=True))
         eye = {"R": np.eye(N_SLOTS * BODY, dtype=np.float32), "P": np.eye(BODY, dtype=np.float32)}
+        model_max = int(getattr(first, "max_seq_length", None) or 2048)
         super().__init__(N_SLOTS * BODY, BODY, projections=eye, dense_weight=dense_weight,
-                         query_max_length=max(2, int(cb.query_length)),
-                         doc_max_length=max(2, int(cb.document_length)), **kwargs)
+                         query_max_length=max(2, self._limit[True] or model_max),
+                         doc_max_length=max(2, self._limit[False] or model_max), **kwargs)
         with warnings.catch_warnings():  # a probe text longer than the model reads is no news
             warnings.simplefilter("ignore")
             queries = self.encode_queries(list(PROBE_QUERIES), dense_weight=1.0, show_progress=False)
@@ -414,8 +579,8 @@ class PyLateEncoder(TaggedEncoder):
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": str(self.folder), "format": self.format.to_dict(),
                 "projection": self.format.projection, "dense_weight": self.dense_weight,
-                "dtype": self.dtype, "query_length": int(self.colbert.query_length),
-                "document_length": int(self.colbert.document_length),
+                "dtype": self.dtype, "query_length": self._limit[True],
+                "document_length": self._limit[False],
                 "colbert_options": self.colbert_options, "prompts": [self.prompts[True], self.prompts[False]]}
 
     def save_projections(self, path: str | os.PathLike) -> None:
@@ -426,29 +591,28 @@ class PyLateEncoder(TaggedEncoder):
         import torch
 
         prompt = self.prompts[is_query]
-        ctexts = [prompt + t for t in texts] if prompt else texts
+        task = "query" if is_query else "document"
         with self._tok_lock:
-            tok = self.colbert.tokenize(ctexts, is_query=is_query)
-        inputs = {k: v for k, v in tok.items() if isinstance(v, torch.Tensor)}
+            feats = self.colbert.preprocess(texts, prompt=prompt or None, task=task)
+        reported = feats.pop("truncated", None)
+        inputs = {k: v for k, v in feats.items() if isinstance(v, torch.Tensor)}
         zero = np.zeros(len(texts), dtype=np.int64)
-        tb = TokenBatch(inputs, starts=zero, ends=zero, truncated=self._truncated(ctexts, inputs, is_query))
+        cut = (reported.numpy().astype(bool) if isinstance(reported, torch.Tensor)
+               else self._truncated([prompt + t for t in texts] if prompt else texts, is_query))
+        tb = TokenBatch(inputs, starts=zero, ends=zero, truncated=cut)
         tb.is_query = is_query  # type: ignore[attr-defined]
+        tb.extra = {k: v for k, v in feats.items() if not isinstance(v, torch.Tensor)}  # type: ignore[attr-defined]
         return tb
 
-    def _truncated(self, texts: list[str], inputs: dict[str, Any], is_query: bool) -> np.ndarray:
-        cb = self.colbert
-        limit = int(cb.query_length if is_query else cb.document_length)
-        prefix = int((cb.query_prefix_id if is_query else cb.document_prefix_id) is not None)
-        ids = inputs["input_ids"]
-        pad = cb.tokenizer.pad_token_id
-        lengths = (ids != pad).sum(1).numpy() if pad is not None else np.full(len(texts), ids.shape[1])
-        cut = np.zeros(len(texts), dtype=bool)
-        full = np.flatnonzero(lengths >= limit)  # only these can have been cut
-        if len(full):
-            enc = cb.tokenizer([texts[i] for i in full], add_special_tokens=True, truncation=False,
-                               verbose=False)
-            cut[full] = [len(x) + prefix > limit for x in enc["input_ids"]]
-        return cut
+    def _truncated(self, texts: list[str], is_query: bool) -> np.ndarray:
+        """Which texts the model cut: their full token count (special tokens included) over what
+        the model reads."""
+        limit = self._limit[is_query]
+        tok = getattr(self.colbert, "tokenizer", None)
+        if limit is None or tok is None or not callable(tok):
+            return np.zeros(len(texts), dtype=bool)
+        enc = tok(texts, add_special_tokens=True, truncation=False, verbose=False)
+        return np.array([len(x) > limit for x in enc["input_ids"]], dtype=bool)
 
     def _prepare(self, tb: TokenBatch, is_query: bool) -> TokenBatch:
         tb.truncated = np.asarray(tb.truncated, dtype=bool)
@@ -457,32 +621,26 @@ class PyLateEncoder(TaggedEncoder):
         return tb
 
     def _launch(self, tb: TokenBatch, w: float | np.ndarray) -> Pending:
-        """PyLate's forward and its row selection (``ColBERT.encode``: the skiplist on documents,
-        query expansion), rows normalised, query slots scaled by the dense weight."""
+        """The model's forward (its modules, ``task`` given), the rows its ``attention_mask``
+        keeps (``MultiVectorEncoder.encode``), normalised, query slots scaled by the dense weight."""
         import torch
 
-        cb = self.colbert
         is_query = bool(tb.is_query)  # type: ignore[attr-defined]
+        task = "query" if is_query else "document"
+        extra = dict(getattr(tb, "extra", {}))
         with self._lock, torch.inference_mode():
             feats = self._to_device(tb.inputs)
-            if self._prompt_length[is_query] is not None:
-                feats["prompt_length"] = self._prompt_length[is_query]
-            expanded = is_query and cb.do_query_expansion  # [MASK] rows past the mask: keep the width
+            # query expansion: the [MASK] rows past the text are scored, keep the batch's width
+            expanded = is_query and "query_expansion_positions" in feats
 
-            def run(x: dict[str, Any]) -> tuple[Any, Any, Any]:
-                o = cb(x)
-                return o["token_embeddings"], o["attention_mask"], o["input_ids"]
+            def run(x: dict[str, Any]) -> tuple[Any, Any]:  # the kept rows, packed, and their counts
+                o = self.colbert({**x, **extra}, task=task)
+                keep = o["attention_mask"].bool()
+                return o["token_embeddings"][keep], keep.sum(1)
 
-            embeddings, attention, out_ids = self._in_budget(feats, run, (True, True, True),
-                                                             crop=not expanded)
-            if is_query:
-                masks = (torch.ones_like(out_ids, dtype=torch.bool) if cb.do_query_expansion
-                         else attention.bool())
-            else:
-                masks = torch.logical_and(cb.skiplist_mask(feats["input_ids"], cb.skiplist),
-                                          attention.bool())
-            rows = torch.nn.functional.normalize(embeddings[masks].float(), p=2, dim=1)
-            counts = masks.sum(1).cpu().numpy().astype(np.int64)
+            packed, kept = self._in_budget(feats, run, (False, False), crop=not expanded)
+            rows = torch.nn.functional.normalize(packed.float(), p=2, dim=1)
+            counts = kept.cpu().numpy().astype(np.int64)
             offsets = np.concatenate([[0], np.cumsum(counts)])
             if rows.shape[-1] != DIM and self._probed:
                 raise ValueError(f"{self.folder}: gave {rows.shape[-1]}-d vectors")
@@ -529,23 +687,22 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the embedded default);
     a composed encoder runs two models and is refused. Weights are saved in float32.
 
-    >>> import tempfile, warnings
-    >>> from pylate.models import ColBERT
+    Writing needs no PyLate. The folder's modules are written against PyLate 1.6 and
+    sentence-transformers 5.3, which PyLate pins: run it in PyLate's own environment
+    (benchmarks/pylate_interop.py names it); here, ``load_encoder`` reads its files with the
+    sentence-transformers 6 modules of :func:`save_sentence_transformers`, and
+    ``tests/test_pylate_model.py`` checks it in PyLate where PyLate is installed.
+
+    >>> import tempfile
     >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
     >>> cfg = UIBKConfig.tiny()
     >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
     >>> folder = save_pylate(native, tempfile.mkdtemp())
     >>> sorted(p.name for p in folder.glob("*.py"))
     ['branched_transformer.py', 'hybrid_tokens.py', 'sentence_pooling.py', 'uibk_architecture.py']
-    >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore")
-    ...     model = ColBERT(str(folder), trust_remote_code=True, device="cpu")
-    >>> got = model.encode(["lift of a wing"], is_query=False)[0]
-    >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
-    True
     """
-    require("pylate.models", "colbert", "saving a PyLate model")
     import torch
+    from safetensors.torch import save_file
 
     if isinstance(encoder, PyLateEncoder):
         raise ValueError(f"this encoder is already the PyLate model folder {encoder.folder}: copy it")
@@ -555,8 +712,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
             "architecture and one-model encoders (the embedded default, a Hugging Face folder) make "
             "both heads in one model; a composed encoder runs two models (two forward passes), so "
             "save it with .save(FOLDER) and load it with load_encoder(FOLDER)")
-    from pylate.models import ColBERT  # noqa: F401  (the folder must load with the installed pylate)
-
     if isinstance(encoder, TransformerEncoder):
         # the PyLate module reads a text's tokens at 1 .. n - 2 (BERT's [CLS] ... [SEP]); the
         # native encoder takes them from the tokenizer's special-tokens mask, so another template
@@ -576,8 +731,6 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
         cfg = encoder.uibk_config
         bc = cfg.backbone_config()
         bc.save_pretrained(str(out))
-        from safetensors.torch import save_file
-
         state = {k: v.detach().float().cpu().contiguous() for k, v in encoder.model.state_dict().items()}
         save_file(state, str(out / "model.safetensors"))
         tok = _hf_tokenizer_uibk(encoder)
@@ -619,27 +772,34 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     (out / "branched_transformer.json").write_text(json.dumps(branched, indent=2))
     for name in pylate_modules.FILES:
         shutil.copyfile(pylate_modules.FOLDER / name, out / name)
-    # the second module: R, R' and the tagged construction
-    from uibk_embedding.encoder.pylate_modules.hybrid_tokens import HybridTokens
-
+    # the second module (hybrid_tokens.HybridTokens, as its save writes it): R, R' and the
+    # tagged construction; written here so that saving needs no PyLate (only loading it in PyLate)
     qid = tok.convert_tokens_to_ids(markers[0]) if layout == "transformer" else encoder._ids["query_marker"]
-    hybrid = HybridTokens(token_dim, DIM, R=torch.from_numpy(np.asarray(encoder.R, dtype=np.float32)),
-                          P=torch.from_numpy(np.asarray(encoder.P, dtype=np.float32)), beta=fmt.beta,
-                          lambda_=fmt.lambda_, layout=layout, query_marker_id=int(qid),
-                          query_token_cap=encoder.query_token_cap)
-    hybrid.save(str(out / "1_HybridTokens"))
+    R = torch.from_numpy(np.asarray(encoder.R, dtype=np.float32)).contiguous()
+    P = torch.from_numpy(np.asarray(encoder.P, dtype=np.float32)).contiguous()
+    hybrid = out / "1_HybridTokens"
+    hybrid.mkdir(exist_ok=True)
+    (hybrid / "config.json").write_text(json.dumps(
+        {"in_features": int(token_dim), "out_features": DIM, "beta": fmt.beta, "lambda_": fmt.lambda_,
+         "layout": layout, "query_marker_id": int(qid), "query_token_cap": int(encoder.query_token_cap)},
+        indent=2))
+    save_file({"linear.weight": torch.cat([torch.zeros(1, P.shape[1]), P]).contiguous()},
+              str(hybrid / "model.safetensors"))
+    save_file({"R": R, "P": P}, str(hybrid / "projections.safetensors"))
     modules = [{"idx": 0, "name": "0", "path": "", "type": "branched_transformer.BranchedTransformer"},
                {"idx": 1, "name": "1", "path": "1_HybridTokens", "type": "hybrid_tokens.HybridTokens"}]
     (out / MODULES_NAME).write_text(json.dumps(modules, indent=2))
-    import pylate
-    import sentence_transformers
     import transformers
 
+    versions = {"transformers": transformers.__version__, "pytorch": torch.__version__}
+    for package in ("sentence_transformers", "pylate"):
+        try:
+            versions[package] = __import__(package).__version__
+        except (ImportError, AttributeError):
+            pass
     st_config = {
         "model_type": "ColBERT",
-        "__version__": {"sentence_transformers": sentence_transformers.__version__,
-                        "transformers": transformers.__version__, "pytorch": torch.__version__,
-                        "pylate": getattr(pylate, "__version__", "unknown")},
+        "__version__": versions,
         "prompts": prompts, "default_prompt_name": default_prompt, "similarity_fn_name": "MaxSim",
         "query_prefix": markers[0], "document_prefix": markers[1],
         "query_length": int(lengths[0]), "document_length": int(lengths[1]),
@@ -653,5 +813,130 @@ def save_pylate(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
     return out
 
 
-__all__ = ["ProbeReport", "PyLateEncoder", "custom_code", "is_pylate_folder", "model_hash",
-           "probe_format", "save_pylate"]
+# -- saving our encoders as sentence-transformers 6 models -------------------------------------
+#: the files of a sentence-transformers 6 export, copied from pylate_modules/
+ST_FILES = ("uibk_architecture.py", "sentence_pooling.py", "tagged_modules.py")
+
+
+def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike) -> Path:
+    """Write ``encoder`` as a sentence-transformers 6 ``MultiVectorEncoder`` folder (custom
+    modules: ``tagged_modules.py``) and return it.
+
+    ``sentence_transformers.MultiVectorEncoder(folder, trust_remote_code=True)`` then gives, from
+    ``encode_query`` / ``encode_document``, the encoder's own tagged lists (query slots at dense
+    weight 1: scale them for another), and ``load_encoder(folder, trust_remote_code=True)`` loads
+    it back. For the UIBK architecture (:class:`~uibk_embedding.encoder.uibk.UIBKEncoder`) and
+    one-model encoders (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the
+    embedded default, with a fast tokenizer); a composed encoder (two models, two passes) is
+    refused. Weights are saved in float32. Needs only the files of this package and torch to
+    write (sentence-transformers >= 6 to load).
+
+    >>> import tempfile
+    >>> from sentence_transformers import MultiVectorEncoder
+    >>> from uibk_embedding.encoder.uibk import UIBKConfig, UIBKEncoder, train_tokenizer
+    >>> cfg = UIBKConfig.tiny()
+    >>> native = UIBKEncoder.random(cfg, train_tokenizer(cfg, ["lift of a wing"]), device="cpu")
+    >>> folder = save_sentence_transformers(native, tempfile.mkdtemp())
+    >>> model = MultiVectorEncoder(str(folder), trust_remote_code=True, device="cpu")
+    >>> got = model.encode_document(["lift of a wing"], convert_to_numpy=True)[0]
+    >>> bool(np.abs(got - native.encode_documents(["lift of a wing"])[0]).max() < 1e-5)
+    True
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    if isinstance(encoder, PyLateEncoder):
+        raise ValueError(f"this encoder is already the model folder {encoder.folder}: copy it")
+    if not isinstance(encoder, UIBKEncoder | TransformerEncoder):
+        raise NotImplementedError(
+            f"a {type(encoder).__name__} cannot be saved as one sentence-transformers model: only the "
+            "UIBK architecture and one-model encoders (the embedded default, a Hugging Face folder) "
+            "make both heads in one model; a composed encoder runs two models (two forward passes), "
+            "so save it with .save(FOLDER) and load it with load_encoder(FOLDER)")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    fmt = encoder.format
+    if isinstance(encoder, UIBKEncoder):
+        layout = "uibk"
+        cfg = encoder.uibk_config
+        cfg.backbone_config().save_pretrained(str(out))
+        state = {k: v.detach().float().cpu().contiguous() for k, v in encoder.model.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"))
+        encoder.tokenizer.save(str(out / "tokenizer.json"))
+        tok = encoder.tokenizer
+        ids = encoder._ids
+        uibk = {**{k: getattr(cfg, k) for k in ("top_layers", "num_latents", "latent_heads", "ff_mult",
+                                                 "token_dim")},
+                "cls": tok.id_to_token(ids["cls_token_id"]), "sep": tok.id_to_token(ids["sep_token_id"]),
+                "pad": tok.id_to_token(ids["pad_token_id"]), "query_marker": cfg.query_marker,
+                "document_marker": cfg.document_marker, "prompt_word": cfg.prompt_word}
+        first = {"layout": layout, "query_length": encoder.query_max_length,
+                 "document_length": encoder.doc_max_length, "uibk": uibk, "pooling": None,
+                 "tokenizer_facts": {}, "do_lower_case": False}
+        token_dim = cfg.token_dim
+    else:
+        layout = "transformer"
+        base = encoder._base_tokenizer
+        if base is None and not getattr(encoder.tokenizer, "is_fast", False):
+            raise NotImplementedError("this model has no fast (tokenizers) tokenizer, which the "
+                                      "sentence-transformers export tokenises with: use it through "
+                                      "load_encoder(FOLDER)")
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            encoder.model.save_pretrained(str(out), safe_serialization=True)
+        from tokenizers import Tokenizer
+
+        text = base.to_str() if base is not None else encoder.tokenizer.backend_tokenizer.to_str()
+        Tokenizer.from_str(text).save(str(out / "tokenizer.json"))
+        facts = encoder._facts
+        first = {"layout": layout, "query_length": encoder.query_max_length,
+                 "document_length": encoder.doc_max_length, "uibk": {},
+                 "pooling": {"modes": list(encoder.pooling.modes),
+                             "normalize": bool(encoder.pooling.normalize)},
+                 "tokenizer_facts": {"pad_token_id": int(facts.pad_token_id),
+                                     "truncation_side": str(facts.truncation_side),
+                                     "takes_token_types": bool(facts.takes_token_types),
+                                     "pad_token_type_id": int(facts.pad_token_type_id)},
+                 "do_lower_case": bool(encoder.do_lower_case)}
+        token_dim = int(encoder.model.config.hidden_size)
+    (out / "tagged_input.json").write_text(json.dumps(first, indent=2))
+    for name in ST_FILES:
+        shutil.copyfile(pylate_modules.FOLDER / name, out / name)
+    lists = out / "1_TaggedLists"
+    lists.mkdir(exist_ok=True)
+    R = np.asarray(encoder.R, dtype=np.float32)
+    P = np.asarray(encoder.P, dtype=np.float32)
+    if P.shape != (BODY, token_dim):
+        raise ValueError(f"the token projection is {P.shape}, expected ({BODY}, {token_dim})")
+    (lists / "config.json").write_text(json.dumps(
+        {"beta": fmt.beta, "lambda_": fmt.lambda_, "query_token_cap": int(encoder.query_token_cap)},
+        indent=2))
+    save_file({"R": torch.from_numpy(R).contiguous(), "P": torch.from_numpy(P).contiguous()},
+              str(lists / "projections.safetensors"))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "tagged_modules.TaggedInput"},
+               {"idx": 1, "name": "1", "path": "1_TaggedLists", "type": "tagged_modules.TaggedLists"}]
+    (out / MODULES_NAME).write_text(json.dumps(modules, indent=2))
+    import transformers
+
+    versions = {"transformers": transformers.__version__, "pytorch": torch.__version__}
+    try:
+        import sentence_transformers
+
+        versions["sentence_transformers"] = sentence_transformers.__version__
+    except ImportError:
+        pass
+    st_config = {
+        "model_type": "MultiVectorEncoder", "__version__": versions,
+        # the prompts and markers are the first module's (it tokenises as the native encoder)
+        "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+        "similarity_fn_name": "maxsim",
+        OUR_BLOCK: {"format": fmt.to_dict(), "source_projection": fmt.projection,
+                    "source": getattr(encoder, "model_name", type(encoder).__name__),
+                    "dense_weight": encoder.dense_weight, "layout": layout},
+    }
+    (out / ST_CONFIG_NAME).write_text(json.dumps(st_config, indent=2))
+    return out
+
+
+__all__ = ["ProbeReport", "PyLateEncoder", "custom_code", "is_pylate_folder", "load_multi_vector_model",
+           "model_hash", "probe_format", "save_pylate", "save_sentence_transformers", "task_prompts"]

@@ -42,19 +42,37 @@ from typing import Any
 
 from uibk_embedding.errors import UntrustedCode
 
+#: sentence-transformers 6's module classes, by the path its ``save_pretrained`` writes
+_ST6_MODULES = {
+    "sentence_transformers.base.modules.transformer": "Transformer",
+    "sentence_transformers.base.modules.dense": "Dense",
+    "sentence_transformers.base.modules.normalize": "Normalize",
+    "sentence_transformers.sentence_transformer.modules.pooling": "Pooling",
+    "sentence_transformers.sentence_transformer.modules.layer_norm": "LayerNorm",
+    "sentence_transformers.sentence_transformer.modules.dropout": "Dropout",
+    "sentence_transformers.sentence_transformer.modules.weighted_layer_pooling": "WeightedLayerPooling",
+    "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask": "MultiVectorMask",
+}
 #: the module types a folder may name without running its own code: exact class paths of the
-#: installed sentence-transformers and PyLate, as their ``save`` writes them (the module path
-#: for sentence-transformers, module path + class for PyLate) or spelled in full
+#: installed sentence-transformers (5: the module path; 6: the module path + class, or the
+#: package that exports it) and PyLate (sentence-transformers 6 reads ``pylate.models.Dense.Dense``
+#: as its own Dense, without importing PyLate)
 LIBRARY_MODULES = frozenset({
     *(f"sentence_transformers.models.{name}{suffix}"
       for name in ("Transformer", "Pooling", "Normalize", "Dense", "LayerNorm", "Dropout",
                    "WeightedLayerPooling")
       for suffix in ("", f".{name}")),
+    *(f"{path}.{name}" for path, name in _ST6_MODULES.items()),
+    *(f"sentence_transformers.base.modules.{n}" for n in ("Transformer", "Dense", "Normalize")),
+    *(f"sentence_transformers.sentence_transformer.modules.{n}"
+      for n in ("Pooling", "LayerNorm", "Dropout", "WeightedLayerPooling")),
+    "sentence_transformers.multi_vector_encoder.modules.MultiVectorMask",
     "pylate.models.Dense.Dense",
 })
 #: modules whose ``config.json`` names an ``activation_function`` that is imported by name
 _DENSE = frozenset({"sentence_transformers.models.Dense", "sentence_transformers.models.Dense.Dense",
-                    "pylate.models.Dense.Dense"})
+                    "sentence_transformers.base.modules.dense.Dense",
+                    "sentence_transformers.base.modules.Dense", "pylate.models.Dense.Dense"})
 _ACTIVATION_PREFIX = "torch.nn."
 #: installed packages a file in the folder must not shadow
 _PACKAGES = frozenset({"sentence_transformers", "pylate", "transformers", "torch", "uibk_embedding"})

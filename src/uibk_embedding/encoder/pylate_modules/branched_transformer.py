@@ -17,8 +17,10 @@ Layouts (``hybrid_tokens.py`` builds the tagged list from them):
   document) and gives back as a zero state, so the positions PyLate sees are unchanged.
 
 Written into the model folder by ``uibk_embedding``'s ``save_pylate``; imports only torch,
-transformers, safetensors, sentence-transformers and the folder's ``sentence_pooling.py`` and
-``uibk_architecture.py``.
+transformers, safetensors, sentence-transformers 5 (its ``Transformer``, whose ``tokenizer``
+sentence-transformers 6 made a read-only property), PyLate and the folder's
+``sentence_pooling.py`` and ``uibk_architecture.py``. Without PyLate, ``load_encoder`` reads such
+a folder's files with ``tagged_modules.py`` instead (sentence-transformers 6).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import os
 from typing import Any
 
+import pylate  # noqa: F401  (a PyLate model's module: PyLate 1.6 on sentence-transformers 5.3 runs it)
 import torch
 from safetensors.torch import load_file, save_file
 from sentence_transformers.models import Transformer
