@@ -153,3 +153,30 @@ def test_a_reader_whose_snapshot_lost_a_document_answers_from_the_newer_one(tmp_
             assert "d3" not in [h.id for h in answer[0]]
             assert [h.metadata["i"] for h in answer[0]] == [int(h.id[1:]) for h in answer[0]]
             assert r.count() == 29 and r.get(["d3"]) == []
+
+
+def test_a_filter_keeps_only_the_fields_it_names_and_follows_new_writes(tmp_path):
+    docs = _docs(5, 40)
+    md = [{"lang": "en" if i % 2 else "de", "text": f"text {i} " * 50}
+          | ({"draft": True} if i % 5 == 0 else {}) for i in range(40)]
+    with ExactStore(tmp_path / "s") as w:
+        w.upsert([f"d{i}" for i in range(30)], docs[:30], md[:30])
+        with ExactStore(tmp_path / "s", read_only=True) as r:
+            assert r._filter_fields is None
+            q = docs[7]
+
+            def check(filter) -> None:
+                with ExactStore(tmp_path / "s", read_only=True) as fresh:
+                    want = [(h.id, h.score, h.metadata) for h in fresh.search(q, k=40, filter=filter)]
+                assert [(h.id, h.score, h.metadata) for h in r.search(q, k=40, filter=filter)] == want
+                assert want
+
+            check({"lang": "en"})
+            fields, values = r._filter_fields
+            assert fields == {"lang"} and all(set(v) == {"lang"} for v in values.values())  # no text kept
+            w.upsert([f"d{i}" for i in range(30, 40)], docs[30:40], md[30:40])  # new documents
+            w.delete(["d7", "d9"])
+            w.upsert(["d11"], [docs[11]], [{"lang": "de"}])  # an overwrite: the new row's fields
+            check({"lang": "en"})
+            check({"$or": [{"draft": {"$exists": False}}, {"lang": {"$ne": "en"}}]})
+            assert r._filter_fields[0] == {"draft", "lang"}

@@ -126,7 +126,7 @@ from uibk_embedding.adapters.base import (
     folder_bytes,
     read_record,
 )
-from uibk_embedding.adapters.filters import OPERATORS, Node, matches
+from uibk_embedding.adapters.filters import OPERATORS, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import Reranking, check_rerank_options, rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, EngineError, ReadOnlyStore, StoreInUse, StoreNotFound
 from uibk_embedding.maxsim import DEFAULT_CHUNK_BYTES, doc_blocks, maxsim_scores, top_k
@@ -146,6 +146,21 @@ stored vectors, below which the exact scan answered no slower than the index
 #: State keys older stores wrote, and the one name they have now.
 RENAMED_KEYS = {"plaid_dir": "index_dir", "vf_generation": "vector_gen", "vf_rows": "vector_rows",
                 "trained_vectors": "built_vectors"}
+
+
+def _fields(nodes: Sequence[Node]) -> frozenset[str]:
+    """The metadata fields (top-level keys) that filter conditions name."""
+    out: set[str] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Not):
+            stack.append(node.child)
+        elif isinstance(node, (And, Or)):
+            stack.extend(node.children)
+        else:
+            out.add(node.field)
+    return frozenset(out)
 
 
 class _StaleView(Exception):
@@ -409,6 +424,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._start: dict[int, int] = {}
         self._rows: dict[int, int] = {}
         # metadata are not held: read from SQLite for the documents an answer names (_metadata)
+        self._filter_fields: tuple[frozenset[str], dict[int, dict]] | None = None  # see _matching
         self._pending: dict[int, None] = {}   # live seqs not in the index, in order
         self._dead: set[int] = set()          # refs of removed documents the index still holds
         self._ref: dict[int, int] = {}        # seq -> engine ref (ref_column engines only)
@@ -491,10 +507,11 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         index folders, the lock file; 0 in memory), and ``resident_bytes``, by this rule: the
         rows a search scans whole, which the store maps from its vector file (every live row
         times the bytes of a row of the scanned file; with an engine index, the index folder
-        and the pending documents' rows instead), plus the document table every store object
-        loads (the SQLite database's bytes: ids and metadata; Python's own objects cost more and
-        are not counted). Rows read only for a few documents a query (the rerank of candidates,
-        the float16 originals of the ``int8-rerank`` profile) are not resident.
+        and the pending documents' rows instead), plus the document table (the SQLite
+        database's bytes: every store object loads the ids from it, and reads the metadata of
+        the documents an answer names; Python's own objects cost more and are not counted).
+        Rows read only for a few documents a query (the rerank of candidates, the float16
+        originals of the ``int8-rerank`` profile) are not resident.
 
         >>> s = ScanEngine(min_index_vectors=10)
         >>> s.stats()["search"], s.stats()["reason"]
@@ -752,7 +769,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         """Before a read: the view moves on to the newest committed state when another store
         object committed since its snapshot (:meth:`_changed`; then the rows are read again)."""
         if self.path is not None and not self._write_depth and self._changed():
-            self._load()
+            self._reload()
             self._synced = False
 
     def refresh(self) -> bool:
@@ -776,7 +793,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._check_open()
             if self.path is None or not self._changed():
                 return False
-            self._load()
+            self._reload()
             self._synced = False
             return True
 
@@ -888,6 +905,59 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         if problem is not None:
             self._release_index()
         self._index_problem = problem
+
+    def _reload(self) -> None:
+        """A reader's move to the newest committed state: what changed since its snapshot
+        (:meth:`_catch_up`) where that is enough, else the whole view (:meth:`_load`)."""
+        if not self._catch_up():
+            self._load()
+
+    def _catch_up(self) -> bool:
+        """Bring the view of a store *without an index* (the exact store; PLAID and WARP below
+        ``min_index_vectors``) to the newest committed state by reading only what changed, in
+        one read transaction: the documents written since the view's snapshot (seqs above its
+        ``last_seq``: seqs only grow) and, when fewer of the view's documents are left than it
+        holds, the seqs still there (so the removed ones are known). False, nothing changed,
+        when the whole view must be read (:meth:`_load`): an index exists or was built, the
+        vector file moved to another generation (a compaction), or the store is dirty."""
+        vf = self._vf
+        if (self.path is None or self._index is not None or self._index_dir or self._dirty or vf is None
+                or vf.writable or self._index_fd is not None):
+            return False
+        last = self._last_seq
+        with read_transaction(self._db) as db:
+            state = dict(db.execute("SELECT key, value FROM state").fetchall())
+            for old, new in RENAMED_KEYS.items():
+                if old in state:
+                    state.setdefault(new, state.pop(old))
+            if (state.get("index_dir", "") or state.get("dirty", "0") != "0"
+                    or int(state.get("vector_gen", "1") or 1) != self._vgen
+                    or read_record(state.get("config")) != self._config):
+                return False
+            committed = int(state.get("vector_rows", "0") or 0)
+            added = db.execute("SELECT seq, id, start, n_rows FROM docs WHERE seq > ? ORDER BY seq",
+                               (last,)).fetchall()
+            kept = db.execute("SELECT COUNT(*) FROM docs WHERE seq <= ?", (last,)).fetchone()[0]
+            gone: list[int] = []
+            if kept != len(self._id_of):
+                there = {r[0] for r in db.execute("SELECT seq FROM docs WHERE seq <= ?", (last,))}
+                gone = [s for s in self._id_of if s not in there]
+            built = state.get("built_vectors")
+            version = db.execute("PRAGMA data_version").fetchone()[0]
+        if committed < vf.n_rows or any(st + n > committed for _, _, st, n in added):
+            return False  # not a state this view can grow into: read it whole
+        vf.grow_to(committed)
+        self._forget(gone)
+        for seq, doc_id, start, n_rows in added:
+            self._remember(seq, doc_id, start, n_rows)
+            self._pending[seq] = None  # no index: every document is scored exactly
+        self._last_seq = max([int(state.get("last_seq", "0") or 0), last, *(r[0] for r in added)])
+        self._built_vectors = int(built) if built is not None else self._n_vectors
+        self._generation = int(state.get("generation", "0") or 0)
+        self._data_version = version
+        self._live = None
+        self._version += 1
+        return True
 
     def _snapshot(self) -> tuple[dict[str, str], list, list, list, Any, int | None]:
         """One consistent read of the database: the state keys (older names read as today's),
@@ -1011,8 +1081,26 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             raise _StaleView
 
     def _matching(self, conditions: tuple[Node, ...]) -> list[int]:
-        """The seqs of the view's documents whose metadata pass ``conditions`` (read from SQLite)."""
-        return [s for s, md in self._metadata_rows() if matches(md, conditions)]
+        """The seqs of the view's documents whose metadata pass ``conditions``. The fields the
+        conditions name (top-level keys: a filter reads nothing else) are read from SQLite once
+        and kept per seq (a seq's metadata never change), for the next filter on the same fields;
+        documents written since are read then, a filter on other fields reads them all again.
+        So a process that filters holds those fields of every document, one that does not holds
+        nothing."""
+        fields = _fields(conditions)
+        cached = self._filter_fields
+        if cached is None or cached[0] != fields:
+            values = {s: {f: md[f] for f in fields if f in md} for s, md in self._metadata_rows()}
+            self._filter_fields = cached = (fields, values)
+        values = cached[1]
+        missing = [s for s in self._id_of if s not in values]
+        if missing:
+            for s, md in self._metadata(missing).items():
+                values[s] = {f: md[f] for f in fields if f in md}
+        if len(values) > 2 * len(self._id_of) + 1024:  # removed documents' entries
+            cached[1].clear()
+            cached[1].update({s: values[s] for s in self._id_of})
+        return [s for s in self._id_of if matches(values[s], conditions)]
 
     def _reading(self, read: Any) -> Any:
         """``read()`` (a read of metadata, which come from SQLite), done again on the newest
@@ -1023,7 +1111,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             except _StaleView:
                 if self.path is None or self._write_depth:
                     raise RuntimeError(f"the {self.label} store's documents changed under a write") from None
-                self._load()
+                self._reload()
                 self._synced = False
         raise StoreInUse(f"the store folder {self.path} kept changing while it was read (100 snapshots); "
                          "try again")
