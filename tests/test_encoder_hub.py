@@ -112,6 +112,40 @@ def test_a_hub_id_loads_from_the_cache_offline_in_python_and_on_the_command_line
     assert "  a  the wing lift" in first, done.stdout
 
 
+def test_the_command_line_passes_revision_to_the_hub(minilm_cache, tmp_path):
+    """``--revision`` reaches the Hub resolution of ``--encoder ID``: a tag in the cache indexes,
+    the commit hash searches, a revision not in the cache is the one-line error naming it
+    (offline, from the cache)."""
+    cache, commit = minilm_cache
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "a", "text": "the wing lift in a propeller slipstream"}) + "\n")
+    store = str(tmp_path / "store")
+    probe = f"""if True:
+        import json
+        from uibk_embedding.apps.cli import main
+        status = []
+        for argv in (["index", {str(corpus)!r}, "--path", {store!r}, "--quiet", "--revision", "v1"],
+                     ["search", "slipstream", "--path", {store!r}, "--json", "--revision", {commit!r}],
+                     ["search", "slipstream", "--path", {store!r}, "--revision", "v2"]):
+            try:
+                status.append(main(argv + ["--encoder", {MINILM!r}]))
+            except SystemExit as e:
+                status.append(e.code)
+        print("RESULT", json.dumps(status))
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache),
+           "UIBK_CACHE": str(tmp_path / "uibk-cache")}
+    env.pop("HF_HOME", None)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                          timeout=600)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, done.stderr[-3000:]
+    assert json.loads(line[len("RESULT "):]) == [0, 0, 2], done.stderr[-3000:]
+    hits = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("{")))["hits"]
+    assert [h["id"] for h in hits] == ["a"]
+    assert "revision 'v2' is not in the Hugging Face cache" in done.stderr
+
+
 def test_revisions_tokens_and_a_missing_model(minilm_cache):
     cache, commit = minilm_cache
     hub = {"cache_folder": cache, "local_files_only": True, "device": "cpu"}

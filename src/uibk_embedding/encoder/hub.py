@@ -99,7 +99,7 @@ def snapshot(repo_id: str, *, revision: str | None = None, token: bool | str | N
     ...
     FileNotFoundError: nobody/nothing is not in the Hugging Face cache and was not downloaded ...
     """
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
         LocalEntryNotFoundError,
@@ -107,6 +107,9 @@ def snapshot(repo_id: str, *, revision: str | None = None, token: bool | str | N
         RevisionNotFoundError,
     )
 
+    # offline, the cache only: snapshot_download itself, given a commit hash offline without
+    # local_files_only, asks the Hub for the commit's file list and fails (huggingface_hub 1.33)
+    local_files_only = local_files_only or bool(constants.HF_HUB_OFFLINE)
     kwargs: dict[str, Any] = {}
     if cache_folder is not None:
         kwargs["cache_dir"] = str(cache_folder)
