@@ -63,6 +63,7 @@ from uibk_embedding.apps.evaluation import (
     with_dense_weight,
 )
 from uibk_embedding.encoder import load_encoder
+from uibk_embedding.encoder.onnx_backend import BACKENDS as ENCODER_BACKENDS
 from uibk_embedding.encoder.projection import projection_id
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
@@ -160,10 +161,25 @@ def _load_encoder(args: argparse.Namespace, **kw: Any):
         kw.setdefault("projection", args.projection)
     if getattr(args, "trust_remote_code", False):
         kw.setdefault("trust_remote_code", True)
+    kw.update(_encoder_choice(args))
     try:
         return load_encoder(args.encoder, dense=dense, tokens=tokens, **kw)
     except ValueError as e:  # e.g. only one of --dense/--tokens, a folder of the wrong kind
         raise SystemExit(f"uibk-embed: {e}") from None
+
+
+def _encoder_choice(args: argparse.Namespace) -> dict[str, Any]:
+    """``--encoder-backend`` and ``--revision`` as ``load_encoder`` options (none given: none).
+
+    >>> _encoder_choice(argparse.Namespace(encoder_backend="onnx", revision=None))
+    {'backend': 'onnx'}
+    """
+    out: dict[str, Any] = {}
+    if getattr(args, "encoder_backend", None):
+        out["backend"] = args.encoder_backend
+    if getattr(args, "revision", None):
+        out["revision"] = args.revision
+    return out
 
 
 def _print_hits(hits: list, out=None) -> None:
@@ -336,7 +352,8 @@ def _check_encoder_url(args: argparse.Namespace) -> None:
         raise SystemExit("uibk-embed: with --encoder-url the servers encode: save the composed "
                          "encoder (load_encoder(dense=..., tokens=...).save(DIR)) and run "
                          "`uibk-embed serve --encoder DIR`")
-    given = [f for f in ("encoder", "projection", "trust_remote_code") if getattr(args, f)]
+    given = [f for f in ("encoder", "projection", "trust_remote_code", "encoder_backend", "revision")
+             if getattr(args, f, None)]
     if args.encoder_url and given:
         raise SystemExit(f"uibk-embed: with --encoder-url the servers encode with their own model: "
                          f"--{given[0].replace('_', '-')} does not apply (give it to `uibk-embed serve`)")
@@ -519,8 +536,10 @@ def _index_ray(args: argparse.Namespace) -> int:
     if args.dense or args.tokens:  # each actor composes the two folders itself
 
         encoder = functools.partial(load_encoder, args.encoder, dense=args.dense, tokens=args.tokens,
-                                    trust_remote_code=bool(args.trust_remote_code))
+                                    trust_remote_code=bool(args.trust_remote_code), **_encoder_choice(args))
     options: dict[str, Any] = {"trust_remote_code": True} if args.trust_remote_code else {}
+    if not (args.dense or args.tokens):
+        options.update(_encoder_choice(args))
     if args.projection:  # as _load_encoder takes it, for each actor's encoder
         if args.dense or args.tokens:
             raise SystemExit("uibk-embed: --projection chooses the embedded model's projections; "
@@ -565,6 +584,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     hits = store.search(q, k=args.k, filter=flt, explain=True)
     if args.json:
         print(json.dumps({"query": args.query, "backend": args.backend,
+                          "encoder_backend": getattr(enc, "backend", None),  # None: a server, a PyLate model
                           "retrieval_mode": args.retrieval_mode, "hits": [h.as_dict() for h in hits]}))
     else:
         _print_hits(hits)
@@ -753,9 +773,9 @@ def _index_command(args: argparse.Namespace) -> str:
     words = ["uibk-embed", "index", args.data]
     if args.backend != "exact":
         words += ["--backend", args.backend]
-    for flag in ("path", "encoder", "dense", "tokens", "projection"):
+    for flag in ("path", "encoder", "dense", "tokens", "projection", "revision", "encoder_backend"):
         if getattr(args, flag, None):
-            words += [f"--{flag}", str(getattr(args, flag))]
+            words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for o in args.option:
         words += ["--option", o]
     if args.trust_remote_code:
@@ -878,6 +898,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--trust-remote-code", action="store_true",
                         help="let a PyLate model folder (--encoder) run the Python code it ships, "
                              "e.g. the released UIBK-Embedding-v1's custom modules (read it first)")
+        sp.add_argument("--encoder-backend", choices=ENCODER_BACKENDS, default=None,
+                        help="what runs the embedded default's network on the CPU: torch (default), onnx "
+                             "(ONNX Runtime) or openvino (OpenVINO), the same lists within float32 "
+                             "noise, or openvino-bf16 (bfloat16 where the CPU has it; within 0.3 "
+                             "nDCG@10 points: docs/loading.md)")
+        sp.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a Hugging Face Hub id given as --encoder, "
+                             "--dense or --tokens (pin a commit for reproducible lists)")
         sp.add_argument("--projection", choices=["random", "pca"], default=None,
                         help="the embedded model's projections R and P: random (seed 0, the "
                              "default) or the shipped PCA fit (pca, the default of 0.2.0: open 0.2.0 "

@@ -32,7 +32,7 @@ import numpy as np
 from uibk_embedding.encoder.base import TaggedEncoder
 from uibk_embedding.encoder.bert import TokenizerFacts, load_bert, native_bert_config
 from uibk_embedding.encoder.inputs import resolve_device
-from uibk_embedding.encoder.onnx_backend import OnnxBert, exported_model, require_onnxruntime
+from uibk_embedding.encoder.onnx_backend import BACKENDS, backend_network
 from uibk_embedding.encoder.padding import TokenBatch, pad_ids
 from uibk_embedding.encoder.pooling import PoolingSpec
 from uibk_embedding.encoder.trust import model_digest, require_trust
@@ -91,9 +91,12 @@ class TransformerEncoder(TaggedEncoder):
         test collections); another model has none shipped: fit them on your own corpus with
         :meth:`~uibk_embedding.encoder.base.TaggedEncoder.fit_projection` or
         ``uibk-embed fit-projection`` and load the saved folder.
-    backend: ``"torch"`` (default) or ``"onnx"``: the embedded default's forward pass on ONNX
-        Runtime, CPU only (:mod:`uibk_embedding.encoder.onnx_backend`, the ``onnx`` extra; the
-        model is exported once into ``$UIBK_CACHE/onnx``); the same lists within float32 noise.
+    backend: ``"torch"`` (default), ``"onnx"``, ``"openvino"`` or ``"openvino-bf16"``: the
+        embedded default's forward pass on ONNX Runtime or OpenVINO, CPU only
+        (:mod:`uibk_embedding.encoder.onnx_backend`; the model is exported once into
+        ``$UIBK_CACHE/onnx``): ``"onnx"`` and ``"openvino"`` give the same lists within float32
+        noise, ``"openvino-bf16"`` (bfloat16 where the CPU has it natively) lists within the
+        quality bound of docs/loading.md.
     trust_remote_code: let the folder run the Python code it ships (an ``auto_map`` in its
         ``config.json`` / ``tokenizer_config.json``, ...: :func:`~uibk_embedding.encoder.trust.code_risks`);
         without it such a folder is refused with :class:`~uibk_embedding.errors.UntrustedCode`
@@ -131,17 +134,17 @@ class TransformerEncoder(TaggedEncoder):
         require_trust(path, trust, what="a Hugging Face model")
         self.pooling = PoolingSpec.from_folder(path)  # the folder's own pooling + Normalize
         self.do_lower_case = _lower_cases(path)  # a sentence-transformers folder's Transformer
-        if backend not in ("torch", "onnx"):
-            raise ValueError(f"backend must be 'torch' or 'onnx', got {backend!r}")
-        if backend == "onnx" and self.model_name != EMBEDDED_NAME:
-            raise ValueError("backend='onnx' runs the embedded default only (its BERT is exported "
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        if backend != "torch" and self.model_name != EMBEDDED_NAME:
+            raise ValueError(f"backend={backend!r} runs the embedded default only (its BERT is exported "
                              f"by this library); {self.model_name} runs on torch")
-        if backend == "onnx" and device not in (None, "cpu"):
-            raise ValueError(f"backend='onnx' runs on the CPU; device={device!r} needs backend='torch'")
+        if backend != "torch" and device not in (None, "cpu"):
+            raise ValueError(f"backend={backend!r} runs on the CPU; device={device!r} needs backend='torch'")
         self.backend = backend
         if num_threads:
             torch.set_num_threads(int(num_threads))
-        self.device = "cpu" if backend == "onnx" else resolve_device(device)
+        self.device = "cpu" if backend != "torch" else resolve_device(device)
         self._path, self._trust = path, trust
         self._fast: dict[int, Any] = {}  # private `tokenizers` copies, one per length limit
         self._fast_lock = threading.Lock()
@@ -182,9 +185,8 @@ class TransformerEncoder(TaggedEncoder):
         kwargs.setdefault("dense_weight", DEFAULT_DENSE_WEIGHT)
         kwargs.setdefault("batch_tokens", 8192 if self.device == "cpu" else 65536)
         self._model_id = model_digest(path)[:16]  # the folder's files: weights, tokenizer, pooling
-        if backend == "onnx":  # the same network, exported once and run by onnxruntime
-            require_onnxruntime()
-            self._net = OnnxBert(exported_model(self._net, self._model_id), num_threads=num_threads)
+        if backend != "torch":  # the same network, exported once, run by onnxruntime or OpenVINO
+            self._net = backend_network(self._net, self._model_id, backend, num_threads)
         super().__init__(self.pooling.dim(hidden), hidden, **kwargs)
         self.doc_max_length = min(self.doc_max_length, self.model_max_length)
         self.query_max_length = min(self.query_max_length, self.model_max_length)
