@@ -45,17 +45,20 @@ def load_encoder(
     """Load an encoder (in this process; every one satisfies :class:`LocalEncoder`).
 
     * ``None``: the embedded default (all-MiniLM-L6-v2 composition, offline);
-    * a PyLate model folder (``modules.json`` + PyLate's ``config_sentence_transformers.json``),
-      such as the released UIBK-Embedding-v1: run by PyLate's own ``ColBERT`` and checked to emit
-      tagged lists (:class:`~uibk_embedding.encoder.pylate_model.PyLateEncoder`; the ``colbert``
-      extra). A folder with its own module code needs ``trust_remote_code=True``;
+    * a multi-vector model folder (``modules.json`` + a ``config_sentence_transformers.json`` of
+      sentence-transformers 6's ``MultiVectorEncoder`` or of PyLate), such as our exports
+      (``save_sentence_transformers``, ``save_pylate``) or the released UIBK-Embedding-v1: run by
+      sentence-transformers 6's ``MultiVectorEncoder`` and checked to emit tagged lists
+      (:class:`~uibk_embedding.encoder.pylate_model.PyLateEncoder`; the ``colbert`` extra; what
+      loads: docs/loading.md). A folder with its own module code needs ``trust_remote_code=True``;
     * a folder with ``uibk_encoder.json``: an encoder saved by this library;
     * any other local Hugging Face model folder: one-pass composition of that model (its
       sentence vector pooled as its sentence-transformers ``modules.json`` says -- CLS, mean,
       max, ... then ``Normalize`` --, mean pooling without one; and its contextual token states);
     * ``dense=FOLDER, tokens=FOLDER`` (no ``path``): bring your own models -- a
-      sentence-transformers dense model and a PyLate ColBERT model composed into one tagged
-      list, two forward passes (:mod:`uibk_embedding.encoder.composed`, the ``colbert`` extra).
+      sentence-transformers dense model and a ColBERT model (any checkpoint ``MultiVectorEncoder``
+      loads: its own saves, PyLate's, Stanford ColBERT) composed into one tagged list, two forward
+      passes (:mod:`uibk_embedding.encoder.composed`, the ``colbert`` extra).
       With a saved composed encoder as ``path``, ``dense=`` / ``tokens=`` say where its
       models moved (their content must be unchanged).
 
@@ -94,7 +97,7 @@ def load_encoder(
     composing = dense is not None or tokens is not None
     if composing and path is None and (dense is None or tokens is None):
         raise ValueError("composing two models needs both dense= (a sentence-transformers "
-                         "model folder) and tokens= (a PyLate ColBERT model folder)")
+                         "model folder) and tokens= (a ColBERT model folder)")
     if revision is not None and (path is None or str(path) == EMBEDDED_NAME) and not composing:
         raise ValueError("revision= applies to a Hugging Face Hub id; the embedded default has none")
     hub = {"revision": revision, "token": token, "cache_folder": cache_folder,
