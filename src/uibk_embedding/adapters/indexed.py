@@ -887,7 +887,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                 self._ref[seq], self._seq_of_ref[ref] = ref, seq
             self._dead = set(dead)
             self._pending = {s: None for s in self._id_of if s not in self._ref}
-        elif not self._index_dir:
+        elif not self._index_dir and self.builds_index:  # a store that builds none has nothing pending
             self._pending = dict.fromkeys(self._id_of)
         mine = f"{self.engine_name} {self.engine_version}"
         engine = self._config.get("engine")
@@ -950,7 +950,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._forget(gone)
         for seq, doc_id, start, n_rows in added:
             self._remember(seq, doc_id, start, n_rows)
-            self._pending[seq] = None  # no index: every document is scored exactly
+            if self.builds_index:  # no index yet: every document is pending (scored exactly)
+                self._pending[seq] = None
         self._last_seq = max([int(state.get("last_seq", "0") or 0), last, *(r[0] for r in added)])
         self._built_vectors = int(built) if built is not None else self._n_vectors
         self._generation = int(state.get("generation", "0") or 0)
@@ -1199,7 +1200,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._index_dir, self._generation = name, gen
         self._switch_index(handle, name)
         self._built_vectors, self._dirty, self._index_problem = built, False, None
-        self._dead, self._pending = set(), ({} if name else dict.fromkeys(live))
+        self._dead, self._pending = set(), ({} if name or not self.builds_index else dict.fromkeys(live))
         if self.ref_column:
             self._ref = dict(zip(indexed, refs, strict=True))
             self._seq_of_ref = {r: s for s, r in self._ref.items()}
@@ -1443,7 +1444,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._forget(old)
             for s, x, st, v in zip(new, ids, starts, vectors, strict=True):
                 self._remember(s, x, int(st), len(v))
-                self._pending[s] = None
+                if self.builds_index:  # the exact store builds no index: nothing waits for one
+                    self._pending[s] = None
             self._written()
 
     def _delete(self, ids: list[str]) -> None:
