@@ -71,8 +71,9 @@ def load_encoder(
     the same trust rules.
 
     ``options`` go to the encoder (``dense_weight``, ``device``, ``format``, ...);
-    ``backend="onnx"`` runs the embedded default (or a folder saved from it) on ONNX Runtime, on
-    the CPU (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the ``onnx`` extra).
+    ``backend="onnx"``, ``"openvino"`` or ``"openvino-bf16"`` runs the embedded default (or a
+    folder saved from it) on ONNX Runtime or OpenVINO, on the CPU
+    (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`; docs/loading.md, "CPU backends").
     ``trust_remote_code``: let a model folder run the Python code it ships (read it first).
     Without it, a folder that would import any Python file of its own -- a ``modules.json``
     type that is not an exact installed sentence-transformers / PyLate class, an ``auto_map``
