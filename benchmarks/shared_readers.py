@@ -21,11 +21,13 @@ batches of its own. Reported per backend and reader count:
   imported exactly the modules a reader had (its ``sys.modules``), opened nothing and were
   measured together the same way; ``store_mib``: the readers' PSS less the baseline's, what
   the store itself costs them (its mapped files, its view of ids, the engine's state);
-  ``pss_ratio`` / ``store_ratio``: against the row with one reader;
+  ``pss_ratio`` / ``baseline_ratio`` / ``store_ratio``: against the row with one reader;
 * ``loadavg``: the 1-minute load average before and after.
 
 Run it alone on the machine (the lead's run, 60 s per point; ``--docs 11426 --tokens 48`` is
-NPL's size, 582,726 vectors, where the store's own data outweigh a reader's libraries):
+NPL's size, 582,726 vectors, where an exact reader's memory is mostly the shared vector file;
+about 35 minutes, ten of them the PLAID and WARP builds; benchmarks/results/reader_memory.md
+has where each reader's memory goes at that size):
 
     .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 5000 \
         --out benchmarks/results/shared_readers.json
