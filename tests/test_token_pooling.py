@@ -14,6 +14,7 @@ from uibk_embedding.maxsim import maxsim
 from uibk_embedding.tagged import N_SLOTS, TaggedFormat, check_separation, decompose
 from uibk_embedding.token_pooling import (
     check_pool_factor,
+    pool_clusters,
     pool_documents,
     pool_tokens,
     pooled_token_count,
@@ -60,6 +61,48 @@ def test_pooled_rows_rule_slots_tags_and_norms(real_data, fmt):
             # every pooled token is a renormalised mean of tokens: each row of the list is
             # closer to some original token than the original tokens are to nothing at all
             assert (out[N_SLOTS:] @ doc[N_SLOTS:].T).max(axis=1).min() > 0.5
+
+
+def test_pool_tokens_is_pool_clusters_of_its_ward_clusters(real_data, fmt):
+    # the rows pool_factor writes and the rows any other clustering gets (benchmarks/pooling.py
+    # --levers) come from one function: they can differ only in their clusters
+    for doc in real_data.docs[:30]:
+        n = len(doc) - N_SLOTS
+        if n < 2:
+            continue
+        labels = ward_clusters(doc[N_SLOTS:, 1:].astype(np.float64), pooled_token_count(n, 2))
+        assert pool_clusters(doc, labels, fmt).tobytes() == pool_tokens(doc, 2, fmt).tobytes()
+
+
+def test_pool_clusters_rows_of_given_clusters_and_centers(real_data, fmt, rng):
+    doc = next(d for d in real_data.docs if len(d) - N_SLOTS >= 12)
+    n = len(doc) - N_SLOTS
+    labels = np.concatenate([[0, 0, 1], np.arange(2, n - 1)])  # rows 0, 1 together, 2 alone, ...
+    labels[-1] = 1  # ... and the last row with row 2
+    out = pool_clusters(doc, labels, fmt)
+    k = n - 2
+    assert out.shape == (N_SLOTS + k, doc.shape[1]) and out.dtype == doc.dtype
+    assert out[:N_SLOTS].tobytes() == doc[:N_SLOTS].tobytes()
+    assert out[N_SLOTS:, 0].tobytes() == np.full(k, doc[N_SLOTS, 0]).tobytes()  # the exact tag
+    assert np.abs(np.linalg.norm(out.astype(np.float64), axis=1) - 1).max() < 1e-6
+    bodies = doc[N_SLOTS:, 1:].astype(np.float64)
+    for c, members in ((0, [0, 1]), (1, [2, n - 1])):
+        mean = bodies[members].sum(0)
+        got = out[N_SLOTS + c, 1:].astype(np.float64)
+        assert np.abs(got / np.linalg.norm(got) - mean / np.linalg.norm(mean)).max() < 1e-6
+    assert out[N_SLOTS + 2:].tobytes() == doc[N_SLOTS + 3:-1].tobytes()  # tokens alone: copied
+    centers = rng.normal(size=(k, doc.shape[1] - 1))
+    other = pool_clusters(doc, labels, fmt, centers)
+    body = other[N_SLOTS, 1:].astype(np.float64)
+    assert np.abs(body / np.linalg.norm(body) - centers[0] / np.linalg.norm(centers[0])).max() < 1e-6
+    assert other[N_SLOTS + 2:].tobytes() == out[N_SLOTS + 2:].tobytes()  # a center of one: the token
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 2], [0, 1], [-1, 0, 1], [0, 1, 1, 1]])
+def test_pool_clusters_refuses_labels_that_are_not_a_partition(fmt, rng, labels):
+    doc = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(3, 127)))
+    with pytest.raises(ValueError, match="labels must give each of the 3 token rows a cluster"):
+        pool_clusters(doc, np.array(labels), fmt)
 
 
 def test_pool_factor_one_is_the_same_bytes(encoder, real_data):

@@ -187,11 +187,49 @@ def pool_tokens(document: np.ndarray, pool_factor: int, fmt: TaggedFormat | None
     k = pooled_token_count(n, pool_factor)
     if k == n:
         return document
+    return pool_clusters(x, ward_clusters(tokens[:, 1:].astype(np.float64), k), fmt)
+
+
+def pool_clusters(document: np.ndarray, labels: np.ndarray, fmt: TaggedFormat | None = None,
+                  centers: np.ndarray | None = None) -> np.ndarray:
+    """One tagged list with its token rows replaced by one row per cluster of ``labels`` (one
+    label ``0 .. k - 1`` per token row, every label used, numbered in the order of each cluster's
+    first token), the rows :func:`pool_tokens` writes for the clusters it finds: the slot rows as
+    they are, each cluster's 127-d direction (``centers[c]``, by default the sum of its members'
+    bodies, i.e. their mean) renormalised under the list's own token tag, and a token alone in its
+    cluster copied byte for byte. ``benchmarks/pooling.py --levers`` builds every clustering it
+    compares through this function, so they differ only in their clusters and centers.
+
+    >>> fmt = TaggedFormat(); rng = np.random.default_rng(3)
+    >>> doc = fmt.build(rng.normal(size=(3, 127)), rng.normal(size=(5, 127)))
+    >>> out = pool_clusters(doc, np.array([0, 0, 1, 2, 1]), fmt)
+    >>> out.shape, bool(np.array_equal(out[:3], doc[:3])), bool(np.array_equal(out[5], doc[6]))
+    ((6, 128), True, True)
+    >>> bool(np.allclose(np.linalg.norm(out, axis=1), 1))
+    True
+    """
+    fmt = fmt or TaggedFormat()
+    x = np.asarray(document)
+    if x.ndim != 2 or x.shape[0] < N_SLOTS or not np.all(x[:N_SLOTS, 0] < 0):
+        raise ValueError(f"pool_clusters takes one tagged list ({N_SLOTS} slot rows, then token rows), "
+                         f"got shape {x.shape}")
+    tokens = x[N_SLOTS:]
+    n = len(tokens)
+    labels = np.asarray(labels)
+    ok = labels.shape == (n,) and (n == 0 or (np.issubdtype(labels.dtype, np.integer) and labels.min() >= 0))
+    counts = np.bincount(labels, minlength=1) if ok and n else np.zeros(0, dtype=np.int64)
+    if not ok or np.any(counts == 0):
+        raise ValueError(f"labels must give each of the {n} token rows a cluster 0 .. k - 1, every "
+                         f"cluster used, got {labels.tolist()!r}")
+    k = len(counts)
     bodies = tokens[:, 1:].astype(np.float64)
-    labels = ward_clusters(bodies, k)
-    counts = np.bincount(labels, minlength=k)
-    sums = np.zeros((k, bodies.shape[1]))
-    np.add.at(sums, labels, bodies)
+    if centers is None:
+        sums = np.zeros((k, bodies.shape[1]))
+        np.add.at(sums, labels, bodies)
+    else:
+        sums = np.array(centers, dtype=np.float64)
+        if sums.shape != (k, bodies.shape[1]):
+            raise ValueError(f"centers must have shape ({k}, {bodies.shape[1]}), got {sums.shape}")
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     first = np.full(k, n)
     np.minimum.at(first, labels, np.arange(n))
@@ -199,7 +237,8 @@ def pool_tokens(document: np.ndarray, pool_factor: int, fmt: TaggedFormat | None
     sums[degenerate] = bodies[first[degenerate]]
     norms[degenerate] = np.linalg.norm(sums[degenerate], axis=1, keepdims=True)
     pooled = fmt.write_tokens(np.empty((k, x.shape[1])), sums, norms)
-    pooled[:, 0] = tokens[0, 0]  # the list's own token tag, bit for bit
+    if n:
+        pooled[:, 0] = tokens[0, 0]  # the list's own token tag, bit for bit
     out = np.empty((N_SLOTS + k, x.shape[1]), dtype=x.dtype)
     out[:N_SLOTS] = x[:N_SLOTS]
     out[N_SLOTS:] = pooled
