@@ -278,7 +278,7 @@ def require_openvino() -> Any:
     >>> try:
     ...     found = require_openvino().__name__ == "openvino"
     ... except ImportError as e:
-    ...     found = "pip install openvino" in str(e)
+    ...     found = "uibk-embedding[openvino]" in str(e)
     >>> found
     True
     """
@@ -286,7 +286,7 @@ def require_openvino() -> Any:
         import openvino
     except ImportError as e:
         raise ImportError("backend='openvino' needs OpenVINO (and onnx to export the model once): "
-                          "pip install openvino onnx") from e
+                          "pip install 'uibk-embedding[openvino]'") from e
     return openvino
 
 
