@@ -24,6 +24,17 @@ Usage::
     .venv/bin/python benchmarks/pooling.py --collections cranfield --factors 1 2
 
 Writes ``benchmarks/results/pooling.json`` and ``pooling.md`` (``--out`` for another stem).
+
+``--levers`` compares ways to pool by 2 instead (issue #59's aim: stored token vectors halved,
+nDCG@10 within 0.5 points of no pooling on every shared collection): today's Ward clustering
+against average and complete linkage on cosine distance, two other cluster centers (weighted
+mean, minimax), the first or last tokens kept, long documents pooled harder and a cosine
+threshold with a factor that adapts per document. Every variant's rows are written by
+:func:`~uibk_embedding.token_pooling.pool_clusters` (slots untouched, tags exact, renormalised),
+so the variants differ only in their clusters and centers. Quality and vector counts only (no
+timing); needs scipy (its ``linkage``) for the linkages other than Ward::
+
+    .venv/bin/python benchmarks/pooling.py --levers          # results/pooling_levers.{json,md}
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +59,7 @@ from uibk_embedding.encoder import load_encoder
 from uibk_embedding.metrics import evaluate, overlap_at_k
 from uibk_embedding.tagged import N_SLOTS
 from uibk_embedding.testing.specs import datasets_dir
-from uibk_embedding.token_pooling import pool_documents
+from uibk_embedding.token_pooling import pool_clusters, pool_documents, pooled_token_count, ward_clusters
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = 32  # documents encoded again through the encoder's own pool_factor= as a check
@@ -172,15 +184,281 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# --- levers: ways to pool by 2 (issue #59) -------------------------------------------------------
+
+MINIMAX_STEPS = 30  # Badoiu-Clarkson steps towards the smallest cap holding a cluster's members
+SHORT = 16  # "long documents harder": documents of at most this many tokens are not pooled
+
+
+def _by_first(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0 .. k - 1 in the order of each cluster's first row."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]
+
+
+def _units(bodies: np.ndarray) -> np.ndarray:
+    return bodies / np.linalg.norm(bodies, axis=1, keepdims=True)
+
+
+def linkage_labels(bodies: np.ndarray, k: int | None, method: str,
+                   max_distance: float | None = None) -> np.ndarray:
+    """Agglomerative clusters of the rows of ``bodies`` by ``method`` ("average", "complete")
+    linkage on cosine distance (scipy), cut after its ``n - k`` first merges, or (``k=None``)
+    after every merge at a cosine distance of at most ``max_distance``."""
+    from scipy.cluster.hierarchy import linkage
+
+    n = len(bodies)
+    if n < 2 or k == n:
+        return np.arange(n)
+    z = linkage(_units(bodies), method=method, metric="cosine")  # heights monotone for both
+    merges = n - k if k is not None else int(np.sum(z[:, 2] <= max_distance))
+    parent = np.arange(2 * n - 1)
+    for m in range(merges):
+        parent[int(z[m, 0])] = parent[int(z[m, 1])] = n + m
+    roots = np.arange(n)
+    for _ in range(merges):  # at most one step per merge above a row
+        up = parent[roots]
+        if np.array_equal(up, roots):
+            break
+        roots = up
+    return _by_first(roots)
+
+
+def dedup_centers(bodies: np.ndarray, labels: np.ndarray, power: float = 4.0) -> np.ndarray:
+    """Each cluster's mean with member ``i`` weighted by ``1 / sum_j max(cos(i, j), 0)^power``
+    over its cluster: near-duplicates (fifty commas) count about once, so the center stays close
+    to the cluster's distinct members."""
+    u = _units(bodies)
+    out = np.zeros((int(labels.max()) + 1, u.shape[1]))
+    for c in range(len(out)):
+        m = u[labels == c]
+        w = 1.0 / (np.clip(m @ m.T, 0.0, None) ** power).sum(1)
+        out[c] = w @ m
+    return out
+
+
+def minimax_centers(bodies: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each cluster's center of the smallest cap holding its members (approximately, Badoiu-
+    Clarkson): the direction whose worst cosine to a member is the best, so no member's match is
+    lost more than it must be."""
+    u = _units(bodies)
+    out = np.zeros((int(labels.max()) + 1, u.shape[1]))
+    for c in range(len(out)):
+        m = u[labels == c]
+        v = m.sum(0)
+        v /= np.linalg.norm(v)
+        for i in range(1, MINIMAX_STEPS + 1):
+            v = v + (m[np.argmin(m @ v)] - v) / (i + 1)
+            v /= np.linalg.norm(v)
+        out[c] = v
+    return out
+
+
+def lever_pool(doc: np.ndarray, fmt: Any, keep: int | None, method: str, *, center: str = "mean",
+               first: int = 0, last: int = 0, max_distance: float | None = None) -> np.ndarray:
+    """``doc`` pooled to ``keep`` token rows (``None``: by ``max_distance``) with ``method``'s
+    clusters and ``center``'s directions, its ``first`` and ``last`` token rows kept alone (when
+    the rest still has room for at least one cluster and a merge)."""
+    tokens = doc[N_SLOTS:]
+    n = len(tokens)
+    if n < 2 or (keep is not None and keep >= n):
+        return doc
+    bodies = tokens[:, 1:].astype(np.float64)
+    kept_alone = first + last
+    mid = np.arange(first, n - last)
+    if kept_alone and (keep is None or 1 <= keep - kept_alone < len(mid)):
+        inner = keep - kept_alone if keep is not None else None
+    else:
+        mid, first, last, inner = np.arange(n), 0, 0, keep
+    if method == "ward":
+        part = ward_clusters(bodies[mid], inner)
+    else:
+        part = linkage_labels(bodies[mid], inner, method, max_distance)
+    labels = np.concatenate([np.arange(first), first + part,
+                             first + part.max() + 1 + np.arange(last)]).astype(np.int64)
+    labels = _by_first(labels)
+    centers = None
+    if center == "dedup":
+        centers = dedup_centers(bodies, labels)
+    elif center == "minimax":
+        centers = minimax_centers(bodies, labels)
+    return pool_clusters(doc, labels, fmt, centers)
+
+
+def long_harder_keep(lengths: list[int], short: int = SHORT, target: float = 0.5) -> tuple[list[int], float]:
+    """Token rows to keep per document so the collection keeps ``target`` of its token rows:
+    documents of at most ``short`` tokens keep all, longer ones ``max(short, floor(r n))`` with
+    the largest ``r`` that meets the target (found on this collection: a per-collection setting,
+    not a per-document rule)."""
+    n = np.asarray(lengths)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        r = (lo + hi) / 2
+        keep = np.where(n > short, np.maximum(short, np.floor(n * r)).astype(int), n)
+        lo, hi = (r, hi) if keep.sum() <= target * n.sum() else (lo, r)
+    keep = np.where(n > short, np.maximum(short, np.floor(n * lo)).astype(int), n)
+    return keep.tolist(), lo
+
+
+LEVERS: list[tuple[str, str, dict]] = [
+    # (name, what it is, lever_pool keywords; keep is n // 2 unless "keep" says otherwise)
+    ("ward", "Ward on Euclidean distance, mean (today's pool_factor=2)", {"method": "ward"}),
+    ("average", "average linkage on cosine distance, mean", {"method": "average"}),
+    ("complete", "complete linkage on cosine distance, mean", {"method": "complete"}),
+    ("average+dedup", "average linkage, near-duplicates weighted down in the mean",
+     {"method": "average", "center": "dedup"}),
+    ("complete+dedup", "complete linkage, near-duplicates weighted down in the mean",
+     {"method": "complete", "center": "dedup"}),
+    ("average+minimax", "average linkage, minimax center (closest to the farthest member)",
+     {"method": "average", "center": "minimax"}),
+    ("average+first4", "average linkage, the first 4 tokens kept alone",
+     {"method": "average", "first": 4}),
+    ("average+last1", "average linkage, the last token kept alone", {"method": "average", "last": 1}),
+    ("average+long-harder", f"average linkage; documents of <= {SHORT} tokens not pooled, longer ones "
+     "harder so the collection keeps half its token vectors (calibrated per collection)",
+     {"method": "average", "keep": "long-harder"}),
+    ("average 60%", "average linkage to floor(0.6 n) tokens (not halved: where the loss starts)",
+     {"method": "average", "keep": 0.6}),
+    ("average 55%", "average linkage to floor(0.55 n) tokens (not halved)",
+     {"method": "average", "keep": 0.55}),
+    ("threshold 0.8", "average linkage, only merges at cosine >= 0.8 (factor adapts per document)",
+     {"method": "average", "keep": None, "max_distance": 0.2}),
+    ("threshold 0.7", "average linkage, only merges at cosine >= 0.7", {"method": "average", "keep": None,
+                                                                         "max_distance": 0.3}),
+    ("threshold 0.6", "average linkage, only merges at cosine >= 0.6", {"method": "average", "keep": None,
+                                                                         "max_distance": 0.4}),
+]
+
+
+def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coll = load_beir(datasets_dir() / name)
+        enc = load_encoder()
+        base = encode_collection(enc, coll)  # encoded once (cached), every variant pools these lists
+    fmt = replace(enc.format, pool_factor=1)  # the variants are not pool_factor's own rule
+    lengths = [len(d) - N_SLOTS for d in base.docs]
+
+    def score(docs: list[np.ndarray]) -> tuple[dict[str, float], dict[str, list[str]]]:
+        store = open_store("exact", format=fmt)
+        encoded = Encoded(base.doc_ids, docs, base.query_ids, base.queries)
+        index_into(store, encoded, show_progress=False)
+        run = fused_run(store, encoded, enc.dense_weight)
+        store.close()
+        return evaluate(run, coll.qrels), run
+
+    m0, run0 = score(base.docs)
+    tokens0, stored0 = sum(lengths), sum(len(d) for d in base.docs)
+    rows = [{"lever": "none", "what": "no pooling", "token_vectors": tokens0, "stored_vectors": stored0,
+             "token_ratio": 1.0, "stored_ratio": 1.0, "ndcg@10": m0["ndcg@10"], "recall@10": m0["recall@10"],
+             "ndcg@10_delta_points": 0.0, "overlap@10_vs_none": 1.0, "meets_aim": False}]
+    print(f"{name}: {len(base.docs)} documents, {tokens0:,} token vectors, nDCG@10 {m0['ndcg@10']:.4f}",
+          flush=True)
+    for lever, what, kw in levers:
+        kw = dict(kw)
+        keep_rule = kw.pop("keep", "half")
+        note = ""
+        if keep_rule == "half":
+            keeps: list[int | None] = [pooled_token_count(n, 2) for n in lengths]
+        elif keep_rule == "long-harder":
+            keeps, r = long_harder_keep(lengths)
+            note = f"longer documents keep floor({r:.3f} n), at least {SHORT}"
+        elif isinstance(keep_rule, float):
+            keeps = [max(int(n * keep_rule), 1) for n in lengths]
+        else:
+            keeps = [None] * len(lengths)
+        docs = [lever_pool(d, fmt, k, **kw) for d, k in zip(base.docs, keeps, strict=True)]
+        m, run = score(docs)
+        tokens = sum(len(d) - N_SLOTS for d in docs)
+        delta = 100 * (m["ndcg@10"] - m0["ndcg@10"])
+        row = {"lever": lever, "what": what, "note": note, "token_vectors": tokens,
+               "stored_vectors": sum(len(d) for d in docs), "token_ratio": tokens / tokens0,
+               "stored_ratio": sum(len(d) for d in docs) / stored0, "ndcg@10": m["ndcg@10"],
+               "recall@10": m["recall@10"], "ndcg@10_delta_points": delta,
+               "overlap@10_vs_none": overlap_at_k(run, run0, 10),
+               "meets_aim": bool(tokens <= tokens0 / 2 and delta >= -0.5)}
+        rows.append(row)
+        print(f"  {lever:20s} token vectors {row['token_ratio']:.1%}, nDCG@10 {m['ndcg@10']:.4f} "
+              f"({delta:+.2f} points){' ' + note if note else ''}", flush=True)
+    return {"collection": name, "documents": len(base.docs), "queries": len(base.queries),
+            "dense_weight": enc.dense_weight, "rows": rows}
+
+
+def levers_markdown(report: dict) -> str:
+    cols = report["collections"]
+    names = [r["lever"] for r in cols[0]["rows"][1:]]
+    lines = [
+        "# Token pooling by 2: which lever (issue #59)",
+        "",
+        f"Run {report['date']}, `benchmarks/pooling.py --levers`. Embedded default encoder (dense "
+        f"weight {cols[0]['dense_weight']:g}), fused score, exact store (exact MaxSim), queries never "
+        "pooled; each collection encoded once and every variant pools those lists through "
+        "`pool_clusters` (slots untouched, tags exact, renormalised). Quality and vector counts only: "
+        "nothing here depends on the machine's load.",
+        "",
+        "Aim: the stored token vectors halved (<= 50.0%) with nDCG@10 within 0.5 points of no pooling "
+        "on every shared collection. Cells: token vectors kept / nDCG@10 change in points; **bold** "
+        "where both hold.",
+        "",
+        "| lever | " + " | ".join(c["collection"] for c in cols) + " | meets the aim everywhere |",
+        "|---|" + "---:|" * len(cols) + "---|",
+    ]
+    for lever in names:
+        cells, ok = [], True
+        for c in cols:
+            r = next(x for x in c["rows"] if x["lever"] == lever)
+            cell = f"{r['token_ratio']:.1%} / {r['ndcg@10_delta_points']:+.2f}"
+            cells.append(f"**{cell}**" if r["meets_aim"] else cell)
+            ok &= r["meets_aim"]
+        lines.append(f"| {lever} | " + " | ".join(cells) + f" | {'yes' if ok else 'no'} |")
+    lines += ["", "No pooling: " + ", ".join(
+        f"{c['collection']} {c['rows'][0]['token_vectors']:,} token vectors, nDCG@10 "
+        f"{c['rows'][0]['ndcg@10']:.4f}" for c in cols) + ".", "", "Levers:", ""]
+    for lever, what, _ in LEVERS:
+        if lever in names:
+            lines.append(f"- **{lever}**: {what}.")
+    notes = [f"{c['collection']}: {r['note']}" for c in cols for r in c["rows"] if r.get("note")]
+    if notes:
+        lines += ["", "Long documents harder, the factor found per collection: " + "; ".join(notes) + "."]
+    lines += ["", "Per collection (stored vectors count the three slot vectors of every document, "
+              "never pooled):", "",
+              "| collection | lever | token vectors | kept | stored vectors | kept | nDCG@10 | change "
+              "(points) | recall@10 | overlap@10 vs none |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in cols:
+        for r in c["rows"]:
+            lines.append(f"| {c['collection']} | {r['lever']} | {r['token_vectors']:,} "
+                         f"| {r['token_ratio']:.1%} | {r['stored_vectors']:,} | {r['stored_ratio']:.1%} "
+                         f"| {r['ndcg@10']:.4f} "
+                         f"| {r['ndcg@10_delta_points']:+.2f} | {r['recall@10']:.4f} "
+                         f"| {r['overlap@10_vs_none']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--collections", nargs="*", default=None, help="folders under the datasets folder "
                     "(default: every one with a corpus.jsonl)")
     ap.add_argument("--factors", nargs="*", type=int, default=[1, 2, 3])
-    ap.add_argument("--out", default=str(HERE / "results" / "pooling"))
+    ap.add_argument("--out", default=None, help="output stem (default results/pooling, with --levers "
+                    "results/pooling_levers)")
+    ap.add_argument("--levers", action="store_true", help="compare ways to pool by 2 (issue #59) "
+                    "instead of pool factors")
     args = ap.parse_args()
     root = datasets_dir()
     names = args.collections or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").exists())
+    if args.levers:
+        report = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                  "datasets": str(root), "levers": [{"lever": n, "what": w} for n, w, _ in LEVERS],
+                  "collections": [run_levers(n, LEVERS) for n in names]}
+        out = Path(args.out or HERE / "results" / "pooling_levers")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        out.with_suffix(".md").write_text(levers_markdown(report))
+        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+        return
     factors = sorted(set(args.factors) | {1})
     report = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -192,7 +470,7 @@ def main() -> None:
         "collections": [run_collection(n, factors) for n in names],
     }
     report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
+    out = Path(args.out or HERE / "results" / "pooling")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
