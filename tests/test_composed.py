@@ -505,3 +505,122 @@ def test_model_hashing_is_bounded(tmp_path, monkeypatch):
         composed.model_digest(tmp_path)
     (tmp_path / "f0.bin").unlink()
     assert len(composed.model_digest(tmp_path)) == 64
+
+
+# -- the sentence-transformers 6 export ------------------------------------------------------------
+def _st6_lists(model, texts, is_query):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = model.encode_query if is_query else model.encode_document
+        return run(texts, convert_to_numpy=True, batch_size=2)
+
+
+def _assert_same_lists(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("tokens, options", [
+    ("colbert", None),  # PyLate's format: [Q]/[D] markers, [MASK] expansion, punctuation skiplist
+    ("colbert_st6", None),  # saved by sentence-transformers 6 itself
+    ("colbert", {"query_length": 12, "query_expansion": None}),  # overridden token-model settings
+])
+def test_st6_export_gives_the_composed_lists(models, tmp_path, tokens, options):
+    """A composed encoder saved by save_sentence_transformers is one MultiVectorEncoder folder
+    whose first module runs both models: encode_query / encode_document (batches of 2, so the
+    two models' inputs are padded to one width) give the composed encoder's tagged lists, and
+    load_encoder reads the folder back (batched by a small token budget: split rows, cropped
+    widths) to the same lists; the folder's own code needs trust_remote_code."""
+    from uibk_embedding.encoder.pylate_model import PyLateEncoder, save_sentence_transformers
+    from uibk_embedding.errors import UntrustedCode
+
+    enc = load_encoder(dense=models["dense"], tokens=models[tokens], device="cpu",
+                       colbert_options=options)
+    folder = save_sentence_transformers(enc, tmp_path / "st6")
+    mods = json.loads((folder / "modules.json").read_text())
+    assert [m["type"] for m in mods] == ["tagged_modules.ComposedInput", "tagged_modules.TaggedLists"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = st.MultiVectorEncoder(str(folder), trust_remote_code=True, device="cpu")
+    back = load_encoder(folder, trust_remote_code=True, device="cpu", batch_tokens=48)
+    assert isinstance(back, PyLateEncoder)
+    assert (back.format.beta, back.format.lambda_) == (enc.format.beta, enc.format.lambda_)
+    for is_query in (True, False):
+        want = encode(enc, TEXTS, is_query)
+        _assert_same_lists(_st6_lists(model, TEXTS, is_query), want)
+        _assert_same_lists(encode(back, TEXTS, is_query), want)
+    # the export is in the lists' reference too: what the two libraries return, composed by hand
+    refs = (st.SentenceTransformer(str(models["dense"]), device="cpu"),
+            st.MultiVectorEncoder(str(models[tokens]), device="cpu"))
+    if options is None:
+        _assert_same_lists(_st6_lists(model, TEXTS, False), reference_lists(enc, refs, TEXTS, False))
+    with pytest.raises(UntrustedCode, match=r"tagged_modules\.ComposedInput"):
+        load_encoder(folder, device="cpu")
+    if options is None and tokens == "colbert":
+        # the format's projection hashes both model folders: another token model is another format
+        weights = folder / "tokens" / "1_Dense" / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+        other = load_encoder(folder, trust_remote_code=True, device="cpu")
+        assert other.format.projection != back.format.projection
+        assert other.format.conflict(back.format) is not None
+
+
+def test_st6_export_saves_again_and_refuses_a_changed_model(models, tmp_path):
+    """MultiVectorEncoder.save_pretrained of a loaded export writes a folder that gives the same
+    lists (ComposedInput.save writes both models); the export copies the model folders only if
+    they still hash to what the encoder loaded; loader options that are no setting of the model
+    are refused rather than dropped."""
+    from uibk_embedding.encoder.pylate_model import save_sentence_transformers
+
+    folder = save_sentence_transformers(
+        load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu"), tmp_path / "st6")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = st.MultiVectorEncoder(str(folder), trust_remote_code=True, device="cpu")
+        model.save_pretrained(str(tmp_path / "again"))
+        again = st.MultiVectorEncoder(str(tmp_path / "again"), trust_remote_code=True, device="cpu")
+    for is_query in (True, False):
+        _assert_same_lists(_st6_lists(again, TEXTS, is_query), _st6_lists(model, TEXTS, is_query))
+
+    moved = tmp_path / "colbert"
+    shutil.copytree(models["colbert"], moved)
+    enc = load_encoder(dense=models["dense"], tokens=moved, device="cpu")
+    weights = moved / "1_Dense" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ModelChanged, match=r"the tokens model at .* changed since"):
+        save_sentence_transformers(enc, tmp_path / "changed")
+    opts = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu",
+                        colbert_options={"model_kwargs": {}})
+    with pytest.raises(NotImplementedError, match=r"colbert_options \['model_kwargs'\]"):
+        save_sentence_transformers(opts, tmp_path / "opts")
+
+
+def test_cli_export_st_writes_the_composed_encoder(models, tmp_path, capsys):
+    """``uibk-embed export-st OUT --dense D --tokens T`` writes the composed encoder as a
+    sentence-transformers 6 folder that MultiVectorEncoder loads to the composed lists; it never
+    writes over another folder's files, and export-pylate, which cannot take a composed encoder,
+    says so in one line and names export-st."""
+    from uibk_embedding.apps import cli
+
+    both = ["--dense", str(models["dense"]), "--tokens", str(models["colbert"])]
+    out = tmp_path / "st6"
+    assert cli.main(["export-st", str(out), *both]) == 0
+    assert "MultiVectorEncoder(" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = st.MultiVectorEncoder(str(out), trust_remote_code=True, device="cpu")
+    enc = load_encoder(dense=models["dense"], tokens=models["colbert"], device="cpu")
+    for is_query in (True, False):
+        _assert_same_lists(_st6_lists(model, TEXTS, is_query), encode(enc, TEXTS, is_query))
+    listing = sorted(p.name for p in out.iterdir())
+    with pytest.raises(SystemExit, match="is not an empty folder"):
+        cli.main(["export-st", str(out), *both])
+    assert sorted(p.name for p in out.iterdir()) == listing
+    with pytest.raises(SystemExit, match=r"uibk-embed export-st OUT"):
+        cli.main(["export-pylate", str(tmp_path / "pylate"), *both])

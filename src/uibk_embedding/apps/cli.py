@@ -10,6 +10,7 @@ Subcommands::
     uibk-embed eval DATA --path P [--create]    an existing store, read as it is (--create: build it)
     uibk-embed fit-projection DATA --out FOLDER  P by PCA on a corpus -> an encoder folder
     uibk-embed export-pylate OUT [--encoder E]  the encoder as a PyLate model folder (custom modules)
+    uibk-embed export-st OUT [--encoder E | --dense D --tokens T]  ... as a sentence-transformers 6 folder
     uibk-embed serve ...                        the shared encoder over HTTP
     uibk-embed compare DATA --backends ...      compare backends (benchmarks)
 
@@ -799,9 +800,32 @@ def cmd_export_pylate(args: argparse.Namespace) -> int:
     enc = _load_encoder(args)
     if not hasattr(enc, "save_pylate"):
         raise SystemExit(f"uibk-embed: a {type(enc).__name__} cannot be saved as a PyLate model")
-    out = enc.save_pylate(args.out)
-    print(f"saved a PyLate model to {out}: pylate.models.ColBERT({str(out)!r}, trust_remote_code=True), "
-          f"or --encoder {out} --trust-remote-code")
+    try:
+        out = enc.save_pylate(args.out)
+    except NotImplementedError as e:
+        raise SystemExit(f"uibk-embed: {e}; `uibk-embed export-st OUT` writes it as a "
+                         "sentence-transformers 6 folder") from None
+    print(f"saved a PyLate model to {out}: pylate.models.ColBERT({str(out)!r}, trust_remote_code=True) "
+          f"in PyLate's own environment (PyLate pins sentence-transformers 5), or --encoder {out} "
+          "--trust-remote-code here; for sentence-transformers 6's MultiVectorEncoder: uibk-embed export-st")
+    return 0
+
+
+def cmd_export_st(args: argparse.Namespace) -> int:
+    """``export-st OUT``: the encoder as a sentence-transformers 6 ``MultiVectorEncoder`` folder
+    (``save_sentence_transformers``; a composed encoder too)."""
+    from uibk_embedding.encoder.pylate_model import save_sentence_transformers
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # never over another model
+        raise SystemExit(f"uibk-embed: {out} is not an empty folder: the model needs a new one")
+    enc = _load_encoder(args)
+    try:
+        out = save_sentence_transformers(enc, out)
+    except (NotImplementedError, ValueError) as e:
+        raise SystemExit(f"uibk-embed: {e}") from None
+    print(f"saved a sentence-transformers 6 model to {out}: sentence_transformers.MultiVectorEncoder("
+          f"{str(out)!r}, trust_remote_code=True), or --encoder {out} --trust-remote-code")
     return 0
 
 
@@ -894,7 +918,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bring your own models: a sentence-transformers folder (with --tokens; "
                              "with --encoder SAVED: where the saved encoder's dense model moved)")
         sp.add_argument("--tokens", default=None, metavar="FOLDER",
-                        help="bring your own models: a PyLate ColBERT folder (with --dense)")
+                        help="bring your own models: a ColBERT folder sentence-transformers 6's "
+                             "MultiVectorEncoder loads (its own save, PyLate's format, Stanford "
+                             "ColBERT; with --dense)")
         sp.add_argument("--trust-remote-code", action="store_true",
                         help="let a PyLate model folder (--encoder) run the Python code it ships, "
                              "e.g. the released UIBK-Embedding-v1's custom modules (read it first)")
@@ -1033,6 +1059,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("out", help="folder to write")
     common(sp, store=False)
     sp.set_defaults(func=cmd_export_pylate)
+
+    sp = sub.add_parser("export-st",
+                        help="save the encoder (--dense/--tokens too) as a sentence-transformers 6 "
+                             "MultiVectorEncoder folder (custom modules; load it with "
+                             "trust_remote_code=True)")
+    sp.add_argument("out", help="folder to write")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_export_st)
 
     for name, module, help_ in [
         ("serve", "uibk_embedding.encoder.server", "serve the shared encoder over HTTP"),

@@ -29,7 +29,11 @@ tokens of a query and ``doc_max_length`` (2048) of a document, or the dense mode
 Saving (:meth:`ComposedEncoder.save`) writes a small folder: which two model folders it
 composes, a content hash of each, the format, the dense weight and the projections. Loading
 it refuses a model whose files changed since (:class:`~uibk_embedding.errors.ModelChanged`):
-vectors of the old and the new model must not be mixed in one index.
+vectors of the old and the new model must not be mixed in one index. To run the composed encoder
+without this library, ``save_sentence_transformers(encoder, FOLDER)`` (CLI: ``uibk-embed
+export-st``) writes one sentence-transformers 6 folder holding copies of both models, which
+``MultiVectorEncoder(FOLDER, trust_remote_code=True)`` loads to the same tagged lists
+(docs/loading.md).
 
 Needs the ``colbert`` extra (``sentence-transformers>=6``; PyLate is not used).
 

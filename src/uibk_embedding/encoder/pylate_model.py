@@ -156,7 +156,23 @@ def model_files(folder: str | os.PathLike) -> list[Path]:
         if d.is_dir():
             out += [f for f in d.iterdir()
                     if f.is_file() and f.name not in _UNHASHED and not f.name.startswith(".")]
+    for d in _composed_model_dirs(p):  # a composed export: both model folders, whole
+        out += [f for f in d.rglob("*") if f.is_file() and f.name not in _UNHASHED
+                and not any(part.startswith(".") or part == "__pycache__" for part in f.relative_to(d).parts)]
     return sorted(set(out))
+
+
+def _composed_model_dirs(folder: Path) -> list[Path]:
+    """The two model folders a composed export's ``composed_input.json`` names (none for other
+    folders)."""
+    try:
+        cfg = json.loads((folder / "composed_input.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(cfg, dict):
+        return []
+    names = [cfg.get("dense_folder", "dense"), cfg.get("tokens_folder", "tokens")]
+    return [folder / str(n) for n in names if isinstance(n, str) and (folder / n).is_dir()]
 
 
 def model_hash(folder: str | os.PathLike) -> str:
@@ -825,11 +841,16 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     ``sentence_transformers.MultiVectorEncoder(folder, trust_remote_code=True)`` then gives, from
     ``encode_query`` / ``encode_document``, the encoder's own tagged lists (query slots at dense
     weight 1: scale them for another), and ``load_encoder(folder, trust_remote_code=True)`` loads
-    it back. For the UIBK architecture (:class:`~uibk_embedding.encoder.uibk.UIBKEncoder`) and
+    it back. For the UIBK architecture (:class:`~uibk_embedding.encoder.uibk.UIBKEncoder`),
     one-model encoders (:class:`~uibk_embedding.encoder.transformer.TransformerEncoder`, the
-    embedded default, with a fast tokenizer); a composed encoder (two models, two passes) is
-    refused. Weights are saved in float32. Needs only the files of this package and torch to
-    write (sentence-transformers >= 6 to load).
+    embedded default, with a fast tokenizer; weights saved in float32) and composed encoders
+    (:class:`~uibk_embedding.encoder.composed.ComposedEncoder`, ``load_encoder(dense=...,
+    tokens=...)``: both model folders are copied unchanged into ``dense/`` and ``tokens/``, after
+    checking they still hash to what the encoder loaded, and the first module,
+    ``ComposedInput``, runs both models -- two forward passes -- with the encoder's prompts and
+    lengths; its ``colbert_options`` other than ``query_length`` / ``document_length`` /
+    ``query_expansion`` are refused). Needs only the files of this package and torch to write
+    (sentence-transformers >= 6 to load).
 
     >>> import tempfile
     >>> from sentence_transformers import MultiVectorEncoder
@@ -845,18 +866,24 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     import torch
     from safetensors.torch import save_file
 
+    from uibk_embedding.encoder.composed import ComposedEncoder
+
     if isinstance(encoder, PyLateEncoder):
         raise ValueError(f"this encoder is already the model folder {encoder.folder}: copy it")
-    if not isinstance(encoder, UIBKEncoder | TransformerEncoder):
+    if not isinstance(encoder, UIBKEncoder | TransformerEncoder | ComposedEncoder):
         raise NotImplementedError(
-            f"a {type(encoder).__name__} cannot be saved as one sentence-transformers model: only the "
-            "UIBK architecture and one-model encoders (the embedded default, a Hugging Face folder) "
-            "make both heads in one model; a composed encoder runs two models (two forward passes), "
-            "so save it with .save(FOLDER) and load it with load_encoder(FOLDER)")
+            f"a {type(encoder).__name__} cannot be saved as a sentence-transformers model: only the "
+            "UIBK architecture, one-model encoders (the embedded default, a Hugging Face folder) and "
+            "composed encoders (load_encoder(dense=..., tokens=...)) are")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     fmt = encoder.format
-    if isinstance(encoder, UIBKEncoder):
+    if isinstance(encoder, ComposedEncoder):
+        layout = "composed"
+        first_type = "tagged_modules.ComposedInput"
+        first = _composed_input(encoder, out)
+        token_dim = int(encoder.P.shape[1])
+    elif isinstance(encoder, UIBKEncoder):
         layout = "uibk"
         cfg = encoder.uibk_config
         cfg.backbone_config().save_pretrained(str(out))
@@ -899,7 +926,9 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
                                      "pad_token_type_id": int(facts.pad_token_type_id)},
                  "do_lower_case": bool(encoder.do_lower_case)}
         token_dim = int(encoder.model.config.hidden_size)
-    (out / "tagged_input.json").write_text(json.dumps(first, indent=2))
+    if layout != "composed":
+        first_type = "tagged_modules.TaggedInput"
+        (out / "tagged_input.json").write_text(json.dumps(first, indent=2))
     for name in ST_FILES:
         shutil.copyfile(pylate_modules.FOLDER / name, out / name)
     lists = out / "1_TaggedLists"
@@ -913,7 +942,7 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
         indent=2))
     save_file({"R": torch.from_numpy(R).contiguous(), "P": torch.from_numpy(P).contiguous()},
               str(lists / "projections.safetensors"))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "tagged_modules.TaggedInput"},
+    modules = [{"idx": 0, "name": "0", "path": "", "type": first_type},
                {"idx": 1, "name": "1", "path": "1_TaggedLists", "type": "tagged_modules.TaggedLists"}]
     (out / MODULES_NAME).write_text(json.dumps(modules, indent=2))
     import transformers
@@ -936,6 +965,43 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     }
     (out / ST_CONFIG_NAME).write_text(json.dumps(st_config, indent=2))
     return out
+
+
+def _composed_input(encoder: Any, out: Path) -> dict[str, Any]:
+    """Copy a composed encoder's two model folders into ``out`` (``dense/``, ``tokens/``, checked
+    against the content hashes taken when it loaded) and write ``composed_input.json``
+    (:class:`~uibk_embedding.encoder.pylate_modules.tagged_modules.ComposedInput`); return it."""
+    from uibk_embedding.encoder.trust import model_digest
+    from uibk_embedding.errors import ModelChanged
+
+    options = dict(encoder.colbert_options)
+    knobs = {k: options.pop(k) for k in ("query_length", "document_length", "query_expansion")
+             if k in options}
+    if options:
+        raise NotImplementedError(
+            f"colbert_options {sorted(options)} are loader options of this session (not part of the "
+            "model): a sentence-transformers export records only query_length, document_length and "
+            "query_expansion; load the composed encoder without them to export it")
+    for sub, src, digest in (("dense", encoder.dense_path, encoder.dense_sha256),
+                             ("tokens", encoder.tokens_path, encoder.tokens_sha256)):
+        dst = out / sub
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        if model_digest(dst) != digest:
+            raise ModelChanged(
+                f"the {sub} model at {src} changed since this composed encoder loaded it (its files "
+                "no longer hash to what it runs): load the encoder again, then export it")
+    cfg = {"dense_folder": "dense", "tokens_folder": "tokens",
+           "dense_prompts": {"query": encoder.query_prompt, "document": encoder.document_prompt},
+           "token_prompts": {"query": encoder._colbert_prompts[True],
+                             "document": encoder._colbert_prompts[False]},
+           "dense_lengths": {"query": int(encoder.dense_lengths[True]),
+                             "document": int(encoder.dense_lengths[False])},
+           "token_knobs": knobs, "query_length": int(encoder.query_max_length),
+           "document_length": int(encoder.doc_max_length)}
+    (out / "composed_input.json").write_text(json.dumps(cfg, indent=2))
+    return cfg
 
 
 __all__ = ["ProbeReport", "PyLateEncoder", "custom_code", "is_pylate_folder", "load_multi_vector_model",

@@ -9,7 +9,10 @@ names the two modules below, so that
 * :class:`TaggedInput` (an ``InputModule``): tokenises as the native encoder does (``"uibk"``:
   ``[CLS] marker prompt-word text... [SEP]``; ``"transformer"``: the tokenizer's own template,
   as the embedded default) and runs the model once, giving the token states, the sentence vector
-  and where each text's own tokens sit (``text_mask``);
+  and where each text's own tokens sit (``text_mask``); or, for a composed encoder,
+  :class:`ComposedInput`: its sentence-transformers model and its multi-vector model (copied
+  into ``dense/`` and ``tokens/``), each on its own tokenisation (two passes), giving the same
+  three outputs;
 * :class:`TaggedLists` (a ``Module``): the fixed projections ``R`` and ``R'`` and the tagged
   construction (docs/format.md#constants): ``token_embeddings`` becomes the 3 slot rows then one
   row per text token (a query's first ``query_token_cap``), ``attention_mask`` the rows of the
@@ -361,4 +364,194 @@ class TaggedLists(Module):
         return cls(R=proj["R"], P=proj["P"], **{k: config[k] for k in cls.config_keys if k in config})
 
 
-__all__ = ["TaggedInput", "TaggedLists"]
+
+
+COMPOSED_CONFIG_NAME = "composed_input.json"
+#: the Transformer settings of the token model that a composed encoder may override
+_TOKEN_KNOBS = ("query_length", "document_length", "query_expansion")
+
+
+def _pad_to(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    """``(B, T)`` -> ``(B, width)``, right-padded with ``value``."""
+    if x.shape[1] >= width:
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def _crop(features: dict[str, Any], width: int) -> dict[str, Any]:
+    return {k: v[:, :width] if isinstance(v, torch.Tensor) and v.dim() == 2 else v
+            for k, v in features.items()}
+
+
+class ComposedInput(InputModule):
+    """A composed encoder's two models as one input module: a sentence-transformers model (the
+    dense head) and a multi-vector (ColBERT) model (the token head), each run on its own
+    tokenisation as ``load_encoder(dense=..., tokens=...)`` runs them (two forward passes).
+
+    The folder holds both model folders (``dense/``, ``tokens/``, copied unchanged) and
+    ``composed_input.json``: each head's prompts, the dense head's lengths and the token model's
+    overridden lengths / query expansion. The output is what :class:`TaggedLists` reads: the token
+    model's vectors (``token_embeddings``), the dense model's normalised sentence vector, and the
+    rows the token model scores (``text_mask``: its ``MultiVectorMask``). Both models' inputs are
+    padded to one width, ``attention_mask`` being the union of what either reads, so a batch split
+    by rows and cropped to its longest ``attention_mask`` stays whole for both.
+
+    Parameters
+    ----------
+    folder: the export folder (``composed_input.json``, ``dense/``, ``tokens/``).
+    dense_folder, tokens_folder: the two model folders, relative to ``folder``.
+    dense_prompts, token_prompts: ``{"query": ..., "document": ...}``, the prompt of each head.
+    dense_lengths: ``{"query": ..., "document": ...}``, the tokens the dense head reads.
+    token_knobs: the token model's ``query_length`` / ``document_length`` / ``query_expansion``
+        set after it loads (the composed encoder's ``colbert_options``).
+    query_length, document_length: what the composed encoder reads at most (reported only).
+    trust_remote_code: passed to both models' loaders.
+
+    ``tests/test_composed.py`` builds one from tiny models and checks it against the
+    composed encoder.
+    """
+
+    config_file_name = COMPOSED_CONFIG_NAME
+    config_keys: ClassVar[list[str]] = ["dense_folder", "tokens_folder", "dense_prompts", "token_prompts",
+                                        "dense_lengths", "token_knobs", "query_length", "document_length"]
+    forward_kwargs: ClassVar[set[str]] = {"task"}
+    save_in_root = True
+
+    def __init__(self, folder: str, *, dense_folder: str = "dense", tokens_folder: str = "tokens",
+                 dense_prompts: dict[str, str] | None = None, token_prompts: dict[str, str] | None = None,
+                 dense_lengths: dict[str, int] | None = None, token_knobs: dict[str, Any] | None = None,
+                 query_length: int | None = None, document_length: int | None = None,
+                 trust_remote_code: bool = False, **_: Any) -> None:
+        super().__init__()
+        from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+
+        trust = trust_remote_code is True
+        self.dense_folder, self.tokens_folder = str(dense_folder), str(tokens_folder)
+        for sub in (self.dense_folder, self.tokens_folder):
+            if os.path.isabs(sub) or ".." in sub.replace("\\", "/").split("/"):
+                raise ValueError(f"{folder}: a model folder must lie inside the export, got {sub!r}")
+        self.dense_prompts = {"query": "", "document": "", **(dense_prompts or {})}
+        self.token_prompts = {"query": "", "document": "", **(token_prompts or {})}
+        self.token_knobs = {k: v for k, v in (token_knobs or {}).items() if k in _TOKEN_KNOBS}
+        self.dense_model = SentenceTransformer(os.path.join(folder, self.dense_folder), device="cpu",
+                                               local_files_only=True, trust_remote_code=trust).eval()
+        self.token_model = MultiVectorEncoder(os.path.join(folder, self.tokens_folder), device="cpu",
+                                              local_files_only=True, trust_remote_code=trust).eval()
+        first = self.token_model[0]
+        for k, v in self.token_knobs.items():
+            setattr(first, k, v)
+        dense_max = int(self.dense_model.max_seq_length or 512)
+        lengths = {"query": dense_max, "document": dense_max, **(dense_lengths or {})}
+        self.dense_lengths = {k: int(v) for k, v in lengths.items()}
+        self.query_length = int(query_length or self.dense_lengths["query"])
+        self.document_length = int(document_length or self.dense_lengths["document"])
+        self.max_seq_length = max(self.query_length, self.document_length)
+        self.tokenizer = self.token_model.tokenizer
+        limit = getattr(first, "document_length", None) or getattr(first, "max_seq_length", None)
+        self._token_doc_limit = int(limit) if limit else None
+
+    # -- tokenising ------------------------------------------------------------------------------
+    def preprocess(self, inputs: list[str], prompt: str | None = None, task: str | None = None,
+                   **kwargs: Any) -> dict[str, Any]:
+        """Both models' inputs (``tokens.*``, ``dense.*``) at one width, their union
+        ``attention_mask`` and which texts either model cut (``truncated``)."""
+        texts = [str(t) for t in inputs]
+        if prompt:
+            texts = [prompt + t for t in texts]
+        is_query = _task_is_query(task)
+        name = "query" if is_query else "document"
+        task = name
+        cprompt = self.token_prompts[name]
+        tok = dict(self.token_model.preprocess(texts, prompt=cprompt or None, task=task))
+        dprompt = self.dense_prompts[name]
+        limit = self.dense_lengths[name]
+        self.dense_model.max_seq_length = limit
+        dense = dict(self.dense_model.preprocess(texts, prompt=dprompt or None, task=task))
+        cut = self._dense_truncated([dprompt + t for t in texts] if dprompt else texts,
+                                    dense["attention_mask"], limit)
+        if not is_query:
+            cut |= self._token_truncated([cprompt + t for t in texts] if cprompt else texts)
+        width = max(tok["attention_mask"].shape[1], dense["attention_mask"].shape[1])
+        pads = {"input_ids": int(getattr(self.token_model.tokenizer, "pad_token_id", 0) or 0)}
+        dpads = {"input_ids": int(getattr(self.dense_model.tokenizer, "pad_token_id", 0) or 0)}
+        out: dict[str, Any] = {}
+        union = torch.zeros((len(texts), width), dtype=torch.long)
+        for prefix, feats, pad in (("tokens.", tok, pads), ("dense.", dense, dpads)):
+            for k, v in feats.items():
+                if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == len(texts):
+                    v = _pad_to(v, width, pad.get(k, 0))
+                    if k in ("attention_mask", "query_expansion_positions"):
+                        union |= v.long()
+                out[prefix + k] = v
+        out["attention_mask"] = union
+        out["truncated"] = torch.from_numpy(cut) if not isinstance(cut, torch.Tensor) else cut
+        return out
+
+    def _dense_truncated(self, texts: list[str], mask: torch.Tensor, limit: int) -> torch.Tensor:
+        lengths = mask.sum(1)
+        cut = torch.zeros(len(texts), dtype=torch.bool)
+        full = [i for i in range(len(texts)) if int(lengths[i]) >= limit]  # only these can be cut
+        if full:
+            enc = self.dense_model.tokenizer([texts[i] for i in full], add_special_tokens=True,
+                                             truncation=False, verbose=False)
+            for i, ids in zip(full, enc["input_ids"], strict=True):
+                cut[i] = len(ids) > limit
+        return cut
+
+    def _token_truncated(self, texts: list[str]) -> torch.Tensor:
+        if self._token_doc_limit is None:
+            return torch.zeros(len(texts), dtype=torch.bool)
+        enc = self.token_model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
+        return torch.tensor([len(x) > self._token_doc_limit for x in enc["input_ids"]], dtype=torch.bool)
+
+    # -- the models ---------------------------------------------------------------------------
+    @staticmethod
+    def _own(features: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """One model's inputs, cropped to the width its rows need (as it padded them itself)."""
+        own = {k[len(prefix):]: v for k, v in features.items() if k.startswith(prefix)}
+        need = own["attention_mask"].bool()
+        if "query_expansion_positions" in own:
+            need = need | own["query_expansion_positions"].bool()
+        cols = need.any(dim=0).nonzero()
+        width = int(cols.max()) + 1 if len(cols) else need.shape[1]
+        own = _crop(own, width)
+        own["attention_mask"] = own["attention_mask"].clone()  # pooling may edit it in place
+        return own
+
+    def forward(self, features: dict[str, Any], task: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        task = "query" if _task_is_query(task) else "document"
+        out = self.token_model(self._own(features, "tokens."), task=task)
+        g = self.dense_model(self._own(features, "dense."), task=task)["sentence_embedding"]
+        features["token_embeddings"] = out["token_embeddings"].float()
+        features["sentence_embedding"] = torch.nn.functional.normalize(g.float(), dim=-1)
+        features["text_mask"] = out["attention_mask"].bool()
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return int(self.token_model.get_embedding_dimension())
+
+    get_word_embedding_dimension = get_embedding_dimension
+
+    def __repr__(self) -> str:
+        return f"ComposedInput({self.get_config_dict()})"
+
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:
+        os.makedirs(output_path, exist_ok=True)
+        self.dense_model.save(os.path.join(output_path, self.dense_folder))
+        self.token_model.save_pretrained(os.path.join(output_path, self.tokens_folder))
+        self.save_config(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
+             cache_folder: str | None = None, revision: str | None = None,
+             local_files_only: bool = False, **kwargs: Any) -> ComposedInput:
+        folder = cls.load_dir_path(model_name_or_path, subfolder=subfolder, token=token,
+                                   cache_folder=cache_folder, revision=revision,
+                                   local_files_only=local_files_only)
+        with open(os.path.join(folder, COMPOSED_CONFIG_NAME)) as f:
+            config = json.load(f)
+        config.pop("trust_remote_code", None)  # the caller's choice, not the file's
+        return cls(folder, trust_remote_code=kwargs.get("trust_remote_code") is True, **config)
+
+
+__all__ = ["ComposedInput", "TaggedInput", "TaggedLists"]
