@@ -25,17 +25,19 @@ def test_encode_backends_benchmark(tmp_path, monkeypatch):
     monkeypatch.setenv("UIBK_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "backends.json"
     bench = load_benchmark("encode_backends")
-    assert bench.main(["--docs", "6", "--long", "2", "--runs", "1", "--threads", "1", "--int8",
-                       "--quality", "limit-small", "--json", str(out)]) == 0
+    assert bench.main(["--docs", "6", "--long", "2", "--runs", "1", "--threads", "1",
+                       "--backends", "onnx", "--int8", "per-channel", "--quality", "limit-small",
+                       "--json", str(out), "--md", str(tmp_path / "backends.md")]) == 0
     res = json.loads(out.read_text())
     for name, texts in (("npl", 6), ("512 tokens", 2)):
         s = res["sets"][name]
-        assert s["texts"] == texts and s["max_abs_difference_onnx"] <= 1e-5
-        assert s["max_abs_difference_onnx-int8"] > 1e-5  # quantized: not the same lists
+        assert s["texts"] == texts and s["max_abs_difference"]["onnx"] <= 1e-5
+        assert s["max_abs_difference"]["onnx-int8-per-channel"] > 1e-5  # quantized: not the same lists
         assert s["docs_per_s"]["torch"] > 0 and s["docs_per_s"]["onnx"] > 0
     q = res["quality"]["limit-small"]
     assert q["docs"] == 46 and q["queries"] == 1000
     # the same lists up to float32 noise: the same rankings but for near ties
     assert abs(q["torch"]["fused"] - q["onnx"]["fused"]) <= 0.5
-    assert all(0 <= q[k][h] <= 100 for k in ("torch", "onnx", "onnx-int8")
+    assert all(0 <= q[k][h] <= 100 for k in ("torch", "onnx", "onnx-int8-per-channel")
                for h in ("fused", "dense", "tokens"))
+    assert "| onnx-int8-per-channel |" in (tmp_path / "backends.md").read_text()

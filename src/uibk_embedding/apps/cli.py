@@ -66,6 +66,7 @@ from uibk_embedding.apps.evaluation import (
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.onnx_backend import BACKENDS as ENCODER_BACKENDS
 from uibk_embedding.encoder.projection import projection_id
+from uibk_embedding.encoder.pylate_model import save_sentence_transformers
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
 from uibk_embedding.metrics import evaluate
@@ -814,8 +815,6 @@ def cmd_export_pylate(args: argparse.Namespace) -> int:
 def cmd_export_st(args: argparse.Namespace) -> int:
     """``export-st OUT``: the encoder as a sentence-transformers 6 ``MultiVectorEncoder`` folder
     (``save_sentence_transformers``; a composed encoder too)."""
-    from uibk_embedding.encoder.pylate_model import save_sentence_transformers
-
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # never over another model
         raise SystemExit(f"uibk-embed: {out} is not an empty folder: the model needs a new one")

@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,41 @@ class ComposedEncoder(TaggedEncoder):
         """Write the encoder's folder (``uibk_encoder.json`` + ``projections.npz``); the two
         model folders are referred to by path and content hash, not copied."""
         self.save_projections(path)
+
+    def write_st_input(self, out: Path) -> dict[str, Any]:
+        """Copy the two model folders into ``out`` (``dense/``, ``tokens/``, checked against the
+        content hashes taken when they loaded) and write ``composed_input.json``, the first module
+        (:class:`~uibk_embedding.encoder.pylate_modules.tagged_modules.ComposedInput`) of the
+        sentence-transformers 6 folder that
+        :func:`~uibk_embedding.encoder.pylate_model.save_sentence_transformers` writes; return it."""
+        options = dict(self.colbert_options)
+        knobs = {k: options.pop(k) for k in ("query_length", "document_length", "query_expansion")
+                 if k in options}
+        if options:
+            raise NotImplementedError(
+                f"colbert_options {sorted(options)} are loader options of this session (not part of the "
+                "model): a sentence-transformers export records only query_length, document_length and "
+                "query_expansion; load the composed encoder without them to export it")
+        for sub, src, digest in (("dense", self.dense_path, self.dense_sha256),
+                                 ("tokens", self.tokens_path, self.tokens_sha256)):
+            dst = out / sub
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+            if model_digest(dst) != digest:
+                raise ModelChanged(
+                    f"the {sub} model at {src} changed since this composed encoder loaded it (its files "
+                    "no longer hash to what it runs): load the encoder again, then export it")
+        cfg = {"dense_folder": "dense", "tokens_folder": "tokens",
+               "dense_prompts": {"query": self.query_prompt, "document": self.document_prompt},
+               "token_prompts": {"query": self._colbert_prompts[True],
+                                 "document": self._colbert_prompts[False]},
+               "dense_lengths": {"query": int(self.dense_lengths[True]),
+                                 "document": int(self.dense_lengths[False])},
+               "token_knobs": knobs, "query_length": int(self.query_max_length),
+               "document_length": int(self.doc_max_length)}
+        (out / "composed_input.json").write_text(json.dumps(cfg, indent=2))
+        return cfg
 
     @classmethod
     def from_pretrained(

@@ -866,11 +866,11 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     import torch
     from safetensors.torch import save_file
 
-    from uibk_embedding.encoder.composed import ComposedEncoder
-
     if isinstance(encoder, PyLateEncoder):
         raise ValueError(f"this encoder is already the model folder {encoder.folder}: copy it")
-    if not isinstance(encoder, UIBKEncoder | TransformerEncoder | ComposedEncoder):
+    # a composed encoder (encoder/composed.py, which imports this module) writes its own first module
+    write_composed_input = getattr(encoder, "write_st_input", None)
+    if not (isinstance(encoder, UIBKEncoder | TransformerEncoder) or callable(write_composed_input)):
         raise NotImplementedError(
             f"a {type(encoder).__name__} cannot be saved as a sentence-transformers model: only the "
             "UIBK architecture, one-model encoders (the embedded default, a Hugging Face folder) and "
@@ -878,10 +878,10 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     fmt = encoder.format
-    if isinstance(encoder, ComposedEncoder):
+    if callable(write_composed_input):
         layout = "composed"
         first_type = "tagged_modules.ComposedInput"
-        first = _composed_input(encoder, out)
+        first = write_composed_input(out)
         token_dim = int(encoder.P.shape[1])
     elif isinstance(encoder, UIBKEncoder):
         layout = "uibk"
@@ -965,43 +965,6 @@ def save_sentence_transformers(encoder: TaggedEncoder, folder: str | os.PathLike
     }
     (out / ST_CONFIG_NAME).write_text(json.dumps(st_config, indent=2))
     return out
-
-
-def _composed_input(encoder: Any, out: Path) -> dict[str, Any]:
-    """Copy a composed encoder's two model folders into ``out`` (``dense/``, ``tokens/``, checked
-    against the content hashes taken when it loaded) and write ``composed_input.json``
-    (:class:`~uibk_embedding.encoder.pylate_modules.tagged_modules.ComposedInput`); return it."""
-    from uibk_embedding.encoder.trust import model_digest
-    from uibk_embedding.errors import ModelChanged
-
-    options = dict(encoder.colbert_options)
-    knobs = {k: options.pop(k) for k in ("query_length", "document_length", "query_expansion")
-             if k in options}
-    if options:
-        raise NotImplementedError(
-            f"colbert_options {sorted(options)} are loader options of this session (not part of the "
-            "model): a sentence-transformers export records only query_length, document_length and "
-            "query_expansion; load the composed encoder without them to export it")
-    for sub, src, digest in (("dense", encoder.dense_path, encoder.dense_sha256),
-                             ("tokens", encoder.tokens_path, encoder.tokens_sha256)):
-        dst = out / sub
-        if dst.exists():
-            shutil.rmtree(dst)
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".*", "__pycache__"))
-        if model_digest(dst) != digest:
-            raise ModelChanged(
-                f"the {sub} model at {src} changed since this composed encoder loaded it (its files "
-                "no longer hash to what it runs): load the encoder again, then export it")
-    cfg = {"dense_folder": "dense", "tokens_folder": "tokens",
-           "dense_prompts": {"query": encoder.query_prompt, "document": encoder.document_prompt},
-           "token_prompts": {"query": encoder._colbert_prompts[True],
-                             "document": encoder._colbert_prompts[False]},
-           "dense_lengths": {"query": int(encoder.dense_lengths[True]),
-                             "document": int(encoder.dense_lengths[False])},
-           "token_knobs": knobs, "query_length": int(encoder.query_max_length),
-           "document_length": int(encoder.doc_max_length)}
-    (out / "composed_input.json").write_text(json.dumps(cfg, indent=2))
-    return cfg
 
 
 __all__ = ["ProbeReport", "PyLateEncoder", "custom_code", "is_pylate_folder", "load_multi_vector_model",
