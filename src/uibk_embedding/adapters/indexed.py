@@ -1069,18 +1069,6 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             raise _StaleView
         return out
 
-    def _metadata_rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(seq, metadata)`` of every document of the view, in seq order, read from SQLite in one
-        statement (documents written after the view's snapshot skipped); :class:`_StaleView`
-        when one of the view's documents is gone (another writer removed it since)."""
-        seen = 0
-        for seq, md in self._db.execute("SELECT seq, metadata FROM docs ORDER BY seq"):
-            if seq in self._id_of:
-                seen += 1
-                yield seq, json.loads(md)
-        if seen != len(self._id_of):
-            raise _StaleView
-
     def _matching(self, conditions: tuple[Node, ...]) -> list[int]:
         """The seqs of the view's documents whose metadata pass ``conditions``. The fields the
         conditions name (top-level keys: a filter reads nothing else) are read from SQLite once
@@ -1090,8 +1078,10 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         nothing."""
         fields = _fields(conditions)
         cached = self._filter_fields
-        if cached is None or cached[0] != fields:
-            values = {s: {f: md[f] for f in fields if f in md} for s, md in self._metadata_rows()}
+        if cached is None or cached[0] != fields:  # every stored document's, from one committed state
+            with read_transaction(self._db) as db:
+                values = {seq: {f: md[f] for f in fields if f in md}
+                          for seq, m in db.execute("SELECT seq, metadata FROM docs") for md in (json.loads(m),)}
             self._filter_fields = cached = (fields, values)
         values = cached[1]
         missing = [s for s in self._id_of if s not in values]
@@ -1470,12 +1460,17 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             return len(self._id_of)
 
     def _scan(self, conditions: tuple[Node, ...], batch_size: int) -> Iterator[list[tuple[str, dict]]]:
-        """The view's documents (metadata read from SQLite), in insertion order."""
+        """The documents (ids and metadata), in insertion order, of one committed state: read from
+        SQLite in one read transaction. A scan needs no vectors, so it reads the newest state
+        rather than the view's: the view's own state may be gone before its metadata are read
+        (a writer that removes documents faster than a reader reloads its view)."""
         with self._lock:
             self._check_open()
             self._fresh()
-            found = self._reading(lambda: [(self._id_of[s], md) for s, md in self._metadata_rows()
-                                           if matches(md, conditions)])
+            with read_transaction(self._db) as db:
+                rows = db.execute("SELECT id, metadata FROM docs ORDER BY seq")
+                found = [(doc_id, md) for doc_id, md in ((d, json.loads(m)) for d, m in rows)
+                         if matches(md, conditions)]
         for i in range(0, len(found), batch_size):
             yield found[i:i + batch_size]
 
