@@ -1080,8 +1080,9 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         cached = self._filter_fields
         if cached is None or cached[0] != fields:  # every stored document's, from one committed state
             with read_transaction(self._db) as db:
+                rows = db.execute("SELECT seq, metadata FROM docs")
                 values = {seq: {f: md[f] for f in fields if f in md}
-                          for seq, m in db.execute("SELECT seq, metadata FROM docs") for md in (json.loads(m),)}
+                          for seq, m in rows for md in (json.loads(m),)}
             self._filter_fields = cached = (fields, values)
         values = cached[1]
         missing = [s for s in self._id_of if s not in values]
