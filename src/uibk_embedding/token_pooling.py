@@ -178,17 +178,23 @@ def pool_tokens(document: np.ndarray, pool_factor: int, fmt: TaggedFormat | None
     if pool_factor == 1:
         return document
     fmt = fmt or TaggedFormat()
-    x = np.asarray(document)
-    if x.ndim != 2 or x.shape[0] < N_SLOTS or not np.all(x[:N_SLOTS, 0] < 0):
-        raise ValueError(f"pool_tokens takes one tagged list ({N_SLOTS} slot rows, then token rows), "
-                         f"got shape {x.shape}")
-    tokens = x[N_SLOTS:]
+    x, tokens = _tagged_list(document, "pool_tokens")
     n = len(tokens)
     k = pooled_token_count(n, pool_factor)
     if k == n:
         return document
     return pool_clusters(x, ward_clusters(tokens[:, 1:].astype(np.float64), k), fmt)
 
+
+
+def _tagged_list(document: np.ndarray, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """``document`` as an array and its token rows; a ValueError naming ``who`` unless it is one
+    tagged list (its first N_SLOTS rows slots, tag < 0)."""
+    x = np.asarray(document)
+    if x.ndim != 2 or x.shape[0] < N_SLOTS or not np.all(x[:N_SLOTS, 0] < 0):
+        raise ValueError(f"{who} takes one tagged list ({N_SLOTS} slot rows, then token rows), "
+                         f"got shape {x.shape}")
+    return x, x[N_SLOTS:]
 
 def pool_clusters(document: np.ndarray, labels: np.ndarray, fmt: TaggedFormat | None = None,
                   centers: np.ndarray | None = None) -> np.ndarray:
@@ -209,11 +215,7 @@ def pool_clusters(document: np.ndarray, labels: np.ndarray, fmt: TaggedFormat | 
     True
     """
     fmt = fmt or TaggedFormat()
-    x = np.asarray(document)
-    if x.ndim != 2 or x.shape[0] < N_SLOTS or not np.all(x[:N_SLOTS, 0] < 0):
-        raise ValueError(f"pool_clusters takes one tagged list ({N_SLOTS} slot rows, then token rows), "
-                         f"got shape {x.shape}")
-    tokens = x[N_SLOTS:]
+    x, tokens = _tagged_list(document, "pool_clusters")
     n = len(tokens)
     labels = np.asarray(labels)
     ok = labels.shape == (n,) and (n == 0 or (np.issubdtype(labels.dtype, np.integer) and labels.min() >= 0))
