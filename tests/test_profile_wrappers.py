@@ -62,7 +62,7 @@ def test_cli_ray_index_refuses_a_profile_no_ray_backend_keeps(tmp_path):
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "a", "text": "wing lift"}) + "\n")
-    with pytest.raises(SystemExit, match="--profile chooses what the exact store keeps; the lancedb"):
+    with pytest.raises(SystemExit, match="--profile chooses what a store keeps; --ray takes none"):
         cli.main(["index", str(corpus), "--backend", "lancedb", "--option", f"uri={tmp_path / 'l'}",
                   "--ray", "--profile", "compact"])
     assert not (tmp_path / "l").exists()  # refused before anything started or was written

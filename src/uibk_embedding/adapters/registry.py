@@ -125,6 +125,15 @@ def _a(name: str) -> str:
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
+def takes_option(backend: str, option: str) -> bool:
+    """Whether a backend's store takes a keyword (``profile``, ``read_only``, ...).
+
+    >>> takes_option("exact", "profile"), takes_option("exact", "no_such_option")
+    (True, False)
+    """
+    return option in _parameters(backend_factory(backend))
+
+
 def _parameters(factory: Any) -> set[str]:
     try:  # a class's own __init__ (MilvusStore's __new__ takes **kwargs)
         return set(inspect.signature(factory.__init__ if isinstance(factory, type) else factory).parameters)

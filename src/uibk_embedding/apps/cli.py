@@ -53,6 +53,7 @@ from uibk_embedding.adapters.registry import (
     detect_backend,
     find_backend,
     require_store,
+    takes_option,
 )
 from uibk_embedding.apps.data import kept_metadata, load_beir, read_corpus
 from uibk_embedding.apps.distributed import index_distributed
@@ -402,9 +403,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     for flag in ("save_encoder", "fit_sample"):
         if getattr(args, flag) is not None and not args.fit_projection:
             raise SystemExit(f"uibk-embed: --{flag.replace('_', '-')} needs --fit-projection")
-    if args.profile is not None and args.backend != "exact":  # --ray too: no engine there takes it
-        raise UsageError(f"uibk-embed: --profile chooses what the exact store keeps; the {args.backend} "
-                         "backend keeps its own (docs/compact.md)")
+    if args.profile is not None and args.backend != "exact" and (
+            args.ray or not takes_option(args.backend, "profile")):
+        where = "--ray" if args.ray else f"the {args.backend} backend"  # Ray's actors take no profile
+        raise UsageError(f"uibk-embed: --profile chooses what a store keeps; {where} takes none "
+                         "(docs/compact.md says which backends do)")
     if args.ray:
         if args.fit_projection:
             raise SystemExit("uibk-embed: --fit-projection runs in one process: fit first "
