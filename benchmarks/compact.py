@@ -62,7 +62,20 @@ WHEN = {  # the README's "which profile when": what each profile is for (the fig
 K = 10
 
 
-def run_collection(name: str, profiles: tuple[str, ...], work: Path) -> dict:
+def _exact(folder: Path, profile: str, fmt, read_only: bool = False):
+    if read_only:
+        return open_store("exact", path=folder, read_only=True)  # as a served reader sees it
+    return open_store("exact", path=folder, profile=profile, format=fmt)
+
+
+OPENERS = {"exact": _exact}
+"""backend -> ``open(folder, profile, format, read_only=False)``: a store of that backend keeping
+``profile``, in ``folder`` (created), or reopened read-only as a served reader sees it (a backend
+without ``read_only`` reopens as a writer would). Each engine's profiles are its own
+compression (docs/compact.md); the reference is always the float32 exact store."""
+
+
+def run_collection(name: str, profiles: tuple[str, ...], work: Path, backend: str = "exact") -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         coll = load_beir(datasets_dir() / name)
@@ -72,15 +85,16 @@ def run_collection(name: str, profiles: tuple[str, ...], work: Path) -> dict:
     n_vectors = int(sum(len(d) for d in base.docs))
     print(f"{name}: {len(base.docs)} documents, {n_vectors:,} vectors, {len(queries)} queries", flush=True)
     rows, reference = [], None
-    for profile in profiles:
-        folder = work / f"{name}-{profile}"
-        store = open_store("exact", path=folder, profile=profile, format=enc.format)
+    runs = [("exact", "exact")] + [(backend, p) for p in profiles if (backend, p) != ("exact", "exact")]
+    for engine, profile in runs:
+        folder = work / f"{name}-{engine}-{profile}"
+        store = OPENERS[engine](folder, profile, enc.format)
         t0 = time.perf_counter()
         index_into(store, base, coll, show_progress=False)
         build_s = time.perf_counter() - t0
         stats = store.stats()
         store.close()
-        store = open_store("exact", path=folder, read_only=True)  # as a served reader sees it
+        store = OPENERS[engine](folder, profile, enc.format, read_only=True)
         store.search(queries[0], k=K)  # the first search maps the file
         run, times = {}, []
         for qid, q in zip(base.query_ids, queries, strict=True):
@@ -94,7 +108,9 @@ def run_collection(name: str, profiles: tuple[str, ...], work: Path) -> dict:
             reference = run
         m = evaluate(run, coll.qrels)
         row = {
+            "backend": engine,
             "profile": profile,
+            "label": profile if engine == "exact" else f"{engine} {profile}",
             "vectors": stats["vectors"],
             "bytes_on_disk": stats["bytes_on_disk"],
             "resident_bytes": stats["resident_bytes"],
@@ -143,13 +159,13 @@ def markdown(report: dict) -> str:
     for c in report["collections"]:
         for r in c["rows"]:
             lines.append(
-                f"| {c['collection']} | {r['profile']} | {r['disk_per_vector']:.1f} | {r['disk_ratio']:.3f} "
+                f"| {c['collection']} | {r['label']} | {r['disk_per_vector']:.1f} | {r['disk_ratio']:.3f} "
                 f"| {r['resident_per_vector']:.1f} | {r['resident_ratio']:.3f} | {r['ndcg@10']:.4f} "
                 f"| {r['ndcg@10_delta_points']:+.2f} | {r['recall@10_vs_exact']:.3f} | {r['p50_ms']:.1f} "
                 f"| {r['p95_ms']:.1f} | {r['build_s']:.1f} |")
     lines += ["", "## Against the aims of issue 59", ""]
     for c in report["collections"]:
-        by = {r["profile"]: r for r in c["rows"]}
+        by = {r["label"]: r for r in c["rows"]}
         if "compact" in by:
             r = by["compact"]
             lines.append(f"- {c['collection']}, compact: folder {r['disk_ratio']:.3f}x the float32 exact "
@@ -177,12 +193,12 @@ def which_profile_when(report: dict) -> list[str]:
     """The README's "which profile when" table: per profile, what it is for and its figures in
     this run (bytes per vector on disk and resident, as a ratio of exact's folder, the nDCG@10
     delta and recall@10 range over the collections, NPL's p50)."""
-    names = [r["profile"] for r in report["collections"][0]["rows"]] if report["collections"] else []
+    names = [r["label"] for r in report["collections"][0]["rows"]] if report["collections"] else []
     out = ["| profile | when | disk B/vector (x exact) | resident B/vector | nDCG@10 vs exact (points) "
            "| recall@10 vs exact | p50 ms on NPL |", "|---|---|---:|---:|---:|---:|---:|"]
     for name in names:
         rows = [(c["collection"], r) for c in report["collections"] for r in c["rows"]
-                if r["profile"] == name]
+                if r["label"] == name]
         disk = [r["disk_per_vector"] for _, r in rows]
         ratio = [r["disk_ratio"] for _, r in rows]
         res = [r["resident_per_vector"] for _, r in rows]
@@ -200,13 +216,16 @@ def main() -> None:
     ap.add_argument("--collections", nargs="*", default=None, help="folders under the datasets folder "
                     "(default: every one with a corpus.jsonl)")
     ap.add_argument("--profiles", nargs="*", default=list(PROFILES), choices=PROFILES)
+    ap.add_argument("--backend", default="exact", choices=sorted(OPENERS),
+                    help="the backend whose profiles are measured (default exact); the float32 exact "
+                         "store is always the first row, the reference")
     ap.add_argument("--out", default=str(HERE / "results" / "compact"))
     ap.add_argument("--quiet-cores", action="store_true", help="the machine ran nothing else (say so)")
     ap.add_argument("--work", default=None, help="where the stores are built (default: a temporary folder)")
     args = ap.parse_args()
     root = datasets_dir()
     names = args.collections or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").exists())
-    profiles = tuple(["exact", *[p for p in args.profiles if p != "exact"]])  # exact: the reference
+    profiles = tuple(args.profiles)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="uibk-compact-"))
     report = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -217,7 +236,8 @@ def main() -> None:
         "quiet_cores": args.quiet_cores,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "datasets": str(root),
-        "collections": [run_collection(n, profiles, work) for n in names],
+        "backend": args.backend,
+        "collections": [run_collection(n, profiles, work, args.backend) for n in names],
     }
     report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.work:
