@@ -102,7 +102,15 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("exact", "exact16", "plaid", "warp")
+ENGINES = ("exact", "exact16", "compact", "exact-rerank", "plaid", "warp")
+EXACT_PROFILES = {"exact16": "float16", "compact": "compact", "exact-rerank": "exact-rerank"}
+"""The exact store's engines of this benchmark besides ``exact``: the profile each loads with
+(docs/compact.md): ``compact`` is rotated 4-bit rows only, ``exact-rerank`` rotated 2-bit rows
+scanned and the best reranked from float16 originals on disk."""
+
+
+def _is_exact(engine: str) -> bool:
+    return engine == "exact" or engine in EXACT_PROFILES
 
 
 def _status(pid: int | str = "self") -> dict[str, int]:
@@ -165,11 +173,11 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _open(engine: str, path: Path, loading: bool = False, **options: Any) -> Any:
-    if engine in ("exact", "exact16"):  # exact16: float16 rows (half the bytes, slower scoring)
+    if _is_exact(engine):  # exact16: float16 rows (half the bytes, slower scoring)
         from uibk_embedding.adapters.exact import ExactStore
 
-        if engine == "exact16" and not path.exists():
-            options = {"vector_dtype": "float16", **options}
+        if engine in EXACT_PROFILES and not path.exists():
+            options = {"profile": EXACT_PROFILES[engine], **options}
         return ExactStore(path=path, **options)
     # loading: no index yet (built once at the end); otherwise the engine's index at every size,
     # which is what this benchmark measures (the library's default, an exact scan below
@@ -195,7 +203,7 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
     for ids, docs in corpus(args.vectors, args.docs, args.chunk):
         store.upsert(ids, docs)
         n_vectors += sum(len(d) for d in docs)
-    if args.engine.startswith("exact"):
+    if _is_exact(args.engine):
         store.compact()
     store.close()
     return {"load_s": round(time.perf_counter() - t0, 1), "vectors": n_vectors,
@@ -276,7 +284,7 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     with _Phases(args.engine == "plaid") as phases:
         store = _open(args.engine, path, **_options(args))
-        if not args.engine.startswith("exact"):
+        if not _is_exact(args.engine):
             if store.has_index and args.rebuild:  # built on open already by an earlier run
                 store.rebuild()
             store.flush()
