@@ -201,8 +201,12 @@ def test_scale_smoke(tmp_path, rng):
     common = ["--vectors", str(vec), "--work", str(tmp_path / "w"), "--queries", "3", "--chunk", "25",
               "--docs", "60", "--rounds", "2", "--out", str(out)]
     warp = ["--option", "warp:num_partitions=16", "--option", "warp:kmeans_niters=1"]
-    assert mod.main(["run", *common, "--engines", "exact,exact16,warp", "--add", "30", *warp]) == 0
+    assert mod.main(["run", *common, "--engines", "exact,exact16,compact,exact-rerank,warp", "--add", "30",
+                     *warp]) == 0
     row = json.loads(out.with_suffix(".json").read_text())["sizes"]["60"]
+    assert row["exact-rerank"]["recall@10_vs_exact"] == 1.0  # 60 documents: all in its rerank pool
+    assert row["compact"]["vectors"] == row["exact"]["vectors"]
+    assert row["compact"]["disk_bytes"] < row["exact16"]["disk_bytes"] < row["exact"]["disk_bytes"]
     for engine in ("exact", "warp"):
         assert row[engine]["update_docs"] == 30 and row[engine]["update_chunk_s"] != []
         assert len(row[engine]["update_chunk_s"]) == 2  # 25 + 5 documents
