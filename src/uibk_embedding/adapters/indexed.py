@@ -90,6 +90,7 @@ import sqlite3
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -267,6 +268,29 @@ def default_partitions(n_vectors: int, device: str = "cpu") -> int:
     return heuristic if device.startswith("cuda") else min(heuristic, CPU_MAX_PARTITIONS)
 
 
+_OPEN_STORES: weakref.WeakSet[IndexedStore] = weakref.WeakSet()
+"""Every open store object of this process (for :func:`_after_fork_in_child`)."""
+_INHERITED: list[Any] = []
+"""What a forked child took over from its parent and must neither use nor close: SQLite
+connections and files opened for appending (see :meth:`IndexedStore._after_fork`). Kept
+referenced so the child never finalises them while it runs."""
+
+
+def _after_fork_in_child() -> None:
+    """In the child of ``os.fork()`` (``os.register_at_fork``): every store object gets a new
+    lock (another thread of the parent may have held the old one at the fork: it would never be
+    released here), and one that was in the middle of a write is marked (it refuses every call:
+    its view is half a write). The connections are replaced lazily, on the object's first call
+    (:meth:`IndexedStore._after_fork`)."""
+    for store in list(_OPEN_STORES):
+        store._forked_in_write = store._forked_in_write or store._write_depth > 0
+        store._lock = store._guard = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
     """A file-backed store whose engine index proposes candidates (see the module docstring).
 
@@ -399,6 +423,8 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
 
         self._lock = self._guard = threading.RLock()
         self._closed = False
+        self._pid = os.getpid()               # the process that opened the connections (fork safety)
+        self._forked_in_write = False         # copied by os.fork() while a write ran: unusable
         self._tmpdir: str | None = None
         if path is None and not self.in_memory_without_path:
             self._tmpdir = tempfile.mkdtemp(prefix=f"uibk-{self.backend}-")
@@ -447,6 +473,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                 refuse_foreign_folder(self.path, DB_NAME, LOCK_NAME, self.label, self.backend)
                 self._writable = writable_folder(self.path)
             self._open(format, given, create)
+            _OPEN_STORES.add(self)
         except sqlite3.DatabaseError as e:
             self._closed = True
             self._release()
@@ -576,6 +603,52 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
     def dead_vector_rows(self) -> int:
         """Rows of the vector file that no live document references (removed by compaction)."""
         return self._vf.n_rows - self._n_vectors if self._vf is not None else 0
+
+    # -- fork safety -----------------------------------------------------------------------
+    def _check_open(self, what: str = "this call") -> None:
+        """:meth:`MultiVectorStore._check_open`, and in a process forked from the one that
+        opened this object (a prefork server's worker: gunicorn ``--preload``,
+        ``multiprocessing``'s fork), its connections opened again first (:meth:`_after_fork`)."""
+        super()._check_open(what)
+        if self._pid != os.getpid():
+            self._after_fork(what)
+
+    def _after_fork(self, what: str = "this call") -> None:
+        """This object was opened in a parent process and is used in a forked child: a SQLite
+        connection must not be used across ``fork()`` (its locks are the parent's), so the
+        child opens its own and reads the view again (one :meth:`_load`, as a reader: the
+        child becomes a writer when it writes, like any store object). What the parent opened
+        is taken over, never used nor closed here (:data:`_INHERITED`): its connection and a
+        vector file open for appending; the engine's in-memory index is dropped and opened
+        again from its folder (engines keep threads and native state that do not survive a
+        fork); the read-only map of the vector file is kept (the same shared pages). A store
+        in memory (``path=None``, SQLite ``:memory:``) goes on as the child's own copy. A
+        temporary folder (``path=None`` of an engine that writes files) stays the parent's to
+        remove. A store copied while another thread of the parent was writing to it refuses
+        every call (:class:`StoreInUse`): its view is half a write."""
+        if self._forked_in_write:
+            self._closed = True
+            raise StoreInUse(f"this {type(self).__name__} ({self.path}) was copied by os.fork() while "
+                             f"another thread of the parent process wrote to it: {what} is refused in "
+                             "the child; open the folder again in this process")
+        self._pid = os.getpid()
+        self._tmpdir = None  # the parent's to remove
+        if self.path is None:
+            return
+        _INHERITED.append(self._db)
+        self._db = None
+        if self._vf is not None and self._vf.writable:
+            _INHERITED.append(self._vf)
+            self._vf = None
+        _INHERITED.append(self._index)  # the parent's handle: neither used nor dropped here
+        self._index = None
+        self._engine_folder = None
+        if self._index_fd is not None:  # a copy of the parent's descriptor: its shared lock stays
+            os.close(self._index_fd)
+            self._index_fd = None
+        self._write_depth, self._synced, self._has_written = 0, False, False
+        self._db = self._connect()
+        self._load()
 
     # -- SQLite ----------------------------------------------------------------------------
     def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
@@ -1673,6 +1746,16 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             if self._closed:
                 return
             self._closed = True
+            _OPEN_STORES.discard(self)
+            if self._pid != os.getpid():  # never used in this forked child: the parent's, left alone
+                self._tmpdir = None
+                _INHERITED.append(self._db)
+                self._db = None
+                if self._vf is not None and self._vf.writable:
+                    _INHERITED.append(self._vf)
+                    self._vf = None
+                _INHERITED.append(self._index)
+                self._index = None
             self._release()
 
     # -- the engine interface (see the module docstring) -----------------------------------

@@ -525,6 +525,11 @@ class WarpStore(IndexedStore):
         super()._release()
         self._worker.stop()
 
+    def _after_fork(self, what: str = "this call") -> None:
+        """In a forked child the parent's engine thread does not exist: a new one first."""
+        self._worker = _EngineThread()
+        super()._after_fork(what)
+
     def __del__(self) -> None:  # a store dropped without close(): free the engine on its thread
         if not getattr(self, "_closed", True):
             with contextlib.suppress(Exception):
