@@ -8,6 +8,19 @@ writes before each search (one ``PRAGMA data_version``, some microseconds; docs/
     UIBK_STORE=./my-index uvicorn examples.serve_store:app --workers 2 --port 8000
     curl 'http://127.0.0.1:8000/search?q=slipstream+lift&k=5'
 
+Prefork, the memory-sharing mode (the ``serve`` extra installs gunicorn): with
+``UIBK_PRELOAD=1`` the module imports the backend's libraries (torch, the engine), opens the
+store and loads the encoder when it is imported, and ``gunicorn --preload`` imports it once in
+its master before forking the workers, so those pages are shared copy-on-write instead of
+loaded again in each worker (docs/sharing.md, "Memory of N workers"):
+
+    UIBK_PRELOAD=1 UIBK_STORE=./my-index gunicorn --preload -k uvicorn.workers.UvicornWorker \
+        -w 2 -b 127.0.0.1:8000 examples.serve_store:app
+
+Each worker's first call on the inherited store object opens its own SQLite connection (a
+connection is never used across a fork; docs/sharing.md, "Forked workers"); a store object that
+is not fork-safe (LanceDB's) is opened again in each worker.
+
 Settings (environment variables, read by each worker):
 
 * ``UIBK_STORE``: the store folder (required; it must exist: build it first).
@@ -18,19 +31,23 @@ Settings (environment variables, read by each worker):
   every worker, instead of one per worker).
 * ``UIBK_TORCH_THREADS``: torch threads per worker for the query encoder (default 1: with as
   many workers as cores, more threads only compete for the same cores).
+* ``UIBK_PRELOAD``: ``1`` opens the store and loads the encoder at import time (for
+  ``gunicorn --preload``; see above); otherwise each worker does at its start-up.
 
 Endpoints:
 
 * ``GET /search?q=TEXT&k=10[&w=DENSE_WEIGHT][&filter=JSON][&min_relevance=0.5]``:
   ``{"hits": [{"id", "score", "relevance", "metadata"}, ...], "pid"}``.
 * ``GET /health``: 200 once the worker has its store and encoder (``pid``, ``backend``,
-  ``count``, ``encoder``).
+  ``count``, ``encoder``, ``loaded_by``: the process that loaded the encoder, gunicorn's
+  master when preloaded).
 
 Every answer carries the worker's process id in ``X-Worker-Pid`` (and ``pid`` in the body).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -67,12 +84,27 @@ def _open() -> None:
     except BaseException:
         store.close()
         raise
-    _state.update(store=store, encoder=enc, path=path)
+    _state.update(store=store, encoder=enc, path=path, pid=os.getpid(), loaded_by=os.getpid())
+
+
+def _fork_safe(store: Any) -> bool:
+    """Whether a store object opened before a fork may be used in the child: the file-backed
+    stores (exact, PLAID, WARP) open their own connections there."""
+    from uibk_embedding.adapters.indexed import IndexedStore
+
+    return isinstance(store, IndexedStore)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    _open()
+    if "store" not in _state:  # not preloaded: this worker opens its own
+        _open()
+    elif _state["pid"] != os.getpid() and not _fork_safe(_state["store"]):
+        # preloaded in gunicorn's master: this worker opens the store again (the master's object
+        # stays the master's) and keeps the shared encoder
+        _state["store"] = ue.open_store(os.environ.get("UIBK_BACKEND") or None, path=_state["path"],
+                                        read_only=True, create=False)
+        _state["pid"] = os.getpid()
     try:
         yield
     finally:
@@ -86,6 +118,13 @@ async def lifespan(app: FastAPI):
 
 app = FastAPI(title="uibk-embedding store", lifespan=lifespan)
 
+if os.environ.get("UIBK_PRELOAD") == "1":
+    # gunicorn --preload: loaded once in the master, shared copy-on-write by the forked workers;
+    # gc.freeze() keeps the cyclic GC of a worker from writing to (and so copying) these pages
+    _open()
+    gc.collect()
+    gc.freeze()
+
 
 @app.middleware("http")
 async def worker_pid(request: Request, call_next):
@@ -98,7 +137,8 @@ async def worker_pid(request: Request, call_next):
 def health() -> dict[str, Any]:
     store, enc = _state["store"], _state["encoder"]
     return {"status": "ok", "pid": os.getpid(), "store": _state["path"], "backend": store.backend,
-            "count": store.count(), "encoder": getattr(enc, "model_name", type(enc).__name__)}
+            "count": store.count(), "encoder": getattr(enc, "model_name", type(enc).__name__),
+            "loaded_by": _state["loaded_by"]}
 
 
 @app.get("/search")

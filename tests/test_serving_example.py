@@ -1,5 +1,6 @@
-"""examples/serve_store.py under ``uvicorn --workers 2`` beside examples/index_more.py (issue 62,
-docs/serving.md): one store folder, two reader processes, one writer process.
+"""examples/serve_store.py under ``uvicorn --workers 2`` and ``gunicorn --preload`` (two forked
+workers) beside examples/index_more.py (issue 62, docs/serving.md): one store folder, two reader
+processes, one writer process.
 
 The test builds a small exact store with the writer script, starts uvicorn with two workers on a
 free 127.0.0.1 port (its own process group, always stopped), waits for ``/health``, queries until
@@ -86,19 +87,32 @@ def parent_of(pid: int) -> int:
     raise AssertionError(f"no PPid for {pid}")
 
 
-def start_server(store: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """uvicorn with two workers of examples/serve_store.py on a free port, /health answered; a
-    port taken between choosing and binding it is tried again with another."""
+def uvicorn_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", "--app-dir", str(EXAMPLES), "serve_store:app",
+            "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+
+
+def gunicorn_command(port: int) -> list[str]:
+    """The prefork mode of docs/serving.md: gunicorn imports the app (store, encoder) in its
+    master, then forks two uvicorn workers."""
+    return [sys.executable, "-m", "gunicorn", "--preload", "-k", "uvicorn.workers.UvicornWorker",
+            "-w", "2", "-b", f"127.0.0.1:{port}", "--pythonpath", str(EXAMPLES), "--log-level", "warning",
+            "serve_store:app"]
+
+
+def start_server(store: Path, log: Path, command=uvicorn_command,
+                 env_more: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Two workers of examples/serve_store.py (uvicorn's by default) on a free port, /health
+    answered; a port taken between choosing and binding it is tried again with another."""
     for _ in range(3):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "UIBK_STORE": str(store), "UIBK_TORCH_THREADS": "1"}
+        env = {**os.environ, "UIBK_STORE": str(store), "UIBK_TORCH_THREADS": "1", **(env_more or {})}
         env.pop("UIBK_BACKEND", None)
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(EXAMPLES), "serve_store:app",
-                 "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                cwd=log.parent, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                command(port), cwd=log.parent, env=env, stdout=f, stderr=subprocess.STDOUT,
+                start_new_session=True)
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -191,6 +205,37 @@ def test_two_workers_serve_one_folder_while_a_writer_adds_a_document(tmp_path):
         stop(proc)
     with ExactStore(store, read_only=True) as s:
         assert s.count() == 6 and sorted(h.id for h in s.get([NEW_ID, "wing"])) == [NEW_ID, "wing"]
+
+
+def test_gunicorn_preload_workers_share_the_masters_store_and_encoder(tmp_path):
+    """``gunicorn --preload`` (UIBK_PRELOAD=1): the master opens the store and loads the encoder
+    before it forks two workers; each worker answers from the inherited store object (on its own
+    SQLite connection: tests/test_sharing_fork.py), and a writer beside them is seen by both."""
+    pytest.importorskip("gunicorn", reason="the serve extra (gunicorn) is not installed")
+    store = tmp_path / "store"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t, "topic": "food" if i == "bread" else "aero"})
+                              + "\n" for i, t in CORPUS.items()))
+    assert "holds 5" in writer(str(corpus), store=store)
+    proc, url = start_server(store, tmp_path / "gunicorn.log", gunicorn_command, {"UIBK_PRELOAD": "1"})
+    try:
+        pids = until_both_workers(url, QUERIES)
+        assert len(pids) == 2, f"one worker answered every request: {pids}"
+        assert {parent_of(p) for p in pids} == {proc.pid}  # gunicorn's master forked both
+        healths = [httpx.get(url + "/health", timeout=10, headers={"Connection": "close"}).json()
+                   for _ in range(6)]
+        # the encoder (and the store object) were loaded by the master, not by a worker
+        assert {h["loaded_by"] for h in healths} == {proc.pid}
+        assert all(h["pid"] in pids and h["count"] == 5 for h in healths)
+        assert "holds 6" in writer("--id", NEW_ID, "--text", NEW_TEXT, "--metadata", '{"topic": "aero"}',
+                                   store=store)
+        after = until_both_workers(url, {NEW_QUERY: NEW_ID, **QUERIES})
+        assert after == pids  # the same two workers, no restart
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+    log = (tmp_path / "gunicorn.log").read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
 
 
 def test_the_app_refuses_a_missing_store_and_creates_nothing(tmp_path, monkeypatch):
