@@ -445,3 +445,101 @@ def test_a_uri_under_the_home_folder_reopens(tmp_path, monkeypatch, fmt, rng):
     with LanceDBStore("~/lancedb-data", table="docs", create=False) as s:
         assert s.count() == 1
     assert (tmp_path / "lancedb-data" / "docs.lance").is_dir()
+
+
+def test_float16_profile_keeps_a_float16_column_and_refuses_another_profile(tmp_path, fmt, rng):
+    """profile="float16" (issue 59): the vectors column is float16 (its type is the record),
+    LanceDB's MaxSim searches it, hits come back rescored from the float16 values; the folder is
+    smaller than the float32 table's (the column holds 2 bytes a value, not 4); a reopen keeps
+    the profile, and asking another is refused naming both, the table untouched."""
+    docs = [make_list(fmt, rng, 30) for _ in range(40)]
+    ids = [f"d{i}" for i in range(40)]
+    sizes = {}
+    for profile in ("exact", "float16"):
+        s = LanceDBStore(tmp_path / profile, table="docs", profile=profile)
+        s.upsert(ids, docs)
+        sizes[profile] = sum(p.stat().st_size for p in (tmp_path / profile).rglob("*") if p.is_file())
+        s.close()
+    s = LanceDBStore(tmp_path / "float16", table="docs")
+    assert s.profile == "float16"
+    assert s._tbl.schema.field("vectors").type.value_type.value_type == pa.float16()
+    ref = ExactStore(path=tmp_path / "ref", profile="float16")  # the same float16 rows, exact MaxSim
+    ref.upsert(ids, docs)
+    for q in docs[:5]:
+        got, want = s.search(q, k=5), ref.search(q, k=5)
+        assert [h.id for h in got] == [h.id for h in want]
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=1e-5)
+    np.testing.assert_allclose(s.get(["d3"])[0].vectors, docs[3], atol=1e-3)
+    s.close()
+    ref.close()
+    assert sizes["float16"] < 0.6 * sizes["exact"], sizes
+    with pytest.raises(CollectionMismatch, match="has profile='float16', not 'exact'"):
+        LanceDBStore(tmp_path / "float16", table="docs", profile="exact")
+    with pytest.raises(CollectionMismatch, match="has profile='exact', not 'float16'"):
+        LanceDBStore(tmp_path / "exact", table="docs", profile="float16")
+    with pytest.raises(ValueError, match="profile='compact' has no meaning on lancedb"):
+        LanceDBStore(tmp_path / "x", table="docs", profile="compact")
+    assert LanceDBStore(tmp_path / "float16", table="docs", profile="float16").count() == 40
+
+
+def test_cli_index_takes_lancedbs_profile(tmp_path, capsys):
+    from uibk_embedding.apps.cli import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"t{i}", "text": f"wing lift {i}"}) + "\n" for i in range(4)))
+    uri = tmp_path / "l"
+    assert main(["index", str(corpus), "--backend", "lancedb", "--option", f"uri={uri}", "--option",
+                 "table=docs", "--profile", "float16", "--quiet"]) == 0
+    s = LanceDBStore(uri, table="docs")
+    assert s.profile == "float16" and s.count() == 4
+    s.close()
+    with pytest.raises(SystemExit, match="has profile='float16', not 'exact'"):  # the CLI's UsageError
+        main(["index", str(corpus), "--backend", "lancedb", "--option", f"uri={uri}", "--option",
+              "table=docs", "--profile", "exact", "--quiet"])
+
+
+_MEMORY_READER = r'''
+import json, sys
+import numpy as np
+from uibk_embedding._procmem import by_kind, mappings
+from uibk_embedding.adapters.lancedb import LanceDBStore
+from uibk_embedding.tagged import TaggedFormat
+from uibk_embedding.testing import make_list
+store = LanceDBStore(sys.argv[1], read_only=True)
+rng = np.random.default_rng(5)
+queries = [make_list(TaggedFormat(), rng, 20) for _ in range(8)]
+def private_anonymous():
+    return by_kind(mappings())["anonymous"]["Private_Dirty"]
+hits = [[(h.id, h.score) for h in store.search(queries[0], k=5)]]
+start = private_anonymous()
+hits += [[(h.id, h.score) for h in store.search(q, k=5)] for q in queries[1:]]
+print(json.dumps({"hits": hits, "growth": private_anonymous() - start}))
+'''
+
+
+def test_a_reader_gives_the_flat_scans_buffers_back(tmp_path, fmt):
+    """LanceDB's exact (flat) scan reads the whole vectors column on its threads each search; a
+    reader keeps what it freed (glibc's adaptive mmap threshold: per-thread arenas held 2x the
+    column after a few searches). The store fixes the threshold when it opens: 7 more searches
+    leave the reader's private anonymous memory grown by less than a quarter of the column, and
+    the hits are those of a reader without the setting (``UIBK_MALLOC_TUNING=0``)."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("no /proc/self/smaps (not Linux)")
+    n, rows = 1500, 32
+    rng = np.random.default_rng(0)
+    with LanceDBStore(tmp_path / "db") as s:
+        s.upsert([f"d{i}" for i in range(n)], [make_list(fmt, rng, rows) for _ in range(n)])
+    column_bytes = n * (rows + 3) * 128 * 4  # float32 rows of every document (3 slots each)
+    runs = {}
+    for name, env in (("tuned", {}), ("untuned", {"UIBK_MALLOC_TUNING": "0"})):
+        out = subprocess.run([sys.executable, "-c", _MEMORY_READER, str(tmp_path / "db")],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["tuned"]["hits"] == runs["untuned"]["hits"]
+    assert runs["tuned"]["growth"] < column_bytes / 4, (runs["tuned"]["growth"], runs["untuned"]["growth"],
+                                                        column_bytes)

@@ -28,6 +28,7 @@ from uibk_embedding._sqlite_state import refuse_foreign_entries
 from uibk_embedding.adapters import base
 from uibk_embedding.adapters.base import Hit, MultiVectorStore, Record
 from uibk_embedding.adapters.common import batched
+from uibk_embedding.adapters.engine_profiles import check_profile, profile_conflict
 from uibk_embedding.adapters.filters import (
     OPERATORS,
     SQL_RANGES,
@@ -57,6 +58,10 @@ OPEN_WAIT_S = 1.0
 a creation takes about 3 ms) before it takes it for a creation killed half-way."""
 PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}  # concurrent inserts of one id conflict
 _LISTED = ("id", "vectors", "metadata")
+PROFILES = {"exact": "float32 vectors (the default)", "float16": "float16 vectors: half the bytes"}
+"""``profile=``: the type of the ``vectors`` column (the column's type is the record: a table
+opened with another profile is refused, naming both). LanceDB's MaxSim scores a float16 column
+against float32 queries; the hits are rescored here in float32 from the float16 values."""
 
 
 def digest(*parts: Any) -> str:
@@ -150,6 +155,9 @@ class LanceDBStore(MultiVectorStore):
     read_only: refuse every write (StoreInUse) and open only a table that exists: for readers
         beside a writer (LanceDB versions its table: every reader sees the newest committed
         version), and for a folder made read-only.
+    profile: ``"exact"`` (float32 vectors) or ``"float16"`` (:data:`PROFILES`; the exact store's
+        other names are refused): what a new table keeps, or what an existing one must keep
+        (``CollectionMismatch`` naming both otherwise). ``None``: the table's own (new: exact).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -171,7 +179,8 @@ class LanceDBStore(MultiVectorStore):
                  path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
                  mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
                  index_min_rows: int = 2048, reindex_share: float = 0.1, keep_versions: float = 60.0,
-                 create: bool = True, read_only: bool = False) -> None:
+                 create: bool = True, read_only: bool = False, profile: str | None = None) -> None:
+        self._float = {"float16": "float16"}.get(check_profile(profile, PROFILES, "lancedb") or "", "float32")
         if not isinstance(read_only, bool):
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
         self.read_only = read_only
@@ -206,7 +215,16 @@ class LanceDBStore(MultiVectorStore):
         self._tbl = self._open_or_create(create)
         if self._tbl is None:  # opened, not created
             self._tbl = self._db.open_table(table)
+            self._float = "float16" if self._tbl.schema.field("vectors").type.value_type.value_type == \
+                self._pa.float16() else "float32"
+            if why := profile_conflict(self.profile, profile, f"LanceDB table {table!r} at {self.uri}"):
+                raise CollectionMismatch(why)
             self.format = self._validate(format)
+
+    @property
+    def profile(self) -> str:
+        """The table's profile (:data:`PROFILES`): its ``vectors`` column's type."""
+        return "float16" if self._float == "float16" else "exact"
 
     def _open_or_create(self, create: bool) -> Any:
         """Create the table (returned) or find it there (None: open it). Two processes may open a
@@ -263,7 +281,7 @@ class LanceDBStore(MultiVectorStore):
     def _schema(self, metadata: dict | None = None) -> Any:
         pa = self._pa
         return pa.schema([pa.field("id", pa.string(), nullable=False, metadata=PRIMARY_KEY),
-                          pa.field("vectors", pa.list_(pa.list_(pa.float32(), DIM))),
+                          pa.field("vectors", pa.list_(pa.list_(getattr(pa, self._float)(), DIM))),
                           pa.field("metadata", pa.string()), pa.field("_uibk_eq", pa.list_(pa.string())),
                           pa.field("_uibk_has", pa.list_(pa.string())), pa.field("_uibk_num", pa.json_())],
                          metadata=metadata)
@@ -300,7 +318,8 @@ class LanceDBStore(MultiVectorStore):
 
     def _arrow(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> Any:
         pa, (mat, off) = self._pa, pack(vectors)
-        vec = pa.ListArray.from_arrays(off.astype("i4"), pa.FixedSizeListArray.from_arrays(mat.ravel(), DIM))
+        rows = pa.array(mat.astype(self._float, copy=False).ravel())
+        vec = pa.ListArray.from_arrays(off.astype("i4"), pa.FixedSizeListArray.from_arrays(rows, DIM))
         return pa.Table.from_pydict({
             "id": ids, "vectors": vec, "metadata": [json.dumps(m, ensure_ascii=False) for m in metadata],
             "_uibk_eq": [[t for f, v in m.items() if (t := value_token(f, v))] for m in metadata],
@@ -417,6 +436,6 @@ def _found(rows: Any) -> dict[str, tuple[np.ndarray, dict]]:
     """``{id: (tagged list as one (n, 128) float32 array, metadata)}`` of a table of :data:`_LISTED`."""
     col = rows["vectors"].combine_chunks()
     off, flat = col.offsets.to_numpy(), col.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, DIM)
-    lists = np.split(flat[off[0]:off[-1]].copy(), off[1:-1] - off[0]) if len(col) else []
+    lists = np.split(flat[off[0]:off[-1]].astype(np.float32), off[1:-1] - off[0]) if len(col) else []
     return {x: (v, json.loads(m)) for x, v, m in zip(rows["id"].to_pylist(), lists,
                                                      rows["metadata"].to_pylist(), strict=True)}
