@@ -40,6 +40,7 @@ from uibk_embedding.adapters.filters import (
     flattened,
     is_number,
 )
+from uibk_embedding.adapters.indexed import fix_mmap_threshold
 from uibk_embedding.adapters.rerank import rerank_candidates
 from uibk_embedding.errors import CollectionMismatch, ReadOnlyStore, StoreNotFound
 from uibk_embedding.maxsim import pack
@@ -208,6 +209,11 @@ class LanceDBStore(MultiVectorStore):
         if "://" not in self.uri:  # LanceDB would add its table to any folder
             refuse_foreign_entries(self.uri, "a LanceDB database",
                                    lambda names: all(n.endswith(".lance") for n in names))
+        # LanceDB's flat scan reads the vectors column into buffers of a few MiB on its ~20 threads;
+        # with glibc's adaptive mmap threshold those come from per-thread arenas and stay held once
+        # freed: 500+ MiB private per reader of NPL's table after 5 searches (benchmarks/results/
+        # reader_memory.md), ~10 MiB with the threshold fixed (process-wide; UIBK_MALLOC_TUNING=0 off)
+        fix_mmap_threshold()
         self._db = None if local_missing and not create else self._ldb.connect(
             self.uri, read_consistency_interval=timedelta(0))  # every read: the latest version, any writer's
         if self._db is None:
