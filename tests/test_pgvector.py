@@ -550,3 +550,68 @@ def test_explained_candidate_search_reads_the_lists_once(dsn, tmp_path, fmt, rng
     finally:
         s.drop()
         s.close()
+
+
+def test_float16_profile_keeps_halfvec_and_refuses_another_profile(dsn, tmp_path, fmt, rng):
+    """profile="float16" (issue 59): float16 lists and a ``halfvec(381)`` dense column with an
+    ``halfvec_ip_ops`` HNSW index (pgvector >= 0.7.0; the test server has 0.8); both search
+    paths answer as an exact float16 store; the table is smaller on the server than the float32
+    one (its lists take 2 bytes a value, not 4); the profile is recorded, kept on reopen, and
+    another is refused naming both, the table untouched."""
+    from uibk_embedding.adapters.exact import ExactStore
+
+    docs = [make_list(fmt, rng, 30) for _ in range(60)]
+    ids = [f"d{i}" for i in range(60)]
+    tables = {p: table_name(tmp_path, p[:2]) for p in ("exact", "float16")}
+    sizes = {}
+    for profile, table in tables.items():
+        s = PgVectorStore(dsn, table=table, profile=profile)
+        s.upsert(ids, docs)
+        sizes[profile] = s.size_bytes()
+        s.close()
+    s = PgVectorStore(dsn, table=tables["float16"])
+    assert s.profile == "float16"
+    cols = dict(s.conn.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                               "WHERE a.attrelid = %s::regclass AND a.attnum > 0", (s._quoted(),)).fetchall())
+    assert cols["dense"] == "halfvec(381)"
+    (index,) = s.conn.execute("SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = "
+                              "%s::regclass AND pg_get_indexdef(indexrelid) LIKE '%%hnsw%%'",
+                              (s._quoted(),)).fetchone()
+    assert "halfvec_ip_ops" in index
+    ref = ExactStore(path=tmp_path / "ref", profile="float16")
+    ref.upsert(ids, docs)
+    for q in docs[:4]:
+        want = ref.search(q, k=5)
+        for exact in (True, False):  # the scan, and HNSW candidates (all 60 within 100) rescored
+            got = s.search(q, k=5, exact=exact)
+            assert [h.id for h in got] == [h.id for h in want]
+            np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=1e-5)
+    np.testing.assert_allclose(s.get(["d3"])[0].vectors, docs[3], atol=1e-3)
+    s.close()
+    ref.close()
+    assert sizes["float16"] < 0.6 * sizes["exact"], sizes
+    with pytest.raises(CollectionMismatch, match="has profile='float16', not 'exact'"):
+        PgVectorStore(dsn, table=tables["float16"], profile="exact")
+    with pytest.raises(CollectionMismatch, match="has profile='exact', not 'float16'"):
+        PgVectorStore(dsn, table=tables["exact"], profile="float16")
+    with pytest.raises(ValueError, match="profile='compact' has no meaning on pgvector"):
+        PgVectorStore(dsn, table=table_name(tmp_path, "x"), profile="compact")
+    for table in tables.values():
+        again = PgVectorStore(dsn, table=table)
+        assert again.count() == 60
+        again.drop()
+        again.close()
+
+
+def test_cli_index_takes_pgvectors_profile(dsn, tmp_path):
+    from uibk_embedding.apps.cli import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"t{i}", "text": f"wing lift {i}"}) + "\n" for i in range(4)))
+    table = table_name(tmp_path, "cli")
+    assert main(["index", str(corpus), "--backend", "pgvector", "--option", f"dsn={dsn}", "--option",
+                 f"table={table}", "--profile", "float16", "--quiet"]) == 0
+    s = PgVectorStore(dsn, table=table)
+    assert s.profile == "float16" and s.count() == 4
+    s.drop()
+    s.close()

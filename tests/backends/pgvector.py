@@ -8,6 +8,10 @@
   (iterative index scans under filters), rescored exactly; contract "approximate". Recall@10
   vs exact on the suite's 200 real documents and 25 queries measured 0.960 (lowest query 0.7):
   the floor is the 0.95 its 64 candidates are meant to reach.
+* ``pgvector-float16``: ``profile="float16"``: float16 lists and a ``halfvec(381)`` dense column
+  (HNSW ``halfvec_ip_ops``), exact mode: every document scored in float32 from its float16
+  list, so scores are within float16 rounding and near-ties may swap: contract "approximate",
+  recall floor 1.0, ``get`` within float16 rounding.
 * ``pgvector-live``: the server at ``$PG_DSN`` (skipped when unset), exact mode.
 
 Each test folder gets its own table (a name derived from the folder), so reopening finds it;
@@ -88,6 +92,10 @@ SPECS = [
                 takes_create=True),
     BackendSpec("pgvector-hnsw", make=_local_hnsw, reopen=_local_hnsw, contract="approximate",
                 recall_floor=0.95, skip=_skip_local(), shared_writers=True, takes_create=True, variant=True),
+    BackendSpec("pgvector-float16", make=lambda d: _local(d, profile="float16"),
+                reopen=lambda d, **kw: _local(d, **{"profile": "float16", **kw}), contract="approximate",
+                recall_floor=1.0, get_atol=1e-3, skip=_skip_local(), shared_writers=True, takes_create=True,
+                variant=True),
     BackendSpec("pgvector-live", make=_live, reopen=_live, shared_writers=True, takes_create=True,
                 skip=None if PG_DSN and HAVE_PSYCOPG else "PG_DSN is not set (a PostgreSQL server "
                 "with pgvector to test against)"),

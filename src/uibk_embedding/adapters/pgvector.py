@@ -19,6 +19,10 @@ dense      ``vector(381)``        :func:`~uibk_embedding.tagged.dense_vector`, t
                                   (HNSW index, ``vector_ip_ops``)
 ========== ====================== ==========================================================
 
+With ``profile="float16"`` (:data:`PROFILES`) the lists are float16 and ``dense`` is
+``halfvec(381)`` (``halfvec_ip_ops``; pgvector >= 0.7.0): half the bytes, scores within float16
+rounding.
+
 Search, ``exact=True`` (default): every document passing the filter is read (a server-side
 cursor, in pieces) and scored with exact MaxSim, so results equal the exact store's. With
 ``exact=False`` the ``candidates`` documents nearest to the query's dense vector come from the
@@ -80,6 +84,7 @@ from uibk_embedding.adapters.base import (
     record_problems,
 )
 from uibk_embedding.adapters.common import exact_number, parse_version
+from uibk_embedding.adapters.engine_profiles import check_profile, profile_conflict
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or
 from uibk_embedding.adapters.rerank import check_rerank_options, rerank_candidates
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreNotFound
@@ -91,6 +96,12 @@ DENSE_DIM = N_SLOTS * (DIM - 1)  # 381
 MIN_SERVER = 130000  # PostgreSQL 13, the oldest pgvector 0.5 supports
 MIN_VECTOR = (0, 5, 0)  # HNSW
 ITERATIVE_VECTOR = (0, 8, 0)  # hnsw.iterative_scan: filtered index scans that keep going
+HALFVEC_VECTOR = (0, 7, 0)  # the halfvec type and halfvec_ip_ops
+PROFILES = {"exact": "float32 lists, vector(381) dense (the default)",
+            "float16": "float16 lists, halfvec(381) dense: half the bytes (vector >= 0.7.0)"}
+"""``profile=``: how a table keeps its lists (``vectors``, float32 or float16 little-endian) and
+its dense column (``vector`` or ``halfvec``, HNSW ``vector_ip_ops`` or ``halfvec_ip_ops``). Recorded
+in the table's comment; a table without one is ``exact``. The lists are scored in float32 either way."""
 DEFAULT_CANDIDATES = 100
 HNSW_M = (2, 100)  # pgvector's bounds of an HNSW index's m; its ef_construction is 2 * m .. 1000
 HNSW_MAX_EF_CONSTRUCTION = 1000
@@ -203,12 +214,12 @@ def _has_nul(x: Any) -> bool:
     return False
 
 
-def _to_bytes(x: np.ndarray) -> bytes:
-    return np.ascontiguousarray(x, dtype="<f4").tobytes()
+def _to_bytes(x: np.ndarray, dtype: str = "<f4") -> bytes:
+    return np.ascontiguousarray(x, dtype=dtype).tobytes()
 
 
-def _from_bytes(b: bytes, n_rows: int) -> np.ndarray:
-    arr = np.frombuffer(b, dtype="<f4")
+def _from_bytes(b: bytes, n_rows: int, dtype: str = "<f4") -> np.ndarray:
+    arr = np.frombuffer(b, dtype=dtype)
     if arr.size != n_rows * DIM:
         raise CollectionMismatch(f"a stored list has {arr.size} floats, expected {n_rows} x {DIM}")
     return arr.reshape(n_rows, DIM).astype(np.float32)
@@ -239,6 +250,10 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         takes whole seconds, at least 1).
     batch_size: documents per statement and per fetch of a scan.
     format: the tagged format; recorded with a new table and checked against an existing one.
+    profile: ``"exact"`` or ``"float16"`` (:data:`PROFILES`; the exact store's other names are
+        refused): what a new table keeps, or what an existing one must keep (``CollectionMismatch``
+        naming both otherwise); ``None``: the table's own (new: exact). ``float16`` needs the
+        ``vector`` extension >= 0.7.0 (``halfvec``): :class:`ServerTooOld` naming it otherwise.
 
     Example
     -------
@@ -267,8 +282,11 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         batch_size: int = 256,
         format: TaggedFormat | None = None,
         create: bool = True,
+        profile: str | None = None,
     ) -> None:
         super().__init__(format)
+        self._asked = check_profile(profile, PROFILES, "pgvector")
+        self.profile = self._asked or "exact"
         if (dsn is None) == (connection is None):
             raise TypeError("PgVectorStore takes dsn=... or connection=..., exactly one of them")
         if not isinstance(table, str) or not _NAME.match(table):
@@ -317,6 +335,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             self._iterative = self.vector_version >= ITERATIVE_VECTOR
             self._register_vector()
             self._open_or_create(format, create)
+            self._f = "<f2" if self.profile == "float16" else "<f4"
         except BaseException:
             self.close()
             raise
@@ -398,9 +417,23 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
                                "(HNSW): ALTER EXTENSION vector UPDATE")
         return version
 
+    def _check_halfvec(self) -> None:
+        """:class:`ServerTooOld` when the float16 profile meets a ``vector`` without ``halfvec``."""
+        if self.profile == "float16" and self.vector_version < HALFVEC_VECTOR:
+            have = ".".join(map(str, self.vector_version))
+            raise ServerTooOld(f"profile='float16' keeps halfvec columns: the vector extension is {have} "
+                               "here, halfvec needs >= 0.7.0 (ALTER EXTENSION vector UPDATE), or use "
+                               "profile='exact'")
+
+    @property
+    def _vec(self) -> str:
+        """The dense column's pgvector type: ``vector`` or ``halfvec``."""
+        return "halfvec" if self.profile == "float16" else "vector"
+
     def _marker(self) -> str:
+        extra = {"profile": self.profile} if self.profile != "exact" else {}
         return json.dumps({"uibk": "pgvector", "schema": SCHEMA_VERSION,
-                           "format": self.format.to_stored()}, sort_keys=True)
+                           "format": self.format.to_stored(), **extra}, sort_keys=True)
 
     EXPECTED: ClassVar[dict[str, str]] = {
         "id": "text", "seq": "bigint", "metadata": "json", "fields": "jsonb", "n_rows": "integer",
@@ -421,6 +454,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
                         f"PostgreSQL table {self.table!r} cannot be created: the names it needs beside it "
                         f"are taken ({', '.join(taken)}, perhaps by another store's table or index); "
                         "nothing was created: choose another table name")
+                self._check_halfvec()
                 self._create()
                 self.created = True
             else:
@@ -448,12 +482,12 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         ex(self._q('CREATE TABLE {t} (id text COLLATE "C" PRIMARY KEY, '
                    "seq bigint NOT NULL DEFAULT nextval('{s}'), metadata json NOT NULL, "
                    "fields jsonb NOT NULL, n_rows integer NOT NULL CHECK (n_rows > 3), "
-                   f"vectors bytea NOT NULL, dense vector({DENSE_DIM}) NOT NULL)", s="_seq"))
+                   f"vectors bytea NOT NULL, dense {self._vec}({DENSE_DIM}) NOT NULL)", s="_seq"))
         ex(self._q("ALTER SEQUENCE {s} OWNED BY {t}.seq", s="_seq"))
         ex(self._q("ALTER TABLE {t} ALTER COLUMN vectors SET STORAGE EXTERNAL"))  # floats do not compress
         ex(self._q("CREATE INDEX {i} ON {t} (seq)", i="_seq_idx"))
         ex(self._q("CREATE INDEX {i} ON {t} USING gin (fields jsonb_path_ops)", i="_fields"))
-        ex(self._sql.SQL("CREATE INDEX {i} ON {t} USING hnsw (dense vector_ip_ops) "
+        ex(self._sql.SQL(f"CREATE INDEX {{i}} ON {{t}} USING hnsw (dense {self._vec}_ip_ops) "
                          "WITH (m = {m}, ef_construction = {ef})").format(
             i=self._ident("_dense"), t=self._ident(), m=self._sql.Literal(self.m),
             ef=self._sql.Literal(self.ef_construction)))
@@ -462,21 +496,25 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
 
     def _validate(self, format: TaggedFormat | None) -> None:
         problems: list[str] = []
-        cols = dict(self.conn.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-            (self._quoted(),)).fetchall())
-        for name, typ in self.EXPECTED.items():
-            if name not in cols:
-                problems.append(f"column {name!r} is missing")
-            elif cols[name] != typ:
-                problems.append(f"column {name!r} has type {cols[name]}, expected {typ}")
         comment = self.conn.execute("SELECT obj_description(%s::regclass, 'pg_class')",
                                     (self._quoted(),)).fetchone()[0]
         try:
             info = json.loads(comment) if comment else None
         except ValueError:
             info = None
+        self.profile = info.get("profile", "exact") if isinstance(info, dict) else "exact"
+        if why := profile_conflict(self.profile, self._asked, f"PostgreSQL table {self.table!r}"):
+            raise CollectionMismatch(why)
+        self._check_halfvec()
+        cols = dict(self.conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+            (self._quoted(),)).fetchall())
+        for name, typ in {**self.EXPECTED, "dense": f"{self._vec}({DENSE_DIM})"}.items():
+            if name not in cols:
+                problems.append(f"column {name!r} is missing")
+            elif cols[name] != typ:
+                problems.append(f"column {name!r} has type {cols[name]}, expected {typ}")
         saved = None
         if not problems:  # the table comment is the store's record
             saved, problems = record_problems(info, format, key="uibk", value="pgvector",
@@ -486,7 +524,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
                 "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
                 (self._quoted(),)).fetchall()]
             dense = [d for d in opclasses if "hnsw" in d and "(dense" in d]
-            if dense and "vector_ip_ops" not in dense[0]:
+            if dense and f"{self._vec}_ip_ops" not in dense[0]:
                 problems.append(f"the dense index is not an inner-product index ({dense[0]})")
         if problems:
             raise CollectionMismatch(
@@ -599,9 +637,10 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         for x, v, md in zip(ids, vectors, metadata, strict=True):  # no NUL: validate_metadata refused it
             text = json.dumps(md, ensure_ascii=False, allow_nan=False)  # returned as written
             fields = json.dumps({k: exact_number(w) for k, w in md.items()}, ensure_ascii=False)  # filtered
-            rows.append([x, text, fields, len(v), _to_bytes(v), dense_vector(v).astype(np.float32)])
+            rows.append([x, text, fields, len(v), _to_bytes(v, self._f), dense_vector(v).astype(np.float32)])
         sql = self._q("INSERT INTO {t} (seq, id, metadata, fields, n_rows, vectors, dense) "
-                      "VALUES (%s, %s, %s::json, %s::jsonb, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+                      f"VALUES (%s, %s, %s::json, %s::jsonb, %s, %s, %s::{self._vec}) "
+                      "ON CONFLICT (id) DO UPDATE SET "
                       "seq = EXCLUDED.seq, metadata = EXCLUDED.metadata, fields = EXCLUDED.fields, "
                       "n_rows = EXCLUDED.n_rows, vectors = EXCLUDED.vectors, dense = EXCLUDED.dense")
 
@@ -652,7 +691,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             with self.conn.cursor(binary=True) as cur:
                 return cur.execute(sql, (ids,)).fetchall()
 
-        return [Record(x, _from_bytes(v, n), json.loads(m)) for x, m, n, v in self._call(read)]
+        return [Record(x, _from_bytes(v, n, self._f), json.loads(m)) for x, m, n, v in self._call(read)]
 
     def _search_batch(self, queries: list[np.ndarray], k: int, conditions: tuple[Node, ...],
                       exact: bool | None = None, candidates: int | None = None,
@@ -698,8 +737,10 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             with self.conn.cursor(name=f"uibk_scan_{id(self)}", binary=True) as cur:
                 cur.execute(self._q(f"SELECT id, vectors FROM {{t}} WHERE {where} ORDER BY seq"), params)
                 while rows := cur.fetchmany(self.batch_size):
-                    lengths = np.fromiter((len(v) // (4 * DIM) for _, v in rows), np.int64, len(rows))
-                    mat = np.frombuffer(b"".join(v for _, v in rows), dtype="<f4").reshape(-1, DIM)
+                    width = int(self._f[-1]) * DIM
+                    lengths = np.fromiter((len(v) // width for _, v in rows), np.int64, len(rows))
+                    mat = np.frombuffer(b"".join(v for _, v in rows), dtype=self._f).reshape(-1, DIM)
+                    mat = mat.astype(np.float32, copy=False)
                     off = np.concatenate([[0], np.cumsum(lengths)])
                     scores = maxsim_scores(queries, mat, off)
                     chunk = [x for x, _ in rows]
@@ -720,7 +761,8 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
         for q, row in zip(queries, hits if explain else [], strict=False):
             for h in row:
                 v = kept[h.id]
-                h.decomposition = decompose(q, _from_bytes(v, len(v) // (4 * DIM)), self.format)
+                n = len(v) // (int(self._f[-1]) * DIM)
+                h.decomposition = decompose(q, _from_bytes(v, n, self._f), self.format)
         return hits
 
     def _search_candidates(self, q: np.ndarray, k: int, conditions: tuple[Node, ...],
@@ -740,7 +782,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             with self.conn.cursor(binary=True) as cur:
                 rows = cur.execute(
                     self._q(f"SELECT id, metadata::text, n_rows, vectors FROM {{t}} WHERE {where} "
-                            "ORDER BY dense <#> %s LIMIT %s"),
+                            f"ORDER BY dense <#> %s::{self._vec} LIMIT %s"),
                     [*params, dense_vector(q).astype(np.float32), limit + 1]).fetchall()
         if len(rows) <= limit:
             # no more than asked (one more was asked for): a table or filtered subset no larger
@@ -750,7 +792,7 @@ class PgVectorStore(BatchSearch, MultiVectorStore):
             return self._search_exact([q], k, conditions, explain)[0]
         rows = rows[:limit]
         # the candidates came with their lists: the rerank's fetch is a lookup, in one piece
-        stored = {x: (_from_bytes(v, n), json.loads(m)) for x, m, n, v in rows}
+        stored = {x: (_from_bytes(v, n, self._f), json.loads(m)) for x, m, n, v in rows}
         return rerank_candidates(q, [(r[0], None) for r in rows], lambda ids: {x: stored[x] for x in ids}, k,
                                  first=len(rows), explain=self.format if explain else None)
 
