@@ -204,3 +204,101 @@ def test_benchmark_engines_table_runs_and_checks_accuracy(tmp_path):
         assert r["top10_equal"] == "2/2" and r["max_abs_error"] <= res["float32_rounding_bound"]
     assert rows["numpy_one_gemm"]["ratio_to_fastest_outside"] == 1.0
     assert "| kernel_f16rows |" in md.read_text()
+
+
+# -- the AVX-512 path (#59): the same FMA chains lane for lane as the AVX2 path, so the same bits --
+def _isa_scores(monkeypatch, isa: str, queries: list[np.ndarray], mat: np.ndarray, off: np.ndarray):
+    monkeypatch.setattr(M, "ISA", isa)
+    assert M.kernel_isa() == isa
+    return M.maxsim_scores(queries, mat, off)
+
+
+def _needs_both_paths(maxsim_kernel) -> None:
+    if maxsim_kernel != "fused" or "avx512" not in M.kernel_isas():
+        pytest.skip("this CPU (or library) runs one path of the fused kernel")
+
+
+# document lengths around the tiles (12 rows; 8 with 48 query rows) and the 48-row chunks: every
+# tail tile size, a chunk boundary inside a document, one-row documents, a long document
+_TAIL_LENGTHS = [1, 2, 11, 12, 13, 23, 24, 25, 47, 48, 49, 95, 96, 97, *range(3, 11), 700, 1]
+
+
+@pytest.mark.parametrize("dim", [1, 5, 16, 128, 130])
+@pytest.mark.parametrize("query_rows", [[1], [16], [32], [35], [48], [64], [7, 9, 40], [80, 3]])
+def test_avx512_path_scores_bit_for_bit_as_avx2(monkeypatch, maxsim_kernel, dim, query_rows):
+    # query rows 16 / 32 / 48 / 64 / 80 pad to 1-5 blocks of 16: passes of one, two and three
+    # 16-float registers; a NaN in one document row makes its lanes NaN on both paths
+    _needs_both_paths(maxsim_kernel)
+    rng = np.random.default_rng(21 + dim)
+    docs = [rng.standard_normal((n, dim)).astype(np.float32) for n in _TAIL_LENGTHS]
+    docs[5][3, 0] = np.nan
+    mat, off = M.pack(docs)
+    queries = [rng.standard_normal((m, dim)).astype(np.float32) for m in query_rows]
+    for rows in (mat, mat.astype(np.float16)):
+        fast = _isa_scores(monkeypatch, "avx512", queries, rows, off)
+        slow = _isa_scores(monkeypatch, "avx2", queries, rows, off)
+        np.testing.assert_array_equal(fast.view(np.uint32), slow.view(np.uint32))
+        assert np.isnan(fast[:, 5]).all() and not np.isnan(np.delete(fast, 5, axis=1)).any()
+        ref = np.array([[M.maxsim(q, d.astype(np.float64)) for d in rows_of(rows, off)] for q in queries])
+        finite = ~np.isnan(ref)
+        np.testing.assert_allclose(fast[finite], ref[finite], rtol=1e-5, atol=1e-5)
+
+
+def rows_of(mat: np.ndarray, off: np.ndarray) -> list[np.ndarray]:
+    return [mat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+
+
+@pytest.mark.parametrize("code", ["int8", "int4", "int3", "int2"])
+def test_avx512_path_scores_coded_rows_as_avx2(monkeypatch, maxsim_kernel, code):
+    # int8 rows and the rotated codes (kinds 2-5) are decoded by the same code on both paths
+    from uibk_embedding.quantize import quantize
+
+    _needs_both_paths(maxsim_kernel)
+    if M.kernel_kinds() < 6:
+        pytest.skip("a library built before the rotated codes")
+    rng = np.random.default_rng(22)
+    docs = [_unit(rng, n) for n in _TAIL_LENGTHS]
+    mat, off = M.pack(docs)
+    coded = quantize(mat, code)
+    queries = [_unit(rng, 32), _unit(rng, 5)]
+    fast = _isa_scores(monkeypatch, "avx512", queries, coded, off)
+    slow = _isa_scores(monkeypatch, "avx2", queries, coded, off)
+    np.testing.assert_array_equal(fast.view(np.uint32), slow.view(np.uint32))
+    monkeypatch.setattr(M, "_LIB", None)  # numpy's decoding and products: within float32 rounding
+    np.testing.assert_allclose(fast, M.maxsim_scores(queries, coded, off), rtol=1e-5, atol=1e-5)
+
+
+def test_avx512_path_runs_where_the_cpu_has_it(monkeypatch, maxsim_kernel):
+    # like the fused kernel itself: where the CPU has AVX-512F the fast path is what scores
+    if maxsim_kernel != "fused":
+        pytest.skip("the blas kernel has no paths")
+    monkeypatch.delenv("UIBK_MAXSIM_ISA", raising=False)
+    assert M.kernel_isa() == M.kernel_isas()[-1]
+    if {"avx512f", "avx2", "fma", "f16c"} <= _cpu_flags():
+        assert M.kernel_isas() == ("avx2", "avx512") and M.kernel_isa() == "avx512"
+    monkeypatch.setenv("UIBK_MAXSIM_ISA", "avx2")
+    assert M.kernel_isa() == "avx2"
+    monkeypatch.setattr(M, "ISA", "sse")
+    with pytest.raises(ValueError, match="must be one of 'avx2', 'avx512', got 'sse'"):
+        M.maxsim_scores([_unit(np.random.default_rng(0), 2)], *M.pack([_unit(np.random.default_rng(1), 3)]))
+    if "avx512" not in M.kernel_isas():
+        monkeypatch.setattr(M, "ISA", "avx512")
+        with pytest.raises(ValueError, match="cannot run its 'avx512' path here"):
+            M.kernel_isa()
+
+
+def test_avx512_path_threads_and_batches_change_no_bit(monkeypatch, maxsim_kernel):
+    # documents split across threads and query batches: each score is the same on both paths
+    _needs_both_paths(maxsim_kernel)
+    rng = np.random.default_rng(23)
+    docs = [_unit(rng, int(n)) for n in rng.integers(1, 120, 2000)]
+    mat, off = M.pack(docs)
+    queries = [_unit(rng, 32), _unit(rng, 35), _unit(rng, 1)]
+    monkeypatch.setattr(M, "THREADS", 1)
+    one = _isa_scores(monkeypatch, "avx2", queries, mat, off)
+    for threads in (2, 3):
+        monkeypatch.setattr(M, "THREADS", threads)
+        np.testing.assert_array_equal(_isa_scores(monkeypatch, "avx512", queries, mat, off), one)
+    for qi, q in enumerate(queries):
+        np.testing.assert_array_equal(_isa_scores(monkeypatch, "avx512", [q], mat, off)[0], one[qi])
+

@@ -16,7 +16,9 @@ takes, reach the scores as numpy's arithmetic takes them on both):
   decoded there 8 codes at a time in registers, bit for bit their float32 decoding; documents
   are split across the cores (:data:`THREADS`). Used for float32 scores whenever it is built and
   the CPU has those instructions (:func:`kernel`; coded rows need a library built with them:
-  :func:`kernel_kinds`).
+  :func:`kernel_kinds`). Where the CPU has AVX-512F a second path runs (:func:`kernel_isa`,
+  :data:`ISA`): 12 document rows x 32 query rows per tile, float32 rows broadcast straight from
+  the matrix; the same FMA chains lane for lane, so its scores are bit for bit the AVX2 path's.
 - **blas** (numpy): per cache-sized block one BLAS product in the requested dtype,
   ``np.maximum.reduceat`` over each document's rows and a sum per query. Used for
   ``dtype=np.float64`` (the reference the tests compare with), and for float32 where the fused
@@ -45,6 +47,7 @@ Example
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
@@ -71,6 +74,12 @@ MIN_BLOCK_ROWS = 512
 THREADS: int | None = None
 """Threads of the fused kernel: ``None`` uses every core this process may run on (or the
 ``UIBK_MAXSIM_THREADS`` environment variable); small scans always run on the calling thread."""
+ISA: str | None = None
+"""Which path of the fused kernel scores: ``"avx512"``, ``"avx2"``, or ``None``: the
+``UIBK_MAXSIM_ISA`` environment variable when set, else the best this CPU runs
+(:func:`kernel_isa`). Both give the same scores bit for bit; naming one this CPU lacks is an
+error."""
+_ISAS = {"avx2": 1, "avx512": 2}  # uibk_maxsim_isa's numbers (bit isa - 1 of uibk_maxsim_isas)
 _PARALLEL_WORK = 1 << 18
 """Document rows x query rows below which one thread scans (a thread start costs ~0.1 ms)."""
 _CHUNK_ROWS = 48  # CHUNK in _maxsim_kernel.c: its per-thread buffer holds this many rows
@@ -250,6 +259,9 @@ def _fused() -> ctypes.CDLL | None:
             lib.uibk_maxsim.argtypes = [ptr, i64, i64, ptr, ctypes.c_int, ptr, i64, i64, ptr, i64, ptr,
                                         i64, ptr]
             lib.uibk_maxsim.restype = ctypes.c_int
+            if hasattr(lib, "uibk_maxsim_isa"):  # a library built before the AVX-512 path lacks it
+                lib.uibk_maxsim_isa.argtypes = [ctypes.c_int, *lib.uibk_maxsim.argtypes]
+                lib.uibk_maxsim_isa.restype = ctypes.c_int
             _LIB = lib
     return _LIB  # type: ignore[return-value]
 
@@ -272,6 +284,45 @@ def kernel_kinds() -> int:
         return 2
     kinds.restype = ctypes.c_int
     return int(kinds())
+
+
+def kernel_isas() -> tuple[str, ...]:
+    """The paths of the fused kernel this CPU runs, best last: ``("avx2", "avx512")`` with
+    AVX-512F, ``("avx2",)`` without (or with a library built before the AVX-512 path), ``()``
+    without the fused kernel.
+
+    >>> set(kernel_isas()) <= {"avx2", "avx512"}
+    True
+    """
+    lib = _fused()
+    if lib is None:
+        return ()
+    if not hasattr(lib, "uibk_maxsim_isas"):
+        return ("avx2",)
+    mask = int(lib.uibk_maxsim_isas())
+    return tuple(name for name, bit in _ISAS.items() if mask >> (bit - 1) & 1)
+
+
+def kernel_isa() -> str | None:
+    """The path of the fused kernel that scores here: :data:`ISA` (or ``UIBK_MAXSIM_ISA``) when
+    set, else the best of :func:`kernel_isas`; ``None`` without the fused kernel.
+
+    >>> kernel_isa() in (None, "avx2", "avx512")
+    True
+    """
+    have = kernel_isas()
+    if not have:
+        return None
+    want = ISA if ISA is not None else os.environ.get("UIBK_MAXSIM_ISA") or None
+    if want is None:
+        return have[-1]
+    if want not in _ISAS:
+        raise ValueError(f"the fused MaxSim kernel's path (ISA or UIBK_MAXSIM_ISA) must be one of "
+                         f"{', '.join(map(repr, _ISAS))}, got {want!r}")
+    if want not in have:
+        raise ValueError(f"the fused MaxSim kernel cannot run its {want!r} path here (this CPU and "
+                         f"library run {', '.join(map(repr, have))})")
+    return want
 
 
 def kernel() -> str:
@@ -314,6 +365,11 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     bounds = np.searchsorted(offsets, np.linspace(first, last, threads + 1), side="left")
     bounds[0], bounds[-1] = 0, n_docs
     kind = _kind(doc_matrix)
+    isa = kernel_isa()
+    if hasattr(lib, "uibk_maxsim_isa"):
+        call = functools.partial(lib.uibk_maxsim_isa, _ISAS[isa])
+    else:  # a library built before the AVX-512 path: its one path, AVX2
+        call = lib.uibk_maxsim
 
     codes: list[int] = []
     failed: list[BaseException] = []  # a worker's error (its thread would only print it)
@@ -321,9 +377,9 @@ def _fused_scores(lib: ctypes.CDLL, qmat: np.ndarray, qoff: np.ndarray, doc_matr
     def scan(d0: int, d1: int) -> None:
         try:
             work = np.empty(rpad + _CHUNK_ROWS * dim, dtype=np.float32)
-            codes.append(lib.uibk_maxsim(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, kind,
-                                         offsets.ctypes.data, d0, d1, qoff.ctypes.data, len(qoff) - 1,
-                                         out.ctypes.data, n_docs, work.ctypes.data))
+            codes.append(call(qt.ctypes.data, rpad, dim, doc_matrix.ctypes.data, kind, offsets.ctypes.data,
+                              d0, d1, qoff.ctypes.data, len(qoff) - 1, out.ctypes.data, n_docs,
+                              work.ctypes.data))
         except BaseException as e:  # its columns of ``out`` were never written
             failed.append(e)
 
