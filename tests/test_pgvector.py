@@ -615,3 +615,32 @@ def test_cli_index_takes_pgvectors_profile(dsn, tmp_path):
     assert s.profile == "float16" and s.count() == 4
     s.drop()
     s.close()
+
+
+def test_float16_profile_on_a_vector_extension_without_halfvec_is_refused_naming_both_versions(dsn):
+    """halfvec came with pgvector 0.7.0. This server's extension is 0.8; a database whose catalog
+    records the extension as 0.6.2 (what ``pgserver`` 0.1.4 ships; the adapter reads the version
+    from ``pg_extension``) stands in for an older server: profile="float16" is ServerTooOld naming
+    0.6.2 and 0.7.0, nothing is created, and the exact profile still works there."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from uibk_embedding.errors import ServerTooOld
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS uibk_vec062")
+        admin.execute("CREATE DATABASE uibk_vec062")
+        try:
+            old = make_conninfo(**{**conninfo_to_dict(dsn), "dbname": "uibk_vec062"})
+            with psycopg.connect(old, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION vector")
+                conn.execute("UPDATE pg_extension SET extversion = '0.6.2' WHERE extname = 'vector'")
+            with pytest.raises(ServerTooOld, match=r"extension is 0\.6\.2 here, halfvec needs >= 0\.7\.0"):
+                PgVectorStore(old, table="t", profile="float16")
+            with psycopg.connect(old) as conn:
+                assert conn.execute("SELECT to_regclass('t')").fetchone() == (None,)
+            s = PgVectorStore(old, table="t")
+            assert s.vector_version == (0, 6, 2) and s.profile == "exact"
+            s.close()
+        finally:
+            admin.execute("DROP DATABASE IF EXISTS uibk_vec062 WITH (FORCE)")
