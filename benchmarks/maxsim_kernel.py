@@ -36,6 +36,13 @@ Usage::
     python benchmarks/maxsim_kernel.py --quick      # engines table + one batch shape, ~2 minutes;
         # writes benchmarks/results/maxsim_kernel.{md,json} unless --md / --json are given
     python benchmarks/maxsim_kernel.py --engines all --shape 0 --threads 1 --md results/x.md
+    python benchmarks/maxsim_kernel.py --engines kernel_f32,kernel_f16rows,kernel_f32_avx2,numpy_one_gemm \\
+        --shape 0 --stores --runs 20 --md x.md   # issue #59: the scan and the two exact stores
+
+``--stores`` adds the exact store in memory against the same documents persisted (NPL's lengths,
+random tagged lists, one search each per query alternating which goes first). The
+``kernel_*_avx2`` engines run the fused kernel's AVX2 path where the AVX-512 one is the default
+(:data:`uibk_embedding.maxsim.ISA`).
 """
 
 from __future__ import annotations
@@ -315,6 +322,19 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
         try:
             if name == "kernel_f32":
                 calls[name] = lambda q: M.maxsim_scores([q], mat, offsets)[0]
+            elif name in ("kernel_f32_avx2", "kernel_f16rows_avx2"):  # the fused kernel's AVX2 path
+                rows = mat if name == "kernel_f32_avx2" else mat16
+                if "avx2" not in M.kernel_isas():
+                    raise ImportError("the fused kernel's AVX2 path does not run here")
+
+                def run_avx2(q, rows=rows):
+                    saved, M.ISA = M.ISA, "avx2"
+                    try:
+                        return M.maxsim_scores([q], rows, offsets)[0]
+                    finally:
+                        M.ISA = saved
+
+                calls[name] = run_avx2
             elif name == "kernel_f16rows":
                 calls[name] = lambda q: M.maxsim_scores([q], mat16, offsets)[0]
             elif name == "blas_f32":
@@ -366,7 +386,7 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
             if qi == 0:
                 continue  # warm-up (numba compiles, caches fill)
             times[name].append(dt)
-            r = ref16 if name.endswith("f16rows") else ref
+            r = ref16 if "f16rows" in name else ref
             if name == "qdrant_edge":
                 ids = [i for i, _ in got]
                 err = max(abs(sc - r[i]) for i, sc in got)
@@ -404,8 +424,69 @@ def bench_engines(mat: np.ndarray, offsets: np.ndarray, q_rows: int, runs: int,
 
 OUTSIDE = ("numpy_one_gemm", "maxsim_cpu", "qdrant_edge")
 """Outside exact MaxSim engines the aim compares with (torch and numba variants are candidates)."""
-ENGINES = ("kernel_f32", "kernel_f16rows", "blas_f32", "blas_f16rows", "numpy_one_gemm", "torch_blocked_f32",
+ENGINES = ("kernel_f32", "kernel_f16rows", "kernel_f32_avx2", "kernel_f16rows_avx2", "blas_f32",
+           "blas_f16rows", "numpy_one_gemm", "torch_blocked_f32",
            "torch_blocked_bf16", "numba_fused", "maxsim_cpu", "qdrant_edge")
+
+
+def bench_stores(lengths: np.ndarray, runs: int, folder: str) -> dict:
+    """The exact store in memory against the same documents persisted (float32 rows, memory
+    mapped): one search each per query, alternating which goes first, p50/p95 over ``runs``
+    queries (one more for warm-up). Documents are random tagged lists of ``lengths`` rows (3 slots
+    and at least one token), queries 3 slots + 29 tokens (32 rows)."""
+    from uibk_embedding.adapters.exact import ExactStore
+    from uibk_embedding.tagged import TaggedFormat
+
+    fmt, rng = TaggedFormat(), np.random.default_rng(4)
+    stores = {"exact_in_memory": ExactStore(), "exact_persisted": ExactStore(path=folder)}
+    t0 = time.perf_counter()
+    for b in range(0, len(lengths), 500):
+        docs = [fmt.build(rng.normal(size=(3, DIM - 1)), rng.normal(size=(max(int(n) - 3, 1), DIM - 1)))
+                for n in lengths[b:b + 500]]
+        ids = [str(i) for i in range(b, b + len(docs))]
+        for s in stores.values():
+            s.upsert(ids, docs)
+    built = time.perf_counter() - t0
+    queries = [fmt.build(rng.normal(size=(3, DIM - 1)), rng.normal(size=(29, DIM - 1)), 4.0)
+               for _ in range(runs + 1)]
+    load_before = open("/proc/loadavg").read().split()[:3]
+    times: dict[str, list[float]] = {k: [] for k in stores}
+    same = 0
+    for qi, q in enumerate(queries):
+        order = list(stores.items()) if qi % 2 else list(stores.items())[::-1]
+        hits = {}
+        for name, s in order:
+            t = time.perf_counter()
+            hits[name] = [(h.id, h.score) for h in s.search(q, k=10)]
+            if qi:
+                times[name].append(time.perf_counter() - t)
+        same += qi > 0 and hits["exact_in_memory"] == hits["exact_persisted"]
+    load_after = open("/proc/loadavg").read().split()[:3]
+    rows = int(stores["exact_in_memory"].stats().get("vectors", 0) or 0)
+    for s in stores.values():
+        s.close()
+    out = {"n_docs": len(lengths), "rows": rows, "queries": runs, "build_s": round(built, 1),
+           "same_hits": f"{same}/{runs}", "loadavg_before": load_before, "loadavg_after": load_after,
+           "rows_table": []}
+    for name, ts in times.items():
+        ms = np.asarray(ts) * 1e3
+        out["rows_table"].append({"store": name, "p50_ms": round(float(np.median(ms)), 2),
+                                  "p95_ms": round(float(np.percentile(ms, 95)), 2)})
+    p50 = {r["store"]: r["p50_ms"] for r in out["rows_table"]}
+    out["in_memory_over_persisted"] = round(p50["exact_in_memory"] / p50["exact_persisted"], 3)
+    return out
+
+
+def stores_markdown(r: dict) -> str:
+    lines = [f"### Exact store search, in memory vs persisted: {r['n_docs']:,} documents, {r['queries']} "
+             "queries of 32 rows, k = 10 (random tagged lists, NPL's lengths)", "",
+             f"Load average before / after: {' '.join(r['loadavg_before'])} / "
+             f"{' '.join(r['loadavg_after'])}; "
+             f"same hits and scores: {r['same_hits']}; in memory / persisted p50: "
+             f"{r['in_memory_over_persisted']}", "",
+             "| store | p50 ms | p95 ms |", "|---|---:|---:|"]
+    lines += [f"| {x['store']} | {x['p50_ms']} | {x['p95_ms']} |" for x in r["rows_table"]]
+    return "\n".join(lines) + "\n"
 
 
 def engines_markdown(e: dict, threads: int | None) -> str:
@@ -474,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=NPL_ROWS, help="total vectors of the engines' collection")
     p.add_argument("--docs", type=int, default=None, help="first N documents of the corpus only")
     p.add_argument("--extra-path", default=None, help="folder prepended to sys.path (numba, maxsim_cpu)")
+    p.add_argument("--stores", action="store_true",
+                   help="also the exact store in memory against the same documents persisted (NPL's lengths)")
     p.add_argument("--quick", action="store_true",
                    help="every engine on NPL's lengths (11 queries) and one batch shape: a few minutes")
     args = p.parse_args(argv)
@@ -503,7 +586,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kernel: {M.kernel()}; BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB",
           flush=True)
     result["engines"] = None
+    result["stores"] = None
     with _limit_threads(args.threads):
+        if args.stores:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                lengths = npl_lengths(args.corpus, args.rows)[: args.docs]
+                result["stores"] = bench_stores(lengths, args.runs, tmp + "/exact")
+            print(stores_markdown(result["stores"]), flush=True)
         if engines:
             lengths = npl_lengths(args.corpus, args.rows)[: args.docs]
             mat, off = collection_from_lengths(lengths)
@@ -541,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{M.BLOCK_BYTES >> 10} KiB\n\n")
             if result["engines"]:
                 f.write(engines_markdown(result["engines"], args.threads) + "\n")
+            if result["stores"]:
+                f.write(stores_markdown(result["stores"]) + "\n")
             f.write(md)
     if args.json:
         with open(args.json, "w") as f:

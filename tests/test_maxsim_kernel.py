@@ -302,3 +302,29 @@ def test_avx512_path_threads_and_batches_change_no_bit(monkeypatch, maxsim_kerne
     for qi, q in enumerate(queries):
         np.testing.assert_array_equal(_isa_scores(monkeypatch, "avx512", [q], mat, off)[0], one[qi])
 
+
+def test_benchmark_compares_the_exact_stores_and_the_avx2_path(tmp_path):
+    # the #59 run: the two exact stores answer the same hits, the AVX2 path's engine row is there
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "maxsim_kernel.py"
+    spec = importlib.util.spec_from_file_location("maxsim_kernel_bench_stores", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": str(i), "title": "", "text": "w " * (i % 9 + 1)}) + "\n"
+                              for i in range(60)))
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    engines = "kernel_f32,kernel_f16rows_avx2" if "avx2" in M.kernel_isas() else "kernel_f32"
+    assert bench.main(["--engines", engines, "--stores", "--corpus", str(corpus), "--rows", "400",
+                       "--runs", "3", "--shape", "0", "--json", str(out), "--md", str(md)]) == 0
+    res = json.loads(out.read_text())
+    stores = res["stores"]
+    assert stores["n_docs"] == 60 and stores["same_hits"] == "3/3"
+    assert {r["store"] for r in stores["rows_table"]} == {"exact_in_memory", "exact_persisted"}
+    assert stores["in_memory_over_persisted"] > 0
+    assert {r["engine"] for r in res["engines"]["rows"]} == set(engines.split(","))
+    for r in res["engines"]["rows"]:  # float16 rows against the float64 MaxSim of their widening
+        assert r["top10_equal"] == "3/3" and r["max_abs_error"] <= res["engines"]["float32_rounding_bound"]
+    assert "in memory vs persisted" in md.read_text()
