@@ -34,6 +34,14 @@ has where each reader's memory goes at that size):
     .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 11426 --tokens 48 \
         --out benchmarks/results/shared_readers_npl.json
 
+``--modes plain,preload`` adds, after each backend's plain rows, the prefork rows (gunicorn
+``--preload``, docs/serving.md): a parent process opens the folder read-only, runs one search,
+calls ``gc.freeze()`` and forks the N readers, which search through the store object they
+inherited (it opens its own SQLite connection in each child: docs/sharing.md; LanceDB's is opened
+again in each child); ``pss_total_mib`` is then the parent's PSS plus the readers', measured
+together; ``parent_pss_mib`` the parent's; ``pss_ratio`` against the preload row with one reader
+and ``vs_plain_one`` against the plain row with one reader.
+
 A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact``.
 """
 
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -120,13 +129,15 @@ def _baseline(modules: list[str], barrier: Any, out: Any) -> None:
 
 
 def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer_gone: Any = None,
-            barrier: Any = None) -> None:
+            barrier: Any = None, store: Any = None) -> None:
+    """One reader; ``store``: the store object a preloading parent opened before the fork."""
     from uibk_embedding.maxsim import maxsim
 
     res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
                            "first_error": None}
     try:
-        store = _open(backend, path, read_only=True)
+        if store is None:
+            store = _open(backend, path, read_only=True)
         queries = _lists(seed, 32, rows=12)
         dtype = store.build_params["vector_dtype"] if backend != "lancedb" else "float32"
         tol = 2e-2 if dtype == "float16" else 1e-3
@@ -172,6 +183,37 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
     if barrier is not None:
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=600)  # the others read theirs while this one still maps the store
+
+
+def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer_gone: Any) -> None:
+    """The prefork parent: opens the folder read-only and searches once (every module a reader
+    needs imported, the vector file mapped), freezes its objects out of the cyclic GC's reach,
+    forks ``n`` readers that search through its store object (LanceDB's: opened in each child)
+    and reports its own memory, read together with theirs."""
+    res: dict[str, Any] = {"parent": True, "errors": 0, "first_error": None}
+    procs: list[Any] = []
+    try:
+        store = _open(backend, path, read_only=True)
+        store.search(_lists(7, 1, rows=12)[0], k=K)
+        gc.collect()
+        gc.freeze()
+        ctx = mp.get_context("fork")
+        barrier = ctx.Barrier(n + 1)
+        inherited = None if backend == "lancedb" else store
+        procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, out, writer_gone, barrier,
+                                                   inherited)) for r in range(n)]
+        for p in procs:
+            p.start()
+        _measured_together(writer_gone, barrier, res)
+        out.put(res)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=600)
+    except Exception:
+        res["errors"] += 1
+        res["first_error"] = traceback.format_exc()[-1500:]
+        out.put(res)
+    for p in procs:
+        p.join(timeout=60)
 
 
 def _writer(backend: str, path: str, seconds: float, out: Any, tokens: int = 24) -> None:
@@ -221,7 +263,7 @@ def _baselines(modules: list[str], n: int) -> list[dict]:
 
 
 def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path,
-        tokens: int = 24) -> list[dict]:
+        tokens: int = 24, modes: tuple[str, ...] = ("plain",)) -> list[dict]:
     path = str(workdir / backend)
     ctx = mp.get_context("spawn")
     builder = ctx.Process(target=build, args=(backend, path, n_docs, tokens))
@@ -230,31 +272,39 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
     if builder.exitcode:
         raise RuntimeError(f"building the {backend} folder failed (exit {builder.exitcode})")
     rows: list[dict] = []
-    for n in reader_counts:
+    plain_one: float | None = None
+    for mode, n in [(m, n) for m in modes for n in reader_counts]:
+        preload = mode == "preload"
         q, writer_gone, barrier = ctx.Queue(), ctx.Event(), ctx.Barrier(n)
         load0 = os.getloadavg()[0]
-        procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q, writer_gone, barrier))
-                 for r in range(n)]
+        if preload:
+            procs = [ctx.Process(target=_preloaded, args=(backend, path, seconds, n, q, writer_gone))]
+        else:
+            procs = [ctx.Process(target=_reader,
+                                 args=(backend, path, seconds, 100 + r, q, writer_gone, barrier))
+                     for r in range(n)]
         wproc = ctx.Process(target=_writer, args=(backend, path, seconds, q, tokens))
         for p in [*procs, wproc]:
             p.start()
+        expected = n + 1 + preload  # the readers, the writer (and the preloading parent)
         results = [q.get(timeout=seconds + 600)]
-        while "writes" not in results[-1] and len(results) < n + 1:
+        while "writes" not in results[-1] and len(results) < expected:
             results.append(q.get(timeout=seconds + 600))
         wproc.join(timeout=600)  # gone before the readers read their memory: it maps the store too
         writer_gone.set()
-        results += [q.get(timeout=600) for _ in range(n + 1 - len(results))]
+        results += [q.get(timeout=600) for _ in range(expected - len(results))]
         for p in procs:
-            p.join(timeout=60)
+            p.join(timeout=60 + seconds)
         readers = [r for r in results if "times" in r]
         writer = next(r for r in results if "writes" in r)
+        parent = next((r for r in results if r.get("parent")), None)
         modules = next((r["modules"] for r in readers if "modules" in r), [])
-        bases = _baselines(modules, n) if modules else []
-        pss = sum(r.get("pss_mib", 0) for r in readers)
+        bases = _baselines(modules, n) if modules and not preload else []
+        pss = sum(r.get("pss_mib", 0) for r in readers) + (parent or {}).get("pss_mib", 0)
         base = sum(b["pss_mib"] for b in bases)
         times = np.concatenate([np.asarray(r["times"]) for r in readers]) if readers else np.zeros(0)
         qps = sum(len(r["times"]) / max(sum(r["times"]), 1e-9) for r in readers)
-        row = {"backend": backend, "readers": n, "docs": n_docs, "seconds": seconds,
+        row = {"backend": backend, "mode": mode, "readers": n, "docs": n_docs, "seconds": seconds,
                "errors": sum(r["errors"] for r in results), "torn": sum(r["torn"] for r in readers),
                "mismatches": sum(r["mismatches"] for r in readers),
                "checked": sum(r["checked"] for r in readers), "searches": len(times),
@@ -263,14 +313,18 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
                "p95_ms": round(float(np.percentile(times, 95)) * 1e3, 2) if len(times) else None,
                "rss_mib": [round(r.get("rss_mib", 0), 1) for r in readers],
                "pss_mib": [round(r.get("pss_mib", 0), 1) for r in readers],
-               "pss_total_mib": round(pss, 1), "baseline_pss_mib": round(base, 1),
-               "store_mib": round(pss - base, 1),
+               "pss_total_mib": round(pss, 1), "baseline_pss_mib": round(base, 1) if bases else None,
+               "store_mib": round(pss - base, 1) if bases else None,
+               "parent_pss_mib": round(parent["pss_mib"], 1) if parent and "pss_mib" in parent else None,
                "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)],
                "first_error": next((r["first_error"] for r in results if r["first_error"]), None)}
-        first = rows[0] if rows else row
+        first = next((r for r in rows if r["mode"] == mode), row)
         for key, name in (("pss_total_mib", "pss_ratio"), ("baseline_pss_mib", "baseline_ratio"),
                           ("store_mib", "store_ratio")):
             row[name] = round(row[key] / first[key], 2) if first[key] else None
+        if mode == "plain" and n == 1:
+            plain_one = row["pss_total_mib"]
+        row["vs_plain_one"] = round(row["pss_total_mib"] / plain_one, 2) if plain_one else None
         print(json.dumps({k: v for k, v in row.items() if k != "first_error"}), flush=True)
         if row["first_error"]:
             print(row["first_error"], flush=True)
@@ -286,14 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=24, help="token vectors per document (3 slots added)")
     ap.add_argument("--readers", default="1,2,4")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--modes", default="plain",
+                    help="comma-separated: plain (each reader opens the folder), preload (a parent opens "
+                         "it, then forks the readers: gunicorn --preload)")
     args = ap.parse_args(argv)
+    modes = tuple(args.modes.split(","))
+    if set(modes) - {"plain", "preload"}:
+        ap.error(f"--modes: unknown mode(s) {', '.join(sorted(set(modes) - {'plain', 'preload'}))}")
     workdir = Path(tempfile.mkdtemp(prefix="uibk-shared-"))
     rows: list[dict] = []
     try:
         for backend in args.backends.split(","):
             try:
                 counts = [int(x) for x in args.readers.split(",")]
-                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens)
+                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens, modes)
             except ImportError as e:
                 print(f"{backend}: skipped ({e})", flush=True)
     finally:

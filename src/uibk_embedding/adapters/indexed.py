@@ -202,7 +202,8 @@ _mmap_threshold_fixed = False
 def fix_mmap_threshold() -> bool:
     """Make glibc serve every allocation of :data:`MMAP_THRESHOLD` bytes or more by ``mmap``, so
     freeing it gives the memory back to the system. Called before every engine build or update
-    of an :class:`IndexedStore` (PLAID and WARP).
+    of an :class:`IndexedStore` (PLAID and WARP), when one opens its index to search it, and when
+    a LanceDB store opens (its flat scan's buffers: docs/sharing.md, "Memory of N workers").
 
     glibc's default threshold adapts: each freed ``mmap`` block raises it (up to 32 MiB), after
     which such blocks come from the heap and stay held once freed. The engines' compression
@@ -1104,6 +1105,10 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             if n != expected:
                 return f"it holds {n} documents, the store {expected}"
             self._engine_folder = folder
+            # a reader's searches too: PLAID's decompression buffers (up to 4 x candidates_limit
+            # documents) otherwise stay held by the allocator after a search, 150-200 MiB a reader
+            # at NPL's size (benchmarks/results/reader_memory.md)
+            fix_mmap_threshold()
             self._index = self._engine_open(folder)
         except self.engine_error as e:
             return str(e)
