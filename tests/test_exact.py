@@ -309,3 +309,35 @@ def test_stats_say_the_exact_store_builds_no_index():
     s.min_index_vectors = 10**6  # below it too: "no index is built" read as if one would be above
     assert "builds no index" in s.stats()["reason"]
     s.close()
+
+
+def test_in_memory_and_persisted_stores_scan_the_same_way(tmp_path, monkeypatch):
+    # issue 59: the two exact stores are one scan: every search hands the kernel a contiguous
+    # float32 view of the rows as stored (the in-memory array, the file's memory map), never a
+    # copy, and both give the same hits and scores, with an overwritten document's dead rows
+    # between the live ones
+    import uibk_embedding.adapters.indexed as indexed
+
+    seen: list[np.ndarray] = []
+    scan = indexed.maxsim_scores
+
+    def spy(queries, doc_matrix, doc_offsets, **kw):
+        seen.append(doc_matrix)
+        return scan(queries, doc_matrix, doc_offsets, **kw)
+
+    monkeypatch.setattr(indexed, "maxsim_scores", spy)
+    docs, ids = _docs(40, seed=3), [f"d{i}" for i in range(40)]
+    stores = {"memory": ExactStore(), "persisted": ExactStore(path=tmp_path / "s")}
+    q = make_list(FMT, np.random.default_rng(4), 6, dense_weight=4.0)
+    hits = {}
+    for name, s in stores.items():
+        s.upsert(ids, docs)
+        s.upsert(["d7"], _docs(1, seed=5))  # d7's first rows are dead now
+        seen.clear()
+        hits[name] = [(h.id, h.score) for h in s.search(q, k=10)]
+        (mat,) = seen
+        rows = s._vf._mapped()
+        assert mat.dtype == np.float32 and mat.flags.c_contiguous, name
+        assert np.shares_memory(mat, rows), f"the {name} store scanned a copy of its rows"
+        s.close()
+    assert hits["memory"] == hits["persisted"] and len(hits["memory"]) == 10
