@@ -68,7 +68,18 @@ def _exact(folder: Path, profile: str, fmt, read_only: bool = False):
     return open_store("exact", path=folder, profile=profile, format=fmt)
 
 
-OPENERS = {"exact": _exact}
+def _qdrant_edge(folder: Path, profile: str, fmt, read_only: bool = False):
+    # Edge builds a coded profile's codes when the writing store closes (or at optimize())
+    return open_store("qdrant-edge", path=folder, profile=profile, format=fmt)
+
+
+def _qdrant(folder: Path, profile: str, fmt, read_only: bool = False):
+    # local mode: pure Python, keeps and checks the profile's settings but stores float32 and
+    # searches exactly (its rows are the exact store's); a server applies them
+    return open_store("qdrant", collection="docs", path=folder, profile=profile, format=fmt)
+
+
+OPENERS = {"exact": _exact, "qdrant-edge": _qdrant_edge, "qdrant": _qdrant}
 """backend -> ``open(folder, profile, format, read_only=False)``: a store of that backend keeping
 ``profile``, in ``folder`` (created), or reopened read-only as a served reader sees it (a backend
 without ``read_only`` reopens as a writer would). Each engine's profiles are its own

@@ -69,6 +69,7 @@ from uibk_embedding.adapters.base import (
     record_problems,
 )
 from uibk_embedding.adapters.common import batched, serialized
+from uibk_embedding.adapters.engine_profiles import check_profile, profile_conflict
 from uibk_embedding.adapters.filters import OPERATORS, Node
 from uibk_embedding.adapters.qdrant_filters import (
     LISTS_KEY,
@@ -76,6 +77,14 @@ from uibk_embedding.adapters.qdrant_filters import (
     list_fields,
     native_conditions,
     to_qdrant_filter,
+)
+from uibk_embedding.adapters.qdrant_profiles import (
+    SETTINGS,
+    SUPPORTED,
+    client_vector_params,
+    config_problems,
+    quantization_kind,
+    search_params,
 )
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreInUse, StoreNotFound, UIBKError
@@ -143,6 +152,38 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
         self.mode = mode
         self.prefetch = self._check_prefetch(prefetch)
         self.exact = mode == "exact"  # type: ignore[misc]  # per instance: follows the default mode
+
+    def _init_profile(self, profile: str | None, multivector_hnsw: bool) -> None:
+        """``profile=`` (qdrant_profiles): checked by name; the one a new collection is made with
+        (``"exact"`` when None) until an existing collection's record says otherwise."""
+        self._asked_profile = check_profile(profile, SUPPORTED, self.backend)
+        self.profile = self._asked_profile or "exact"
+        if multivector_hnsw and SETTINGS[self.profile].quantization is not None:
+            raise ValueError(f"profile={self.profile!r} scans the multivector's quantized codes with "
+                             "Qdrant's non-exact search, which would walk its HNSW graph instead: "
+                             "pass multivector_hnsw=False")
+
+    def _check_profile(self, record: Any, name: str, datatype: str | None, quant: Any,
+                       where: str) -> list[str]:
+        """The recorded profile (``"exact"`` in a record from before profiles; with no record,
+        the one asked for) against the one asked for (CollectionMismatch naming both), then the multivector's
+        settings against it; sets :attr:`profile` (what ``profile=None`` opens)."""
+        # no record (made by hand): the profile asked for, if its settings are there (below)
+        saved = (record.get("profile", "exact") if isinstance(record, Mapping)
+                 else self._asked_profile or "exact")
+        if saved not in SETTINGS:
+            return [f"its record names profile {saved!r}, which this version does not know"]
+        conflict = profile_conflict(saved, self._asked_profile, where)
+        if conflict is not None:
+            raise CollectionMismatch(conflict + "; nothing was changed")
+        self.profile = saved
+        if saved != "exact" and not getattr(self, "local", False):
+            self.exact = False  # type: ignore[misc]  # rounded or coded vectors: approximate
+        return config_problems(saved, name, datatype, quantization_kind(quant))
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`MultiVectorStore.stats` with the store's ``profile``."""
+        return {**super().stats(), "profile": self.profile}
 
     @staticmethod
     def _check_mode(mode: str, dense_name: str | None) -> None:
@@ -528,6 +569,11 @@ class QdrantStore(_QdrantBase):
     shard_number, replication_factor, on_disk, on_disk_payload: passed to
         ``create_collection`` (``on_disk`` applies to both vectors).
     mode, prefetch: default search mode and number of dense candidates.
+    profile: Qdrant's own compression by the exact store's names (``"exact"``, ``"float16"``,
+        ``"compact"``, ``"int8"``, ``"int8-rerank"``, ``"exact-rerank"``; what each sets:
+        :mod:`~uibk_embedding.adapters.qdrant_profiles`), recorded with a new collection and
+        checked on open (another profile: ``CollectionMismatch`` naming both; None: the
+        recorded one, :attr:`profile`). Local mode keeps and checks it but searches exactly.
     max_rows_per_request: cap on the tagged-list rows (all documents' rows together) of one
         upsert request, next to ``batch_size``: Qdrant refuses a request body over 32 MiB
         (its ``max_request_size_mb``), and the default 8192 rows make at most about 25 MB of
@@ -591,6 +637,7 @@ class QdrantStore(_QdrantBase):
         backoff: float = 0.5,
         payload_indexes: Mapping[str, Any] | None = None,
         show_progress: bool | None = None,
+        profile: str | None = None,
     ) -> None:
         qc = require("qdrant_client", "qdrant", "the Qdrant adapter")
         self._models = require("qdrant_client.models", "qdrant", "the Qdrant adapter")
@@ -617,6 +664,7 @@ class QdrantStore(_QdrantBase):
         self.backoff = float(backoff)
         self.show_progress = show_progress
         self._init_modes(mode, prefetch, dense_name)
+        self._init_profile(profile, multivector_hnsw)
         self._own_client = client is None
         remote = url is not None or host is not None
         # qdrant-client's local mode is pure Python and not thread-safe (concurrent calls raced:
@@ -738,9 +786,10 @@ class QdrantStore(_QdrantBase):
                         dense_hnsw: Mapping[str, Any] | None, on_disk: bool | None) -> dict:
         m = self._models
         cfg = {self.vector_name: m.VectorParams(
-            size=DIM, distance=m.Distance.DOT, on_disk=on_disk,
+            size=DIM, distance=m.Distance.DOT,
             multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
-            hnsw_config=None if multivector_hnsw else m.HnswConfigDiff(m=0))}
+            hnsw_config=None if multivector_hnsw else m.HnswConfigDiff(m=0),
+            **{"on_disk": on_disk, **client_vector_params(self.profile, m)})}
         if self.dense_name is not None:
             dist = m.Distance.DOT if dense_distance.lower() == "dot" else m.Distance.COSINE
             cfg[self.dense_name] = m.VectorParams(
@@ -768,7 +817,8 @@ class QdrantStore(_QdrantBase):
                                                         dense_hnsw, on_disk),
                     shard_number=shard_number, replication_factor=replication_factor,
                     on_disk_payload=on_disk_payload,
-                    metadata={META_KEY: {"version": 1, "format": self.format.to_stored()}})
+                    metadata={META_KEY: {"version": 1, "format": self.format.to_stored(),
+                                         "profile": self.profile}})
                 self.created = True
                 return
             except Exception as e:
@@ -827,7 +877,11 @@ class QdrantStore(_QdrantBase):
             if cmp != m.MultiVectorComparator.MAX_SIM:
                 problems.append(f"{self.vector_name!r} is not a multivector with comparator max_sim "
                                 f"(multivector_config: {mv.multivector_config})")
-            problems += self._datatype_problems(self.vector_name, mv)
+            dt = getattr(mv, "datatype", None)
+            record = (getattr(info.config, "metadata", None) or {}).get(META_KEY)
+            problems += self._check_profile(record, self.vector_name, dt and dt.value,
+                                            getattr(mv, "quantization_config", None),
+                                            f"Qdrant collection {self.collection!r} at {self.where}")
         if self.dense_name is not None and named:
             dv = vectors.get(self.dense_name)
             if dv is None:
@@ -928,6 +982,9 @@ class QdrantStore(_QdrantBase):
                   explain: bool = False) -> list:
         m = self._models
         params = None if self.local or mode == "hnsw" else m.SearchParams(exact=True)
+        coded = None if self.local else search_params(self.profile, k, m.SearchParams,
+                                                      m.QuantizationSearchParams)
+        params = coded or params  # a profile's codes: scanned (exact=False ignores no code)
         out = []
         for q in queries:
             pre = None

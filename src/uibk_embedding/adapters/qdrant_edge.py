@@ -56,6 +56,7 @@ from uibk_embedding.adapters.qdrant import (
     unwritten_dense,
 )
 from uibk_embedding.adapters.qdrant_filters import BOOLS_KEY, bool_token
+from uibk_embedding.adapters.qdrant_profiles import SETTINGS, edge_vector_params, search_params
 from uibk_embedding.adapters.redo import RedoLog
 from uibk_embedding.errors import EngineError, StoreInUse
 from uibk_embedding.tagged import DIM, TaggedFormat
@@ -82,6 +83,11 @@ class QdrantEdgeStore(_QdrantBase):
     max_search_threads: the shard's search thread pool size (None: from the CPU count), set
         when the shard is created (an existing shard refuses it: Qdrant Edge takes it on load
         only together with the whole vector configuration).
+    profile: Qdrant's own compression by the exact store's names (what each sets:
+        :mod:`~uibk_embedding.adapters.qdrant_profiles`), recorded in ``uibk_embedding.json`` and
+        checked on open (another profile: ``CollectionMismatch`` naming both; None: the recorded
+        one, :attr:`profile`). The quantized codes are built by :meth:`optimize` and when a
+        store that wrote closes; until then a search scans the new points' originals exactly.
 
     Example
     -------
@@ -113,6 +119,7 @@ class QdrantEdgeStore(_QdrantBase):
         show_progress: bool | None = None,
         payload_indexes: Mapping[str, str] | None = None,
         max_search_threads: int | None = None,
+        profile: str | None = None,
     ) -> None:
         self._e = require("qdrant_edge", "qdrant", "the Qdrant Edge adapter")
         super().__init__(format)
@@ -127,6 +134,7 @@ class QdrantEdgeStore(_QdrantBase):
         self.batch_size = batch_size
         self.show_progress = show_progress
         self._init_modes(mode, prefetch, dense_name)
+        self._init_profile(profile, multivector_hnsw)
         self._tmp = path is None
         self.path = Path(tempfile.mkdtemp(prefix="uibk-edge-")) / "shard" if path is None else Path(path)
         self.shard: Any = None
@@ -150,10 +158,14 @@ class QdrantEdgeStore(_QdrantBase):
                                                                      full_scan_threshold=10000)
         vectors = {self.vector_name: e.EdgeVectorParams(
             DIM, e.Distance.Dot, multivector_config=e.MultiVectorConfig(e.MultiVectorComparator.MaxSim),
-            hnsw_config=hnsw)}
+            hnsw_config=hnsw, **edge_vector_params(self.profile, e))}
         if self.dense_name is not None:
             vectors[self.dense_name] = e.EdgeVectorParams(DENSE_DIM, e.Distance.Dot)
-        return e.EdgeConfig(vectors=vectors, max_search_threads=max_search_threads)
+        # a segment gets its quantized codes when optimize() indexes it, which Edge does only past
+        # the indexing threshold (default about 10 MB): a coded profile indexes every segment
+        coded = SETTINGS[self.profile].quantization is not None
+        opt = e.EdgeOptimizersConfig(indexing_threshold=1) if coded else None
+        return e.EdgeConfig(vectors=vectors, max_search_threads=max_search_threads, optimizers=opt)
 
     def _open(self, format: TaggedFormat | None, max_search_threads: int | None) -> None:
         e = self._e
@@ -192,7 +204,8 @@ class QdrantEdgeStore(_QdrantBase):
         self.shard.flush()
         fsync_tree(self.path)
         atomic_write_text(self.path / CONFIG_FILE, json.dumps({"backend": "qdrant-edge", "version": 1,
-                                                               "format": self.format.to_stored()}))
+                                                               "format": self.format.to_stored(),
+                                                               "profile": self.profile}))
 
     def _engine_open(self, fn: Any) -> Any:
         """The engine's open or create: its folder lock refusal as :class:`StoreInUse`, any other
@@ -226,6 +239,8 @@ class QdrantEdgeStore(_QdrantBase):
                                 "(Cosine renormalises each vector and breaks the query-time dense weight)")
             if (mv.get("multivector_config") or {}).get("comparator") != "max_sim":
                 problems.append(f"{self.vector_name!r} is not a multivector with comparator max_sim")
+            problems += self._check_profile(record, self.vector_name, mv.get("datatype"),
+                                            mv.get("quantization_config"), f"Edge shard at {self.path}")
         if self.dense_name is not None:
             dv = vectors.get(self.dense_name)
             if dv is None:
@@ -261,9 +276,33 @@ class QdrantEdgeStore(_QdrantBase):
         key = BOOLS_KEY if schema == "bool" else json_key(field)
         self.shard.update(e.UpdateOperation.create_field_index(key, kinds[schema]))
 
+    def _bytes_on_disk(self) -> int:
+        """Bytes the shard's files hold on disk (allocated blocks: Edge preallocates its WAL and
+        vector chunks as sparse files, whose apparent size the disk does not hold)."""
+        return sum(p.stat().st_blocks * 512 for p in self.path.rglob("*") if p.is_file())
+
+    def _resident_bytes(self) -> int:
+        """The multivector's files its profile keeps in RAM (allocated): the quantized codes of
+        a quantized profile (``always_ram``; the originals are on disk), else its vectors; the
+        payload, ids and WAL are not counted."""
+        coded = SETTINGS[self.profile].quantization is not None
+        files = self.path.glob(f"segments/*/vector_storage-{self.vector_name}/**/*")
+        return sum(p.stat().st_blocks * 512 for p in files
+                   if p.is_file() and p.name.startswith("quantized") == coded)
+
     def optimize(self) -> bool:
-        """Merge segments and build the HNSW indexes (slow on multivectors): True if it did work."""
+        """Merge segments and build the HNSW indexes (slow on multivectors) and a coded profile's
+        codes: True if it did work."""
+        self._wrote = False
         return bool(self.shard.optimize())
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`MultiVectorStore.stats` (``bytes_on_disk``: allocated; ``resident_bytes``: the
+        multivector's files its profile keeps in RAM) of the settled shard: a coded profile's
+        pending codes are built first (:meth:`optimize`)."""
+        if getattr(self, "_wrote", False) and SETTINGS[self.profile].quantization is not None:
+            self.optimize()
+        return super().stats()
 
     # -- the interface --------------------------------------------------------------------
     # Edge applies each engine call on its own and one upsert is several calls of ``batch_size``
@@ -273,6 +312,7 @@ class QdrantEdgeStore(_QdrantBase):
         self.shard.flush()
 
     def _write_points(self, ids: list[str], vectors: list[np.ndarray], metadata: list[dict]) -> None:
+        self._wrote = True
         self._in_batches(ids, vectors, metadata, self.path.name,
                          lambda points: self.shard.update(self._e.UpdateOperation.upsert_points(points)))
 
@@ -320,7 +360,8 @@ class QdrantEdgeStore(_QdrantBase):
                                                                    using=self.dense_name), filter=flt)
             return e.QueryRequest(limit=k, query=query, prefetches=[pre], filter=flt, with_payload=True,
                                   with_vector=vec)
-        params = e.SearchParams(exact=mode == "exact")
+        params = search_params(self.profile, k, e.SearchParams, e.QuantizationSearchParams)
+        params = params or e.SearchParams(exact=mode == "exact")  # a profile's codes: scanned, not exact
         return e.QueryRequest(limit=k, query=query, filter=flt, params=params, with_payload=True,
                               with_vector=vec)
 
@@ -339,6 +380,8 @@ class QdrantEdgeStore(_QdrantBase):
         """Flush and close the shard (a temporary shard is deleted)."""
         shard, self.shard = getattr(self, "shard", None), None
         if shard is not None:
+            if getattr(self, "_wrote", False) and SETTINGS[self.profile].quantization is not None:
+                shard.optimize()  # the codes of what was written (else scanned exactly until optimized)
             shard.flush()
             shard.close()
         fd, self._lock_fd = getattr(self, "_lock_fd", None), None
