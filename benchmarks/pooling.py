@@ -31,10 +31,19 @@ against average and complete linkage on cosine distance, two other cluster cente
 mean, minimax), the first or last tokens kept, long documents pooled harder and a cosine
 threshold with a factor that adapts per document. Every variant's rows are written by
 :func:`~uibk_embedding.token_pooling.pool_clusters` (slots untouched, tags exact, renormalised),
-so the variants differ only in their clusters and centers. Quality and vector counts only (no
-timing); needs scipy (its ``linkage``) for the linkages other than Ward::
+so the variants differ only in their clusters and centers. The ``tok:`` levers also use what
+the tokenizer says about each token row (:func:`document_tokens`: the encoder's own input ids over
+each text's span, so ``[CLS]``, ``[SEP]`` and padding are not rows): function tokens
+(punctuation, special tokens, whole stopwords) merged among themselves first, repeated token ids,
+the pieces of one word, content protected, function tokens skipped. Quality and vector counts only
+(no timing; the load average is recorded anyway); needs scipy (its ``linkage``) for the linkages
+other than Ward::
 
     .venv/bin/python benchmarks/pooling.py --levers          # results/pooling_levers.{json,md}
+    .venv/bin/python benchmarks/pooling.py --levers --only tok:kinds tok:protect   # merged into them
+
+With ``--only`` the chosen levers run and their rows replace (or join) those of the existing
+report; a hand-written ``## Reading`` section at the end of the markdown is kept.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import os
 import platform
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -302,6 +312,204 @@ def long_harder_keep(lengths: list[int], short: int = SHORT, target: float = 0.5
     return keep.tolist(), lo
 
 
+# -- token-aware levers: what the tokenizer says about each token row ----------------------
+#: English function words (NLTK's English stopword list, lower case). A token is a function
+#: word only when it is a whole word: the first piece of a longer word ("as" of "as ##ym
+#: ##metry") is not.
+STOPWORDS = frozenset("""
+a about above after again against ain all am an and any are aren aren't as at be because been
+before being below between both but by can couldn couldn't d did didn didn't do does doesn
+doesn't doing don don't down during each few for from further had hadn hadn't has hasn hasn't
+have haven haven't having he her here hers herself him himself his how i if in into is isn isn't
+it it's its itself just ll m ma me mightn mightn't more most mustn mustn't my myself needn
+needn't no nor not now o of off on once only or other our ours ourselves out over own re s same
+shan shan't she she's should should've shouldn shouldn't so some such t than that that'll the
+their theirs them themselves then there these they this those through to too under until up
+ve very was wasn wasn't we were weren weren't what when where which while who whom why will
+with won won't wouldn wouldn't y you you'd you'll you're you've your yours yourself yourselves
+""".split())
+
+CONTENT, CONTINUATION, FUNCTION = 0, 1, 2  # token kinds (token_kinds)
+
+
+def token_kinds(tokens: Sequence[str], specials: Sequence[str] = (),
+                continuation: str = "##") -> tuple[np.ndarray, np.ndarray]:
+    """The kind of each token of one text and the word it belongs to: ``(kinds, words)``, two
+    int64 arrays of ``len(tokens)``. Kinds: :data:`FUNCTION` (a special token of ``specials``, a
+    token of punctuation only, or a whole word of :data:`STOPWORDS`), :data:`CONTINUATION` (a
+    later piece of a word: it starts with ``continuation``, WordPiece's ``"##"``) or
+    :data:`CONTENT` (the first piece of any other word). ``words``: the index of each token's
+    word (a continuation belongs to the word before it).
+
+    >>> kinds, words = token_kinds(["the", "as", "##ym", "##metry", ",", "wing", "[SEP]"], ["[SEP]"])
+    >>> kinds.tolist(), words.tolist()
+    ([2, 0, 1, 1, 2, 0, 2], [0, 1, 1, 1, 2, 3, 4])
+    """
+    n = len(tokens)
+    kinds = np.zeros(n, dtype=np.int64)
+    words = np.zeros(n, dtype=np.int64)
+    special = set(specials)
+    w = -1
+    for i, t in enumerate(tokens):
+        cont = bool(continuation) and t.startswith(continuation) and len(t) > len(continuation)
+        if not cont or w < 0:
+            w += 1
+        words[i] = w
+        nxt = tokens[i + 1] if i + 1 < n else ""
+        whole = not (continuation and nxt.startswith(continuation) and len(nxt) > len(continuation))
+        if t in special or not any(c.isalnum() for c in t) or (whole and not cont and t.lower() in STOPWORDS):
+            kinds[i] = FUNCTION
+        elif cont and w >= 0 and i > 0:
+            kinds[i] = CONTINUATION
+    return kinds, words
+
+
+def tiered_clusters(bodies: np.ndarray, n_clusters: int, tiers: np.ndarray) -> np.ndarray:
+    """Average-linkage clusters of the rows of ``bodies`` on cosine distance, the merges taken
+    tier by tier: ``tiers[i, j]`` (a symmetric ``n x n`` matrix of whole numbers >= 0) is added
+    to the distance of rows ``i`` and ``j`` times 4 (more than any cosine distance), so every
+    merge of a lower tier comes before any of a higher one and, inside a tier, the closest pairs
+    merge first. The dendrogram is cut to exactly ``n_clusters`` clusters, labels numbered by each
+    cluster's first row.
+
+    >>> x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> tiers = np.array([[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]])
+    >>> tiered_clusters(x, 2, tiers).tolist()      # rows 0 and 2 share tier 0, so they merge
+    [0, 1, 0, 1]
+    >>> tiered_clusters(x, 2, np.zeros((4, 4), dtype=int)).tolist()
+    [0, 0, 1, 1]
+    """
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
+    n = len(bodies)
+    if not 1 <= n_clusters <= max(n, 1):
+        raise ValueError(f"n_clusters must be from 1 to {n}, got {n_clusters}")
+    if n_clusters == n:
+        return np.arange(n)
+    u = np.asarray(bodies, dtype=np.float64)
+    u = u / np.linalg.norm(u, axis=1, keepdims=True)
+    d = np.clip(1.0 - u @ u.T, 0.0, 2.0) + 4.0 * np.asarray(tiers, dtype=np.float64)
+    np.fill_diagonal(d, 0.0)
+    z = linkage(squareform(d, checks=False), method="average")
+    parent = np.arange(2 * n - 1)
+    for m in range(n - n_clusters):
+        parent[int(z[m, 0])] = parent[int(z[m, 1])] = n + m
+    roots = np.arange(n)
+    while True:
+        up = parent[roots]
+        if np.array_equal(up, roots):
+            break
+        roots = up
+    _, first, inverse = np.unique(roots, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]
+
+
+def document_tokens(enc: Any, texts: list[str], docs: list[np.ndarray], batch: int = 256) -> list[dict]:
+    """What the tokenizer says about each token row of each document: ``ids`` (token ids),
+    ``kinds`` and ``words`` (:func:`~uibk_embedding.token_pooling.token_kinds`) and ``segments``
+    (a new one after each punctuation token). The rows are the encoder's own: its ``_tokenize``
+    gives the model's input ids and each text's span (the positions whose vectors are the token
+    rows: ``[CLS]``/``[SEP]`` and padding are outside it); a span whose length differs from the
+    list's token rows is an error."""
+    tok = enc._base_tokenizer
+    specials = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]") if tok.token_to_id(t) is not None]
+    out: list[dict] = []
+    for s in range(0, len(texts), batch):
+        tb = enc._tokenize(texts[s:s + batch], False)
+        x = tb.inputs["input_ids"].numpy()
+        for i, (a, b) in enumerate(zip(tb.starts, tb.ends, strict=True)):
+            ids = x[i, a:b].copy()
+            if len(ids) != len(docs[s + i]) - N_SLOTS:
+                raise AssertionError(f"document {s + i}: {len(ids)} token ids, "
+                                     f"{len(docs[s + i]) - N_SLOTS} token rows")
+            strings = [tok.id_to_token(int(t)) for t in ids]
+            kinds, words = token_kinds(strings, specials)
+            punct = np.array([not any(c.isalnum() for c in t) for t in strings])
+            segments = np.concatenate([[0], np.cumsum(punct)[:-1]])
+            out.append({"ids": ids, "kinds": kinds, "words": words, "segments": segments})
+    return out
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a[:, None] == a[None, :]
+
+
+def tiers_of(rule: str, info: dict) -> np.ndarray:
+    """The tier matrix of :func:`~uibk_embedding.token_pooling.tiered_clusters` for one
+    document under ``rule`` (lower tiers merge first):
+
+    * ``kinds``: two function tokens 0, any other pair 1;
+    * ``same-id``: two occurrences of one token id 0, any other pair 1;
+    * ``subword``: two pieces of one word 0, any other pair 1;
+    * ``kinds+subword``: function-function or one word 0, any other pair 1;
+    * ``protect``: function-function 0, content-content 1, a function token with a content token 2;
+    * ``all``: function-function, one word or one token id 0, content-content 1, mixed 2;
+    * ``segment``: function-function or one word 0, two words of one segment (between
+      punctuation) 1, any other pair 2;
+    * ``skip-function``: no tiers (:func:`token_lever_pool` removes the function rows).
+    """
+    f = info["kinds"] == FUNCTION
+    ff = f[:, None] & f[None, :]
+    mixed = f[:, None] ^ f[None, :]
+    word = _same(info["words"])
+    if rule == "kinds":
+        zero = ff
+    elif rule == "same-id":
+        zero = _same(info["ids"])
+    elif rule == "subword":
+        zero = word
+    elif rule == "kinds+subword":
+        zero = ff | word
+    elif rule == "protect":
+        return np.where(ff, 0, np.where(mixed, 2, 1))
+    elif rule == "all":
+        zero = ff | word | (_same(info["ids"]) & ~mixed)
+        return np.where(zero, 0, np.where(mixed, 2, 1))
+    elif rule == "skip-function":
+        return np.zeros((len(f), len(f)), dtype=np.int64)
+    elif rule == "segment":
+        zero = ff | word
+        return np.where(zero, 0, np.where(_same(info["segments"]), 1, 2))
+    else:
+        raise ValueError(f"unknown tier rule {rule!r}")
+    return np.where(zero, 0, 1)
+
+
+def token_lever_pool(doc: np.ndarray, fmt: Any, keep: int, info: dict, rule: str,
+                     center: str = "mean") -> np.ndarray:
+    """``doc`` pooled to ``keep`` token rows by :func:`tiered_clusters` under ``rule``; rule
+    ``skip-function`` removes the function rows instead (ColBERT's skiplist) and clusters the
+    content rows (average linkage) to ``keep``, or, where the content rows alone are fewer than
+    ``keep``, merges the function rows among themselves into the rows left."""
+    n = len(doc) - N_SLOTS
+    if n < 2 or keep >= n:
+        return doc
+    bodies = doc[N_SLOTS:, 1:].astype(np.float64)
+    if rule == "skip-function":
+        f = info["kinds"] == FUNCTION
+        content = np.flatnonzero(~f)
+        if len(content) == 0 or len(content) + 1 > keep:
+            if len(content) == 0:
+                content = np.arange(n)
+            sub = doc[np.concatenate([np.arange(N_SLOTS), N_SLOTS + content])]
+            if len(content) <= keep:
+                return sub
+            labels = tiered_clusters(bodies[content], keep, np.zeros((len(content),) * 2, dtype=np.int64))
+            return pool_clusters(sub, labels, fmt)
+        fi = np.flatnonzero(f)  # content rows stay alone, the function rows fill the rest
+        labels = np.empty(n, dtype=np.int64)
+        labels[content] = np.arange(len(content))
+        labels[fi] = len(content) + tiered_clusters(bodies[fi], keep - len(content),
+                                                    np.zeros((len(fi),) * 2, dtype=np.int64))
+        return pool_clusters(doc, _by_first(labels), fmt)
+    labels = tiered_clusters(bodies, keep, tiers_of(rule, info))
+    centers = minimax_centers(bodies, labels) if center == "minimax" else None
+    return pool_clusters(doc, labels, fmt, centers)
+
+
 LEVERS: list[tuple[str, str, dict]] = [
     # (name, what it is, lever_pool keywords; keep is n // 2 unless "keep" says otherwise)
     ("ward", "Ward on Euclidean distance, mean (today's pool_factor=2)", {"method": "ward"}),
@@ -329,6 +537,25 @@ LEVERS: list[tuple[str, str, dict]] = [
                                                                          "max_distance": 0.3}),
     ("threshold 0.6", "average linkage, only merges at cosine >= 0.6", {"method": "average", "keep": None,
                                                                          "max_distance": 0.4}),
+
+    # token-aware levers (what the tokenizer says about each row: its id, kind, word)
+    ("tok:kinds", "function tokens (punctuation, special tokens, whole stopwords) merged among "
+     "themselves first, then average linkage", {"tiers": "kinds"}),
+    ("tok:same-id", "repeated occurrences of one token id merged first, then average linkage",
+     {"tiers": "same-id"}),
+    ("tok:subword", "the pieces of one word merged first, then average linkage", {"tiers": "subword"}),
+    ("tok:kinds+subword", "function tokens among themselves and the pieces of one word first, then "
+     "average linkage", {"tiers": "kinds+subword"}),
+    ("tok:protect", "function tokens absorb the halving; content merged with content only when they "
+     "do not suffice, a content token with a function token last", {"tiers": "protect"}),
+    ("tok:all", "function tokens, one word's pieces and one token id's occurrences first; then "
+     "content with content; a content token with a function token last", {"tiers": "all"}),
+    ("tok:all+minimax", "tok:all with the minimax center", {"tiers": "all", "center": "minimax"}),
+    ("tok:segment", "function tokens and one word's pieces first, then words of one segment "
+     "(between punctuation), then anything", {"tiers": "segment"}),
+    ("tok:skip-function", "function tokens removed (ColBERT's skiplist: their mass is lost), the content "
+     "tokens average-linked to half the document's tokens; where content alone is under half, the "
+     "function tokens merged among themselves to fill it", {"tiers": "skip-function"}),
 ]
 
 
@@ -340,6 +567,13 @@ def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
         base = encode_collection(enc, coll)  # encoded once (cached), every variant pools these lists
     fmt = replace(enc.format, pool_factor=1)  # the variants are not pool_factor's own rule
     lengths = [len(d) - N_SLOTS for d in base.docs]
+    infos = (document_tokens(enc, [d.full_text for d in coll.corpus], base.docs)
+             if any("tiers" in kw for _, _, kw in levers) else None)
+    if infos is not None:
+        kinds = np.concatenate([i["kinds"] for i in infos])
+        token_facts = {k: float(np.mean(kinds == v)) for k, v in
+                       (("function", FUNCTION), ("continuation", CONTINUATION), ("content", CONTENT))}
+        print(f"{name}: token kinds " + ", ".join(f"{k} {v:.1%}" for k, v in token_facts.items()), flush=True)
 
     def score(docs: list[np.ndarray]) -> tuple[dict[str, float], dict[str, list[str]]]:
         store = open_store("exact", format=fmt)
@@ -369,7 +603,13 @@ def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
             keeps = [max(int(n * keep_rule), 1) for n in lengths]
         else:
             keeps = [None] * len(lengths)
-        docs = [lever_pool(d, fmt, k, **kw) for d, k in zip(base.docs, keeps, strict=True)]
+        rule = kw.pop("tiers", None)
+        if rule is not None:
+            assert infos is not None
+            docs = [token_lever_pool(d, fmt, k, info, rule, **kw)
+                    for d, k, info in zip(base.docs, keeps, infos, strict=True)]
+        else:
+            docs = [lever_pool(d, fmt, k, **kw) for d, k in zip(base.docs, keeps, strict=True)]
         m, run = score(docs)
         tokens = sum(len(d) - N_SLOTS for d in docs)
         delta = 100 * (m["ndcg@10"] - m0["ndcg@10"])
@@ -382,17 +622,32 @@ def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
         rows.append(row)
         print(f"  {lever:20s} token vectors {row['token_ratio']:.1%}, nDCG@10 {m['ndcg@10']:.4f} "
               f"({delta:+.2f} points){' ' + note if note else ''}", flush=True)
-    return {"collection": name, "documents": len(base.docs), "queries": len(base.queries),
-            "dense_weight": enc.dense_weight, "rows": rows}
+    out = {"collection": name, "documents": len(base.docs), "queries": len(base.queries),
+           "dense_weight": enc.dense_weight, "rows": rows}
+    if infos is not None:
+        out["token_kinds"] = token_facts
+    return out
 
 
-def levers_markdown(report: dict) -> str:
+def runs_line(report: dict) -> str:
+    """``Run DATE`` (load average at its start and end), one per run the report's rows come from."""
+    runs = report.get("runs") or [report]
+
+    def one(r: dict) -> str:
+        load = (f" (load average {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f})"
+                if r.get("loadavg_start") and r.get("loadavg_end") else "")
+        return f"{r['date']}{load}"
+
+    return ("Run " if len(runs) == 1 else "Runs ") + ", ".join(one(r) for r in runs)
+
+
+def levers_markdown(report: dict, reading: str = "") -> str:
     cols = report["collections"]
     names = [r["lever"] for r in cols[0]["rows"][1:]]
     lines = [
         "# Token pooling by 2: which lever (issue #59)",
         "",
-        f"Run {report['date']}, `benchmarks/pooling.py --levers`. Embedded default encoder (dense "
+        f"{runs_line(report)}, `benchmarks/pooling.py --levers`. Embedded default encoder (dense "
         f"weight {cols[0]['dense_weight']:g}), fused score, exact store (exact MaxSim), queries never "
         "pooled; each collection encoded once and every variant pools those lists through "
         "`pool_clusters` (slots untouched, tags exact, renormalised). Quality and vector counts only: "
@@ -413,6 +668,16 @@ def levers_markdown(report: dict) -> str:
             cells.append(f"**{cell}**" if r["meets_aim"] else cell)
             ok &= r["meets_aim"]
         lines.append(f"| {lever} | " + " | ".join(cells) + f" | {'yes' if ok else 'no'} |")
+    kinds = [c for c in cols if c.get("token_kinds")]
+    if kinds:
+        lines += ["", "Token kinds of the token vectors (the `tok:` levers; function = punctuation, special "
+                  "tokens and whole stopwords, continuation = a later WordPiece of a word): " + "; ".join(
+                      f"{c['collection']} " + ", ".join(f"{k} {v:.1%}" for k, v in c["token_kinds"].items())
+                      for c in kinds) + "."]
+    lines += ["", "Best lever by 2 per collection (token vectors <= 50%): " + "; ".join(
+        f"{c['collection']} {b['lever']} {b['ndcg@10_delta_points']:+.2f}" for c in cols
+        for b in [max((r for r in c["rows"][1:] if r["token_ratio"] <= 0.5),
+                      key=lambda r: r["ndcg@10_delta_points"])]) + "."]
     lines += ["", "No pooling: " + ", ".join(
         f"{c['collection']} {c['rows'][0]['token_vectors']:,} token vectors, nDCG@10 "
         f"{c['rows'][0]['ndcg@10']:.4f}" for c in cols) + ".", "", "Levers:", ""]
@@ -434,7 +699,40 @@ def levers_markdown(report: dict) -> str:
                          f"| {r['ndcg@10']:.4f} "
                          f"| {r['ndcg@10_delta_points']:+.2f} | {r['recall@10']:.4f} "
                          f"| {r['overlap@10_vs_none']:.3f} |")
+    if reading:
+        lines += ["", reading.strip()]
     return "\n".join(lines) + "\n"
+
+
+def kept_reading(md: Path) -> str:
+    """The hand-written ``## Reading`` section of an existing report (kept when it is written again)."""
+    if not md.exists():
+        return ""
+    text = md.read_text()
+    at = text.find("\n## Reading")
+    return text[at:] if at >= 0 else ""
+
+
+def merged_report(old: dict, new: dict) -> dict:
+    """``old`` with the rows of ``new`` put in (a lever's row replaced where ``old`` has it, added
+    after the others where not), collection by collection; the runs' dates and load averages
+    kept as a list (``runs``), each row naming its own run."""
+    runs = old.get("runs") or [{k: old.get(k) for k in ("date", "loadavg_start", "loadavg_end")}]
+    runs = [*runs, {k: new.get(k) for k in ("date", "loadavg_start", "loadavg_end")}]
+    by_name = {c["collection"]: c for c in new["collections"]}
+    cols = []
+    for c in old["collections"]:
+        fresh = by_name.pop(c["collection"], None)
+        if fresh is None:
+            cols.append(c)
+            continue
+        for r in c["rows"]:
+            r.setdefault("run", old.get("date"))
+        rows = {r["lever"]: r for r in c["rows"]}
+        rows.update({r["lever"]: r for r in fresh["rows"]})
+        cols.append({**c, **{k: v for k, v in fresh.items() if k != "rows"}, "rows": list(rows.values())})
+    cols += list(by_name.values())
+    return {**old, "date": new["date"], "runs": runs, "levers": new["levers"], "collections": cols}
 
 
 def main() -> None:
@@ -446,17 +744,31 @@ def main() -> None:
                     "results/pooling_levers)")
     ap.add_argument("--levers", action="store_true", help="compare ways to pool by 2 (issue #59) "
                     "instead of pool factors")
+    ap.add_argument("--only", nargs="*", default=None, help="with --levers: run these levers only and "
+                    "merge their rows into the existing report (the other rows keep their own run)")
     args = ap.parse_args()
     root = datasets_dir()
     names = args.collections or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").exists())
     if args.levers:
-        report = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-                  "datasets": str(root), "levers": [{"lever": n, "what": w} for n, w, _ in LEVERS],
-                  "collections": [run_levers(n, LEVERS) for n in names]}
         out = Path(args.out or HERE / "results" / "pooling_levers")
+        chosen = [lv for lv in LEVERS if args.only is None or lv[0] in args.only]
+        unknown = set(args.only or ()) - {lv[0] for lv in LEVERS}
+        if unknown:
+            ap.error(f"--only: no lever named {sorted(unknown)}; known: {[lv[0] for lv in LEVERS]}")
+        date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        load = [round(x, 2) for x in os.getloadavg()]
+        report = {"date": date, "datasets": str(root), "loadavg_start": load,
+                  "levers": [{"lever": n, "what": w} for n, w, _ in LEVERS],
+                  "collections": [run_levers(n, chosen) for n in names]}
+        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        for c in report["collections"]:
+            for r in c["rows"]:
+                r["run"] = date
+        if args.only is not None and out.with_suffix(".json").exists():
+            report = merged_report(json.loads(out.with_suffix(".json").read_text()), report)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        out.with_suffix(".md").write_text(levers_markdown(report))
+        out.with_suffix(".md").write_text(levers_markdown(report, kept_reading(out.with_suffix(".md"))))
         print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
         return
     factors = sorted(set(args.factors) | {1})
