@@ -478,3 +478,84 @@ def test_a_device_the_engine_cannot_use_is_refused_before_anything_is_written(tm
         PlaidStore(tmp_path / "p", device=device)
     assert not (tmp_path / "p").exists()
     assert not (tmp_path / "p").exists()
+
+
+def _files(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+
+
+def test_compact_profile_keeps_no_originals_through_updates_deletes_and_growth_rebuilds(tmp_path):
+    """profile="compact": the folder holds fast-plaid's index (no ``embeddings.npy``: fast-plaid
+    keeps one for indexes below ``start_from_scratch``, 0 here), the 4-bit rows and SQLite, no
+    float file; answers are fast-plaid's own scores; upserts, deletes and the rebuild past
+    2x growth (from the decoded 4-bit rows) keep it so, and a reopen keeps the profile."""
+    path, vecs = tmp_path / "p", docs_for(11, 70, rows=23)
+    s = PlaidStore(path, profile="compact", **CHEAP)
+    assert (s.profile, s.rerank, s.start_from_scratch) == ("compact", False, 0)
+    s.upsert([f"d{i}" for i in range(16)], vecs[:16])
+    assert s.has_index and s._generation == 1
+    s.upsert([f"d{i}" for i in range(16, 33)], vecs[16:33])  # past 2x: rebuilt from the 4-bit rows
+    assert s._generation == 2
+    s.delete(["d3"])
+    s.upsert(["d5"], [vecs[40]])  # an overwrite
+    files = _files(path)
+    assert not [f for f in files if f.endswith((".f16", ".f32", "embeddings.npy"))], files
+    assert [f for f in files if f.startswith("vectors-")] == ["vectors-000001.i4"]
+    assert self_hits(s, ["d7", "d5", "d32"], [vecs[7], vecs[40], vecs[32]]) == ["d7", "d5", "d32"]
+    hits = s.search(vecs[7], k=3)
+    assert "d3" not in {h.id for h in s.search(vecs[3], k=5)}
+    # fast-plaid's own score: MaxSim of its decompressed codes (float16 query), not of any stored row
+    pos = int(np.searchsorted(s._positions(), s._seq_of["d7"]))
+    decoded = s._fp.get_embeddings([pos])[0].float().numpy()
+    assert hits[0].score == pytest.approx(maxsim(vecs[7].astype(np.float16).astype(np.float32), decoded),
+                                          rel=1e-3)
+    assert hits[0].score != pytest.approx(maxsim(vecs[7], vecs[7]), rel=1e-3)
+    reranked = s.search(vecs[7], k=1, rerank=True)[0]  # from the 4-bit rows: as an exact compact store
+    from uibk_embedding.adapters.exact import ExactStore
+
+    ex = ExactStore(tmp_path / "e", profile="compact")
+    ex.upsert(["d7"], [vecs[7]])
+    assert reranked.id == "d7" and reranked.score == pytest.approx(ex.search(vecs[7], k=1)[0].score, rel=1e-5)
+    ex.close()
+    assert np.abs(s.get(["d7"])[0].vectors - vecs[7]).max() < 0.08  # the decoded 4-bit rows
+    s.close()
+    again = PlaidStore(path, num_threads=1)
+    assert again.profile == "compact" and not again.rerank and again.count() == 32
+    again.close()
+
+
+def test_reopen_with_another_profile_is_refused_naming_both(tmp_path):
+    for made, asked in (("compact", "exact-rerank"), ("exact-rerank", "compact"), ("exact", "compact")):
+        path = tmp_path / made
+        s = PlaidStore(path, profile=made, **CHEAP)
+        s.upsert(["a"], docs_for(1, 1))
+        s.close()
+        with pytest.raises(CollectionMismatch, match=f"has profile='{made}', not '{asked}'"):
+            PlaidStore(path, profile=asked, **CHEAP)
+        assert PlaidStore(path, profile=made, **CHEAP).profile == made  # nothing was changed
+    assert PlaidStore(tmp_path / "d", **CHEAP).profile == "exact-rerank"  # the default, as before
+    with pytest.raises(ValueError, match="profile='int8' has no meaning on plaid; it takes 'exact'"):
+        PlaidStore(tmp_path / "x", profile="int8")
+    with pytest.raises(ValueError, match="profile='compact' keeps int4 rows, not vector_dtype='float16'"):
+        PlaidStore(tmp_path / "y", profile="compact", vector_dtype="float16")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_cli_index_takes_plaids_profile(tmp_path, capsys):
+    from uibk_embedding.apps.cli import main
+
+    corpus = tmp_path / "c.jsonl"
+    lines = [json.dumps({"id": f"t{i}", "text": f"wing lift in a slipstream, part {i}"}) for i in range(12)]
+    corpus.write_text("\n".join(lines) + "\n")
+    where = tmp_path / "idx"
+    assert main(["index", str(corpus), "--path", str(where), "--backend", "plaid", "--profile", "compact",
+                 "--option", "min_index_vectors=64", "--option", "num_threads=1", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["stats", "--path", str(where), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["backend"] == "plaid" and st["documents"] == 12 and st["has_index"]
+    s = PlaidStore(where, read_only=True)
+    assert s.profile == "compact" and not list(where.glob("vectors-*.f16"))
+    s.close()
+    with pytest.raises(SystemExit):  # a name PLAID has no meaning for
+        main(["index", str(corpus), "--path", str(tmp_path / "q"), "--backend", "plaid", "--profile", "int8"])

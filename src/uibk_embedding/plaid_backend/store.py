@@ -59,8 +59,9 @@ from typing import Any
 import numpy as np
 
 from uibk_embedding._optional import require
-from uibk_embedding._sqlite_state import WRITE_TIMEOUT
-from uibk_embedding.adapters.base import Hit, check_positive
+from uibk_embedding._sqlite_state import WRITE_TIMEOUT, connect_reader
+from uibk_embedding.adapters.base import Hit, check_positive, read_record
+from uibk_embedding.adapters.engine_profiles import check_profile, profile_conflict
 from uibk_embedding.adapters.indexed import (  # noqa: F401 (fix_mmap_threshold: its old home)
     DB_NAME,
     MMAP_THRESHOLD,
@@ -91,6 +92,15 @@ BUILD_DEFAULTS: dict[str, Any] = {
 #: Build parameters a store saved before they existed get these values (the behaviour it had).
 _BUILD_LEGACY: dict[str, Any] = {"n_centroids": None}
 _PATCH_LOCK = threading.Lock()
+PROFILES: dict[str, str] = {"exact": "float32", "exact-rerank": "float16", "compact": "int4"}
+"""``profile=``: the ``vector_dtype`` of the rows the store keeps beside fast-plaid's index
+(docs/plaid.md): ``exact`` float32 originals and ``exact-rerank`` float16 originals (the default),
+both reranking PLAID's candidates exactly (the exact top k of that pool); ``compact`` no originals,
+only the exact store's rotated 4-bit rows (68 bytes), and the answers are fast-plaid's own scores
+(its decompressed codes, as PyLate answers) unless ``rerank=True`` rescores from the 4-bit rows."""
+_PROFILE_OF = {v: k for k, v in PROFILES.items()}
+_SUPPORTED = {"exact": "float32 originals, exact rerank", "exact-rerank": "float16 originals, exact "
+              "rerank (the default)", "compact": "fast-plaid's codes + 4-bit rows, no originals"}
 
 
 SAMPLE_BYTES_PER_VECTOR = 2 * 2 * DIM + 8 + 2
@@ -178,8 +188,14 @@ class PlaidStore(IndexedStore):
         seeded before every build so builds are reproducible). Saved with the store; ``None``
         means the saved value (or the engine default for a new store: 4, 4, 256, auto, 42).
     vector_dtype:
-        ``"float16"`` (default) or ``"float32"``: how the original vectors are kept (for
-        ``get``, rerank and rebuilds). float32 makes the reranked scores exact to float32.
+        ``"float16"`` (default), ``"float32"`` or ``"int4"``: how the stored vectors are kept (for
+        ``get``, rerank, the scan below ``min_index_vectors`` and rebuilds). float32 makes the
+        reranked scores exact to float32; int4 is the ``compact`` profile's code.
+    profile:
+        A name of :data:`PROFILES` (``"exact"``, ``"exact-rerank"``, ``"compact"``; the others of
+        the exact store's names are refused): what a new store keeps, or the profile an existing
+        store must have (``CollectionMismatch`` naming both otherwise). ``None``: the saved one
+        (``vector_dtype``'s for a new store).
     vector_compact_fraction:
         When deleted or overwritten documents' rows exceed this fraction of the vector file, the
         live rows are copied into a new file (amortised: each written row is copied O(1) times).
@@ -194,7 +210,8 @@ class PlaidStore(IndexedStore):
         measured on NPL with the exact rerank of 100: recall@10 vs exact 0.996, 10x faster
         than 8 / 4096 (docs/plaid.md).
     rerank, candidates, candidates_limit:
-        Rescore PLAID's ``candidates`` best (default 100, at least ``k``) with exact MaxSim on
+        ``rerank=None`` (default): on, except in the ``compact`` profile (fast-plaid's own
+        scores). Rescore PLAID's ``candidates`` best (default 100, at least ``k``) with exact MaxSim on
         the stored vectors (default on), and twice as many while the best ``k`` reach past half
         of those scored, up to ``candidates_limit`` (default 2000). PLAID is asked for that many
         at once (``n_full_scores`` of at least 4 x ``candidates_limit``), so it scores that many
@@ -214,7 +231,9 @@ class PlaidStore(IndexedStore):
         twice one build of the final collection.
     buffer_size, start_from_scratch:
         fast-plaid update parameters: new documents buffered before centroids are extended,
-        and the index size below which an update rebuilds the index (engine defaults 100, 999).
+        and the index size below which an update rebuilds the index (engine defaults 100, 999;
+        ``None``: 999, and 0 in the ``compact`` profile: fast-plaid keeps the originals of an
+        index that small, ``embeddings.npy``, to rebuild it from).
     min_index_vectors:
         The crossover: below this many stored vectors no PLAID index is built and search is
         the exact scan; the write that reaches it builds the index (:meth:`stats` says which
@@ -269,17 +288,18 @@ class PlaidStore(IndexedStore):
         n_samples_kmeans: int | None = None,
         seed: int | None = None,
         vector_dtype: str | None = None,
+        profile: str | None = None,
         n_centroids: int | None = None,
         n_ivf_probe: int = 2,
         n_full_scores: int = 512,
-        rerank: bool = True,
+        rerank: bool | None = None,
         candidates: int | None = None,
         candidates_limit: int | None = None,
         n_rerank: int | None = None,
         index_batch_size: int = 50_000,
         search_batch_size: int = 2000,
         buffer_size: int = 100,
-        start_from_scratch: int = 999,
+        start_from_scratch: int | None = None,
         min_index_vectors: int | None = None,
         num_threads: int | None = None,
         device: str = "cpu",
@@ -294,7 +314,13 @@ class PlaidStore(IndexedStore):
                             ("index_batch_size", index_batch_size),
                             ("search_batch_size", search_batch_size), ("buffer_size", buffer_size)]:
             check_positive(name, value)
+        check_positive("start_from_scratch", start_from_scratch, allow_zero=True, allow_none=True)
         check_positive("num_threads", num_threads, allow_none=True)
+        if check_profile(profile, _SUPPORTED, "plaid") is not None:
+            if vector_dtype not in (None, PROFILES[profile]):
+                raise ValueError(f"profile={profile!r} keeps {PROFILES[profile]} rows, not vector_dtype="
+                                 f"{vector_dtype!r}: give one of them")
+            vector_dtype = PROFILES[profile]
         self._torch = require("torch", "plaid", "the PLAID backend")
         self._fp_mod = require("fast_plaid.search", "plaid", "the PLAID backend")
         self._blas = require("threadpoolctl", "plaid", "the PLAID backend").ThreadpoolController()
@@ -314,11 +340,41 @@ class PlaidStore(IndexedStore):
                  "max_points_per_centroid": max_points_per_centroid,
                  "n_samples_kmeans": n_samples_kmeans, "seed": seed, "vector_dtype": vector_dtype,
                  "n_centroids": n_centroids}
-        super().__init__(path, format, given, rerank=rerank, candidates=candidates, n_rerank=n_rerank,
-                         default_candidates=100, candidates_limit=candidates_limit,
-                         min_index_vectors=min_index_vectors, vector_compact_fraction=vector_compact_fraction,
-                         rebuild_growth=rebuild_growth, device=device, memory_budget=memory_budget,
-                         read_only=read_only, create=create, write_timeout=write_timeout)
+        try:
+            super().__init__(path, format, given, rerank=rerank is None or bool(rerank),
+                             candidates=candidates, n_rerank=n_rerank, default_candidates=100,
+                             candidates_limit=candidates_limit,
+                             min_index_vectors=min_index_vectors,
+                             vector_compact_fraction=vector_compact_fraction, rebuild_growth=rebuild_growth,
+                             device=device, memory_budget=memory_budget, read_only=read_only, create=create,
+                             write_timeout=write_timeout)
+        except CollectionMismatch as e:
+            saved = self._saved_profile(path) if profile is not None else None
+            if saved is None or saved == profile:
+                raise
+            raise CollectionMismatch(profile_conflict(saved, profile, f"the PLAID store at {path}")) from e
+        if rerank is None:
+            self.rerank = self.profile != "compact"
+        if start_from_scratch is None:
+            self.start_from_scratch = 0 if self.profile == "compact" else 999
+
+    @property
+    def profile(self) -> str:
+        """The store's profile (:data:`PROFILES`), from its saved ``vector_dtype``."""
+        return _PROFILE_OF[self._build["vector_dtype"]]
+
+    @staticmethod
+    def _saved_profile(path: str | os.PathLike | None) -> str | None:
+        """The profile recorded in the store at ``path`` (read-only; None when unreadable)."""
+        try:
+            con = connect_reader(Path(path) / DB_NAME, False)  # type: ignore[arg-type]
+            try:
+                raw = con.execute("SELECT value FROM state WHERE key = 'config'").fetchone()[0]
+            finally:
+                con.close()
+            return _PROFILE_OF.get(read_record(raw)["build"]["vector_dtype"])
+        except Exception:  # the original error is raised instead
+            return None
 
     @staticmethod
     def _check_build_params(given: dict[str, Any]) -> None:
@@ -327,7 +383,8 @@ class PlaidStore(IndexedStore):
             check_positive(name, given[name], allow_zero=name in ("seed", "kmeans_niters"), allow_none=True)
         if given["nbits"] is not None and given["nbits"] not in (1, 2, 4, 8):
             raise ValueError(f"nbits must be 1, 2, 4 or 8, got {given['nbits']!r}")
-        IndexedStore._check_build_params(given)
+        coded = given.get("vector_dtype") == "int4"  # the compact profile's code
+        IndexedStore._check_build_params({**given, "vector_dtype": None} if coded else given)
 
     @property
     def _fp(self) -> Any:
@@ -523,4 +580,5 @@ class PlaidStore(IndexedStore):
         pairs = cands + [(h.id, h.score) for h in extra]
         return [self._hit(s, sc) for s, sc in sorted(pairs, key=lambda t: -t[1])[:k]]
 
-__all__ = ["BUILD_DEFAULTS", "PlaidEngineError", "PlaidStore", "centroid_heuristic", "engine_call"]
+__all__ = ["BUILD_DEFAULTS", "PROFILES", "PlaidEngineError", "PlaidStore", "centroid_heuristic",
+           "engine_call"]
