@@ -33,6 +33,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -68,6 +69,33 @@ def _exact(folder: Path, profile: str, fmt, read_only: bool = False):
     return open_store("exact", path=folder, profile=profile, format=fmt)
 
 
+def _plaid(folder: Path, profile: str, fmt, read_only: bool = False):
+    # min_index_vectors=1: the PLAID index is built from the first write (the default 6M vectors
+    # would leave these collections to the exact scan of the same rows); one torch thread: on
+    # shared cores libtorch's threads stall each other (a 46-document search took 1.6-5 s at load
+    # 16); quality does not depend on it
+    opts = {"min_index_vectors": 1, "num_threads": 1}
+    if read_only:
+        return open_store("plaid", path=folder, read_only=True, **opts)
+    return open_store("plaid", path=folder, profile=profile, format=fmt, **opts)
+
+
+def _lancedb(folder: Path, profile: str, fmt, read_only: bool = False):
+    return open_store("lancedb", path=folder, table="docs", profile=profile, format=fmt)
+
+
+def _pgvector(folder: Path, profile: str, fmt, read_only: bool = False):
+    # a table on a local server this process starts (testing/pg_server.py, removed when it exits);
+    # its bytes "on disk" are the table's on the server: rows, TOAST (the lists) and every index
+    from uibk_embedding.testing.pg_server import LocalPostgresServer
+
+    table = re.sub(r"[^a-z0-9_]", "_", folder.name.lower())[:40]
+    store = open_store("pgvector", dsn=LocalPostgresServer.shared_dsn(), table=table, format=fmt,
+                       profile=None if read_only else profile)
+    store._bytes_on_disk = store.size_bytes  # stats() reads it
+    return store
+
+
 def _qdrant_edge(folder: Path, profile: str, fmt, read_only: bool = False):
     # Edge builds a coded profile's codes when the writing store closes (or at optimize())
     return open_store("qdrant-edge", path=folder, profile=profile, format=fmt)
@@ -79,7 +107,8 @@ def _qdrant(folder: Path, profile: str, fmt, read_only: bool = False):
     return open_store("qdrant", collection="docs", path=folder, profile=profile, format=fmt)
 
 
-OPENERS = {"exact": _exact, "qdrant-edge": _qdrant_edge, "qdrant": _qdrant}
+OPENERS = {"exact": _exact, "plaid": _plaid, "lancedb": _lancedb, "pgvector": _pgvector,
+           "qdrant-edge": _qdrant_edge, "qdrant": _qdrant}
 """backend -> ``open(folder, profile, format, read_only=False)``: a store of that backend keeping
 ``profile``, in ``folder`` (created), or reopened read-only as a served reader sees it (a backend
 without ``read_only`` reopens as a writer would). Each engine's profiles are its own
@@ -126,7 +155,8 @@ def run_collection(name: str, profiles: tuple[str, ...], work: Path, backend: st
             "bytes_on_disk": stats["bytes_on_disk"],
             "resident_bytes": stats["resident_bytes"],
             "disk_per_vector": stats["bytes_on_disk"] / stats["vectors"],
-            "resident_per_vector": stats["resident_bytes"] / stats["vectors"],
+            # None: the engine does not say (LanceDB): nan in the table
+            "resident_per_vector": (stats["resident_bytes"] or float("nan")) / stats["vectors"],
             "ndcg@10": m["ndcg@10"],
             "recall@10_vs_exact": overlap_at_k(run, reference, K),
             "p50_ms": 1000 * float(np.percentile(times, 50)),
@@ -141,7 +171,7 @@ def run_collection(name: str, profiles: tuple[str, ...], work: Path, backend: st
     first = rows[0]
     for r in rows:
         r["disk_ratio"] = r["bytes_on_disk"] / first["bytes_on_disk"]
-        r["resident_ratio"] = r["resident_bytes"] / first["resident_bytes"]
+        r["resident_ratio"] = (r["resident_bytes"] or float("nan")) / first["resident_bytes"]
         r["ndcg@10_delta_points"] = 100 * (r["ndcg@10"] - first["ndcg@10"])
     return {"collection": name, "documents": len(base.docs), "queries": len(queries), "rows": rows}
 
