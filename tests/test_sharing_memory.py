@@ -180,3 +180,59 @@ def test_a_filter_keeps_only_the_fields_it_names_and_follows_new_writes(tmp_path
             check({"lang": "en"})
             check({"$or": [{"draft": {"$exists": False}}, {"lang": {"$ne": "en"}}]})
             assert r._filter_fields[0] == {"draft", "lang"}
+
+
+_SEARCH_PROBE = textwrap.dedent(r"""
+    import ctypes, importlib, sys
+    import numpy as np
+    from uibk_embedding.tagged import TaggedFormat
+    from uibk_embedding.testing import make_list
+
+    module, name, path = sys.argv[1:4]
+    store = getattr(importlib.import_module(module), name)(path, read_only=True)
+    assert store.has_index
+    store.search(make_list(TaggedFormat(), np.random.default_rng(3), 6), k=3)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+    for _ in range(2):  # a freed mmap block raises glibc's adaptive threshold above its size
+        p = libc.malloc(4 << 20)
+        libc.free(p)
+    p = libc.malloc(4 << 20)
+    # 1: this block is its own mmap (given back when freed), 0: it came from the heap (IS_MMAPPED,
+    # bit 1 of the size word before the block)
+    print(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value >> 1 & 1)
+""")
+
+
+@pytest.mark.parametrize("engine", ["plaid", "warp"])
+def test_a_reader_with_an_index_gives_large_search_buffers_back(tmp_path, engine):
+    """A PLAID or WARP reader (read-only, a fresh process) that opened its index serves large
+    allocations by mmap even after glibc would have raised its adaptive threshold, so a search's
+    decompression buffers go back to the system when freed instead of staying in the reader
+    (150-200 MiB a PLAID reader at NPL's size, benchmarks/results/reader_memory.md); with
+    ``UIBK_MALLOC_TUNING=0`` they come from the heap (glibc's default)."""
+    import ctypes
+    import os
+    import platform
+
+    pytest.importorskip({"plaid": "fast_plaid", "warp": "xtr_warp"}[engine])
+    if platform.system() != "Linux" or not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc >= 2.33 only")
+    from .test_sharing import MAKERS, _make
+
+    with _make(engine, tmp_path / "s") as w:
+        w.upsert([f"d{i}" for i in range(40)], _docs(1, 40))
+        w.flush()
+        assert w.has_index
+    module, name, _ = MAKERS[engine]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "UIBK_MALLOC"))}
+
+    def probe(env: dict) -> int:
+        out = subprocess.run([sys.executable, "-c", _SEARCH_PROBE, module, name, str(tmp_path / "s")],
+                             env={**base, **env}, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return int(out.stdout.split()[-1])
+
+    assert probe({}) == 1
+    assert probe({"UIBK_MALLOC_TUNING": "0"}) == 0
