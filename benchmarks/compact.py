@@ -107,8 +107,14 @@ def _qdrant(folder: Path, profile: str, fmt, read_only: bool = False):
     return open_store("qdrant", collection="docs", path=folder, profile=profile, format=fmt)
 
 
+def _milvus_lite(folder: Path, profile: str, fmt, read_only: bool = False):
+    # token_rows, FLAT rows: exact=True (the exactness bound) for float32 rows, candidates for float16
+    return open_store("milvus-lite", path=folder / "milvus.db", profile=profile, format=fmt,
+                      exact=profile == "exact", rows_per_vector=256)
+
+
 OPENERS = {"exact": _exact, "plaid": _plaid, "lancedb": _lancedb, "pgvector": _pgvector,
-           "qdrant-edge": _qdrant_edge, "qdrant": _qdrant}
+           "qdrant-edge": _qdrant_edge, "qdrant": _qdrant, "milvus-lite": _milvus_lite}
 """backend -> ``open(folder, profile, format, read_only=False)``: a store of that backend keeping
 ``profile``, in ``folder`` (created), or reopened read-only as a served reader sees it (a backend
 without ``read_only`` reopens as a writer would). Each engine's profiles are its own

@@ -9,6 +9,10 @@
   Each store gets its own collections; collections of earlier tests are dropped when the next
   store is made, so the server holds at most one test's data at a time, beside the stores
   shared read-only by several tests (made in folders named ``shared-*``).
+* ``milvus-lite-float16``: ``profile="float16"``: FLAT FLOAT16_VECTOR rows find the candidates
+  (``rows_per_vector`` each, no exactness bound: it assumes the rows' float32 scores) and the
+  float32 lists rescore them: contract "approximate" with recall floor 1.0 (measured 1.0 over
+  the conformance set), ``get`` the float32 lists.
 * ``milvus-live-*``: the server at ``$MILVUS_URI`` (skipped when unset): ``embedding_list``
   (Milvus >= 2.6.4, HNSW over MAX_SIM_IP: approximate) and ``token_rows``.
 """
@@ -34,6 +38,12 @@ def _lite(d: Path, **kw):
     from uibk_embedding.adapters.milvus import open_milvus_lite
 
     return open_milvus_lite(path=d / "lite.db", exact=True, index_type="FLAT", **kw)
+
+
+def _lite_f16(d: Path, **kw):
+    from uibk_embedding.adapters.milvus import open_milvus_lite
+
+    return open_milvus_lite(path=d / "lite.db", index_type="FLAT", **{"profile": "float16", **kw})
 
 
 _SHARED: set[str] = set()  # collections of stores shared by several tests (folders "shared-*")
@@ -82,6 +92,9 @@ def _skip_standalone() -> str | None:
 
 SPECS = [
     BackendSpec("milvus-lite", make=_lite, reopen=_lite, takes_create=True,
+                skip=None if HAVE_LITE else "pymilvus / milvus-lite not installed"),
+    BackendSpec("milvus-lite-float16", make=_lite_f16, reopen=_lite_f16, takes_create=True,
+                contract="approximate", recall_floor=1.0, variant=True,
                 skip=None if HAVE_LITE else "pymilvus / milvus-lite not installed"),
     BackendSpec("milvus-standalone", make=lambda d: _standalone(d, True),
                 reopen=lambda d, **kw: _standalone(d, False, **kw), skip=_skip_standalone(),

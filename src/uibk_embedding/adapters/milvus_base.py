@@ -43,10 +43,11 @@ from uibk_embedding.adapters.base import (
     record_problems,
     renamed_option,
 )
-from uibk_embedding.adapters.common import batched, serialized
+from uibk_embedding.adapters.common import batched, parse_version, serialized
+from uibk_embedding.adapters.engine_profiles import check_profile, profile_conflict
 from uibk_embedding.adapters.filters import OPERATORS, SQL_RANGES, And, Node, Not, Or, matches
 from uibk_embedding.adapters.rerank import rerank_candidates
-from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, StoreNotFound
+from uibk_embedding.errors import BackendUnavailable, CollectionMismatch, ServerTooOld, StoreNotFound
 from uibk_embedding.tagged import TaggedFormat
 
 LAYOUTS = ("token_rows", "embedding_list")
@@ -276,6 +277,11 @@ class MilvusStore(BatchSearch, MultiVectorStore):
     client: an existing ``pymilvus.MilvusClient`` to use instead of ``uri``.
     create: create the collections when missing (``False``:
         :class:`~uibk_embedding.errors.StoreNotFound`, nothing created).
+    profile: the row vectors' type by the exact store's profile names (:attr:`PROFILES` of the
+        layout: ``token_rows`` takes ``"exact"``, FLOAT_VECTOR rows, and ``"float16"``,
+        FLOAT16_VECTOR rows on Milvus >= 2.4 and Milvus Lite 2.5; the lists a search rescores
+        stay float32), recorded with the store and checked on open (another profile:
+        ``CollectionMismatch`` naming both; None: the recorded one, :attr:`profile`).
 
     Example
     -------
@@ -294,6 +300,9 @@ class MilvusStore(BatchSearch, MultiVectorStore):
     _layouts: ClassVar[dict[str, type[MilvusStore]]] = {}
     _request_bytes: int = REQUEST_BYTES  # the estimated size every request and answer stays under
     _id_bytes: int = 256  # the longest document id (UTF-8) this object wrote or read, at least 256
+    PROFILES: ClassVar[dict[str, tuple[str, tuple[int, int, int], str]]] = {
+        "exact": ("FLOAT_VECTOR", (0, 0, 0), "FLOAT_VECTOR rows")}
+    """profile -> (the row field's Milvus type, the oldest server with it, what it keeps)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -328,6 +337,7 @@ class MilvusStore(BatchSearch, MultiVectorStore):
         show_progress: bool = False,
         client: Any = None,
         create: bool = True,
+        profile: str | None = None,
         _on_close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(format)
@@ -339,6 +349,12 @@ class MilvusStore(BatchSearch, MultiVectorStore):
                 f"collection name {collection!r}: use letters, digits and underscores, "
                 "starting with a letter or underscore (at most 201 characters)"
             )
+        self._asked_profile = check_profile(profile, {k: v[2] for k, v in self.PROFILES.items()},
+                                            f"milvus layout {self.layout!r}")
+        self.profile = self._asked_profile or "exact"
+        if exact and self.profile != "exact":
+            raise ValueError(f"exact=True proves the top k from the rows' float32 scores; profile="
+                             f"{self.profile!r} rounds them: use profile='exact' or exact=False")
         pool = self._given_pool(candidates, rows_per_vector, stacklevel=4)
         check_positive("batch_rows", batch_rows)
         index_type = index_type.upper()
@@ -366,6 +382,7 @@ class MilvusStore(BatchSearch, MultiVectorStore):
         self.client = client if client is not None else self._connect(uri, token, timeout)
         self.server_version = self._server_version(uri, timeout)
         self._check_server(self.server_version)
+        self._check_profile_server(self.profile)
         self.rows_name = f"{collection}_rows"
         self.docs_name = f"{collection}{self._docs_suffix}"
         try:
@@ -430,10 +447,35 @@ class MilvusStore(BatchSearch, MultiVectorStore):
     def _check_server(self, version: str) -> None:
         """Refuse a server this layout cannot run on (default: every server will do)."""
 
+    def _check_profile_server(self, profile: str) -> None:
+        """Refuse a profile whose row type this server lacks, naming its version."""
+        ftype, oldest, _ = self.PROFILES[profile]
+        if parse_version(self.server_version) < oldest:
+            need = ".".join(map(str, oldest))
+            raise ServerTooOld(f"profile={profile!r} keeps {ftype} rows, which Milvus "
+                               f"{self.server_version!r} lacks (they need Milvus >= {need}); use "
+                               "profile='exact'")
+
+    def _profile_problems(self, marker: Any) -> list[str]:
+        """The recorded profile (``"exact"`` in a record from before profiles) against the one
+        asked for (CollectionMismatch naming both); sets :attr:`profile`."""
+        saved = marker.get("profile", "exact") if isinstance(marker, dict) else "exact"
+        if saved not in self.PROFILES:
+            return [f"its record names profile {saved!r}, which layout {self.layout!r} does not take"]
+        conflict = profile_conflict(saved, self._asked_profile, f"Milvus store {self.collection!r}")
+        if conflict is not None:
+            raise CollectionMismatch(conflict + "; nothing was changed")
+        self.profile = saved
+        return []
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`MultiVectorStore.stats` with the store's ``profile``."""
+        return {**super().stats(), "profile": self.profile}
+
     # -- schema ----------------------------------------------------------------------------
     def _description(self) -> str:
         return json.dumps({"uibk": self.layout, "schema": SCHEMA_VERSION,
-                           "format": self.format.to_stored()}, sort_keys=True)
+                           "format": self.format.to_stored(), "profile": self.profile}, sort_keys=True)
 
     def _names(self) -> list[str]:
         """The layout's collections in creation order; the documents collection (the one with
@@ -500,8 +542,10 @@ class MilvusStore(BatchSearch, MultiVectorStore):
         if not problems:
             self.client.load_collection(name, timeout=max(self.timeout, 60))
         if name == self.docs_name and not problems:  # the marker is the store's record
-            saved, problems = record_problems(self._marker(desc), format, key="uibk", value=self.layout,
+            marker = self._marker(desc)
+            saved, problems = record_problems(marker, format, key="uibk", value=self.layout,
                                               schema=SCHEMA_VERSION)
+            problems = problems or self._profile_problems(marker)
             if saved is not None and not problems:
                 self.format = saved
         if not problems:

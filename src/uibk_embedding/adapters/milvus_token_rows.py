@@ -84,6 +84,11 @@ class MilvusTokenRowsStore(MilvusStore):
     supports_exact: ClassVar[bool] = True
     pool_option: ClassVar[str] = "rows_per_vector"
     search_options: ClassVar[tuple[str, ...]] = ("rows_per_vector", "candidates")  # candidates: deprecated
+    PROFILES: ClassVar[dict[str, tuple[str, tuple[int, int, int], str]]] = {
+        **MilvusStore.PROFILES,
+        "float16": ("FLOAT16_VECTOR", (2, 4, 0),
+                    "FLOAT16_VECTOR rows, Milvus >= 2.4; lists rescored in float32"),
+    }
 
     @property
     def candidates(self) -> int:
@@ -104,7 +109,8 @@ class MilvusTokenRowsStore(MilvusStore):
     def _expected_fields(self, name: str) -> dict[str, tuple[str, dict]]:
         if name == self.rows_name:
             return {"pk": ("INT64", {}), "doc_id": ("VARCHAR", {"max_length": ID_BYTES}),
-                    "ver": ("INT64", {}), "f": ("JSON", {}), "vec": ("FLOAT_VECTOR", {"dim": DIM})}
+                    "ver": ("INT64", {}), "f": ("JSON", {}),
+                    "vec": (self.PROFILES[self.profile][0], {"dim": DIM})}
         return {"pk": ("INT64", {}), "doc_id": ("VARCHAR", {"max_length": ID_BYTES}),
                 "ver": ("INT64", {}), "part": ("INT64", {}), "n_parts": ("INT64", {}),
                 "n_rows": ("INT64", {}), "meta": ("VARCHAR", {"max_length": MAX_META_BYTES}),
@@ -122,7 +128,7 @@ class MilvusTokenRowsStore(MilvusStore):
         schema.add_field("ver", DataType.INT64)
         if name == self.rows_name:
             schema.add_field("f", DataType.JSON)
-            schema.add_field("vec", DataType.FLOAT_VECTOR, dim=DIM)
+            schema.add_field("vec", getattr(DataType, self.PROFILES[self.profile][0]), dim=DIM)
             ip.add_index("vec", index_type=self.index_type, metric_type="IP", params=self.index_params)
         else:
             schema.add_field("part", DataType.INT64)
@@ -184,7 +190,7 @@ class MilvusTokenRowsStore(MilvusStore):
                                  "f": f if p == 0 else {}, "vecs": _b64(chunk),
                                  "dummy": [0.0, 0.0]})
                 doc_sizes.append(len(chunk))
-            vec_rows.extend({"doc_id": x, "ver": ver, "f": f, "vec": r} for r in v.tolist())
+            vec_rows.extend({"doc_id": x, "ver": ver, "f": f, "vec": r} for r in self._rows(v))
         # 1. the new version's rows, 2. its lists (the commit point: readers use the newest
         # complete list), 3. drop older versions, lists first (see repair())
         self._id_bytes = max([self._id_bytes, *(len(x.encode()) for x in ids)])
@@ -192,6 +198,10 @@ class MilvusTokenRowsStore(MilvusStore):
             self.client.insert(self.docs_name if "vecs" in batch[0] else self.rows_name, batch,
                                timeout=self.timeout)
         self._delete_versions(ids, f"ver < {ver}")
+
+    def _rows(self, v: np.ndarray) -> list:
+        """Row vectors as the row field takes them: float lists, or float16 arrays."""
+        return list(v.astype(np.float16)) if self.profile == "float16" else v.tolist()
 
     def _newest_version(self, ids: Sequence[str]) -> int:
         """The highest version stored for any of ``ids`` (complete or not; 0 for none), read at
@@ -394,7 +404,7 @@ class MilvusTokenRowsStore(MilvusStore):
         """The ``depth`` nearest rows of each query vector in ``qs``; a call whose answer Milvus
         refuses as over its message limit is made again in halves."""
         try:
-            return list(self.client.search(self.rows_name, data=qs.tolist(), limit=depth, filter=expr,
+            return list(self.client.search(self.rows_name, data=self._rows(qs), limit=depth, filter=expr,
                                            output_fields=["doc_id", "ver"], search_params=params,
                                            anns_field="vec", timeout=self.timeout))
         except Exception as e:
