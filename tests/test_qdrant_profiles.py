@@ -44,6 +44,7 @@ def test_edge_profile_sets_the_engine_and_is_recorded(tmp_path, profile):
     assert json.loads((tmp_path / "s" / "uibk_embedding.json").read_text())["profile"] == profile
     with QdrantEdgeStore(tmp_path / "s") as s:
         assert s.profile == profile and s.stats()["profile"] == profile and s.count() == 20
+        assert s.exact == (profile == "exact")
     other = "exact" if profile != "exact" else "int8"
     with pytest.raises(CollectionMismatch, match=f"has profile='{profile}', not '{other}'"):
         QdrantEdgeStore(tmp_path / "s", profile=other)
@@ -104,7 +105,7 @@ def test_local_mode_records_and_checks_what_a_server_applies(tmp_path):
     assert mv.datatype.value == "float16" and mv.on_disk
     assert mv.quantization_config.binary.encoding.value == "two_bits"
     q = docs[3]
-    assert s.search(q, k=1)[0].id == "d3"  # local mode: exact
+    assert s.search(q, k=1)[0].id == "d3" and s.exact  # local mode: exact
     s.close()
     s = QdrantStore("c", path=tmp_path)
     assert s.profile == "exact-rerank" and s.stats()["profile"] == "exact-rerank"

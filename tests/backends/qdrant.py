@@ -31,14 +31,14 @@ API_KEY = os.environ.get("QDRANT_API_KEY") or None
 _created: list[str] = []
 RECALL_COMPACT = 0.99
 """Edge's compact (turbo8 rows) recall@10 floor against exact MaxSim: the lowest measured, rounded
-down: 1.0 over the conformance set's 25 real queries; 0.993 (LIMIT-small), 0.996 (Cranfield) on
-the shared collections (benchmarks/compact.py --backend qdrant-edge)."""
+down: 1.0 over the conformance set's 25 real queries; 0.993 (LIMIT-small), 0.996 (Cranfield),
+0.999 (NPL) on the shared collections (benchmarks/compact.py --backend qdrant-edge)."""
 RECALL_INT8 = 0.96
 """Edge's int8 (scalar codes, not rescored) floor: 0.980 over the conformance set (lowest 0.9),
-0.968 (LIMIT-small), 0.984 (Cranfield)."""
+0.968 (LIMIT-small), 0.984 (Cranfield), 0.982 (NPL)."""
 RECALL_RERANK = 1.0
 """int8-rerank and exact-rerank: 1.000 measured everywhere (the conformance set, LIMIT-small,
-Cranfield): the codes' best max(100, 4 k) hold the exact top 10."""
+Cranfield, NPL): the codes' best max(100, 4 k) hold the exact top 10."""
 GET_ATOL_TURBO8 = 4e-3
 """turbo8 rows read back: at most 0.0019 a coordinate measured on the conformance set's random
 tagged rows, 0.0025 on random unit rows."""

@@ -158,6 +158,7 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
         (``"exact"`` when None) until an existing collection's record says otherwise."""
         self._asked_profile = check_profile(profile, SUPPORTED, self.backend)
         self.profile = self._asked_profile or "exact"
+        self._set_exact()
         if multivector_hnsw and SETTINGS[self.profile].quantization is not None:
             raise ValueError(f"profile={self.profile!r} scans the multivector's quantized codes with "
                              "Qdrant's non-exact search, which would walk its HNSW graph instead: "
@@ -177,9 +178,14 @@ class _QdrantBase(BatchSearch, MultiVectorStore):
         if conflict is not None:
             raise CollectionMismatch(conflict + "; nothing was changed")
         self.profile = saved
-        if saved != "exact" and not getattr(self, "local", False):
-            self.exact = False  # type: ignore[misc]  # rounded or coded vectors: approximate
+        self._set_exact()
         return config_problems(saved, name, datatype, quantization_kind(quant))
+
+    def _set_exact(self) -> None:
+        """:attr:`exact` of the default mode and the profile (rounded or coded vectors are not
+        exact, except in qdrant-client's local mode, which stores and scans float32)."""
+        self.exact = self.mode == "exact" and (  # type: ignore[misc]
+            self.profile == "exact" or getattr(self, "local", False))
 
     def stats(self) -> dict[str, Any]:
         """:meth:`MultiVectorStore.stats` with the store's ``profile``."""
@@ -714,6 +720,7 @@ class QdrantStore(_QdrantBase):
         from qdrant_client.local.qdrant_local import QdrantLocal
 
         self.local = isinstance(getattr(self.client, "_client", None), QdrantLocal)
+        self._set_exact()
         if self.local:
             self._guard = threading.RLock()
             if self._own_client:  # closed at exit while imports still work (_close_at_exit)
