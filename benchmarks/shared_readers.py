@@ -42,7 +42,15 @@ again in each child); ``pss_total_mib`` is then the parent's PSS plus the reader
 together; ``parent_pss_mib`` the parent's; ``pss_ratio`` against the preload row with one reader
 and ``vs_plain_one`` against the plain row with one reader.
 
-A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact``.
+The prefork rows beside the plain ones (the lead's run, alone on the machine; 4 backends x 2
+modes x 3 reader counts x 60 s plus the builds and baselines: about 35 minutes at 5,000
+documents, about 50 at NPL's size):
+
+    .venv/bin/python benchmarks/shared_readers.py --seconds 60 --docs 5000 --modes plain,preload \
+        --out benchmarks/results/shared_readers_preload.json
+
+A short smoke run: ``--seconds 5 --docs 300 --readers 1,2 --backends exact`` (``--modes
+plain,preload`` for both modes).
 """
 
 from __future__ import annotations
