@@ -193,7 +193,8 @@ def markdown(report: dict) -> str:
         f"MaxSim kernel `{report['kernel']}` (row kinds {report['kernel_kinds']}); load average "
         f"{report['loadavg_start']} at the start, {report['loadavg_end']} at the end: {timing}.",
         "",
-        "Embedded default encoder, one persisted store per profile (and the float32 exact store, the reference), the same lists in each. "
+        "Embedded default encoder, one persisted store per profile (and the float32 exact store, "
+        "the reference), the same lists in each. "
         "Bytes per vector: the store folder (everything in it: ids, metadata, SQLite) and the "
         "resident bytes of `stats()` (the rows a search scans plus the document table), over the "
         "stored vectors. Recall@10 is against the float32 `exact` profile's top 10. One search at a "
