@@ -37,10 +37,10 @@ has where each reader's memory goes at that size):
 ``--modes plain,preload`` adds, after each backend's plain rows, the prefork rows (gunicorn
 ``--preload``, docs/serving.md): a parent process opens the folder read-only, runs one search,
 calls ``gc.freeze()`` and forks the N readers, which search through the store object they
-inherited (it opens its own SQLite connection in each child: docs/sharing.md; LanceDB's is opened
-again in each child); ``pss_total_mib`` is then the parent's PSS plus the readers', measured
-together; ``parent_pss_mib`` the parent's; ``pss_ratio`` against the preload row with one reader
-and ``vs_plain_one`` against the plain row with one reader.
+inherited (it opens its own SQLite connection in each child: docs/sharing.md; for LanceDB the
+parent only imports it, and each child opens its own); ``pss_total_mib`` is then the parent's
+PSS plus the readers', measured together; ``parent_pss_mib`` the parent's; ``pss_ratio`` against
+the preload row with one reader and ``vs_plain_one`` against the plain row with one reader.
 
 The prefork rows beside the plain ones (the lead's run, alone on the machine; 4 backends x 2
 modes x 3 reader counts x 60 s plus the builds and baselines: about 35 minutes at 5,000
@@ -196,18 +196,24 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
 def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer_gone: Any) -> None:
     """The prefork parent: opens the folder read-only and searches once (every module a reader
     needs imported, the vector file mapped), freezes its objects out of the cyclic GC's reach,
-    forks ``n`` readers that search through its store object (LanceDB's: opened in each child)
-    and reports its own memory, read together with theirs."""
+    forks ``n`` readers that search through its store object and reports its own memory, read
+    together with theirs. LanceDB: the parent only imports it (a child forked after the parent
+    had searched, with LanceDB's runtime running, hung) and each child opens its own store."""
     res: dict[str, Any] = {"parent": True, "errors": 0, "first_error": None}
     procs: list[Any] = []
     try:
-        store = _open(backend, path, read_only=True)
-        store.search(_lists(7, 1, rows=12)[0], k=K)
+        inherited = None
+        if backend == "lancedb":  # its runtime must not run before the fork (a child hung): imports only
+            import importlib
+
+            importlib.import_module(MAKERS[backend][0])
+        else:
+            inherited = _open(backend, path, read_only=True)
+            inherited.search(_lists(7, 1, rows=12)[0], k=K)
         gc.collect()
         gc.freeze()
         ctx = mp.get_context("fork")
         barrier = ctx.Barrier(n + 1)
-        inherited = None if backend == "lancedb" else store
         procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, out, writer_gone, barrier,
                                                    inherited)) for r in range(n)]
         for p in procs:
