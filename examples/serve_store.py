@@ -19,7 +19,7 @@ loaded again in each worker (docs/sharing.md, "Memory of N workers"):
 
 Each worker's first call on the inherited store object opens its own SQLite connection (a
 connection is never used across a fork; docs/sharing.md, "Forked workers"); a store object that
-is not fork-safe (LanceDB's) is opened again in each worker.
+is not fork-safe (LanceDB's) is opened in each worker instead (the master only imports it).
 
 Settings (environment variables, read by each worker):
 
@@ -47,7 +47,9 @@ Every answer carries the worker's process id in ``X-Worker-Pid`` (and ``pid`` in
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib
 import json
 import os
 import threading
@@ -57,21 +59,38 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query, Request
 
 import uibk_embedding as ue
+from uibk_embedding.adapters.registry import detect_backend
 
 _state: dict[str, Any] = {}
 _encode_lock = threading.Lock()  # one query encoding at a time per worker (the torch model's rule)
 
 
-def _open() -> None:
-    """Open the store (read-only, never created) and the query encoder of this worker."""
+FORK_SAFE = {"exact", "plaid", "warp"}
+"""Backends whose store objects may be opened before a fork and used in the child (each child
+opens its own SQLite connection: docs/sharing.md, "Forked workers")."""
+
+
+def _open_store(path: str) -> Any:
+    # read_only: this worker never writes (a write is refused), and several workers and a writer
+    # share the folder; create=False: a wrong path is an error, not a new empty store.
+    return ue.open_store(os.environ.get("UIBK_BACKEND") or None, path=path, read_only=True, create=False)
+
+
+def _open(preloading: bool = False) -> None:
+    """Open the store (read-only, never created) and the query encoder of this worker; when
+    ``preloading`` (gunicorn's master, before the fork), a store that is not fork-safe is left to
+    each worker (its adapter only imported: LanceDB's runtime must not run before the fork)."""
     path = os.environ.get("UIBK_STORE")
     if not path:
         raise RuntimeError("set UIBK_STORE to the store folder to serve (build it first: "
                            "uibk-embed index corpus.jsonl --path FOLDER, or examples/index_more.py)")
-    # read_only: this worker never writes (a write is refused), and several workers and a writer
-    # share the folder; create=False: a wrong path is an error, not a new empty store.
-    store = ue.open_store(os.environ.get("UIBK_BACKEND") or None, path=path, read_only=True,
-                          create=False)
+    store = None
+    backend = os.environ.get("UIBK_BACKEND") or detect_backend(path)
+    if preloading and backend not in FORK_SAFE:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"uibk_embedding.adapters.{backend}")
+    else:
+        store = _open_store(path)
     try:
         url = os.environ.get("UIBK_ENCODER_URL")
         if url:
@@ -82,29 +101,18 @@ def _open() -> None:
             threads = int(os.environ.get("UIBK_TORCH_THREADS", "1"))
             enc = ue.load_encoder(os.environ.get("UIBK_ENCODER") or None, num_threads=threads)
     except BaseException:
-        store.close()
+        if store is not None:
+            store.close()
         raise
-    _state.update(store=store, encoder=enc, path=path, pid=os.getpid(), loaded_by=os.getpid())
-
-
-def _fork_safe(store: Any) -> bool:
-    """Whether a store object opened before a fork may be used in the child: the file-backed
-    stores (exact, PLAID, WARP) open their own connections there."""
-    from uibk_embedding.adapters.indexed import IndexedStore
-
-    return isinstance(store, IndexedStore)
+    _state.update(store=store, encoder=enc, path=path, loaded_by=os.getpid())
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    if "store" not in _state:  # not preloaded: this worker opens its own
+    if "encoder" not in _state:  # not preloaded: this worker opens its own
         _open()
-    elif _state["pid"] != os.getpid() and not _fork_safe(_state["store"]):
-        # preloaded in gunicorn's master: this worker opens the store again (the master's object
-        # stays the master's) and keeps the shared encoder
-        _state["store"] = ue.open_store(os.environ.get("UIBK_BACKEND") or None, path=_state["path"],
-                                        read_only=True, create=False)
-        _state["pid"] = os.getpid()
+    elif _state["store"] is None:  # preloaded, but the store is not fork-safe: opened per worker
+        _state["store"] = _open_store(_state["path"])
     try:
         yield
     finally:
@@ -121,7 +129,7 @@ app = FastAPI(title="uibk-embedding store", lifespan=lifespan)
 if os.environ.get("UIBK_PRELOAD") == "1":
     # gunicorn --preload: loaded once in the master, shared copy-on-write by the forked workers;
     # gc.freeze() keeps the cyclic GC of a worker from writing to (and so copying) these pages
-    _open()
+    _open(preloading=True)
     gc.collect()
     gc.freeze()
 
