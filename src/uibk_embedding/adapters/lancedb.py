@@ -221,11 +221,13 @@ class LanceDBStore(MultiVectorStore):
         self._tbl = self._open_or_create(create)
         if self._tbl is None:  # opened, not created
             self._tbl = self._db.open_table(table)
-            self._float = "float16" if self._tbl.schema.field("vectors").type.value_type.value_type == \
-                self._pa.float16() else "float32"
+            schema = self._tbl.schema  # a foreign table may lack the column: _validate names that
+            kind = schema.field("vectors").type if "vectors" in schema.names else None
+            inner = getattr(getattr(kind, "value_type", None), "value_type", None)
+            self._float = "float16" if inner == self._pa.float16() else "float32"
+            self.format = self._validate(format)
             if why := profile_conflict(self.profile, profile, f"LanceDB table {table!r} at {self.uri}"):
                 raise CollectionMismatch(why)
-            self.format = self._validate(format)
 
     @property
     def profile(self) -> str:
