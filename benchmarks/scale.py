@@ -854,6 +854,32 @@ def crossover_corpus(n_docs: int, seed: int = 0) -> tuple[list[str], list[np.nda
     return [f"d{i}" for i in range(n_docs)], docs
 
 
+def cmd_ties(args: argparse.Namespace) -> None:
+    """How far an engine's top 10 is from the reference's in exact MaxSim (of the reference's
+    rows): per query, the reference's 10th score ``s10``, and for the engine's hits the share whose
+    exact score is within ``eps`` of ``s10`` (``s - s10 >= -eps * |s10|``: a near-tie the engine may
+    order either way) for several ``eps``, and how crowded the reference's top is (its 1st and
+    50th scores). Quality only: untimed. Appends one JSON line to ``--out``."""
+    ref = _open(args.reference, _built(args, args.reference))
+    store = _open(args.engine, _built(args, args.engine))
+    eps = (0.0, 0.001, 0.005, 0.01, 0.02)
+    per: list[dict[str, Any]] = []
+    for q in queries_of(args.vectors, args.queries):
+        truth = ref.scores(q)
+        ranked = np.sort(np.fromiter(truth.values(), dtype=np.float64))[::-1]
+        s10 = float(ranked[9])
+        got = [truth[h.id] for h in store.search(q, k=10)]
+        within = {f"within_{e:g}": float(np.mean([g - s10 >= -e * abs(s10) for g in got])) for e in eps}
+        per.append({"s1": float(ranked[0]), "s10": s10, "s50": float(ranked[49]), **within})
+    ref.close(), store.close()
+    row = {"docs": args.docs, "engine": args.engine, "reference": args.reference, "queries": len(per),
+           **{k: round(float(np.mean([p[k] for p in per])), 4) for k in per[0]},
+           "min_within_0.01": round(min(p["within_0.01"] for p in per), 2),
+           "s1_minus_s50_rel_median": round(float(np.median([(p["s1"] - p["s50"]) / abs(p["s1"])
+                                                             for p in per])), 4)}
+    _append(args.out, row)
+
+
 def cmd_crossover(args: argparse.Namespace) -> None:
     """Exact scan vs PLAID vs WARP query latency at a few sizes: where an index starts to pay.
 
@@ -969,6 +995,14 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--engine", choices=ENGINES, required=True)
             c.add_argument("--docs", type=int, required=True)
             c.add_argument("--rebuild", action="store_true", help="build: rebuild an existing index")
+    ti = sub.add_parser("ties", help="an engine's top 10 in exact MaxSim: near-ties of the reference's 10th")
+    ti.add_argument("--vectors", default="/tmp/npl-vectors.npz")
+    ti.add_argument("--work", default="/tmp/uibk-scale", help="the stores of `run`")
+    ti.add_argument("--docs", type=int, required=True)
+    ti.add_argument("--queries", type=int, default=30)
+    ti.add_argument("--engine", choices=ENGINES, required=True)
+    ti.add_argument("--reference", default="exact", choices=("exact", "exact16"))
+    ti.add_argument("--out", default="", help="JSON lines file the row is appended to")
     co = sub.add_parser("crossover", help="exact scan vs PLAID vs WARP latency at a few sizes")
     co.add_argument("--docs", type=int, nargs="+", default=[1000, 3000, 10000])
     co.add_argument("--queries", type=int, default=30)
@@ -979,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--out", default="", help="JSON lines file the rows are appended to")
     args = p.parse_args(argv)
     later = {"run": cmd_run, "crossover": cmd_crossover, "encode": cmd_encode, "sweep": cmd_sweep,
-             "rerank": cmd_rerank, "profile": cmd_profile}
+             "rerank": cmd_rerank, "profile": cmd_profile, "ties": cmd_ties}
     if args.cmd in later:
         later[args.cmd](args)
         return 0
