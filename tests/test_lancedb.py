@@ -543,3 +543,27 @@ def test_a_reader_gives_the_flat_scans_buffers_back(tmp_path, fmt):
     assert runs["tuned"]["hits"] == runs["untuned"]["hits"]
     assert runs["tuned"]["growth"] < column_bytes / 4, (runs["tuned"]["growth"], runs["untuned"]["growth"],
                                                         column_bytes)
+
+
+def test_cache_bytes_bounds_lancedbs_caches_of_a_reader_beside_a_writer(tmp_path):
+    """A reader given ``cache_bytes`` keeps LanceDB's caches within it while a writer adds
+    versions (the same hits as a reader with LanceDB's own caches, which grow past the bound);
+    a bad value is refused by name."""
+    rng = np.random.default_rng(3)
+    writer = LanceDBStore(tmp_path, table="docs")
+    fmt = writer.format
+    writer.upsert([f"d{i}" for i in range(40)], [make_list(fmt, rng, 12) for _ in range(40)])
+    bound = 64 << 10
+    small = LanceDBStore(tmp_path, table="docs", read_only=True, cache_bytes=bound)
+    large = LanceDBStore(tmp_path, table="docs", read_only=True, cache_bytes=1 << 30)
+    for i in range(12):  # every write a new version each reader reads before its next search
+        writer.upsert([f"n{i}"], [make_list(fmt, rng, 12)])
+        q = make_list(fmt, rng, 4)
+        got, want = small.search(q, k=5), large.search(q, k=5)
+        assert [h.id for h in got] == [h.id for h in want]
+    assert small._session.size_bytes <= bound < large._session.size_bytes
+    for s in (small, large, writer):
+        s.close()
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="cache_bytes"):
+            LanceDBStore(tmp_path, table="docs", cache_bytes=bad)

@@ -159,6 +159,11 @@ class LanceDBStore(MultiVectorStore):
     profile: ``"exact"`` (float32 vectors) or ``"float16"`` (:data:`PROFILES`; the exact store's
         other names are refused): what a new table keeps, or what an existing one must keep
         (``CollectionMismatch`` naming both otherwise). ``None``: the table's own (new: exact).
+    cache_bytes: the bound of each of LanceDB's caches in this process (its index cache and its
+        metadata cache: a ``lancedb.Session``); ``None``: LanceDB's own (6 GiB and 1 GiB, filled as
+        they are used). A reader beside a writer caches every new version's metadata: 4 prefork
+        readers of 5,000 documents took 2.3x the memory of one with LanceDB's caches, 1.4-1.5x with
+        ``cache_bytes=16 << 20`` (docs/serving.md).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -180,7 +185,11 @@ class LanceDBStore(MultiVectorStore):
                  path: str | os.PathLike | None = None, format: TaggedFormat | None = None,
                  mode: str = "exact", candidates: int = 100, nprobes: int = 32, refine_factor: int = 10,
                  index_min_rows: int = 2048, reindex_share: float = 0.1, keep_versions: float = 60.0,
-                 create: bool = True, read_only: bool = False, profile: str | None = None) -> None:
+                 create: bool = True, read_only: bool = False, profile: str | None = None,
+                 cache_bytes: int | None = None) -> None:
+        if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int)
+                                        or cache_bytes < 0):
+            raise ValueError(f"cache_bytes must be a number of bytes >= 0 or None, got {cache_bytes!r}")
         self._float = {"float16": "float16"}.get(check_profile(profile, PROFILES, "lancedb") or "", "float32")
         if not isinstance(read_only, bool):
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
@@ -214,8 +223,11 @@ class LanceDBStore(MultiVectorStore):
         # freed: 500+ MiB private per reader of NPL's table after 5 searches (benchmarks/results/
         # reader_memory.md), ~10 MiB with the threshold fixed (process-wide; UIBK_MALLOC_TUNING=0 off)
         fix_mmap_threshold()
+        self._session = None if cache_bytes is None else self._ldb.Session(
+            index_cache_size_bytes=cache_bytes, metadata_cache_size_bytes=cache_bytes)
         self._db = None if local_missing and not create else self._ldb.connect(
-            self.uri, read_consistency_interval=timedelta(0))  # every read: the latest version, any writer's
+            self.uri, read_consistency_interval=timedelta(0),  # every read: the latest version, any writer's
+            session=self._session)
         if self._db is None:
             raise StoreNotFound(f"no LanceDB table {table!r} at {self.uri}; nothing was created")
         self._tbl = self._open_or_create(create)
