@@ -437,8 +437,8 @@ def test_cli_stats_and_index_profile(tmp_path, capsys):
     store = ExactStore(path=tmp_path / "idx", read_only=True)
     assert store.profile == "int8-rerank" and store.count() == 4
     store.close()
-    with pytest.raises(SystemExit):
-        main(["index", str(corpus), "--path", str(tmp_path / "q"), "--backend", "qdrant",
+    with pytest.raises(SystemExit, match="the weaviate backend takes none"):  # no profile= there
+        main(["index", str(corpus), "--option", "url=http://127.0.0.1:9", "--backend", "weaviate",
               "--profile", "compact"])
 
 

@@ -96,7 +96,7 @@ def load_benchmark(name: str):
     loads).
 
     >>> load_benchmark("scale").ENGINES
-    ('exact', 'exact16', 'plaid', 'warp')
+    ('exact', 'exact16', 'compact', 'exact-rerank', 'plaid', 'warp')
     """
     import importlib.util
     import sys
