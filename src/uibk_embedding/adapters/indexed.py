@@ -633,16 +633,10 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
                              f"another thread of the parent process wrote to it: {what} is refused in "
                              "the child; open the folder again in this process")
         self._pid = os.getpid()
-        self._tmpdir = None  # the parent's to remove
         if self.path is None:
+            self._tmpdir = None  # the parent's to remove
             return
-        _INHERITED.append(self._db)
-        self._db = None
-        if self._vf is not None and self._vf.writable:
-            _INHERITED.append(self._vf)
-            self._vf = None
-        _INHERITED.append(self._index)  # the parent's handle: neither used nor dropped here
-        self._index = None
+        self._leave_the_parents_handles()
         self._engine_folder = None
         if self._index_fd is not None:  # a copy of the parent's descriptor: its shared lock stays
             os.close(self._index_fd)
@@ -650,6 +644,19 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
         self._write_depth, self._synced, self._has_written = 0, False, False
         self._db = self._connect()
         self._load()
+
+    def _leave_the_parents_handles(self) -> None:
+        """In a forked child: the parent's temporary folder, connection, vector file open for
+        appending and engine handle are the parent's, neither used nor closed here
+        (:data:`_INHERITED` keeps them referenced)."""
+        self._tmpdir = None
+        _INHERITED.append(self._db)
+        self._db = None
+        if self._vf is not None and self._vf.writable:
+            _INHERITED.append(self._vf)
+            self._vf = None
+        _INHERITED.append(self._index)
+        self._index = None
 
     # -- SQLite ----------------------------------------------------------------------------
     def _tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
@@ -1753,14 +1760,7 @@ class IndexedStore(Reranking, BatchSearch, MultiVectorStore):
             self._closed = True
             _OPEN_STORES.discard(self)
             if self._pid != os.getpid():  # never used in this forked child: the parent's, left alone
-                self._tmpdir = None
-                _INHERITED.append(self._db)
-                self._db = None
-                if self._vf is not None and self._vf.writable:
-                    _INHERITED.append(self._vf)
-                    self._vf = None
-                _INHERITED.append(self._index)
-                self._index = None
+                self._leave_the_parents_handles()
             self._release()
 
     # -- the engine interface (see the module docstring) -----------------------------------
