@@ -112,8 +112,8 @@ def test_a_worker_thread_failure_is_raised(monkeypatch):
     # a worker thread's exception was printed by threading and the call returned its columns
     # of the output unwritten (np.empty)
     lib = M._fused()
-    if lib is None:
-        pytest.skip("the fused kernel is not built on this machine")
+    if lib is None:  # the fixture skips the fused run where the kernel is not built
+        pytest.skip("the blas kernel runs no worker threads of its own")
     main = __import__("threading").main_thread()
 
     class Failing:

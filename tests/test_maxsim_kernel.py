@@ -214,7 +214,9 @@ def _isa_scores(monkeypatch, isa: str, queries: list[np.ndarray], mat: np.ndarra
 
 
 def _needs_both_paths(maxsim_kernel) -> None:
-    if maxsim_kernel != "fused" or "avx512" not in M.kernel_isas():
+    if maxsim_kernel != "fused":
+        pytest.skip("the blas kernel has no paths")
+    if "avx512" not in M.kernel_isas():
         pytest.skip("this CPU (or library) runs one path of the fused kernel")
 
 
