@@ -38,9 +38,10 @@ has where each reader's memory goes at that size):
 ``--preload``, docs/serving.md): a parent process opens the folder read-only, runs one search,
 calls ``gc.freeze()`` and forks the N readers, which search through the store object they
 inherited (it opens its own SQLite connection in each child: docs/sharing.md; for LanceDB the
-parent only imports it, and each child opens its own); ``pss_total_mib`` is then the parent's
-PSS plus the readers', measured together; ``parent_pss_mib`` the parent's; ``pss_ratio`` against
-the preload row with one reader and ``vs_plain_one`` against the plain row with one reader.
+parent only imports it and its libraries, ``registry.import_engine``, and each child opens its
+own); ``pss_total_mib`` is then the parent's PSS plus the readers', measured together;
+``parent_pss_mib`` the parent's; ``pss_ratio`` against the preload row with one reader and
+``vs_plain_one`` against the plain row with one reader.
 
 The prefork rows beside the plain ones (the lead's run, alone on the machine; 4 backends x 2
 modes x 3 reader counts x 60 s plus the builds and baselines: about 35 minutes at 5,000
@@ -61,6 +62,7 @@ import gc
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import sys
 import tempfile
@@ -137,15 +139,18 @@ def _baseline(modules: list[str], barrier: Any, out: Any) -> None:
 
 
 def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer_gone: Any = None,
-            barrier: Any = None, store: Any = None) -> None:
-    """One reader; ``store``: the store object a preloading parent opened before the fork."""
+            barrier: Any = None, store: Any = None, opts: dict[str, Any] | None = None,
+            checks: Any = None) -> None:
+    """One reader; ``store``: the store object a preloading parent opened before the fork;
+    ``opts``: keywords of the reader's store (``--cache-bytes``); ``checks``: the queue of
+    :func:`_check_lancedb` (LanceDB)."""
     from uibk_embedding.maxsim import maxsim
 
     res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
                            "first_error": None}
     try:
         if store is None:
-            store = _open(backend, path, read_only=True)
+            store = _open(backend, path, read_only=True, **(opts or {}))
         queries = _lists(seed, 32, rows=12)
         dtype = store.build_params["vector_dtype"] if backend != "lancedb" else "float32"
         tol = 2e-2 if dtype == "float16" else 1e-3
@@ -155,6 +160,7 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
             q = queries[i % len(queries)]
             i += 1
             try:
+                version = store._tbl.version if backend == "lancedb" else None  # the newest committed
                 t0 = time.perf_counter()
                 hits = store.search(q, k=K)
                 res["times"].append(time.perf_counter() - t0)
@@ -163,7 +169,11 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
                 for h in hits:  # documents are never overwritten here: a hit's vectors are its own
                     off = abs(maxsim(q, recs[h.id].vectors) - h.score) if h.id in recs else 0.0
                     res["mismatches"] += off > tol * max(1, abs(h.score))
-                if backend == "lancedb":
+                if backend == "lancedb":  # a separate process checks the version it read
+                    if checks is not None and version == store._tbl.version:  # no write landed between
+                        with contextlib.suppress(queue.Full):
+                            checks.put_nowait((store.table, version, seed, (i - 1) % len(queries),
+                                               [h.id for h in hits]))
                     continue
                 batches: dict[Any, int] = {}
                 for _, md in store.scan(filter={"batch": {"$exists": True}}):
@@ -193,29 +203,31 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
             barrier.wait(timeout=600)  # the others read theirs while this one still maps the store
 
 
-def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer_gone: Any) -> None:
+def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer_gone: Any,
+               opts: dict[str, Any] | None = None, checks: Any = None) -> None:
     """The prefork parent: opens the folder read-only and searches once (every module a reader
     needs imported, the vector file mapped), freezes its objects out of the cyclic GC's reach,
     forks ``n`` readers that search through its store object and reports its own memory, read
-    together with theirs. LanceDB: the parent only imports it (a child forked after the parent
-    had searched, with LanceDB's runtime running, hung) and each child opens its own store."""
+    together with theirs. LanceDB: the parent only imports it and its libraries (a child forked
+    after the parent had searched, with LanceDB's runtime running, hung) and each child opens its
+    own store."""
     res: dict[str, Any] = {"parent": True, "errors": 0, "first_error": None}
     procs: list[Any] = []
     try:
         inherited = None
         if backend == "lancedb":  # its runtime must not run before the fork (a child hung): imports only
-            import importlib
+            from uibk_embedding.adapters.registry import import_engine
 
-            importlib.import_module(MAKERS[backend][0])
+            import_engine(backend)  # the adapter, LanceDB and pyarrow: their pages shared
         else:
-            inherited = _open(backend, path, read_only=True)
+            inherited = _open(backend, path, read_only=True, **(opts or {}))
             inherited.search(_lists(7, 1, rows=12)[0], k=K)
         gc.collect()
         gc.freeze()
         ctx = mp.get_context("fork")
         barrier = ctx.Barrier(n + 1)
         procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, out, writer_gone, barrier,
-                                                   inherited)) for r in range(n)]
+                                                   inherited, opts, checks)) for r in range(n)]
         for p in procs:
             p.start()
         _measured_together(writer_gone, barrier, res)
@@ -228,6 +240,51 @@ def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer
         out.put(res)
     for p in procs:
         p.join(timeout=60)
+
+
+def _check_lancedb(path: str, checks: Any, out: Any) -> None:
+    """LanceDB's answers checked on the snapshot they read, in a process of its own (its reads
+    are no reader's memory). A reader sends ``(table, version, seed, query, ids)`` for a search
+    that read one table version (the newest before the search and still the newest after it);
+    this compares ``ids`` with the exact top k of that version's rows, read again from the
+    folder and scored here, and counts the version's writer batches held in part (``torn``).
+    A version pruned before it was read is counted in ``pruned``; ``None`` ends it."""
+    import lancedb
+
+    from uibk_embedding.maxsim import maxsim_scores
+
+    res: dict[str, Any] = {"checker": True, "checked": 0, "torn": 0, "mismatches": 0, "pruned": 0,
+                           "errors": 0, "first_error": None}
+    tables: dict[str, Any] = {}
+    queries: dict[int, list[np.ndarray]] = {}
+    while (item := checks.get()) is not None:
+        name, version, seed, qi, ids = item
+        try:
+            if name not in tables:
+                tables[name] = lancedb.connect(path).open_table(name)
+            try:
+                tables[name].checkout(version)
+                rows = tables[name].to_arrow().select(["id", "vectors", "metadata"]).combine_chunks()
+            except Exception:  # pruned by the writer's upkeep meanwhile
+                res["pruned"] += 1
+                continue
+            vectors = rows["vectors"].chunk(0)  # list<fixed_size_list<float, 128>>
+            mat = vectors.values.values.to_numpy(zero_copy_only=False).reshape(-1, 128)
+            q = queries.setdefault(seed, _lists(seed, 32, rows=12))[qi]
+            scores = maxsim_scores([q], mat, vectors.offsets.to_numpy())[0]
+            want = sorted(zip(rows["id"].to_pylist(), scores.tolist(), strict=True),
+                          key=lambda t: (-t[1], t[0]))[:K]
+            batches: dict[Any, int] = {}
+            for md in map(json.loads, rows["metadata"].to_pylist()):
+                if "batch" in md:
+                    batches[md["batch"]] = batches.get(md["batch"], 0) + 1
+            res["checked"] += 1
+            res["torn"] += sum(1 for n in batches.values() if n != 5)
+            res["mismatches"] += ids != [x for x, _ in want]
+        except Exception:
+            res["errors"] += 1
+            res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
+    out.put(res)
 
 
 def _writer(backend: str, path: str, seconds: float, out: Any, tokens: int = 24) -> None:
@@ -277,7 +334,9 @@ def _baselines(modules: list[str], n: int) -> list[dict]:
 
 
 def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path,
-        tokens: int = 24, modes: tuple[str, ...] = ("plain",)) -> list[dict]:
+        tokens: int = 24, modes: tuple[str, ...] = ("plain",), opts: dict[str, Any] | None = None
+        ) -> list[dict]:
+    """The rows of one backend; ``opts``: keywords of every reader's store."""
     path = str(workdir / backend)
     ctx = mp.get_context("spawn")
     builder = ctx.Process(target=build, args=(backend, path, n_docs, tokens))
@@ -291,11 +350,16 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
         preload = mode == "preload"
         q, writer_gone, barrier = ctx.Queue(), ctx.Event(), ctx.Barrier(n)
         load0 = os.getloadavg()[0]
+        checks, checked_q = (ctx.Queue(maxsize=16), ctx.Queue()) if backend == "lancedb" else (None, None)
+        checker = ctx.Process(target=_check_lancedb, args=(path, checks, checked_q)) if checks else None
+        if checker is not None:
+            checker.start()
         if preload:
-            procs = [ctx.Process(target=_preloaded, args=(backend, path, seconds, n, q, writer_gone))]
+            procs = [ctx.Process(target=_preloaded,
+                                 args=(backend, path, seconds, n, q, writer_gone, opts, checks))]
         else:
-            procs = [ctx.Process(target=_reader,
-                                 args=(backend, path, seconds, 100 + r, q, writer_gone, barrier))
+            procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q, writer_gone,
+                                                       barrier, None, opts, checks))
                      for r in range(n)]
         wproc = ctx.Process(target=_writer, args=(backend, path, seconds, q, tokens))
         for p in [*procs, wproc]:
@@ -309,7 +373,12 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
         results += [q.get(timeout=600) for _ in range(expected - len(results))]
         for p in procs:
             p.join(timeout=60 + seconds)
+        if checker is not None:
+            checks.put(None)
+            results.append(checked_q.get(timeout=600))
+            checker.join(timeout=60)
         readers = [r for r in results if "times" in r]
+        counted = [*readers, *(r for r in results if r.get("checker"))]  # LanceDB's checks: its checker's
         writer = next(r for r in results if "writes" in r)
         parent = next((r for r in results if r.get("parent")), None)
         modules = next((r["modules"] for r in readers if "modules" in r), [])
@@ -318,10 +387,12 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
         base = sum(b["pss_mib"] for b in bases)
         times = np.concatenate([np.asarray(r["times"]) for r in readers]) if readers else np.zeros(0)
         qps = sum(len(r["times"]) / max(sum(r["times"]), 1e-9) for r in readers)
-        row = {"backend": backend, "mode": mode, "readers": n, "docs": n_docs, "seconds": seconds,
-               "errors": sum(r["errors"] for r in results), "torn": sum(r["torn"] for r in readers),
-               "mismatches": sum(r["mismatches"] for r in readers),
-               "checked": sum(r["checked"] for r in readers), "searches": len(times),
+        row = {"backend": backend, "mode": mode, "reader_opts": opts or {}, "readers": n, "docs": n_docs,
+               "seconds": seconds,
+               "errors": sum(r["errors"] for r in results), "torn": sum(r["torn"] for r in counted),
+               "mismatches": sum(r["mismatches"] for r in counted),
+               "checked": sum(r["checked"] for r in counted), "searches": len(times),
+               "pruned": sum(r.get("pruned", 0) for r in counted),
                "writes": writer["writes"], "qps": round(qps, 1),
                "p50_ms": round(float(np.percentile(times, 50)) * 1e3, 2) if len(times) else None,
                "p95_ms": round(float(np.percentile(times, 95)) * 1e3, 2) if len(times) else None,
@@ -357,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="plain",
                     help="comma-separated: plain (each reader opens the folder), preload (a parent opens "
                          "it, then forks the readers: gunicorn --preload)")
+    ap.add_argument("--cache-bytes", type=int, default=None,
+                    help="LanceDB readers' cache_bytes (the bound of LanceDB's caches in each reader)")
     args = ap.parse_args(argv)
     modes = tuple(args.modes.split(","))
     if set(modes) - {"plain", "preload"}:
@@ -367,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             try:
                 counts = [int(x) for x in args.readers.split(",")]
-                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens, modes)
+                opts = {"cache_bytes": args.cache_bytes} if backend == "lancedb" and args.cache_bytes else {}
+                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens, modes, opts)
             except ImportError as e:
                 print(f"{backend}: skipped ({e})", flush=True)
     finally:

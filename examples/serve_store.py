@@ -19,7 +19,8 @@ loaded again in each worker (docs/sharing.md, "Memory of N workers"):
 
 Each worker's first call on the inherited store object opens its own SQLite connection (a
 connection is never used across a fork; docs/sharing.md, "Forked workers"); a store object that
-is not fork-safe (LanceDB's) is opened in each worker instead (the master only imports it).
+is not fork-safe (LanceDB's) is opened in each worker instead (the master only imports its
+libraries, which the workers then share: registry.import_engine).
 
 Settings (environment variables, read by each worker):
 
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import json
 import os
 import threading
@@ -59,7 +59,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query, Request
 
 import uibk_embedding as ue
-from uibk_embedding.adapters.registry import detect_backend
+from uibk_embedding.adapters.registry import detect_backend, import_engine
+from uibk_embedding.errors import UnknownBackend
 
 _state: dict[str, Any] = {}
 _encode_lock = threading.Lock()  # one query encoding at a time per worker (the torch model's rule)
@@ -79,16 +80,17 @@ def _open_store(path: str) -> Any:
 def _open(preloading: bool = False) -> None:
     """Open the store (read-only, never created) and the query encoder of this worker; when
     ``preloading`` (gunicorn's master, before the fork), a store that is not fork-safe is left to
-    each worker (its adapter only imported: LanceDB's runtime must not run before the fork)."""
+    each worker (its adapter and engine libraries only imported: LanceDB's runtime must not run
+    before the fork)."""
     path = os.environ.get("UIBK_STORE")
     if not path:
         raise RuntimeError("set UIBK_STORE to the store folder to serve (build it first: "
                            "uibk-embed index corpus.jsonl --path FOLDER, or examples/index_more.py)")
     store = None
     backend = os.environ.get("UIBK_BACKEND") or detect_backend(path)
-    if preloading and backend not in FORK_SAFE:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(f"uibk_embedding.adapters.{backend}")
+    if preloading and backend not in FORK_SAFE:  # its libraries shared, its runtime never started
+        with contextlib.suppress(ImportError, UnknownBackend):  # each worker's open says what is wrong
+            import_engine(backend)
     else:
         store = _open_store(path)
     try:

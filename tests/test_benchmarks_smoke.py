@@ -277,3 +277,55 @@ def test_shared_readers(tmp_path):
     for r in rows:
         assert (r["errors"], r["torn"], r["mismatches"]) == (0, 0, 0), r
         assert r["checked"] > 0 and r["qps"] > 0, r
+
+
+def test_shared_readers_checks_lancedbs_answers_on_the_version_they_read(tmp_path):
+    """benchmarks/shared_readers.py's LanceDB checker (issue 62): an answer is compared with the
+    exact top k of the table version the search read (one it did not give is a mismatch), a
+    writer batch held in part is torn, and a version pruned meanwhile is counted, not failed."""
+    import queue
+
+    pytest.importorskip("lancedb")
+    from uibk_embedding.adapters.lancedb import LanceDBStore
+
+    bench = load_benchmark("shared_readers")
+    with LanceDBStore(tmp_path, table="t") as store:
+        store.upsert([f"d{i}" for i in range(30)], bench._lists(1, 30, 6))
+        store.upsert([f"w0-{j}" for j in range(5)], bench._lists(2, 5, 6), [{"batch": 0}] * 5)
+        whole = store._tbl.version
+        store.upsert(["w1-0", "w1-1"], bench._lists(3, 2, 6), [{"batch": 1}] * 2)  # a batch in part
+        part = store._tbl.version
+        q = bench._lists(100, 32, rows=12)[3]
+        store._tbl.checkout(whole)
+        right = [h.id for h in store.search(q, k=bench.K)]
+        store._tbl.checkout_latest()
+    checks, out = queue.Queue(), queue.Queue()
+    for item in [("t", whole, 100, 3, right), ("t", whole, 100, 3, right[::-1]), ("t", part, 100, 3, right),
+                 ("t", 10**6, 100, 3, right), None]:  # 10**6: no such version (as one pruned)
+        checks.put(item)
+    bench._check_lancedb(str(tmp_path), checks, out)
+    res = out.get_nowait()
+    counts = tuple(res[k] for k in ("checked", "mismatches", "torn", "pruned", "errors"))
+    assert counts == (3, 1, 1, 1, 0), res
+
+
+def test_shared_readers_lancedb_prefork(tmp_path):
+    """benchmarks/shared_readers.py on LanceDB, plain and prefork (the parent imports LanceDB
+    with registry.import_engine, each forked reader opens its own table): no error, torn write
+    or mismatch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("lancedb")
+    out = tmp_path / "shared.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "shared_readers.py"
+    argv = ["--backends", "lancedb", "--seconds", "2", "--docs", "40", "--readers", "1",
+            "--modes", "plain,preload", "--cache-bytes", str(1 << 20), "--out", str(out)]
+    run = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(out.read_text())
+    assert [(r["mode"], r["readers"], r["reader_opts"]) for r in rows] == [
+        ("plain", 1, {"cache_bytes": 1 << 20}), ("preload", 1, {"cache_bytes": 1 << 20})]
+    for r in rows:
+        assert (r["errors"], r["torn"], r["mismatches"]) == (0, 0, 0), r
+        assert r["searches"] > 0 and r["qps"] > 0, r

@@ -211,3 +211,51 @@ def test_in_memory_store_goes_on_as_the_childs_copy() -> None:
     assert store.count() == 4
     store.close()
 
+
+
+_PREFORK_MASTER = """
+import json, multiprocessing as mp, sys, warnings
+from uibk_embedding.adapters.registry import import_engine, open_store
+import_engine("lancedb")
+loaded = sorted(m for m in ("lancedb", "pyarrow") if m in sys.modules)
+path, queries = sys.argv[1], json.loads(sys.argv[2])
+
+def worker(out):
+    warnings.simplefilter("ignore")  # LanceDB's own note that its fork support is new
+    import numpy as np
+    store = open_store("lancedb", path=path, table="docs", read_only=True, create=False)
+    out.put([[h.id for h in store.search(np.asarray(q, dtype=np.float32), k=3)] for q in queries])
+    store.close()
+
+ctx = mp.get_context("fork")
+out = ctx.Queue()
+workers = [ctx.Process(target=worker, args=(out,)) for _ in range(2)]
+for w in workers:
+    w.start()
+print(json.dumps({"loaded": loaded, "answers": [out.get(timeout=120) for _ in workers]}))
+for w in workers:
+    w.join(30)
+"""
+
+
+def test_a_prefork_master_imports_lancedb_and_its_workers_search(tmp_path: Path) -> None:
+    """``import_engine("lancedb")`` in a master that opens nothing (gunicorn ``--preload`` in
+    examples/serve_store.py) imports LanceDB and pyarrow, so the forked workers share their
+    pages; each worker then opens the table itself and answers as a store opened in one process."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("lancedb")
+    from uibk_embedding.adapters.lancedb import LanceDBStore
+
+    docs = _docs(11, 30)
+    with LanceDBStore(tmp_path, table="docs") as store:
+        store.upsert([f"d{i}" for i in range(30)], docs)
+        queries = _docs(12, 2, rows=5)
+        want = [_ids(store.search(q, k=3)) for q in queries]
+    done = subprocess.run([sys.executable, "-c", _PREFORK_MASTER, str(tmp_path),
+                           json.dumps([q.tolist() for q in queries])],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"loaded": ["lancedb", "pyarrow"], "answers": [want, want]}

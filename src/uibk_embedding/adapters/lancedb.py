@@ -47,6 +47,10 @@ from uibk_embedding.maxsim import pack
 from uibk_embedding.tagged import DIM, TaggedFormat
 
 RECORD_KEY = b"uibk_embedding"
+ENGINE_MODULES = ("lancedb", "pyarrow")
+"""The engine's libraries, imported on the first open (or by
+:func:`~uibk_embedding.adapters.registry.import_engine` in a prefork master: ~80 MiB of private
+memory per worker when each imports them itself)."""
 MAX_NESTING = 22
 """The deepest nesting of ``$and``/``$or``/``$not`` (after :func:`~uibk_embedding.adapters.filters.flattened`,
 a negated condition counting one more) that LanceDB's SQL parser takes (measured: every filter tried
@@ -196,7 +200,7 @@ class LanceDBStore(MultiVectorStore):
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
         self.read_only = read_only
         create = create and not read_only  # a read-only store opens a table that exists
-        self._ldb, self._pa = (require(m, "lancedb", "the LanceDB adapter") for m in ("lancedb", "pyarrow"))
+        self._ldb, self._pa = (require(m, "lancedb", "the LanceDB adapter") for m in ENGINE_MODULES)
         super().__init__(format)
         if uri is not None and path is not None:
             raise TypeError("give uri or path (the same: where the database is), not both")

@@ -59,6 +59,31 @@ def backend_factory(backend: str) -> Any:
     return getattr(mod, attr)
 
 
+def import_engine(backend: str) -> None:
+    """Import a backend's adapter and its engine's libraries, opening nothing.
+
+    A prefork server's master (gunicorn ``--preload``) calls it for a store it leaves to each
+    worker (LanceDB's: its runtime must not run before the fork), so the forked workers share the
+    libraries' pages instead of each importing its own copy: 4 LanceDB workers beside a writer took
+    2.3x the memory of one when each imported LanceDB itself (benchmarks/results/shared_readers.md).
+    An adapter names its engine's modules in ``ENGINE_MODULES``; a missing one raises the
+    ImportError naming the extra to install.
+
+    >>> import_engine("exact")  # no engine library of its own: imports the adapter only
+    >>> try:
+    ...     import_engine("nosuch")
+    ... except UnknownBackend as e:
+    ...     print(str(e)[:32])
+    unknown backend 'nosuch'; known:
+    """
+    factory = backend_factory(backend)
+    from uibk_embedding._optional import require
+
+    module = importlib.import_module(factory.__module__)
+    for name in getattr(module, "ENGINE_MODULES", ()):
+        require(name, BACKENDS[backend][1], f"the {backend} adapter")
+
+
 def open_store(backend: str | None = None, *, create: bool = True, **options: Any) -> MultiVectorStore:
     """Open (or, with ``create=True``, create) a store of the named backend with
     backend-specific ``options``.
