@@ -35,7 +35,11 @@ so the variants differ only in their clusters and centers. The ``tok:`` levers a
 the tokenizer says about each token row (:func:`document_tokens`: the encoder's own input ids over
 each text's span, so ``[CLS]``, ``[SEP]`` and padding are not rows): function tokens
 (punctuation, special tokens, whole stopwords) merged among themselves first, repeated token ids,
-the pieces of one word, content protected, function tokens skipped. Quality and vector counts only
+the pieces of one word, content protected, function tokens skipped; and (second round) function
+tokens found from the collection's document frequencies (every token id in at least X% of the
+documents: :func:`with_document_frequency`, :func:`frequent_as_function`), IDF-scaled merge costs,
+one merge-cost threshold for the whole collection (:func:`budget_pool`) and a penalty for merging
+tokens of different segments (between punctuation). Quality and vector counts only
 (no timing; the load average is recorded anyway); needs scipy (its ``linkage``) for the linkages
 other than Ward::
 
@@ -379,21 +383,54 @@ def tiered_clusters(bodies: np.ndarray, n_clusters: int, tiers: np.ndarray) -> n
     >>> tiered_clusters(x, 2, np.zeros((4, 4), dtype=int)).tolist()
     [0, 0, 1, 1]
     """
-    from scipy.cluster.hierarchy import linkage
-    from scipy.spatial.distance import squareform
-
     n = len(bodies)
     if not 1 <= n_clusters <= max(n, 1):
         raise ValueError(f"n_clusters must be from 1 to {n}, got {n_clusters}")
     if n_clusters == n:
         return np.arange(n)
+    z = penalised_linkage(bodies, 4.0 * np.asarray(tiers, dtype=np.float64))
+    return cut_linkage(z, n, n - n_clusters)
+
+
+def penalised_linkage(bodies: np.ndarray, penalty: np.ndarray | float = 0.0, method: str = "average",
+                      scale: np.ndarray | None = None) -> np.ndarray:
+    """scipy's linkage matrix (``method``: "average", "complete", "weighted", ...) of the rows of
+    ``bodies`` on the merge cost ``(1 - cos(i, j)) * scale[i, j] + penalty[i, j]`` (``scale``
+    omitted: 1; ``penalty`` a symmetric matrix or one number). Rows of ``bodies`` need not be unit.
+
+    >>> x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+    >>> penalised_linkage(x)[:, :2].tolist()    # rows 0 and 1 first, then the pair with row 2
+    [[0.0, 1.0], [2.0, 3.0]]
+    """
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
     u = np.asarray(bodies, dtype=np.float64)
+    if len(u) < 2:
+        raise ValueError(f"a linkage needs at least 2 rows, got {len(u)}")
     u = u / np.linalg.norm(u, axis=1, keepdims=True)
-    d = np.clip(1.0 - u @ u.T, 0.0, 2.0) + 4.0 * np.asarray(tiers, dtype=np.float64)
+    d = np.clip(1.0 - u @ u.T, 0.0, 2.0)
+    if scale is not None:
+        d = d * np.asarray(scale, dtype=np.float64)
+    d = d + penalty
     np.fill_diagonal(d, 0.0)
-    z = linkage(squareform(d, checks=False), method="average")
+    return linkage(squareform(d, checks=False), method=method)
+
+
+def cut_linkage(z: np.ndarray, n: int, merges: int) -> np.ndarray:
+    """Cluster labels of ``n`` rows after the first ``merges`` merges of the linkage matrix ``z``
+    (``n - merges`` clusters), numbered by each cluster's first row.
+
+    >>> z = penalised_linkage(np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]]))
+    >>> cut_linkage(z, 3, 0).tolist(), cut_linkage(z, 3, 1).tolist(), cut_linkage(z, 3, 2).tolist()
+    ([0, 1, 2], [0, 0, 1], [0, 0, 0])
+    """
+    if not 0 <= merges <= max(n - 1, 0):
+        raise ValueError(f"merges must be from 0 to {max(n - 1, 0)} for {n} rows, got {merges}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
     parent = np.arange(2 * n - 1)
-    for m in range(n - n_clusters):
+    for m in range(merges):
         parent[int(z[m, 0])] = parent[int(z[m, 1])] = n + m
     roots = np.arange(n)
     while True:
@@ -401,10 +438,7 @@ def tiered_clusters(bodies: np.ndarray, n_clusters: int, tiers: np.ndarray) -> n
         if np.array_equal(up, roots):
             break
         roots = up
-    _, first, inverse = np.unique(roots, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[inverse]
+    return _by_first(roots)
 
 
 def document_tokens(enc: Any, texts: list[str], docs: list[np.ndarray], batch: int = 256) -> list[dict]:
@@ -431,6 +465,86 @@ def document_tokens(enc: Any, texts: list[str], docs: list[np.ndarray], batch: i
             segments = np.concatenate([[0], np.cumsum(punct)[:-1]])
             out.append({"ids": ids, "kinds": kinds, "words": words, "segments": segments})
     return out
+
+
+def with_document_frequency(infos: list[dict]) -> list[dict]:
+    """``infos`` (one dict a document, with its rows' token ``ids``, as :func:`document_tokens`
+    gives) with two keys added to each: ``df``, for each row the number of the collection's
+    documents that hold its token id, and ``n_docs``, the number of documents. A collection-wide
+    statistic of the index, like an inverted index's document frequencies (no query is read).
+
+    >>> infos = with_document_frequency([{"ids": np.array([5, 7, 5])}, {"ids": np.array([5, 9])}])
+    >>> infos[0]["df"].tolist(), infos[1]["df"].tolist(), infos[0]["n_docs"]
+    ([2, 1, 2], [2, 1], 2)
+    """
+    if not infos:
+        return []
+    ids, counts = np.unique(np.concatenate([np.unique(np.asarray(i["ids"], dtype=np.int64)) for i in infos]),
+                            return_counts=True)
+    out = []
+    for i in infos:
+        rows = np.asarray(i["ids"], dtype=np.int64)
+        out.append({**i, "df": counts[np.searchsorted(ids, rows)], "n_docs": len(infos)})
+    return out
+
+
+def frequent_as_function(info: dict, cutoff: float) -> dict:
+    """``info`` (from :func:`with_document_frequency`) with every row whose token id occurs in at
+    least ``cutoff`` of the collection's documents (``df >= cutoff * n_docs``) made a
+    :data:`FUNCTION` token, besides the rows that already are (punctuation, special tokens,
+    whole stopwords): data-driven function tokens, e.g. "likes" in "X likes A, B and C."
+    everywhere.
+
+    >>> info = {"ids": np.array([5, 7]), "kinds": np.array([CONTENT, CONTENT]), "df": np.array([9, 1]),
+    ...         "n_docs": 10}
+    >>> frequent_as_function(info, 0.9)["kinds"].tolist(), frequent_as_function(info, 0.95)["kinds"].tolist()
+    ([2, 0], [0, 0])
+    """
+    if not 0.0 < cutoff <= 1.0:
+        raise ValueError(f"cutoff is a fraction of the documents, in (0, 1], got {cutoff}")
+    if "df" not in info or "n_docs" not in info:
+        raise ValueError("info has no document frequencies: pass it through with_document_frequency first")
+    frequent = np.asarray(info["df"]) >= cutoff * info["n_docs"]
+    return {**info, "kinds": np.where(frequent, FUNCTION, info["kinds"])}
+
+
+def idf_of(info: dict) -> np.ndarray:
+    """Each row's inverse document frequency ``log((n_docs + 1) / (df + 0.5))`` (> 0)."""
+    return np.log((info["n_docs"] + 1.0) / (np.asarray(info["df"], dtype=np.float64) + 0.5))
+
+
+def content_linkage(bodies: np.ndarray, info: dict, rows: np.ndarray, method: str = "average",
+                    segment_penalty: float = 0.0, idf_cost: bool = False) -> np.ndarray:
+    """The linkage matrix (:func:`penalised_linkage`) of the rows ``rows`` of a document: cosine
+    distance, times ``sqrt(idf_i idf_j) / mean idf`` with ``idf_cost`` (low-IDF tokens merge
+    first, the rarest last), plus ``segment_penalty`` for two rows of different segments (between
+    punctuation: the items of a list, the clauses of a sentence)."""
+    penalty: np.ndarray | float = 0.0
+    if segment_penalty:
+        seg = np.asarray(info["segments"])[rows]
+        penalty = segment_penalty * (seg[:, None] != seg[None, :])
+    scale = None
+    if idf_cost:
+        g = idf_of(info)[rows]
+        scale = np.sqrt(g[:, None] * g[None, :]) / g.mean()
+    return penalised_linkage(bodies[rows], penalty, method, scale)
+
+
+def collection_threshold(heights: Sequence[np.ndarray], rows: int, target: int) -> float:
+    """One merge-cost threshold for a whole collection: the smallest ``t`` such that merging, in
+    every document, the merges of cost ``<= t`` (``heights``: each document's linkage heights,
+    monotone) leaves at most ``target`` of the ``rows`` rows. ``-inf`` when no merge is needed.
+
+    >>> collection_threshold([np.array([0.1, 0.5]), np.array([0.2])], rows=5, target=3)
+    0.2
+    """
+    need = rows - target
+    if need <= 0:
+        return float("-inf")
+    allh = np.sort(np.concatenate([np.asarray(h, dtype=np.float64) for h in heights]))
+    if need > len(allh):
+        raise ValueError(f"{rows} rows cannot be merged down to {target}: only {len(allh)} merges")
+    return float(allh[need - 1])
 
 
 def _same(a: np.ndarray) -> np.ndarray:
@@ -479,11 +593,13 @@ def tiers_of(rule: str, info: dict) -> np.ndarray:
 
 
 def token_lever_pool(doc: np.ndarray, fmt: Any, keep: int, info: dict, rule: str,
-                     center: str = "mean") -> np.ndarray:
+                     center: str = "mean", method: str = "average", segment_penalty: float = 0.0,
+                     idf_cost: bool = False) -> np.ndarray:
     """``doc`` pooled to ``keep`` token rows by :func:`tiered_clusters` under ``rule``; rule
     ``skip-function`` removes the function rows instead (ColBERT's skiplist) and clusters the
-    content rows (average linkage) to ``keep``, or, where the content rows alone are fewer than
-    ``keep``, merges the function rows among themselves into the rows left."""
+    content rows (``method`` linkage on :func:`content_linkage`'s cost: ``segment_penalty``,
+    ``idf_cost``) to ``keep``, or, where the content rows alone are fewer than ``keep``, merges
+    the function rows among themselves into the rows left."""
     n = len(doc) - N_SLOTS
     if n < 2 or keep >= n:
         return doc
@@ -497,8 +613,8 @@ def token_lever_pool(doc: np.ndarray, fmt: Any, keep: int, info: dict, rule: str
             sub = doc[np.concatenate([np.arange(N_SLOTS), N_SLOTS + content])]
             if len(content) <= keep:
                 return sub
-            labels = tiered_clusters(bodies[content], keep, np.zeros((len(content),) * 2, dtype=np.int64))
-            return pool_clusters(sub, labels, fmt)
+            z = content_linkage(bodies, info, content, method, segment_penalty, idf_cost)
+            return pool_clusters(sub, cut_linkage(z, len(content), len(content) - keep), fmt)
         fi = np.flatnonzero(f)  # content rows stay alone, the function rows fill the rest
         labels = np.empty(n, dtype=np.int64)
         labels[content] = np.arange(len(content))
@@ -508,6 +624,43 @@ def token_lever_pool(doc: np.ndarray, fmt: Any, keep: int, info: dict, rule: str
     labels = tiered_clusters(bodies, keep, tiers_of(rule, info))
     centers = minimax_centers(bodies, labels) if center == "minimax" else None
     return pool_clusters(doc, labels, fmt, centers)
+
+
+def budget_pool(docs: list[np.ndarray], fmt: Any, infos: list[dict] | None, target: float = 0.5, *,
+                skip: bool = False, method: str = "average", segment_penalty: float = 0.0,
+                idf_cost: bool = False) -> tuple[list[np.ndarray], float]:
+    """A collection-wide budget: every document's rows (with ``skip``, its content rows only: the
+    function rows of ``infos`` removed) clustered by ``method`` linkage (:func:`content_linkage`'s
+    cost), and every merge cheaper than one threshold for the whole collection
+    (:func:`collection_threshold`) taken, so the collection keeps ``floor(target * n)`` of its
+    ``n`` token rows at most: documents with many close tokens pool more, others less. Returns
+    the pooled lists and the threshold. A document with no content row keeps all its rows as
+    candidates."""
+    candidates, links = [], []
+    for i, doc in enumerate(docs):
+        n = len(doc) - N_SLOTS
+        rows = np.arange(n)
+        if skip:
+            if infos is None:
+                raise ValueError("skip=True needs the documents' token infos")
+            content = np.flatnonzero(infos[i]["kinds"] != FUNCTION)
+            rows = content if len(content) else rows
+        candidates.append(rows)
+        if len(rows) >= 2:
+            info = infos[i] if infos is not None else {}
+            links.append(content_linkage(doc[N_SLOTS:, 1:].astype(np.float64), info, rows, method,
+                                         segment_penalty, idf_cost))
+        else:
+            links.append(np.zeros((0, 4)))
+    total = sum(len(d) - N_SLOTS for d in docs)
+    t = collection_threshold([z[:, 2] for z in links], sum(len(r) for r in candidates),
+                             int(np.floor(target * total)))
+    out = []
+    for doc, rows, z in zip(docs, candidates, links, strict=True):
+        sub = doc[np.concatenate([np.arange(N_SLOTS), N_SLOTS + rows])]
+        merges = int(np.sum(z[:, 2] <= t))
+        out.append(pool_clusters(sub, cut_linkage(z, len(rows), merges), fmt) if merges else sub)
+    return out, t
 
 
 LEVERS: list[tuple[str, str, dict]] = [
@@ -556,6 +709,54 @@ LEVERS: list[tuple[str, str, dict]] = [
     ("tok:skip-function", "function tokens removed (ColBERT's skiplist: their mass is lost), the content "
      "tokens average-linked to half the document's tokens; where content alone is under half, the "
      "function tokens merged among themselves to fill it", {"tiers": "skip-function"}),
+
+    # second round (issue #59): data-driven function tokens, IDF costs, a collection-wide budget,
+    # segments. "dfX%": function tokens are the stopword-list ones plus every token id found in at
+    # least X% of the collection's documents (with_document_frequency, frequent_as_function)
+    ("tok:df20%-skip", "function tokens = punctuation, special tokens, whole stopwords and every "
+     "token id in >= 20% of the collection's documents; then the skip-function rule",
+     {"tiers": "skip-function", "df": 0.2}),
+    ("tok:df50%-skip", "tok:df20%-skip with ids in >= 50% of the documents",
+     {"tiers": "skip-function", "df": 0.5}),
+    ("tok:df90%-skip", "tok:df20%-skip with ids in >= 90% of the documents",
+     {"tiers": "skip-function", "df": 0.9}),
+    ("tok:df50%-kinds", "function tokens as in tok:df50%-skip, merged among themselves first (the "
+     "tok:kinds rule)", {"tiers": "kinds", "df": 0.5}),
+    ("tok:idf-cost", "skip-function; the content merge cost (1 - cos) scaled by sqrt(idf_i idf_j) / "
+     "its mean over the document: low-IDF tokens merge first, the rarest last",
+     {"tiers": "skip-function", "idf_cost": True}),
+    ("tok:df90%-skip+idf-cost", "tok:df90%-skip with tok:idf-cost's merge cost",
+     {"tiers": "skip-function", "df": 0.9, "idf_cost": True}),
+    ("budget", "average linkage, every merge under one cost threshold per collection, chosen so "
+     "the collection keeps 50% of its token vectors (documents pool unequally)",
+     {"method": "average", "keep": "collection"}),
+    ("tok:skip-function+budget", "function tokens removed, the content average-linked under one "
+     "threshold per collection (50% of token vectors kept)", {"tiers": "skip-function",
+                                                              "keep": "collection"}),
+    ("tok:df90%-skip+budget", "tok:skip-function+budget with tok:df90%-skip's function tokens",
+     {"tiers": "skip-function", "df": 0.9, "keep": "collection"}),
+    ("tok:skip+segment", "skip-function; two content tokens of different segments (between "
+     "punctuation: the items of a list, the clauses of a sentence) cost 0.2 more to merge",
+     {"tiers": "skip-function", "segment_penalty": 0.2}),
+    ("tok:df90%-skip+segment", "tok:df90%-skip with tok:skip+segment's cost: tokens in >= 90% of "
+     "the documents and stopwords removed, content average-linked on cosine distance + 0.2 across "
+     "segments", {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.2}),
+    ("tok:df90%-skip+segment+complete", "tok:df90%-skip+segment with complete linkage",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.2, "method": "complete"}),
+    ("tok:df90%-skip+segment0.1", "tok:df90%-skip+segment, 0.1 across segments",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.1}),
+    ("tok:df90%-skip+segment0.15", "tok:df90%-skip+segment, 0.15 across segments",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.15}),
+    ("tok:df90%-skip+segment0.3", "tok:df90%-skip+segment, 0.3 across segments",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.3}),
+    ("tok:df90%-skip+segment0.5", "tok:df90%-skip+segment, 0.5 across segments",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.5}),
+    ("tok:df90%-skip+hard-segment", "tok:df90%-skip+segment, 4 across segments (every merge inside "
+     "a segment first)", {"tiers": "skip-function", "df": 0.9, "segment_penalty": 4.0}),
+    ("tok:df50%-skip+segment", "tok:df90%-skip+segment with ids in >= 50% of the documents",
+     {"tiers": "skip-function", "df": 0.5, "segment_penalty": 0.2}),
+    ("tok:df90%-skip+segment+budget", "tok:df90%-skip+segment under one threshold per collection",
+     {"tiers": "skip-function", "df": 0.9, "segment_penalty": 0.2, "keep": "collection"}),
 ]
 
 
@@ -569,6 +770,8 @@ def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
     lengths = [len(d) - N_SLOTS for d in base.docs]
     infos = (document_tokens(enc, [d.full_text for d in coll.corpus], base.docs)
              if any("tiers" in kw for _, _, kw in levers) else None)
+    if infos is not None and any("df" in kw or kw.get("idf_cost") for _, _, kw in levers):
+        infos = with_document_frequency(infos)
     if infos is not None:
         kinds = np.concatenate([i["kinds"] for i in infos])
         token_facts = {k: float(np.mean(kinds == v)) for k, v in
@@ -599,15 +802,26 @@ def run_levers(name: str, levers: list[tuple[str, str, dict]]) -> dict:
         elif keep_rule == "long-harder":
             keeps, r = long_harder_keep(lengths)
             note = f"longer documents keep floor({r:.3f} n), at least {SHORT}"
+        elif keep_rule == "collection":
+            keeps = []
         elif isinstance(keep_rule, float):
             keeps = [max(int(n * keep_rule), 1) for n in lengths]
         else:
             keeps = [None] * len(lengths)
         rule = kw.pop("tiers", None)
-        if rule is not None:
-            assert infos is not None
+        cutoff = kw.pop("df", None)
+        lever_infos = infos if cutoff is None or infos is None else [frequent_as_function(i, cutoff)
+                                                                     for i in infos]
+        if cutoff is not None and lever_infos is not None:
+            frac = float(np.mean(np.concatenate([i["kinds"] for i in lever_infos]) == FUNCTION))
+            note = f"function tokens (stopwords and ids in >= {cutoff:.0%} of documents) {frac:.1%}"
+        if keep_rule == "collection":
+            docs, t = budget_pool(base.docs, fmt, lever_infos, skip=rule == "skip-function", **kw)
+            note = (note + "; " if note else "") + f"merge-cost threshold {t:.3f}"
+        elif rule is not None:
+            assert lever_infos is not None
             docs = [token_lever_pool(d, fmt, k, info, rule, **kw)
-                    for d, k, info in zip(base.docs, keeps, infos, strict=True)]
+                    for d, k, info in zip(base.docs, keeps, lever_infos, strict=True)]
         else:
             docs = [lever_pool(d, fmt, k, **kw) for d, k in zip(base.docs, keeps, strict=True)]
         m, run = score(docs)
@@ -643,7 +857,9 @@ def runs_line(report: dict) -> str:
 
 def levers_markdown(report: dict, reading: str = "") -> str:
     cols = report["collections"]
-    names = [r["lever"] for r in cols[0]["rows"][1:]]
+    present = list(dict.fromkeys(r["lever"] for c in cols for r in c["rows"][1:]))
+    order = {lv[0]: i for i, lv in enumerate(LEVERS)}
+    names = sorted(present, key=lambda n: order.get(n, len(order)))  # LEVERS' order, then the rest
     lines = [
         "# Token pooling by 2: which lever (issue #59)",
         "",
@@ -663,7 +879,11 @@ def levers_markdown(report: dict, reading: str = "") -> str:
     for lever in names:
         cells, ok = [], True
         for c in cols:
-            r = next(x for x in c["rows"] if x["lever"] == lever)
+            r = next((x for x in c["rows"] if x["lever"] == lever), None)
+            if r is None:  # a lever left out on a collection (see the Reading)
+                cells.append("not run")
+                ok = False
+                continue
             cell = f"{r['token_ratio']:.1%} / {r['ndcg@10_delta_points']:+.2f}"
             cells.append(f"**{cell}**" if r["meets_aim"] else cell)
             ok &= r["meets_aim"]
@@ -684,16 +904,18 @@ def levers_markdown(report: dict, reading: str = "") -> str:
     for lever, what, _ in LEVERS:
         if lever in names:
             lines.append(f"- **{lever}**: {what}.")
-    notes = [f"{c['collection']}: {r['note']}" for c in cols for r in c["rows"] if r.get("note")]
+    notes = [f"{c['collection']} {r['lever']}: {r['note']}" for c in cols for r in c["rows"] if r.get("note")]
     if notes:
-        lines += ["", "Long documents harder, the factor found per collection: " + "; ".join(notes) + "."]
+        lines += ["", "Settings found per collection (long documents harder: the factor; dfX%: the "
+                  "function tokens' share of token vectors; budget: the threshold): "
+                  + "; ".join(notes) + "."]
     lines += ["", "Per collection (stored vectors count the three slot vectors of every document, "
               "never pooled):", "",
               "| collection | lever | token vectors | kept | stored vectors | kept | nDCG@10 | change "
               "(points) | recall@10 | overlap@10 vs none |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cols:
-        for r in c["rows"]:
+        for r in sorted(c["rows"], key=lambda r: -1 if r["lever"] == "none" else order.get(r["lever"], 1e9)):
             lines.append(f"| {c['collection']} | {r['lever']} | {r['token_vectors']:,} "
                          f"| {r['token_ratio']:.1%} | {r['stored_vectors']:,} | {r['stored_ratio']:.1%} "
                          f"| {r['ndcg@10']:.4f} "
