@@ -140,10 +140,11 @@ def _baseline(modules: list[str], barrier: Any, out: Any) -> None:
 
 def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer_gone: Any = None,
             barrier: Any = None, store: Any = None, opts: dict[str, Any] | None = None,
-            checks: Any = None) -> None:
+            checks: Any = None, encode: bool = False, encoder: Any = None) -> None:
     """One reader; ``store``: the store object a preloading parent opened before the fork;
     ``opts``: keywords of the reader's store (``--cache-bytes``); ``checks``: the queue of
-    :func:`_check_lancedb` (LanceDB)."""
+    :func:`_check_lancedb` (LanceDB); ``encode``: each query a text encoded here first, by
+    ``encoder`` (a preloading parent's) or by the embedded default loaded here (``--encode``)."""
     from uibk_embedding.maxsim import maxsim
 
     res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
@@ -152,14 +153,16 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
         if store is None:
             store = _open(backend, path, read_only=True, **(opts or {}))
         queries = _lists(seed, 32, rows=12)
+        if encode and encoder is None:
+            encoder = _encoder()
         dtype = store.build_params["vector_dtype"] if backend != "lancedb" else "float32"
         tol = 2e-2 if dtype == "float16" else 1e-3
         end = time.monotonic() + seconds
         i = 0
         while time.monotonic() < end:
-            q = queries[i % len(queries)]
             i += 1
             try:
+                q = encoder.encode_queries([_query_text(seed, i)])[0] if encode else queries[(i - 1) % 32]
                 version = store._tbl.version if backend == "lancedb" else None  # the newest committed
                 t0 = time.perf_counter()
                 hits = store.search(q, k=K)
@@ -172,8 +175,7 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
                 if backend == "lancedb":  # a separate process checks the version it read
                     if checks is not None and version == store._tbl.version:  # no write landed between
                         with contextlib.suppress(queue.Full):
-                            checks.put_nowait((store.table, version, seed, (i - 1) % len(queries),
-                                               [h.id for h in hits]))
+                            checks.put_nowait((store.table, version, q, [h.id for h in hits]))
                     continue
                 batches: dict[Any, int] = {}
                 for _, md in store.scan(filter={"batch": {"$exists": True}}):
@@ -204,7 +206,7 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
 
 
 def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer_gone: Any,
-               opts: dict[str, Any] | None = None, checks: Any = None) -> None:
+               opts: dict[str, Any] | None = None, checks: Any = None, encode: bool = False) -> None:
     """The prefork parent: opens the folder read-only and searches once (every module a reader
     needs imported, the vector file mapped), freezes its objects out of the cyclic GC's reach,
     forks ``n`` readers that search through its store object and reports its own memory, read
@@ -222,12 +224,14 @@ def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer
         else:
             inherited = _open(backend, path, read_only=True, **(opts or {}))
             inherited.search(_lists(7, 1, rows=12)[0], k=K)
+        encoder = _encoder() if encode else None  # loaded once, shared by the readers (the example's)
         gc.collect()
         gc.freeze()
         ctx = mp.get_context("fork")
         barrier = ctx.Barrier(n + 1)
         procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, out, writer_gone, barrier,
-                                                   inherited, opts, checks)) for r in range(n)]
+                                                   inherited, opts, checks, encode, encoder))
+                 for r in range(n)]
         for p in procs:
             p.start()
         _measured_together(writer_gone, barrier, res)
@@ -244,7 +248,7 @@ def _preloaded(backend: str, path: str, seconds: float, n: int, out: Any, writer
 
 def _check_lancedb(path: str, checks: Any, out: Any) -> None:
     """LanceDB's answers checked on the snapshot they read, in a process of its own (its reads
-    are no reader's memory). A reader sends ``(table, version, seed, query, ids)`` for a search
+    are no reader's memory). A reader sends ``(table, version, query, ids)`` for a search
     that read one table version (the newest before the search and still the newest after it);
     this compares ``ids`` with the exact top k of that version's rows, read again from the
     folder and scored here, and counts the version's writer batches held in part (``torn``).
@@ -256,9 +260,8 @@ def _check_lancedb(path: str, checks: Any, out: Any) -> None:
     res: dict[str, Any] = {"checker": True, "checked": 0, "torn": 0, "mismatches": 0, "pruned": 0,
                            "errors": 0, "first_error": None}
     tables: dict[str, Any] = {}
-    queries: dict[int, list[np.ndarray]] = {}
     while (item := checks.get()) is not None:
-        name, version, seed, qi, ids = item
+        name, version, q, ids = item
         try:
             if name not in tables:
                 tables[name] = lancedb.connect(path).open_table(name)
@@ -270,7 +273,6 @@ def _check_lancedb(path: str, checks: Any, out: Any) -> None:
                 continue
             vectors = rows["vectors"].chunk(0)  # list<fixed_size_list<float, 128>>
             mat = vectors.values.values.to_numpy(zero_copy_only=False).reshape(-1, 128)
-            q = queries.setdefault(seed, _lists(seed, 32, rows=12))[qi]
             scores = maxsim_scores([q], mat, vectors.offsets.to_numpy())[0]
             want = sorted(zip(rows["id"].to_pylist(), scores.tolist(), strict=True),
                           key=lambda t: (-t[1], t[0]))[:K]
@@ -285,6 +287,24 @@ def _check_lancedb(path: str, checks: Any, out: Any) -> None:
             res["errors"] += 1
             res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
     out.put(res)
+
+
+QUERY_WORDS = ("heart", "kidney", "vitamin", "protein", "cancer", "diet", "exercise", "sleep", "blood",
+               "pressure", "brain", "bone", "infection", "vaccine", "liver", "sugar", "fat", "gene")
+
+
+def _query_text(seed: int, i: int) -> str:
+    """The ``i``-th query text of reader ``seed`` (``--encode``): a few health words, different
+    from one query to the next."""
+    rng = np.random.default_rng([seed, i])
+    return "what is known about " + " and ".join(rng.choice(QUERY_WORDS, size=3, replace=False))
+
+
+def _encoder() -> Any:
+    """The embedded default encoder on one thread (a served worker's, examples/serve_store.py)."""
+    from uibk_embedding import load_encoder
+
+    return load_encoder(None, num_threads=1)
 
 
 def _writer(backend: str, path: str, seconds: float, out: Any, tokens: int = 24) -> None:
@@ -334,9 +354,10 @@ def _baselines(modules: list[str], n: int) -> list[dict]:
 
 
 def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], workdir: Path,
-        tokens: int = 24, modes: tuple[str, ...] = ("plain",), opts: dict[str, Any] | None = None
-        ) -> list[dict]:
-    """The rows of one backend; ``opts``: keywords of every reader's store."""
+        tokens: int = 24, modes: tuple[str, ...] = ("plain",), opts: dict[str, Any] | None = None,
+        encode: bool = False) -> list[dict]:
+    """The rows of one backend; ``opts``: keywords of every reader's store; ``encode``: every
+    reader encodes its query texts (``--encode``)."""
     path = str(workdir / backend)
     ctx = mp.get_context("spawn")
     builder = ctx.Process(target=build, args=(backend, path, n_docs, tokens))
@@ -356,10 +377,10 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
             checker.start()
         if preload:
             procs = [ctx.Process(target=_preloaded,
-                                 args=(backend, path, seconds, n, q, writer_gone, opts, checks))]
+                                 args=(backend, path, seconds, n, q, writer_gone, opts, checks, encode))]
         else:
             procs = [ctx.Process(target=_reader, args=(backend, path, seconds, 100 + r, q, writer_gone,
-                                                       barrier, None, opts, checks))
+                                                       barrier, None, opts, checks, encode))
                      for r in range(n)]
         wproc = ctx.Process(target=_writer, args=(backend, path, seconds, q, tokens))
         for p in [*procs, wproc]:
@@ -387,8 +408,8 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
         base = sum(b["pss_mib"] for b in bases)
         times = np.concatenate([np.asarray(r["times"]) for r in readers]) if readers else np.zeros(0)
         qps = sum(len(r["times"]) / max(sum(r["times"]), 1e-9) for r in readers)
-        row = {"backend": backend, "mode": mode, "reader_opts": opts or {}, "readers": n, "docs": n_docs,
-               "seconds": seconds,
+        row = {"backend": backend, "mode": mode, "reader_opts": opts or {}, "encode": encode, "readers": n,
+               "docs": n_docs, "seconds": seconds,
                "errors": sum(r["errors"] for r in results), "torn": sum(r["torn"] for r in counted),
                "mismatches": sum(r["mismatches"] for r in counted),
                "checked": sum(r["checked"] for r in counted), "searches": len(times),
@@ -430,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it, then forks the readers: gunicorn --preload)")
     ap.add_argument("--cache-bytes", type=int, default=None,
                     help="LanceDB readers' cache_bytes (the bound of LanceDB's caches in each reader)")
+    ap.add_argument("--encode", action="store_true",
+                    help="each reader encodes its queries with the embedded default encoder first, loaded by "
+                         "the preloading parent in preload mode (a served worker: examples/serve_store.py)")
     args = ap.parse_args(argv)
     modes = tuple(args.modes.split(","))
     if set(modes) - {"plain", "preload"}:
@@ -441,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 counts = [int(x) for x in args.readers.split(",")]
                 opts = {"cache_bytes": args.cache_bytes} if backend == "lancedb" and args.cache_bytes else {}
-                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens, modes, opts)
+                rows += run(backend, args.docs, args.seconds, counts, workdir, args.tokens, modes, opts,
+                            args.encode)
             except ImportError as e:
                 print(f"{backend}: skipped ({e})", flush=True)
     finally:

@@ -300,8 +300,8 @@ def test_shared_readers_checks_lancedbs_answers_on_the_version_they_read(tmp_pat
         right = [h.id for h in store.search(q, k=bench.K)]
         store._tbl.checkout_latest()
     checks, out = queue.Queue(), queue.Queue()
-    for item in [("t", whole, 100, 3, right), ("t", whole, 100, 3, right[::-1]), ("t", part, 100, 3, right),
-                 ("t", 10**6, 100, 3, right), None]:  # 10**6: no such version (as one pruned)
+    for item in [("t", whole, q, right), ("t", whole, q, right[::-1]), ("t", part, q, right),
+                 ("t", 10**6, q, right), None]:  # 10**6: no such version (as one pruned)
         checks.put(item)
     bench._check_lancedb(str(tmp_path), checks, out)
     res = out.get_nowait()
