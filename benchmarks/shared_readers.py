@@ -10,8 +10,11 @@ batches of its own. Reported per backend and reader count:
   writes only);
 * ``mismatches``: hits whose score is not the exact MaxSim of that document's stored vectors
   (float16 stores: within 2e-2), and, for the exact store, answers whose ids are not the exact
-  top k of the snapshot the search read (``checked`` counts the answers whose snapshot every
-  check read too: no write landed in between; the torn-batch check counts those as well);
+  top k of the snapshot the search read (equal float32 scores in the order stored: the store's
+  rule; two random documents did tie: 12.667008853 and 12.667009006 are one float32), and for
+  LanceDB answers whose exact scores are not the exact top k's (``checked`` counts the answers
+  whose snapshot every check read too: no write landed in between; the torn-batch check counts
+  those as well);
 * ``qps``: aggregate searches per second of search time over the readers (each reader's
   searches / the seconds its searches took, summed; checking is not timed), p50/p95 in ms;
 * ``rss_mib`` / ``pss_mib``: resident and proportional memory of each reader at the end, read
@@ -148,7 +151,7 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
     from uibk_embedding.maxsim import maxsim
 
     res: dict[str, Any] = {"errors": 0, "torn": 0, "mismatches": 0, "checked": 0, "times": [],
-                           "first_error": None}
+                           "first_error": None, "first_mismatch": None}
     try:
         if store is None:
             store = _open(backend, path, read_only=True, **(opts or {}))
@@ -171,7 +174,11 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
                 recs = {r.id: r for r in store.get([h.id for h in hits])}
                 for h in hits:  # documents are never overwritten here: a hit's vectors are its own
                     off = abs(maxsim(q, recs[h.id].vectors) - h.score) if h.id in recs else 0.0
-                    res["mismatches"] += off > tol * max(1, abs(h.score))
+                    if off > tol * max(1, abs(h.score)):
+                        res["mismatches"] += 1
+                        res["first_mismatch"] = res["first_mismatch"] or (
+                            f"search {i}: {h.id} scored {h.score!r}, its stored vectors {h.score - off!r} or "
+                            f"{h.score + off!r} (snapshot {snapshot})")
                 if backend == "lancedb":  # a separate process checks the version it read
                     if checks is not None and version == store._tbl.version:  # no write landed between
                         with contextlib.suppress(queue.Full):
@@ -180,7 +187,8 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
                 batches: dict[Any, int] = {}
                 for _, md in store.scan(filter={"batch": {"$exists": True}}):
                     batches[md["batch"]] = batches.get(md["batch"], 0) + 1
-                want = sorted(store.scores(q).items(), key=lambda t: (-t[1], t[0]))[:K] \
+                # the store's own rule: equal scores in the order stored (scores() lists them so)
+                want = sorted(store.scores(q).items(), key=lambda t: -t[1])[:K] \
                     if backend == "exact" else None
                 if store._data_version != snapshot:  # a write landed meanwhile: another snapshot
                     continue
@@ -188,6 +196,9 @@ def _reader(backend: str, path: str, seconds: float, seed: int, out: Any, writer
                 res["torn"] += sum(1 for n in batches.values() if n != 5)
                 if want is not None and [h.id for h in hits] != [x for x, _ in want]:
                     res["mismatches"] += 1
+                    res["first_mismatch"] = res["first_mismatch"] or (
+                        f"search {i} (snapshot {snapshot}): {[(h.id, h.score) for h in hits]} against the "
+                        f"exact top k {want}")
             except Exception:  # counted, and the first one kept
                 res["errors"] += 1
                 res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
@@ -250,8 +261,9 @@ def _check_lancedb(path: str, checks: Any, out: Any) -> None:
     """LanceDB's answers checked on the snapshot they read, in a process of its own (its reads
     are no reader's memory). A reader sends ``(table, version, query, ids)`` for a search
     that read one table version (the newest before the search and still the newest after it);
-    this compares ``ids`` with the exact top k of that version's rows, read again from the
-    folder and scored here, and counts the version's writer batches held in part (``torn``).
+    this compares the exact scores of ``ids`` with those of the exact top k of that version's
+    rows, read again from the folder and scored here (equal scores in any order: LanceDB's own
+    among ties), and counts the version's writer batches held in part (``torn``).
     A version pruned before it was read is counted in ``pruned``; ``None`` ends it."""
     import lancedb
 
@@ -274,15 +286,16 @@ def _check_lancedb(path: str, checks: Any, out: Any) -> None:
             vectors = rows["vectors"].chunk(0)  # list<fixed_size_list<float, 128>>
             mat = vectors.values.values.to_numpy(zero_copy_only=False).reshape(-1, 128)
             scores = maxsim_scores([q], mat, vectors.offsets.to_numpy())[0]
-            want = sorted(zip(rows["id"].to_pylist(), scores.tolist(), strict=True),
-                          key=lambda t: (-t[1], t[0]))[:K]
+            exact = dict(zip(rows["id"].to_pylist(), scores.tolist(), strict=True))
+            best = sorted(exact.values(), reverse=True)[:K]
             batches: dict[Any, int] = {}
             for md in map(json.loads, rows["metadata"].to_pylist()):
                 if "batch" in md:
                     batches[md["batch"]] = batches.get(md["batch"], 0) + 1
             res["checked"] += 1
             res["torn"] += sum(1 for n in batches.values() if n != 5)
-            res["mismatches"] += ids != [x for x, _ in want]
+            # the exact top k's scores, in order (LanceDB's order among equal scores is its own)
+            res["mismatches"] += [exact.get(x) for x in ids] != best
         except Exception:
             res["errors"] += 1
             res["first_error"] = res["first_error"] or traceback.format_exc()[-1500:]
@@ -423,7 +436,9 @@ def run(backend: str, n_docs: int, seconds: float, reader_counts: list[int], wor
                "store_mib": round(pss - base, 1) if bases else None,
                "parent_pss_mib": round(parent["pss_mib"], 1) if parent and "pss_mib" in parent else None,
                "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)],
-               "first_error": next((r["first_error"] for r in results if r["first_error"]), None)}
+               "first_error": next((r["first_error"] for r in results if r["first_error"]), None),
+               "first_mismatch": next((r["first_mismatch"] for r in readers if r.get("first_mismatch")),
+                                      None)}
         first = next((r for r in rows if r["mode"] == mode), row)
         for key, name in (("pss_total_mib", "pss_ratio"), ("baseline_pss_mib", "baseline_ratio"),
                           ("store_mib", "store_ratio")):
