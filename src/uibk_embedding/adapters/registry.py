@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from uibk_embedding._optional import require
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.errors import CollectionMismatch, StoreNotFound, UnknownBackend
 
@@ -77,8 +78,6 @@ def import_engine(backend: str) -> None:
     unknown backend 'nosuch'; known:
     """
     factory = backend_factory(backend)
-    from uibk_embedding._optional import require
-
     module = importlib.import_module(factory.__module__)
     for name in getattr(module, "ENGINE_MODULES", ()):
         require(name, BACKENDS[backend][1], f"the {backend} adapter")
