@@ -166,9 +166,9 @@ class LanceDBStore(MultiVectorStore):
     cache_bytes: the most bytes this store's LanceDB caches hold (a ``lancedb.Session``: half for
         its index cache, half for its metadata cache; the session's own ~150 bytes of bookkeeping
         aside); ``None``: LanceDB's own (6 GiB and 1 GiB, filled as they are used). A reader beside
-        a writer caches every new version's metadata: 4 prefork readers of 5,000 documents took 2.3x
-        the memory of one with LanceDB's caches, 1.4-1.5x with ``cache_bytes=32 << 20``
-        (docs/serving.md).
+        a writer caches every new version's metadata: one of an unindexed table held 27 MiB private
+        after 45 s with ``cache_bytes=8 << 20``, 22 MiB with ``1 << 20``, at the same searches per
+        second (docs/serving.md).
 
     >>> import numpy as np, tempfile; from uibk_embedding.testing import make_list
     >>> d, rng = tempfile.mkdtemp(), np.random.default_rng(0)
@@ -228,7 +228,7 @@ class LanceDBStore(MultiVectorStore):
         # freed: 500+ MiB private per reader of NPL's table after 5 searches (benchmarks/results/
         # reader_memory.md), ~10 MiB with the threshold fixed (process-wide; UIBK_MALLOC_TUNING=0 off)
         fix_mmap_threshold()
-        self._session = None if cache_bytes is None else self._ldb.Session(  # each bounds one cache
+        self._session = None if cache_bytes is None else self._ldb.Session(  # half the bound each
             index_cache_size_bytes=cache_bytes // 2, metadata_cache_size_bytes=cache_bytes - cache_bytes // 2)
         self._db = None if local_missing and not create else self._ldb.connect(
             self.uri, read_consistency_interval=timedelta(0),  # every read: the latest version, any writer's
