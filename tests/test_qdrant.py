@@ -670,6 +670,45 @@ def test_an_edge_shard_without_our_record_gets_one_on_reopen(tmp_path):
             assert s.format == kept
 
 
+def test_an_edge_creation_killed_before_the_engines_config_is_made_again(tmp_path, fmt, rng):
+    """``EdgeShard.create`` writes ``wal/`` and ``segments/`` before ``edge_config.json``: a kill
+    in between left a folder that every later open refused as "not an Edge shard" (the crash test
+    hit it under load). Such a folder is cleared and created again; one holding anything else is
+    still refused and kept as it is."""
+    import shutil
+
+    from uibk_embedding.adapters.qdrant_edge import CONFIG_FILE, EDGE_CONFIG
+
+    made = tmp_path / "made"
+    QdrantEdgeStore(path=made).close()
+    killed = {  # what the kills left, in the order the engine writes: real engine files
+        "wal-only": ["wal"],
+        "wal-and-segments": ["wal", "segments"],
+        "with-temporaries": ["wal", "segments", ".atomicwriteAbC123", ".tmp-uibk-1-2-" + CONFIG_FILE],
+    }
+    for name, left in killed.items():
+        path = tmp_path / name
+        path.mkdir()
+        for entry in left:
+            if (made / entry).is_dir():
+                shutil.copytree(made / entry, path / entry)
+            else:
+                (path / entry).mkdir() if entry.startswith(".atomicwrite") else (path / entry).write_text("{")
+        lists = [make_list(fmt, rng, 4), make_list(fmt, rng, 5)]
+        with QdrantEdgeStore(path=path, format=fmt) as s:
+            s.upsert(["a", "b"], lists)
+        with QdrantEdgeStore(path=path) as s:
+            assert s.count() == 2 and s.format == fmt, name
+        assert not list(path.glob(".atomicwrite*")) and not list(path.glob(".tmp-uibk-*")), name
+    foreign = tmp_path / "foreign"
+    shutil.copytree(made / "wal", foreign / "wal")
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(CollectionMismatch, match="not an empty directory or an Edge shard"):
+        QdrantEdgeStore(path=foreign)
+    assert (foreign / "notes.txt").read_text() == "mine" and (foreign / "wal").is_dir()
+    assert not (foreign / EDGE_CONFIG).exists()
+
+
 def test_edge_flushes_before_a_redo_entry_is_removed(tmp_path, fmt, rng, monkeypatch):
     """The redo entry may go only once the shard is flushed (a power cut could otherwise lose
     the write and its entry both). Replays (on open, and after a failed write) removed entries

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from uibk_embedding._durable import atomic_write_text, fsync_tree
+from uibk_embedding._durable import TMP_PREFIX, atomic_write_text, fsync_dir, fsync_tree
 from uibk_embedding._optional import require
 from uibk_embedding._sqlite_state import lock_directory
 from uibk_embedding.adapters.base import Hit, check_positive, read_record, record_problems
@@ -64,6 +64,9 @@ from uibk_embedding.tagged import DIM, TaggedFormat
 CONFIG_FILE = "uibk_embedding.json"
 REDO_DIR = "uibk-redo"
 EDGE_CONFIG = "edge_config.json"
+_CREATION_DIRS = ("wal", "segments")
+"""What ``EdgeShard.create`` makes before it writes :data:`EDGE_CONFIG`."""
+_CREATION_TMP = (".atomicwrite", TMP_PREFIX)
 
 
 class QdrantEdgeStore(_QdrantBase):
@@ -185,18 +188,42 @@ class QdrantEdgeStore(_QdrantBase):
                 raise ValueError(f"max_search_threads is set when a shard is created; {self.path} "
                                  "exists: open it without max_search_threads")
             self.shard = self._engine_open(lambda: e.EdgeShard.load(str(self.path), None))
+            for leftover in self.path.glob(TMP_PREFIX + "*"):  # a record write that was killed
+                leftover.unlink()
             if not recorded:  # finish that creation: later opens check their format against it
                 self._write_record()
             self._redo = RedoLog(self.path / REDO_DIR)
             self._replay(self._redo)
             return
-        if self.path.exists() and any(self.path.iterdir()):
+        self._clear_unfinished_creation()
+        if any(self.path.iterdir()):
             raise CollectionMismatch(f"{self.path} exists and is not an empty directory or an Edge "
                                      "shard; refusing to write into it")
         config = self._config(max_search_threads)
         self.shard = self._engine_open(lambda: e.EdgeShard.create(str(self.path), config))
         self._write_record()
         self._redo = RedoLog(self.path / REDO_DIR)
+
+    def _clear_unfinished_creation(self) -> None:
+        """Remove what a creation killed before the engine wrote its configuration left behind.
+
+        ``EdgeShard.create`` makes ``wal/`` (with its first segment files) and ``segments/``
+        before it writes ``edge_config.json``; a process killed in between leaves a folder that no
+        engine can load and that holds no data (a write needs the store open, which needs our
+        record, which comes after the configuration). Only those names and the temporary files of
+        the engine (``.atomicwrite*``) and ours (``.tmp-uibk-*``) are removed, and only when every
+        entry of the folder is one of them: a folder with anything else is left as it is.
+        """
+        entries = list(self.path.iterdir())
+        if not entries or not all(p.name in _CREATION_DIRS or p.name.startswith(_CREATION_TMP)
+                                  for p in entries):
+            return
+        for p in entries:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        fsync_dir(self.path)
 
     def _write_record(self) -> None:
         """Our record (``uibk_embedding.json``: backend, version, format), written durably once
