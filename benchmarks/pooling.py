@@ -1,12 +1,16 @@
-"""Token pooling at index time (issue #59): stored vectors and nDCG@10 at pool factor 1, 2 and 3.
+"""Token pooling at index time (issue #59): stored vectors and nDCG@10 at pool factor 1, 2 and 3,
+by each pooling method (``content``, the default, and ``ward``).
 
 For every BEIR collection under the shared datasets folder (``$UIBK_DATASETS`` or
 ``../shared/datasets``; read from there, never copied), with the embedded default encoder and the
 exact store (in memory, exact MaxSim): the corpus is encoded once (``pool_factor=1``, cached by
-:func:`~uibk_embedding.apps.evaluation.encode_collection`), then each pool factor's lists are
-those lists pooled by :func:`~uibk_embedding.token_pooling.pool_documents`, the function the
-encoder's ``pool_factor=`` runs on each batch it encodes (checked here on a sample: an encoder
-made with ``pool_factor=p`` gives the same lists, within the model's float noise across batches).
+:func:`~uibk_embedding.apps.evaluation.encode_collection`), then each pool factor's and method's
+lists are those lists pooled by :func:`~uibk_embedding.token_pooling.pool_documents`, the
+function the encoder's ``pool_factor=`` runs on each batch it encodes, with the encoder's own
+token rows (``encoder.token_rows``) and, for ``content``, the frequent ids fitted on the
+collection (``encoder.fit_pooling``, as ``uibk-embed index`` does). Checked here on a sample: an
+encoder made with that pooling gives the same lists, within the model's float noise across
+batches.
 Each pool factor's lists go into their own exact store opened with that format; the queries
 (never pooled) are searched at the encoder's dense weight, top 100, and scored with the
 metrics of ``uibk-embed eval``. Recall@10 against pool factor 1 (the same store's top 10
@@ -71,28 +75,36 @@ from uibk_embedding.apps.data import load_beir
 from uibk_embedding.apps.evaluation import Encoded, encode_collection, fused_run, index_into
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.metrics import evaluate, overlap_at_k
-from uibk_embedding.tagged import N_SLOTS
+from uibk_embedding.tagged import N_SLOTS, POOL_METHODS
 from uibk_embedding.testing.specs import datasets_dir
-from uibk_embedding.token_pooling import pool_clusters, pool_documents, pooled_token_count, ward_clusters
+from uibk_embedding.token_pooling import (
+    STOPWORDS,
+    numbered_by_first,
+    pool_clusters,
+    pool_documents,
+    pooled_token_count,
+    ward_clusters,
+)
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = 32  # documents encoded again through the encoder's own pool_factor= as a check
 
 
-def check_option_path(texts: list[str], pooled: list[np.ndarray], pool_factor: int) -> float:
-    """Encode ``texts`` with ``load_encoder(pool_factor=...)`` and return the largest difference
-    from ``pooled`` (the lists pooled here); a shape that differs is an error."""
-    enc = load_encoder(pool_factor=pool_factor)
+def check_option_path(enc: Any, texts: list[str], pooled: list[np.ndarray]) -> float:
+    """Encode ``texts`` with ``enc`` (an encoder made with the pooling, fitted as the benchmark's
+    lists were) and return the largest difference from ``pooled`` (the lists pooled here); a shape
+    that differs is an error."""
     got = enc.encode_documents(texts, show_progress=False)
     worst = 0.0
     for a, b in zip(got, pooled, strict=True):
         if a.shape != b.shape:
-            raise AssertionError(f"pool_factor={pool_factor}: the encoder gave {a.shape}, pooling {b.shape}")
+            raise AssertionError(f"{enc.format.pool_method} pool_factor={enc.format.pool_factor}: the "
+                                 f"encoder gave {a.shape}, pooling {b.shape}")
         worst = max(worst, float(np.abs(a - b).max()))
     return worst
 
 
-def run_collection(name: str, factors: list[int]) -> dict:
+def run_collection(name: str, factors: list[int], methods: Sequence[str] = POOL_METHODS) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         coll = load_beir(datasets_dir() / name)
@@ -100,49 +112,63 @@ def run_collection(name: str, factors: list[int]) -> dict:
         t0 = time.perf_counter()
         base = encode_collection(enc, coll)
     encode_s = time.perf_counter() - t0
+    texts = [d.full_text for d in coll.corpus]
     print(f"{name}: {len(base.docs)} documents, {len(base.queries)} queries, encoded (or read from the "
           f"cache) in {encode_s:.1f} s", flush=True)
     rows = []
     reference: dict[str, list[str]] | None = None
     for p in factors:
-        fmt = replace(enc.format, pool_factor=p)
-        t0 = time.perf_counter()
-        docs = pool_documents(base.docs, fmt)
-        pool_s = time.perf_counter() - t0
-        drift = check_option_path([d.full_text for d in coll.corpus[:SAMPLE]], docs[:SAMPLE], p)
-        store = open_store("exact", format=fmt)
-        index_into(store, Encoded(base.doc_ids, docs, base.query_ids, base.queries), coll,
-                   show_progress=False)
-        t0 = time.perf_counter()
-        run = fused_run(store, Encoded(base.doc_ids, docs, base.query_ids, base.queries), enc.dense_weight)
-        search_s = time.perf_counter() - t0
-        per_query = []
-        for q in base.queries[: min(50, len(base.queries))]:  # p50 over single searches
-            t1 = time.perf_counter()
-            store.search(q, k=10)
-            per_query.append(time.perf_counter() - t1)
-        store.close()
-        if reference is None:
-            reference = run
-        m = evaluate(run, coll.qrels)
-        row = {
-            "pool_factor": p,
-            "documents": len(docs),
-            "stored_vectors": int(sum(len(d) for d in docs)),
-            "token_vectors": int(sum(len(d) - N_SLOTS for d in docs)),
-            "ndcg@10": m["ndcg@10"],
-            "recall@10": m["recall@10"],
-            "recall@100": m["recall@100"],
-            "overlap@10_vs_pool1": overlap_at_k(run, reference, 10),
-            "pool_seconds": pool_s,
-            "search_all_seconds": search_s,
-            "search_p50_ms": 1000 * float(np.median(per_query)),
-            "option_path_max_abs_diff": drift,
-        }
-        rows.append(row)
-        print(f"  pool {p}: {row['stored_vectors']:,} vectors ({row['token_vectors']:,} tokens), "
-              f"nDCG@10 {row['ndcg@10']:.4f}, pooled in {pool_s:.1f} s, p50 {row['search_p50_ms']:.1f} ms",
-              flush=True)
+        for method in methods if p > 1 else ("none",):
+            # the encoder a user makes: load_encoder(pool_factor=p, pool_method=...), fitted on the
+            # collection as `uibk-embed index` does (the content method's frequent ids)
+            pooled_enc = load_encoder(pool_factor=p, pool_method=None if p == 1 else method)
+            t0 = time.perf_counter()
+            fit_s = 0.0
+            token_rows = None
+            if p > 1 and method == "content":
+                pooled_enc.fit_pooling(texts, show_progress=False)
+                fit_s = time.perf_counter() - t0
+                token_rows = pooled_enc.token_rows(texts)
+            docs = pool_documents(base.docs, pooled_enc.format, token_rows)
+            pool_s = time.perf_counter() - t0
+            drift = check_option_path(pooled_enc, texts[:SAMPLE], docs[:SAMPLE])
+            store = open_store("exact", format=pooled_enc.format)
+            index_into(store, Encoded(base.doc_ids, docs, base.query_ids, base.queries), coll,
+                       show_progress=False)
+            t0 = time.perf_counter()
+            encoded = Encoded(base.doc_ids, docs, base.query_ids, base.queries)
+            run = fused_run(store, encoded, enc.dense_weight)
+            search_s = time.perf_counter() - t0
+            per_query = []
+            for q in base.queries[: min(50, len(base.queries))]:  # p50 over single searches
+                t1 = time.perf_counter()
+                store.search(q, k=10)
+                per_query.append(time.perf_counter() - t1)
+            store.close()
+            if reference is None:
+                reference = run
+            m = evaluate(run, coll.qrels)
+            row = {
+                "pool_factor": p,
+                "pool_method": method,
+                "frequent_ids": len(pooled_enc.format.pool_frequent_ids),
+                "documents": len(docs),
+                "stored_vectors": int(sum(len(d) for d in docs)),
+                "token_vectors": int(sum(len(d) - N_SLOTS for d in docs)),
+                "ndcg@10": m["ndcg@10"],
+                "recall@10": m["recall@10"],
+                "recall@100": m["recall@100"],
+                "overlap@10_vs_pool1": overlap_at_k(run, reference, 10),
+                "fit_seconds": fit_s,
+                "pool_seconds": pool_s,
+                "search_all_seconds": search_s,
+                "search_p50_ms": 1000 * float(np.median(per_query)),
+                "option_path_max_abs_diff": drift,
+            }
+            rows.append(row)
+            print(f"  pool {p} {method}: {row['stored_vectors']:,} vectors ({row['token_vectors']:,} "
+                  f"tokens), nDCG@10 {row['ndcg@10']:.4f}, pooled in {pool_s:.1f} s, p50 "
+                  f"{row['search_p50_ms']:.1f} ms", flush=True)
     one = rows[0]
     for r in rows:
         r["stored_ratio"] = r["stored_vectors"] / one["stored_vectors"]
@@ -158,38 +184,43 @@ def markdown(report: dict) -> str:
         "# Token pooling at index time: stored vectors and nDCG@10",
         "",
         f"Run {report['date']} on {report['machine']} ({report['cpus']} CPUs), `benchmarks/pooling.py`; "
-        f"load average {report['loadavg_start']} at the start, {report['loadavg_end']} at the end: the "
-        "cores were shared with other work, so the timing columns are not quiet figures (nDCG, recall "
-        "and the vector counts do not depend on load).",
+        f"load average {report['loadavg_start']} at the start, {report['loadavg_end']} at the end "
+        "(the timing columns are quiet figures only where nothing else ran; nDCG, recall and the "
+        "vector counts do not depend on load).",
         "",
         f"Embedded default encoder (dense weight {w:g}), exact store (exact MaxSim, in memory), queries "
         "never pooled. Stored vectors count the three slot vectors of every document, which are never "
         "pooled; token vectors are pooled to `max(n // pool_factor, 1)` per document. Aim (issue #59): "
         "pool factor 2 halves stored vectors with nDCG@10 within 0.5 points on every shared collection.",
         "",
-        "| collection | pool factor | stored vectors | ratio | token vectors | ratio | nDCG@10 "
+        "Methods (`pool_method`): `content`, the default (function tokens out, the collection's token "
+        "ids in >= 90% of its documents counted as function tokens, content average-linked inside "
+        "segments; fitted on the collection as `uibk-embed index` does, the count of frequent ids in "
+        "the JSON), and `ward` (Ward's clustering of every token, PyLate's `pool_factor`).",
+        "",
+        "| collection | pool factor | method | stored vectors | ratio | token vectors | ratio | nDCG@10 "
         "| delta (points) | recall@10 | recall@100 | overlap@10 vs pool 1 | pooling s | search p50 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in report["collections"]:
         for r in c["rows"]:
             lines.append(
-                f"| {c['collection']} | {r['pool_factor']} | {r['stored_vectors']:,} "
+                f"| {c['collection']} | {r['pool_factor']} | {r.get('pool_method', 'ward')} "
+                f"| {r['stored_vectors']:,} "
                 f"| {r['stored_ratio']:.3f} | {r['token_vectors']:,} | {r['token_ratio']:.3f} "
                 f"| {r['ndcg@10']:.4f} | {r['ndcg@10_delta_points']:+.2f} | {r['recall@10']:.4f} "
                 f"| {r['recall@100']:.4f} | {r['overlap@10_vs_pool1']:.3f} | {r['pool_seconds']:.1f} "
                 f"| {r['search_p50_ms']:.1f} |")
     lines += ["", "## Against the aim", ""]
     for c in report["collections"]:
-        two = next((r for r in c["rows"] if r["pool_factor"] == 2), None)
-        if two is None:
-            continue
-        halved = "halved" if two["stored_ratio"] <= 0.5 else "not halved"
-        d = two["ndcg@10_delta_points"]
-        within = "within 0.5 points (or better)" if d >= -0.5 else "more than 0.5 points worse"
-        lines.append(
-            f"- {c['collection']}: pool factor 2 keeps {two['stored_ratio']:.1%} of stored vectors "
-            f"({two['token_ratio']:.1%} of token vectors): {halved}; nDCG@10 {d:+.2f} points: {within}.")
+        for two in (r for r in c["rows"] if r["pool_factor"] == 2):
+            halved = "halved" if two["token_ratio"] <= 0.5 else "not halved"
+            d = two["ndcg@10_delta_points"]
+            within = "within 0.5 points (or better)" if d >= -0.5 else "more than 0.5 points worse"
+            lines.append(
+                f"- {c['collection']}, {two.get('pool_method', 'ward')}: pool factor 2 keeps "
+                f"{two['token_ratio']:.1%} of token vectors ({two['stored_ratio']:.1%} of stored vectors, "
+                f"slots included): {halved}; nDCG@10 {d:+.2f} points: {within}.")
     lines += ["", "The lists of each pool factor are the pool factor 1 lists pooled with the function "
               "the encoder's `pool_factor=` runs; on the first "
               f"{SAMPLE} documents of every collection an encoder made with that pool factor gave the "
@@ -204,12 +235,7 @@ MINIMAX_STEPS = 30  # Badoiu-Clarkson steps towards the smallest cap holding a c
 SHORT = 16  # "long documents harder": documents of at most this many tokens are not pooled
 
 
-def _by_first(labels: np.ndarray) -> np.ndarray:
-    """Labels renumbered 0 .. k - 1 in the order of each cluster's first row."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[inverse]
+_by_first = numbered_by_first  # labels renumbered 0 .. k - 1 by each cluster's first row
 
 
 def _units(bodies: np.ndarray) -> np.ndarray:
@@ -317,21 +343,8 @@ def long_harder_keep(lengths: list[int], short: int = SHORT, target: float = 0.5
 
 
 # -- token-aware levers: what the tokenizer says about each token row ----------------------
-#: English function words (NLTK's English stopword list, lower case). A token is a function
-#: word only when it is a whole word: the first piece of a longer word ("as" of "as ##ym
-#: ##metry") is not.
-STOPWORDS = frozenset("""
-a about above after again against ain all am an and any are aren aren't as at be because been
-before being below between both but by can couldn couldn't d did didn didn't do does doesn
-doesn't doing don don't down during each few for from further had hadn hadn't has hasn hasn't
-have haven haven't having he her here hers herself him himself his how i if in into is isn isn't
-it it's its itself just ll m ma me mightn mightn't more most mustn mustn't my myself needn
-needn't no nor not now o of off on once only or other our ours ourselves out over own re s same
-shan shan't she she's should should've shouldn shouldn't so some such t than that that'll the
-their theirs them themselves then there these they this those through to too under until up
-ve very was wasn wasn't we were weren weren't what when where which while who whom why will
-with won won't wouldn wouldn't y you you'd you'll you're you've your yours yourself yourselves
-""".split())
+# the product's stopword list (a token is one only when it is a whole word)
+
 
 CONTENT, CONTINUATION, FUNCTION = 0, 1, 2  # token kinds (token_kinds)
 
@@ -962,6 +975,8 @@ def main() -> None:
     ap.add_argument("--collections", nargs="*", default=None, help="folders under the datasets folder "
                     "(default: every one with a corpus.jsonl)")
     ap.add_argument("--factors", nargs="*", type=int, default=[1, 2, 3])
+    ap.add_argument("--methods", nargs="*", choices=list(POOL_METHODS), default=list(POOL_METHODS),
+                    help="pooling methods to measure at each factor above 1 (default: both)")
     ap.add_argument("--out", default=None, help="output stem (default results/pooling, with --levers "
                     "results/pooling_levers)")
     ap.add_argument("--levers", action="store_true", help="compare ways to pool by 2 (issue #59) "
@@ -1001,7 +1016,8 @@ def main() -> None:
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "datasets": str(root),
         "factors": factors,
-        "collections": [run_collection(n, factors) for n in names],
+        "methods": args.methods,
+        "collections": [run_collection(n, factors, args.methods) for n in names],
     }
     report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out or HERE / "results" / "pooling")

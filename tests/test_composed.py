@@ -624,3 +624,25 @@ def test_cli_export_st_writes_the_composed_encoder(models, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == listing
     with pytest.raises(SystemExit, match=r"uibk-embed export-st OUT"):
         cli.main(["export-pylate", str(tmp_path / "pylate"), *both])
+
+
+@pytest.mark.parametrize("colbert", ["colbert", "colbert_st6"])
+def test_content_pooling_reads_the_token_ids_of_the_kept_rows(models, colbert):
+    """The content method needs each emitted token row's id: for a dense + token pair they are the
+    ids at the positions the token model keeps (its document skiplist drops punctuation)."""
+    from uibk_embedding.tagged import N_SLOTS
+    from uibk_embedding.token_pooling import pool_tokens
+
+    texts = ["the lift of a wing , and the drag of the wing", "wing"]
+    plain = load_encoder(dense=models["dense"], tokens=models[colbert], device="cpu")
+    pooled = load_encoder(dense=models["dense"], tokens=models[colbert], device="cpu", pool_factor=2)
+    tb = pooled._tokenize(texts, False)
+    ids = pooled._row_token_ids(tb)
+    tok = pooled.colbert.tokenizer
+    words = tok.convert_ids_to_tokens([int(i) for i in ids[0]])
+    assert "lift" in words and "wing" in words and "," not in words  # kept rows, skiplist applied
+    rows = pooled.token_rows(texts)
+    for a, b, r in zip(plain.encode_documents(texts), pooled.encode_documents(texts), rows, strict=True):
+        assert len(r.function) == len(a) - N_SLOTS
+        assert len(b) - N_SLOTS == max((len(a) - N_SLOTS) // 2, 1)
+        assert np.abs(b - pool_tokens(a, 2, pooled.format, r)).max() < 1e-5

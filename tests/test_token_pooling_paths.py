@@ -31,12 +31,14 @@ def pooled_encoder():
 def _assert_pooled(store, ids, encoder, texts=TEXTS):
     """The stored lists are the unpooled lists pooled by 2: slots exact, max(n // 2, 1) tokens."""
     plain = encoder.encode_documents(list(texts))
+    rows = encoder.token_rows(list(texts))
     by_id = {r.id: r.vectors for r in store.get(list(ids))}
-    for doc_id, ref in zip(ids, plain, strict=True):
+    assert store.format.pool_method == "content"
+    for doc_id, ref, r in zip(ids, plain, rows, strict=True):
         got = by_id[doc_id]
         assert len(got) - N_SLOTS == max((len(ref) - N_SLOTS) // 2, 1)
         assert got[:N_SLOTS].tobytes() == ref[:N_SLOTS].tobytes()
-        assert np.abs(got - pool_tokens(ref, 2, encoder.format)).max() < 1e-4
+        assert np.abs(got - pool_tokens(ref, 2, store.format, r)).max() < 1e-4
 
 
 def test_cli_index_pool_factor(tmp_path, capsys, encoder):
@@ -72,7 +74,8 @@ def test_langchain_passes_the_pool_factor(tmp_path, pooled_encoder, encoder):
         assert store.format.pool_factor == 2
         _assert_pooled(store, ["a", "b", "c"], encoder)
     store = open_store("exact", path=str(path), format=encoder.format)
-    with pytest.warns(UserWarning, match="pool_factor=2 and this encoder pools with pool_factor=1"):
+    with pytest.warns(UserWarning, match="pool_factor=2, pool_method='content' and this encoder's "
+                                         "documents get no pooling"):
         vs = UIBKVectorStore(encoder=encoder, store=store)
     assert vs.similarity_search("buckling of shells", k=1)[0].id == "c"
     with pytest.raises(CollectionMismatch, match="refuses these documents"):
@@ -119,8 +122,8 @@ def test_ray_path_actor_pools_and_refuses_another_pool_factor(tmp_path, encoder)
     with open_store("lancedb", uri=uri) as store:
         assert store.format.pool_factor == 2
         _assert_pooled(store, ["r0", "r1", "r2"], encoder)
-    with pytest.raises(CollectionMismatch, match="pooled with pool_factor=2 and this encoder pools with "
-                                                 "pool_factor=3"):
+    with pytest.raises(CollectionMismatch, match="pooled with pool_factor=2, pool_method='content' and "
+                                                 "this encoder's documents get pool_factor=3"):
         IndexWorker("lancedb", {"uri": uri}, encoder_options=with_pool_factor(None, None, None, 3))
     with pytest.raises(ValueError, match="disagree"):
         with_pool_factor(None, {"pool_factor": 3}, None, 2)
@@ -141,8 +144,72 @@ def test_a_pylate_folder_keeps_the_pool_factor(tmp_path):
         plain = load_encoder(folder, trust_remote_code=True, device="cpu")
         pooled = load_encoder(folder, trust_remote_code=True, device="cpu", pool_factor=2)
     assert plain.format.pool_factor == 1 and pooled.format.pool_factor == 2  # the probe kept it
-    for a, b in zip(plain.encode_documents(TEXTS), pooled.encode_documents(TEXTS), strict=True):
+    rows = pooled.token_rows(TEXTS)  # the folder's text positions: the native encoder's token rows
+    assert [r.function.tolist() for r in rows] == [r.function.tolist() for r in native.token_rows(TEXTS)]
+    for a, b, r in zip(plain.encode_documents(TEXTS), pooled.encode_documents(TEXTS), rows, strict=True):
         assert len(b) - N_SLOTS == max((len(a) - N_SLOTS) // 2, 1)
-        assert np.abs(b - pool_tokens(a, 2, plain.format)).max() < 1e-4
+        assert np.abs(b - pool_tokens(a, 2, pooled.format, r)).max() < 1e-4
     for a, b in zip(plain.encode_queries(TEXTS), pooled.encode_queries(TEXTS), strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_cli_index_fits_the_frequent_ids_and_later_runs_adopt_them(tmp_path, capsys, real_data):
+    """``index --pool-factor 2`` reads the corpus's token frequencies before encoding (the content
+    method's frequent ids, recorded with the store); a later run on other documents adopts the
+    store's ids; ``--pool-method`` chooses the method and is checked like the factor."""
+    from uibk_embedding.encoder import load_encoder
+
+    def corpus(name, texts, start):
+        f = tmp_path / name
+        f.write_text("".join(json.dumps({"id": f"d{start + i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+        return str(f)
+
+    first, second = real_data.texts[:60], real_data.texts[60:90]
+    path = str(tmp_path / "idx")
+    assert main(["index", corpus("a.jsonl", first, 0), "--path", path, "--pool-factor", "2", "--quiet"]) == 0
+    expected = load_encoder(pool_factor=2).fit_pooling(first)
+    with open_store("exact", path=path) as store:
+        assert store.format.pool_method == "content" and store.format.pool_frequent_ids == expected
+        assert len(expected) > 0
+    assert main(["index", corpus("b.jsonl", second, 60), "--path", path, "--pool-factor", "2", "--quiet"]) == 0
+    with open_store("exact", path=path) as store:
+        assert store.format.pool_frequent_ids == expected and store.count() == 90
+        fitted = load_encoder(pool_factor=2)
+        fitted.adopt_pooling(store.format)
+        ref = fitted.encode_documents([second[0]])[0]
+        assert store.get(["d60"])[0].vectors.shape == ref.shape
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["index", corpus("c.jsonl", second[:2], 90), "--path", path, "--pool-factor", "2",
+              "--pool-method", "ward", "--quiet"])
+    err = capsys.readouterr().err
+    assert "pool_method='content'" in err and "pool_method='ward'" in err
+    ward = str(tmp_path / "ward")
+    assert main(["index", corpus("d.jsonl", first, 0), "--path", ward, "--pool-factor", "2",
+                 "--pool-method", "ward", "--quiet"]) == 0
+    with open_store("exact", path=ward) as store:
+        assert store.format.pool_method == "ward" and store.format.pool_frequent_ids == ()
+        plain = load_encoder().encode_documents([first[0]])[0]
+        assert np.abs(store.get(["d0"])[0].vectors - pool_tokens(plain, 2, store.format)).max() < 1e-4
+
+
+def test_ray_actor_adopts_the_frequent_ids_a_store_recorded(tmp_path, real_data):
+    pytest.importorskip("lancedb")
+    from uibk_embedding.apps.distributed import IndexWorker, with_pool_factor
+    from uibk_embedding.encoder import load_encoder
+
+    fitted = load_encoder(pool_factor=2)
+    frequent = fitted.fit_pooling(real_data.texts)
+    uri = str(tmp_path / "db")
+    open_store("lancedb", uri=uri, format=fitted.format).close()  # a store made from the corpus
+    worker = IndexWorker("lancedb", {"uri": uri}, encoder_options=with_pool_factor(None, None, None, 2))
+    assert worker.encoders[0].format.pool_frequent_ids == frequent
+    texts = real_data.texts[:2]
+    worker({"_id": np.array(["r0", "r1"]), "_text": np.array(texts), "_title": np.array(["", ""]),
+            "_body": np.array(texts), "_meta": np.array(["{}", "{}"]), "_pos": np.arange(2),
+            "_error": np.array(["", ""])})
+    worker.store.close()
+    with open_store("lancedb", uri=uri) as store:
+        got = {r.id: r.vectors for r in store.get(["r0", "r1"])}
+    for i, ref in enumerate(fitted.encode_documents(texts)):
+        assert got[f"r{i}"].shape == ref.shape and np.abs(got[f"r{i}"] - ref).max() < 1e-4

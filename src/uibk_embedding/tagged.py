@@ -113,6 +113,11 @@ relative), and a lambda 0.05 away (slot tag 0.97% away) is refused; formats clos
 are not told apart. A PyLate folder's probe snaps its constants to the 0.05 grid only within
 half of it (:func:`~uibk_embedding.encoder.pylate_model.probe_format`)."""
 MAX_POOL_FACTOR = 64
+POOL_METHODS = ("content", "ward")
+"""How :mod:`~uibk_embedding.token_pooling` merges a document's token rows: ``"content"`` (the
+default since 0.5: function tokens out, the content average-linked inside segments) or
+``"ward"`` (Ward's clustering of every token row, PyLate's ``pool_factor``; what stores pooled
+before 0.5 recorded no method and hold it)."""
 """The largest token pool factor (:mod:`uibk_embedding.token_pooling`): past it a document of the
 2048 tokens a document is read to keeps at most 32 token vectors (PyLate's users pool by 2 to 4)."""
 MAX_DENSE_WEIGHT = 1e6
@@ -245,6 +250,17 @@ class TaggedFormat:
         encoder of the same constants searches a pooled store), but a store records it and the
         paths that write an encoder's documents refuse another one
         (:func:`~uibk_embedding.token_pooling.check_pool_factor`). A record without it: 1.
+    pool_method:
+        How documents are pooled, one of :data:`POOL_METHODS` (docs/format.md#pooling):
+        ``"content"`` (the default) or ``"ward"``. Only meaningful with ``pool_factor > 1`` (at 1
+        it reads ``"content"`` whatever was given); a record of a pooled store without it:
+        ``"ward"``, the only method before 0.5. Recorded and checked like the pool factor.
+    pool_frequent_ids:
+        Token ids the ``"content"`` method treats as function words besides its stopword list:
+        the ids found in at least 90% of the collection's documents (a statistic of the corpus,
+        :func:`~uibk_embedding.token_pooling.frequent_token_ids`; set by
+        ``encoder.fit_pooling(texts)`` or ``uibk-embed index``). Sorted, unique; empty: none.
+        Recorded and checked like the pool factor.
 
     >>> TaggedFormat(lambda_=1.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -257,8 +273,21 @@ class TaggedFormat:
     n_slots: int = N_SLOTS
     projection: str | None = None
     pool_factor: int = 1
+    pool_method: str = "content"
+    pool_frequent_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.pool_method not in POOL_METHODS:
+            raise ValueError(f"pool_method must be one of {POOL_METHODS}, got {self.pool_method!r}")
+        ids = self.pool_frequent_ids
+        whole = (lambda i: isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0)  # noqa: E731
+        if not isinstance(ids, tuple | list) or not all(whole(i) for i in ids):
+            raise ValueError(f"pool_frequent_ids must be token ids (whole numbers >= 0), got {ids!r}")
+        object.__setattr__(self, "pool_frequent_ids", tuple(sorted({int(i) for i in ids})))
+        if self.pool_factor == 1 or self.pool_method == "ward":  # nothing pooled, or ids unused
+            object.__setattr__(self, "pool_frequent_ids", ())
+        if self.pool_factor == 1:
+            object.__setattr__(self, "pool_method", "content")
         if not (isinstance(self.beta, int | float) and 0 < self.beta < 1):
             raise ValueError(f"beta must be a number in (0, 1), got {self.beta!r}")
         if not (isinstance(self.lambda_, int | float) and math.isfinite(self.lambda_) and self.lambda_ > 0):
@@ -314,15 +343,18 @@ class TaggedFormat:
         return n_query_tokens * (1 - self.beta) + self.n_slots * dense_weight * (1 - self.delta)
 
     def to_dict(self) -> dict[str, float]:
-        """The constants (what an encoder's configuration records), and the pool factor when
+        """The constants (what an encoder's configuration records), and the pooling when
         documents are pooled (so an unpooled format's record is what it was before pooling).
 
         >>> TaggedFormat(pool_factor=2).to_dict()
-        {'beta': 0.9, 'lambda_': 0.75, 'n_slots': 3, 'pool_factor': 2}
+        {'beta': 0.9, 'lambda_': 0.75, 'n_slots': 3, 'pool_factor': 2, 'pool_method': 'content'}
         """
-        d = {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
+        d: dict[str, Any] = {"beta": self.beta, "lambda_": self.lambda_, "n_slots": self.n_slots}
         if self.pool_factor != 1:
             d["pool_factor"] = self.pool_factor
+            d["pool_method"] = self.pool_method
+            if self.pool_frequent_ids:
+                d["pool_frequent_ids"] = list(self.pool_frequent_ids)
         return d
 
     def to_stored(self) -> dict[str, Any]:
@@ -334,12 +366,14 @@ class TaggedFormat:
     @classmethod
     def from_dict(cls, d: dict) -> TaggedFormat:
         """Read :meth:`to_dict` or :meth:`to_stored` (no ``projection`` key: ``None``; no
-        ``pool_factor`` key: 1, a store or an encoder that pools nothing)."""
+        ``pool_factor`` key: 1, a store or an encoder that pools nothing; a pool factor without
+        ``pool_method``: ``"ward"``, what pooled before methods were recorded)."""
         pool = d.get("pool_factor", 1)
         if not isinstance(pool, int) or isinstance(pool, bool):
             raise ValueError(f"pool_factor must be a whole number, got {pool!r}")
         return cls(beta=float(d["beta"]), lambda_=float(d["lambda_"]), projection=d.get("projection"),
-                   pool_factor=pool)
+                   pool_factor=pool, pool_method=d.get("pool_method", "ward"),
+                   pool_frequent_ids=tuple(d.get("pool_frequent_ids") or ()))
 
     @classmethod
     def from_stored(cls, d: dict) -> TaggedFormat:

@@ -71,8 +71,8 @@ from uibk_embedding.encoder.pylate_model import save_sentence_transformers
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError, StoreNotFound, UIBKError
 from uibk_embedding.metrics import evaluate
-from uibk_embedding.tagged import MAX_POOL_FACTOR, RETRIEVAL_MODES, query_for_mode
-from uibk_embedding.token_pooling import check_pool_factor
+from uibk_embedding.tagged import MAX_POOL_FACTOR, POOL_METHODS, RETRIEVAL_MODES, query_for_mode
+from uibk_embedding.token_pooling import check_pool_factor, same_pooling_but_ids
 
 QUICKSTART_CORPUS = [
     ("wing-slipstream", "Experimental investigation of the lift on a wing in a propeller slipstream."),
@@ -437,9 +437,13 @@ def cmd_index(args: argparse.Namespace) -> int:
             _adopt_the_stores_encoder(args, opts)
         enc = _load_encoder(args, **_pool_option(args))
     saved_to = _fit_on_the_corpus(args, enc, docs, opts) if args.fit_projection else None
+    if hasattr(enc, "fit_pooling") and enc.format.pool_factor > 1 and enc.format.pool_method == "content":
+        enc.fit_pooling([d.full_text for d in docs], show_progress=False if args.quiet else None)
     made, store = _new_store_folder(args.backend, opts), None
     try:
         store = adapters.open_store(args.backend, format=enc.format, **opts)  # records the fitted projection
+        if hasattr(enc, "adopt_pooling") and same_pooling_but_ids(store.format, enc.format):
+            enc.adopt_pooling(store.format)  # a store keeps the frequent ids of its first corpus
         check_pool_factor(store.format, enc.format, f"the {args.backend} store")  # before any encoding
         if saved_to is not None:
             enc.save_projections(saved_to)  # after the store exists: a store folder holds it
@@ -465,10 +469,14 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pool_option(args: argparse.Namespace) -> dict[str, int]:
-    """``index --pool-factor N``: the encoder's ``pool_factor=`` (token pooling of the documents,
-    docs/format.md#pooling); none given: the encoder's own (1, off, unless its folder says)."""
-    return {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+def _pool_option(args: argparse.Namespace) -> dict[str, Any]:
+    """``index --pool-factor N [--pool-method M]``: the encoder's ``pool_factor=`` and
+    ``pool_method=`` (token pooling of the documents, docs/format.md#pooling); none given: the
+    encoder's own (1, off, unless its folder says)."""
+    out: dict[str, Any] = {} if args.pool_factor is None else {"pool_factor": args.pool_factor}
+    if getattr(args, "pool_method", None) is not None:
+        out["pool_method"] = args.pool_method
+    return out
 
 
 def _pool_factor_of_the_server(args: argparse.Namespace, enc: Any) -> None:
@@ -477,6 +485,10 @@ def _pool_factor_of_the_server(args: argparse.Namespace, enc: Any) -> None:
     if args.pool_factor is not None and args.pool_factor != served:
         raise SystemExit(f"uibk-embed: the server at {enc.url} encodes documents with pool_factor={served}, "
                          f"not --pool-factor {args.pool_factor}: a server pools as its encoder was made")
+    method = getattr(enc.format, "pool_method", "content")
+    if getattr(args, "pool_method", None) is not None and args.pool_method != method:
+        raise SystemExit(f"uibk-embed: the server at {enc.url} pools documents with pool_method={method!r}, "
+                         f"not --pool-method {args.pool_method}: a server pools as its encoder was made")
 
 
 def _pool_factor_arg(text: str) -> int:
@@ -977,6 +989,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token pooling at index time: each document keeps max(n // N, 1) of its n token "
                          "vectors, merged by clustering (slots and queries never pooled; the store "
                          "records N and refuses documents of another; default 1, off; docs/format.md)")
+    sp.add_argument("--pool-method", choices=list(POOL_METHODS), default=None,
+                    help="how --pool-factor merges token vectors: content (the default: function words "
+                         "out, content words merged within segments; the token ids in 90%% of the "
+                         "corpus count as function words, recorded with the store) or ward (Ward's "
+                         "clustering of every token, PyLate's pool_factor)")
     sp.add_argument("--no-store-text", dest="store_text", action="store_false",
                     help="do not keep the text in the metadata")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -57,7 +57,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ from uibk_embedding.encoder import load_encoder
 from uibk_embedding.encoder.remote import RemoteEncoder
 from uibk_embedding.errors import DataError
 from uibk_embedding.tagged import TaggedFormat
-from uibk_embedding.token_pooling import check_pool_factor, check_pool_factor_value
+from uibk_embedding.token_pooling import check_pool_factor, check_pool_factor_value, same_pooling_but_ids
 
 SHARED_BACKENDS = ("qdrant", "milvus", "weaviate", "pgvector", "lancedb")
 _COLUMNS = ("_id", "_text", "_title", "_body", "_meta", "_pos", "_error")
@@ -395,6 +395,9 @@ class IndexWorker:
             raise ValueError(f"the encoder servers make different lists ({sorted(map(str, fmts))}); "
                              "give servers of one model and projection")
         self.store = open_store(backend, format=self.encoders[0].format, **dict(store_options))
+        for e in self.encoders:  # a store keeps the frequent token ids of its first corpus
+            if hasattr(e, "adopt_pooling") and same_pooling_but_ids(self.store.format, e.format):
+                e.adopt_pooling(self.store.format)
         try:  # the driver checked it; a store changed since is refused here, before any write
             check_pool_factor(self.store.format, self.encoders[0].format, f"the {backend} store")
         except Exception:
@@ -598,6 +601,8 @@ def index_distributed(
         fmt = encoder_format(encoder, encoder_options, encoder_urls)
         store = open_store(backend, format=fmt, **dict(store_options))
         try:
+            if same_pooling_but_ids(store.format, fmt):  # the actors adopt the store's ids
+                fmt = replace(fmt, pool_frequent_ids=store.format.pool_frequent_ids)
             check_pool_factor(store.format, fmt, f"the {backend} store")
             skip: list[Any] = []
             if resume:

@@ -61,7 +61,16 @@ from uibk_embedding.encoder.pipeline import (
 )
 from uibk_embedding.encoder.protocol import Encoder, LocalEncoder, protocol_gaps
 from uibk_embedding.tagged import TaggedFormat, check_dense_weight
-from uibk_embedding.token_pooling import check_pool_factor_value, pool_documents
+from uibk_embedding.token_pooling import (
+    FREQUENT_CUTOFF,
+    MIN_FIT_DOCUMENTS,
+    TokenRows,
+    TokenVocabulary,
+    check_pool_factor_value,
+    frequent_token_ids,
+    pool_documents,
+    token_vocabulary,
+)
 
 
 class TaggedEncoder(FixedProjections):
@@ -85,6 +94,10 @@ class TaggedEncoder(FixedProjections):
     pool_factor: token pooling of documents (:mod:`uibk_embedding.token_pooling`; queries never):
         ``n`` token vectors become ``max(n // pool_factor, 1)``; recorded in :attr:`format`, which
         a store records. ``None``: the format's (1, off, unless ``format`` says otherwise).
+    pool_method: how documents are pooled, ``"content"`` (the default) or ``"ward"``
+        (:data:`~uibk_embedding.tagged.POOL_METHODS`); ``None``: the format's. The content method
+        also treats the collection's most frequent token ids as function words once
+        :meth:`fit_pooling` has read the corpus (``uibk-embed index`` does).
     """
 
     kind = "abstract"
@@ -108,10 +121,14 @@ class TaggedEncoder(FixedProjections):
         show_progress: bool | None = None,
         prefetch: int = 2,
         pool_factor: int | None = None,
+        pool_method: str | None = None,
     ) -> None:
         self.format = format or TaggedFormat()
         if pool_factor is not None:
             self.format = replace(self.format, pool_factor=check_pool_factor_value(pool_factor))
+        if pool_method is not None:
+            self.format = replace(self.format, pool_method=pool_method)
+        self._vocabulary: TokenVocabulary | None = None
         self._init_projections(dense_dim, token_dim, projections, seed, projection)
         self.dense_weight = check_dense_weight(dense_weight)
         if query_token_cap < 1 or query_max_length < 2 or doc_max_length < 2:
@@ -241,20 +258,122 @@ class TaggedEncoder(FixedProjections):
             w = np.asarray(weights, dtype=np.float64)[tb.positions] if per_text else float(weights)
             launched = self._launch(tb, w)
             if pending is not None:
-                yield self._pooled(self._finish(pending), is_query)
+                yield self._pooled(self._finish(pending), is_query, pending.batch)
             pending = launched
         if pending is not None:
-            yield self._pooled(self._finish(pending), is_query)
+            yield self._pooled(self._finish(pending), is_query, pending.batch)
 
     def _pooled(self, done: tuple[list[int], list[np.ndarray], np.ndarray],
-                is_query: bool) -> tuple[list[int], list[np.ndarray], np.ndarray]:
-        """A finished batch with its documents' tokens pooled by ``format.pool_factor`` (the one
+                is_query: bool, tb: TokenBatch) -> tuple[list[int], list[np.ndarray], np.ndarray]:
+        """A finished batch with its documents' tokens pooled by the format's pooling (the one
         place documents are pooled: every encoding path, shared and served ones included, runs
         through :meth:`_tagged_batches`); queries and ``pool_factor=1`` as they are."""
         if is_query or self.format.pool_factor == 1:
             return done
         positions, arrays, cut = done
-        return positions, pool_documents(arrays, self.format), cut
+        rows = None
+        if self.format.pool_method == "content":
+            rows = self._token_rows(tb, [len(a) - self.format.n_slots for a in arrays])
+        return positions, pool_documents(arrays, self.format, rows), cut
+
+    # -- what the content pooling reads of the tokens --------------------------------------------
+    def _row_token_ids(self, tb: TokenBatch) -> list[np.ndarray] | None:
+        """The token id of each token row of each document of a tokenised batch (in the batch's
+        order), or ``None`` when this encoder cannot tell. Default: the ids of each text's span
+        ``starts[i] .. ends[i] - 1``."""
+        ids = tb.inputs["input_ids"].numpy()
+        return [ids[i, a:b].astype(np.int64) for i, (a, b) in enumerate(zip(tb.starts, tb.ends, strict=True))]
+
+    def _vocabulary_tokenizer(self) -> Any:
+        """The tokenizer whose vocabulary names the ids :meth:`_row_token_ids` gives."""
+        base = getattr(self, "_base_tokenizer", None)
+        return base if base is not None else getattr(self, "tokenizer", None)
+
+    def _token_vocabulary(self) -> TokenVocabulary:
+        if self._vocabulary is None:
+            self._vocabulary = token_vocabulary(self._vocabulary_tokenizer(), type(self).__name__)
+        return self._vocabulary
+
+    def _token_rows(self, tb: TokenBatch, counts: list[int]) -> list[TokenRows]:
+        """:class:`~uibk_embedding.token_pooling.TokenRows` of a batch's documents, checked
+        against the token rows each list holds (``counts``)."""
+        ids = self._row_token_ids(tb)
+        if ids is None:
+            raise ValueError(f"{type(self).__name__} cannot tell the token id of each row it emits, which "
+                             "pool_method='content' needs: use pool_method='ward'")
+        vocabulary = self._token_vocabulary()
+        out = []
+        for i, n in zip(ids, counts, strict=True):
+            if len(i) != n and n > 1:  # a list of one token row is never pooled
+                raise ValueError(f"{type(self).__name__}: token ids of {len(i)} rows for a list of {n} "
+                                 "token rows, so pool_method='content' cannot run: use pool_method='ward'")
+            out.append(vocabulary.rows(i if len(i) == n else np.zeros(n, dtype=np.int64),
+                                       self.format.pool_frequent_ids))
+        return out
+
+    def fit_pooling(self, texts: Iterable[str], *, cutoff: float = FREQUENT_CUTOFF,
+                    min_documents: int = MIN_FIT_DOCUMENTS, batch_size: int = 1024,
+                    show_progress: bool | None = None) -> tuple[int, ...]:
+        """Read a collection's documents (tokenised only: no model runs) and set the format's
+        ``pool_frequent_ids`` to the token ids found in at least ``cutoff`` of them (fewer than
+        ``min_documents`` documents: none), which the ``"content"`` pooling then treats as
+        function words. Call it once on the corpus (or a sample of it) before encoding documents
+        for a new store; the store records the ids with the format. Returns the ids.
+
+        >>> from uibk_embedding.encoder import load_encoder
+        >>> enc = load_encoder(pool_factor=2)
+        >>> enc.fit_pooling(["Alice likes apples."] * 100 + ["Bob likes pears."] * 20)  # ".", "likes"
+        (1012, 7777)
+        """
+        rows = self._document_token_ids(texts, batch_size, show_progress, "reading token frequencies")
+        frequent = frequent_token_ids(rows, cutoff, min_documents)  # streamed: one batch held at a time
+        self.format = replace(self.format, pool_frequent_ids=frequent)
+        return frequent
+
+    def token_rows(self, texts: Sequence[str], *, batch_size: int = 1024) -> list[TokenRows]:
+        """What the ``"content"`` pooling reads of each document's token rows (before pooling):
+        which are function words (with this format's frequent ids) and their segments. Tokenises
+        only; for checks and benchmarks (:func:`~uibk_embedding.token_pooling.pool_content`).
+
+        >>> from uibk_embedding.encoder import load_encoder
+        >>> load_encoder().token_rows(["the lift of a wing, measured"])[0].function.tolist()
+        [True, False, True, True, False, True, False]
+        """
+        vocabulary = self._token_vocabulary()
+        return [vocabulary.rows(i, self.format.pool_frequent_ids)
+                for i in self._document_token_ids(texts, batch_size, False, "reading tokens")]
+
+    def _document_token_ids(self, texts: Iterable[str], batch_size: int, show_progress: bool | None,
+                            desc: str) -> Iterator[np.ndarray]:
+        """The token ids of each text's token rows, a batch of texts tokenised at a time."""
+        from tqdm.auto import tqdm
+
+        texts = validate_texts(list(texts))
+        progress = self.show_progress if show_progress is None else show_progress
+        disable = {True: False, False: True}.get(progress, None if len(texts) >= 4096 else True)
+        with tqdm(total=len(texts), desc=desc, unit="text", disable=disable) as bar:
+            for s in range(0, len(texts), batch_size):
+                chunk = texts[s:s + batch_size]
+                ids = self._row_token_ids(self._tokenize(chunk, False))
+                if ids is None:
+                    raise ValueError(f"{type(self).__name__} cannot tell the token id of each row it emits, "
+                                     "which pool_method='content' needs: use pool_method='ward'")
+                yield from ids
+                bar.update(len(chunk))
+
+    def adopt_pooling(self, stored: TaggedFormat) -> None:
+        """Pool documents as a store recorded (``store.format``: its pool factor, method and
+        frequent token ids), so that this encoder may write into it.
+
+        >>> from uibk_embedding.encoder import load_encoder
+        >>> from uibk_embedding.tagged import TaggedFormat
+        >>> enc = load_encoder()
+        >>> enc.adopt_pooling(TaggedFormat(pool_factor=2, pool_frequent_ids=(1012,)))
+        >>> enc.format.pool_factor, enc.format.pool_method, enc.format.pool_frequent_ids
+        (2, 'content', (1012,))
+        """
+        self.format = replace(self.format, pool_factor=stored.pool_factor, pool_method=stored.pool_method,
+                              pool_frequent_ids=stored.pool_frequent_ids)
 
     def _prefetched(self, texts: list[str], batches: list[list[int]],
                     is_query: bool) -> Iterator[TokenBatch]:

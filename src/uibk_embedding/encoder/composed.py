@@ -372,6 +372,14 @@ class ComposedEncoder(TaggedEncoder):
             cut |= self._colbert_truncated([cprompt + t for t in texts] if cprompt else texts)
         return TokenBatch(inputs, starts=np.zeros_like(n), ends=n, truncated=cut)
 
+    def _row_token_ids(self, tb: TokenBatch) -> list[np.ndarray] | None:
+        """The ids at the positions the token model keeps (``keep``: kept positions first)."""
+        ids, order = tb.inputs["input_ids"].numpy(), tb.inputs["keep"].numpy()
+        return [ids[i, order[i, :n]].astype(np.int64) for i, n in enumerate(tb.ends)]
+
+    def _vocabulary_tokenizer(self) -> Any:
+        return getattr(self.colbert, "tokenizer", None)
+
     def _kept(self, features: dict[str, Any], task: str) -> Any:
         """The positions the token model scores (its ``MultiVectorMask``: the document
         skiplist, the query expansion), computed on the host from the ids alone."""

@@ -46,7 +46,7 @@ import os
 import shutil
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -576,9 +576,8 @@ class PyLateEncoder(TaggedEncoder):
         if format is not None and (format.beta, format.lambda_) != (fmt.beta, fmt.lambda_):
             raise ValueError(f"{self.folder}: its lists have beta={fmt.beta}, lambda={fmt.lambda_}, "
                              f"not the requested beta={format.beta}, lambda={format.lambda_}")
-        self.format = TaggedFormat(beta=fmt.beta, lambda_=fmt.lambda_,  # pool_factor= kept (docs only)
-                                   projection=f"pylate-{model_hash(self.folder)}",
-                                   pool_factor=self.format.pool_factor)
+        self.format = replace(self.format, beta=fmt.beta, lambda_=fmt.lambda_,  # pooling kept (docs only)
+                              projection=f"pylate-{model_hash(self.folder)}")
         self._probed = True
 
     # -- what does not apply: the model holds its own projections ----------------------------
@@ -619,6 +618,18 @@ class PyLateEncoder(TaggedEncoder):
         tb.is_query = is_query  # type: ignore[attr-defined]
         tb.extra = {k: v for k, v in feats.items() if not isinstance(v, torch.Tensor)}  # type: ignore[attr-defined]
         return tb
+
+    def _row_token_ids(self, tb: TokenBatch) -> list[np.ndarray] | None:
+        """The ids of each text's own positions (the ``text_mask`` our exported modules give):
+        the token rows they emit, in order; ``None`` for a folder without one."""
+        mask = tb.inputs.get("text_mask")
+        if mask is None:
+            return None
+        ids, keep = tb.inputs["input_ids"].numpy(), mask.numpy().astype(bool)
+        return [ids[i][keep[i]].astype(np.int64) for i in range(len(ids))]
+
+    def _vocabulary_tokenizer(self) -> Any:
+        return getattr(self.colbert, "tokenizer", None)
 
     def _truncated(self, texts: list[str], is_query: bool) -> np.ndarray:
         """Which texts the model cut: their full token count (special tokens included) over what
