@@ -18,8 +18,8 @@ from uibk_embedding.token_pooling import (
     average_clusters,
     check_pool_factor,
     frequent_token_ids,
-    pool_content,
     pool_clusters,
+    pool_content,
     pool_documents,
     pool_tokens,
     pooled_token_count,
@@ -102,7 +102,8 @@ def test_content_method_keeps_content_and_fills_with_function_rows(fmt, rng):
     assert len(out) == N_SLOTS + 3 and np.allclose(np.linalg.norm(out, axis=1), 1)
     # exactly 4 content rows, keep 4: they are the list's token rows
     four = TokenRows(np.array([1, 0, 1, 0, 1, 0, 1, 0], bool), seg)
-    assert pool_content(doc, 4, four, fmt)[N_SLOTS:].tobytes() == doc[N_SLOTS + np.array([1, 3, 5, 7])].tobytes()
+    kept = doc[N_SLOTS + np.array([1, 3, 5, 7])]
+    assert pool_content(doc, 4, four, fmt)[N_SLOTS:].tobytes() == kept.tobytes()
     # function rows only: merged as a whole
     assert len(pool_content(doc, 2, TokenRows(np.ones(8, bool), seg), fmt)) == N_SLOTS + 2
     with pytest.raises(ValueError, match="rows must describe the list's 8 token rows"):
@@ -116,11 +117,13 @@ def test_token_vocabulary_reads_each_word_piece_scheme(scheme):
     """The same sentence, "the asymmetry , of wings", in each scheme's pieces: "the" and "of" are
     whole stopwords, "as" begins a longer word (no stopword), "," is punctuation and ends a
     segment, [CLS]/<s> are special."""
-    pieces = {"wordpiece": ["[CLS]", "the", "as", "##ym", "##metry", ",", "of", "wing", "##s"],
-              "sentencepiece": ["<s>", "\u2581the", "\u2581as", "ym", "metry", ",", "\u2581of", "\u2581wing", "s"],
-              "bpe": ["<s>", "\u0120the", "\u0120as", "ym", "metry", ",", "\u0120of", "\u0120wing", "s"]}[scheme]
-    filler = {"wordpiece": [f"##x{i}" for i in range(20)], "sentencepiece": [f"\u2581w{i}" for i in range(20)],
-              "bpe": [f"\u0120w{i}" for i in range(20)]}[scheme]  # enough to tell the scheme
+    if scheme == "wordpiece":
+        pieces = ["[CLS]", "the", "as", "##ym", "##metry", ",", "of", "wing", "##s"]
+        filler = [f"##x{i}" for i in range(20)]  # enough to tell the scheme
+    else:
+        m = {"sentencepiece": "\u2581", "bpe": "\u0120"}[scheme]  # the word-start marker
+        pieces = ["<s>", f"{m}the", f"{m}as", "ym", "metry", ",", f"{m}of", f"{m}wing", "s"]
+        filler = [f"{m}w{i}" for i in range(20)]
     vocab = {t: i for i, t in enumerate(dict.fromkeys(pieces + filler))}
     rows = TokenVocabulary(vocab).rows(np.array([vocab[t] for t in pieces]))
     assert rows.function.tolist() == [True, True, False, False, False, True, True, False, False]
@@ -258,7 +261,8 @@ def test_a_shared_encoder_pools_as_its_encoder_does(real_data):
 
 @pytest.mark.parametrize("method", ["content", "ward"])
 def test_identity_and_decomposition_hold_on_pooled_documents(real_data, real_rows, fmt, method):
-    docs = [pool_tokens(d, 2, fmt, r, method=method) for d, r in zip(real_data.docs[:50], real_rows, strict=False)]
+    docs = [pool_tokens(d, 2, fmt, r, method=method)
+            for d, r in zip(real_data.docs[:50], real_rows, strict=False)]
     queries = real_data.queries[:10]
     report = check_separation(queries, docs)
     assert report.held, report  # no query token selects a slot, no query slot a token
@@ -301,7 +305,7 @@ def test_format_record_of_the_pool_factor():
     assert TaggedFormat(pool_factor=2, pool_method="ward", pool_frequent_ids=(3,)).pool_frequent_ids == ()
     for bad in ({"pool_method": "mean"}, {"pool_frequent_ids": (-1,)}, {"pool_frequent_ids": (True,)},
                 {"pool_frequent_ids": "12"}):
-        with pytest.raises(ValueError, match="pool_method|pool_frequent_ids"):
+        with pytest.raises(ValueError, match=r"pool_method|pool_frequent_ids"):
             TaggedFormat(pool_factor=2, **bad)
 
 

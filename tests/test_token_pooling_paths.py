@@ -161,7 +161,8 @@ def test_cli_index_fits_the_frequent_ids_and_later_runs_adopt_them(tmp_path, cap
 
     def corpus(name, texts, start):
         f = tmp_path / name
-        f.write_text("".join(json.dumps({"id": f"d{start + i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+        lines = (json.dumps({"id": f"d{start + i}", "text": t}) + "\n" for i, t in enumerate(texts))
+        f.write_text("".join(lines))
         return str(f)
 
     first, second = real_data.texts[:60], real_data.texts[60:90]
@@ -171,7 +172,8 @@ def test_cli_index_fits_the_frequent_ids_and_later_runs_adopt_them(tmp_path, cap
     with open_store("exact", path=path) as store:
         assert store.format.pool_method == "content" and store.format.pool_frequent_ids == expected
         assert len(expected) > 0
-    assert main(["index", corpus("b.jsonl", second, 60), "--path", path, "--pool-factor", "2", "--quiet"]) == 0
+    later = corpus("b.jsonl", second, 60)
+    assert main(["index", later, "--path", path, "--pool-factor", "2", "--quiet"]) == 0
     with open_store("exact", path=path) as store:
         assert store.format.pool_frequent_ids == expected and store.count() == 90
         fitted = load_encoder(pool_factor=2)
