@@ -284,6 +284,14 @@ class TaggedEncoder(FixedProjections):
         ids = tb.inputs["input_ids"].numpy()
         return [ids[i, a:b].astype(np.int64) for i, (a, b) in enumerate(zip(tb.starts, tb.ends, strict=True))]
 
+    def _known_row_token_ids(self, tb: TokenBatch) -> list[np.ndarray]:
+        """:meth:`_row_token_ids`, or a ValueError naming the fix when this encoder cannot tell."""
+        ids = self._row_token_ids(tb)
+        if ids is None:
+            raise ValueError(f"{type(self).__name__} cannot tell the token id of each row it emits, which "
+                             "pool_method='content' needs: use pool_method='ward'")
+        return ids
+
     def _vocabulary_tokenizer(self) -> Any:
         """The tokenizer whose vocabulary names the ids :meth:`_row_token_ids` gives."""
         base = getattr(self, "_base_tokenizer", None)
@@ -297,10 +305,7 @@ class TaggedEncoder(FixedProjections):
     def _token_rows(self, tb: TokenBatch, counts: list[int]) -> list[TokenRows]:
         """:class:`~uibk_embedding.token_pooling.TokenRows` of a batch's documents, checked
         against the token rows each list holds (``counts``)."""
-        ids = self._row_token_ids(tb)
-        if ids is None:
-            raise ValueError(f"{type(self).__name__} cannot tell the token id of each row it emits, which "
-                             "pool_method='content' needs: use pool_method='ward'")
+        ids = self._known_row_token_ids(tb)
         vocabulary = self._token_vocabulary()
         out = []
         for i, n in zip(ids, counts, strict=True):
@@ -354,11 +359,7 @@ class TaggedEncoder(FixedProjections):
         with tqdm(total=len(texts), desc=desc, unit="text", disable=disable) as bar:
             for s in range(0, len(texts), batch_size):
                 chunk = texts[s:s + batch_size]
-                ids = self._row_token_ids(self._tokenize(chunk, False))
-                if ids is None:
-                    raise ValueError(f"{type(self).__name__} cannot tell the token id of each row it emits, "
-                                     "which pool_method='content' needs: use pool_method='ward'")
-                yield from ids
+                yield from self._known_row_token_ids(self._tokenize(chunk, False))
                 bar.update(len(chunk))
 
     def adopt_pooling(self, stored: TaggedFormat) -> None:
