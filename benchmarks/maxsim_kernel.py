@@ -27,7 +27,8 @@ float32 rounding bound (``gamma_(dim+m) * sum_i |q_i| * max_j |d_j|``). Engines:
 kernel and the blas kernel on float32 and float16 rows, numpy's one GEMM + ``maximum.reduceat``,
 blocked ``torch.mm`` (float32 and bfloat16), a numba loop, maxsim-cpu and Qdrant Edge's exact scan
 (the last three when importable; ``--extra-path`` adds a folder with them to ``sys.path``). ``cat
-/proc/loadavg`` is recorded before and after; on a shared machine the figures are preliminary.
+/proc/loadavg`` is recorded before and after; the figures are labelled preliminary unless
+``--quiet-cores`` says the machine ran nothing else.
 
 Usage::
 
@@ -489,13 +490,14 @@ def stores_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def engines_markdown(e: dict, threads: int | None) -> str:
+def engines_markdown(e: dict, threads: int | None, quiet: bool = False) -> str:
+    cores = "the cores were not shared" if quiet else "shared machine: preliminary"
     lines = [f"### Exact MaxSim, one {e['query_rows']}-vector query, {e['n_docs']:,} documents, "
              f"{e['doc_rows']:,} rows (random unit vectors, NPL's lengths), {e['queries']} queries, "
              f"threads: {threads or 'default'}",
              "",
              f"Load average before / after: {' '.join(e['loadavg_before'])} / {' '.join(e['loadavg_after'])}"
-             " (shared machine: preliminary). float32 rounding bound (a priori): "
+             f" ({cores}). float32 rounding bound (a priori): "
              f"{e['float32_rounding_bound']}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in e.get("versions", {}).items()) + ".",
              "",
@@ -557,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-path", default=None, help="folder prepended to sys.path (numba, maxsim_cpu)")
     p.add_argument("--stores", action="store_true",
                    help="also the exact store in memory against the same documents persisted (NPL's lengths)")
+    p.add_argument("--quiet-cores", action="store_true",
+                   help="the machine ran nothing else (say so): the timings are not labelled preliminary")
     p.add_argument("--quick", action="store_true",
                    help="every engine on NPL's lengths (11 queries) and one batch shape: a few minutes")
     args = p.parse_args(argv)
@@ -580,8 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                   (max(sizes), 30, 60, 32, 1)]
     if args.shape:
         shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape if s != "0"]
-    result: dict = {"threads": args.threads, "kernel": M.kernel(), "block_bytes": M.BLOCK_BYTES,
-                    "blas": _blas_info(),
+    result: dict = {"threads": args.threads, "quiet_cores": args.quiet_cores, "kernel": M.kernel(),
+                    "block_bytes": M.BLOCK_BYTES, "blas": _blas_info(),
                     "shapes": [], "scaling": []}
     print(f"kernel: {M.kernel()}; BLAS: {result['blas']}; similarity block {M.BLOCK_BYTES >> 10} KiB",
           flush=True)
@@ -602,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as tmp:
                 result["engines"] = bench_engines(mat, off, 32, args.runs, engines, edge_folder=tmp + "/edge")
-            print(engines_markdown(result["engines"], args.threads), flush=True)
+            print(engines_markdown(result["engines"], args.threads, args.quiet_cores), flush=True)
             del mat, off
         cache: dict[tuple, tuple] = {}
         for n_docs, lo, hi, q_rows, nq in shapes:
@@ -631,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"Kernel: {result['kernel']}; BLAS: {result['blas']}; similarity block "
                     f"{M.BLOCK_BYTES >> 10} KiB\n\n")
             if result["engines"]:
-                f.write(engines_markdown(result["engines"], args.threads) + "\n")
+                f.write(engines_markdown(result["engines"], args.threads, args.quiet_cores) + "\n")
             if result["stores"]:
                 f.write(stores_markdown(result["stores"]) + "\n")
             f.write(md)
