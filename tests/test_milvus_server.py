@@ -4,7 +4,11 @@ answers through the relay, and stop() leaves no process and no data behind."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +153,33 @@ def test_requests_over_the_grpc_message_limit_are_split(tmp_path):
         s.close()
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(not user_namespaces_available(), reason="unprivileged user namespaces unavailable")
+def test_a_dead_test_server_is_reported_with_its_logs_and_its_leases_outlast_a_stall():
+    """The shared test server holds 10-minute etcd leases (a 40 s SIGSTOP, as a VM lockup of 34 s
+    did to CI, killed a server on 30 s leases); one that dies anyway is not handed out again: the
+    error names a folder with its logs."""
+    class Own(LocalMilvusServer):  # a class of its own: the session's shared server is untouched
+        _shared = None
+        _died_logs = ""
+
+    server = Own.shared()
+    try:
+        config = open(os.path.join(server._base, "data", "configs", "milvus.yaml")).read()
+        assert re.search(r"\n  session:\n    ttl: 600 ", config)
+        assert Own.shared() is server
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(2):  # the second call names the same folder
+            with pytest.raises(RuntimeError, match="Milvus standalone server of this process died") as e:
+                Own.shared()
+            assert Own._died_logs in str(e.value)
+        kept = os.listdir(Own._died_logs)
+        assert "launcher.log" in kept and any(n.startswith("milvus") and ".INFO." in n for n in kept), kept
+    finally:
+        server.stop()
+        if Own._died_logs:
+            shutil.rmtree(Own._died_logs)

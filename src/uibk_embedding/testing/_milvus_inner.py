@@ -25,6 +25,10 @@ if __name__ == "__main__":
     # Strong reads wait for the server's next time tick: 20 ms instead of the default 200 ms makes
     # each test read ~0.2 s faster (the Milvus-standalone tests ran 2-4x faster), same semantics
     cfg.set("proxy.timeTickInterval", 20)
+    # Milvus's components hold 30 s etcd leases and exit when one lapses: a machine that stalls
+    # for longer (a VM lockup of 34 s killed both test servers of one CI run; a SIGSTOP of 40 s
+    # kills one here) loses the server. A test server's leases last 10 minutes.
+    cfg.set("common.session.ttl", 600)
     server = MilvusServer(cfg)
     server.start()
     port, pid = server.listen_port, server.server_proc.pid
@@ -34,7 +38,11 @@ if __name__ == "__main__":
         ls.bind(sock_path); ls.listen(64)
         while True:
             c, _ = ls.accept()
-            t = socket.create_connection(("127.0.0.1", port))
+            try:
+                t = socket.create_connection(("127.0.0.1", port))
+            except OSError:  # refused once (the server busy or restarting): drop this client only
+                c.close()
+                continue
             threading.Thread(target=pump, args=(c, t), daemon=True).start()
             threading.Thread(target=pump, args=(t, c), daemon=True).start()
     threading.Thread(target=serve, daemon=True).start()

@@ -7,6 +7,7 @@ adapter, :mod:`uibk_embedding.adapters.milvus`, knows nothing of it: it takes a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -133,6 +134,29 @@ class LocalMilvusServer(LocalServer):
             threading.Thread(target=pump, args=(c, u), daemon=True).start()
             threading.Thread(target=pump, args=(u, c), daemon=True).start()
 
+    def alive(self) -> bool:
+        """Whether the server's process still runs (False before :meth:`start` and after :meth:`stop`)."""
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def keep_logs(self, tail: int = 1 << 20) -> str:
+        """Copy the last ``tail`` bytes of the server's logs (the launcher's and Milvus's own) into
+        a new temporary folder, which :meth:`stop` leaves in place; returns that folder."""
+        out = tempfile.mkdtemp(prefix="uibk-milvus-logs-")
+        logs = os.path.join(self._base, "data", "logs")
+        names = sorted(os.listdir(logs)) if os.path.isdir(logs) else []
+        for src in [os.path.join(self._base, "launcher.log"), *(os.path.join(logs, n) for n in names)]:
+            with contextlib.suppress(OSError), open(src, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+                with open(os.path.join(out, os.path.basename(src)), "wb") as dst:
+                    dst.write(f.read())
+        return out
+
     def stop(self) -> None:
         """SIGTERM, ``grace`` seconds, then SIGKILL the server by pid; remove its data."""
         import signal
@@ -165,9 +189,14 @@ class LocalMilvusServer(LocalServer):
     _shared: LocalMilvusServer | None = None
     _shared_lock = threading.Lock()
 
+    _died_logs = ""
+
     @classmethod
     def shared(cls) -> LocalMilvusServer:
-        """One server per process, started on first use and stopped when the process exits."""
+        """One server per process, started on first use and stopped when the process exits.
+
+        A shared server whose process has died is not restarted: every later call raises a
+        ``RuntimeError`` naming a folder with its logs (kept, as its data folder is not)."""
         import atexit
 
         with cls._shared_lock:
@@ -176,4 +205,9 @@ class LocalMilvusServer(LocalServer):
                 server.start()
                 atexit.register(server.stop)
                 cls._shared = server
+            elif not cls._shared.alive():
+                if not cls._died_logs:
+                    cls._died_logs = cls._shared.keep_logs()
+                raise RuntimeError(f"the local Milvus standalone server of this process died; the last "
+                                   f"of its logs are in {cls._died_logs}")
             return cls._shared
