@@ -329,3 +329,17 @@ def test_shared_readers_lancedb_prefork(tmp_path):
     for r in rows:
         assert (r["errors"], r["torn"], r["mismatches"]) == (0, 0, 0), r
         assert r["searches"] > 0 and r["qps"] > 0, r
+
+
+def test_plaid_codes_smoke(datasets, tmp_path):
+    """benchmarks/plaid_codes.py on the smallest collection: the index alone is smaller than the
+    compact store it belongs to, and the table names every row."""
+    report = _bench("plaid_codes").main(["--collections", "limit-small", "--nbits", "4",
+                                         "--probes", "2", "16", "--out", str(tmp_path / "codes")])
+    rows = report["rows"]
+    assert [(r["nbits"], r["n_ivf_probe"]) for r in rows] == [(4, 2), (4, 16)]
+    for r in rows:
+        assert 0 < r["index_x_exact"] < r["store_x_exact"] < 1 and 0 <= r["recall@10_vs_exact"] <= 1
+    md = (tmp_path / "codes.md").read_text()
+    assert "| limit-small | 4 | 16 |" in md
+    assert json.loads((tmp_path / "codes.json").read_text())["rows"] == rows
