@@ -37,14 +37,12 @@ import re
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from uibk_embedding import open_store
-from uibk_embedding.apps.data import load_beir
-from uibk_embedding.apps.evaluation import encode_collection, index_into, with_dense_weight
+from uibk_embedding.apps.evaluation import encode_beir, index_into
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.maxsim import kernel, kernel_kinds
 from uibk_embedding.metrics import evaluate, overlap_at_k
@@ -122,12 +120,8 @@ compression (docs/compact.md); the reference is always the float32 exact store."
 
 
 def run_collection(name: str, profiles: tuple[str, ...], work: Path, backend: str = "exact") -> dict:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        coll = load_beir(datasets_dir() / name)
-        enc = load_encoder()
-        base = encode_collection(enc, coll)
-    queries = [with_dense_weight(q, enc.dense_weight) for q in base.queries]
+    enc = load_encoder()
+    coll, base, queries = encode_beir(datasets_dir() / name, enc)
     n_vectors = int(sum(len(d) for d in base.docs))
     print(f"{name}: {len(base.docs)} documents, {n_vectors:,} vectors, {len(queries)} queries", flush=True)
     rows, reference = [], None

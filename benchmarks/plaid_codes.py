@@ -32,12 +32,10 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 from uibk_embedding import open_store
-from uibk_embedding.apps.data import load_beir
-from uibk_embedding.apps.evaluation import encode_collection, with_dense_weight
+from uibk_embedding.apps.evaluation import encode_beir
 from uibk_embedding.encoder import load_encoder
 from uibk_embedding.metrics import evaluate, overlap_at_k
 from uibk_embedding.testing.specs import datasets_dir
@@ -52,12 +50,8 @@ def folder_bytes(folder: Path) -> int:
 
 def run_collection(name: str, nbits: list[int], probes: list[int], work: Path) -> list[dict]:
     """The reference and one PLAID ``compact`` store per ``nbits``, searched at each probe."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        coll = load_beir(datasets_dir() / name)
-        enc = load_encoder()
-        base = encode_collection(enc, coll)
-    queries = [with_dense_weight(q, enc.dense_weight) for q in base.queries]
+    enc = load_encoder()
+    coll, base, queries = encode_beir(datasets_dir() / name, enc)
     n_vectors = int(sum(len(d) for d in base.docs))
     exact = open_store("exact", path=work / "exact", format=enc.format)
     exact.upsert(base.doc_ids, base.docs)

@@ -28,7 +28,7 @@ import numpy as np
 
 from uibk_embedding.adapters.base import MultiVectorStore
 from uibk_embedding.adapters.indexing import upsert_batches
-from uibk_embedding.apps.data import Collection
+from uibk_embedding.apps.data import Collection, load_beir
 from uibk_embedding.encoder.composed import model_digest
 from uibk_embedding.maxsim import maxsim_scores, pack, top_k
 from uibk_embedding.metrics import evaluate
@@ -147,6 +147,24 @@ def encode_collection(encoder: Any, coll: Collection, *, use_cache: bool = True,
             np.savez(f, **arrays)
         os.replace(tmp, path)
     return enc
+
+
+def encode_beir(folder: str | os.PathLike, encoder: Any) -> tuple[Collection, Encoded, list[np.ndarray]]:
+    """A BEIR folder loaded and encoded by ``encoder`` (cached: :func:`encode_collection`), with
+    its queries at the encoder's dense weight; the encoder's truncation warnings are silenced.
+
+    >>> from uibk_embedding.encoder import load_encoder
+    >>> coll, base, queries = encode_beir("../shared/datasets/limit-small", load_encoder())  # doctest: +SKIP
+    >>> len(base.docs), len(queries)  # doctest: +SKIP
+    (46, 1000)
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coll = load_beir(folder)
+        base = encode_collection(encoder, coll)
+    return coll, base, [with_dense_weight(q, encoder.dense_weight) for q in base.queries]
 
 
 def encode_queries_for_store(encoder: Any, coll: Collection, store: MultiVectorStore,
