@@ -113,13 +113,13 @@ relative), and a lambda 0.05 away (slot tag 0.97% away) is refused; formats clos
 are not told apart. A PyLate folder's probe snaps its constants to the 0.05 grid only within
 half of it (:func:`~uibk_embedding.encoder.pylate_model.probe_format`)."""
 MAX_POOL_FACTOR = 64
+"""The largest token pool factor (:mod:`uibk_embedding.token_pooling`): past it a document of the
+2048 tokens a document is read to keeps at most 32 token vectors (PyLate's users pool by 2 to 4)."""
 POOL_METHODS = ("content", "ward")
 """How :mod:`~uibk_embedding.token_pooling` merges a document's token rows: ``"content"`` (the
 default since 0.5: function tokens out, the content average-linked inside segments) or
 ``"ward"`` (Ward's clustering of every token row, PyLate's ``pool_factor``; what stores pooled
 before 0.5 recorded no method and hold it)."""
-"""The largest token pool factor (:mod:`uibk_embedding.token_pooling`): past it a document of the
-2048 tokens a document is read to keeps at most 32 token vectors (PyLate's users pool by 2 to 4)."""
 MAX_DENSE_WEIGHT = 1e6
 """The largest dense weight: past it the weighted slots overflow float32 (from about 1e38) long
 before, at float32's 7 digits, the dense part has drowned the token part of every score."""
