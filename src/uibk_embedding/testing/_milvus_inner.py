@@ -26,8 +26,8 @@ if __name__ == "__main__":
     # each test read ~0.2 s faster (the Milvus-standalone tests ran 2-4x faster), same semantics
     cfg.set("proxy.timeTickInterval", 20)
     # Milvus's components hold 30 s etcd leases and exit when one lapses: a machine that stalls
-    # for longer (a VM lockup of 34 s killed both test servers of one CI run; a SIGSTOP of 40 s
-    # kills one here) loses the server. A test server's leases last 10 minutes.
+    # for longer loses the server (a SIGSTOP of 40 s kills one here; the kernel logged a 34 s
+    # lockup minutes before both test servers of one CI run died). Test leases last 10 minutes.
     cfg.set("common.session.ttl", 600)
     server = MilvusServer(cfg)
     server.start()

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from uibk_embedding._optional import require
-from uibk_embedding.testing.server_process import LocalServer, wait_for_ready
+from uibk_embedding.testing.server_process import LocalServer, pid_alive, wait_for_ready
 
 
 def user_namespaces_available() -> bool:
@@ -136,13 +136,7 @@ class LocalMilvusServer(LocalServer):
 
     def alive(self) -> bool:
         """Whether the server's process still runs (False before :meth:`start` and after :meth:`stop`)."""
-        if self.pid is None:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return self.pid is not None and pid_alive(self.pid)
 
     def keep_logs(self, tail: int = 1 << 20) -> str:
         """Copy the last ``tail`` bytes of the server's logs (the launcher's and Milvus's own) into

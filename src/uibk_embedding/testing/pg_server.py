@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from uibk_embedding._optional import require
-from uibk_embedding.testing.server_process import LocalServer, wait_for_ready
+from uibk_embedding.testing.server_process import LocalServer, pid_alive, wait_for_ready
 
 PORT = 5432  # only names the socket file (.s.PGSQL.5432): the server opens no TCP port
 OWNER_ENV = "UIBK_PG_SERVER_OWNER"
@@ -87,16 +87,6 @@ def _reachable_binaries(bindir: Path, base: Path, as_user: dict[str, Any]) -> Pa
         return copy / "bin"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _serve(base: Path, owner: int, leftovers: list[str]) -> None:
     """The supervisor: initdb, start postgres, write ``ready.json``, wait, stop, clean up (also
     the ``leftovers``: the shared server's note files)."""
@@ -121,14 +111,14 @@ def _serve(base: Path, owner: int, leftovers: list[str]) -> None:
         sock = base / f".s.PGSQL.{PORT}"
         while not sock.exists() or not (data / "postmaster.pid").exists() or \
                 "ready" not in (data / "postmaster.pid").read_text():
-            if proc.poll() is not None or stop.is_set() or not _alive(owner):
+            if proc.poll() is not None or stop.is_set() or not pid_alive(owner):
                 raise RuntimeError("postgres exited during startup")
             time.sleep(0.05)
         info = {"dsn": f"host={base} port={PORT} user=postgres dbname=postgres", "pid": proc.pid}
         tmp = base / "ready.tmp"
         tmp.write_text(json.dumps(info))
         tmp.rename(base / "ready.json")
-        while not stop.is_set() and _alive(owner) and proc.poll() is None:
+        while not stop.is_set() and pid_alive(owner) and proc.poll() is None:
             stop.wait(0.5)
     finally:
         if proc is not None and proc.poll() is None:
@@ -218,7 +208,7 @@ class LocalPostgresServer(LocalServer):
             if cls._shared_dsn:
                 return cls._shared_dsn
             owner = int(os.environ.get(OWNER_ENV) or os.getpid())
-            if not _alive(owner):
+            if not pid_alive(owner):
                 owner = os.getpid()
             note = Path(tempfile.gettempdir()) / f"uibk-pg-owner-{os.getuid()}-{owner}"
             with open(f"{note}.lock", "a") as lock:

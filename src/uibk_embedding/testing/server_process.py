@@ -34,6 +34,21 @@ def wait_for_ready(ready: str | os.PathLike, proc: Any, timeout: float, interval
     return True
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts).
+
+    >>> pid_alive(os.getpid())
+    True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class LocalServer:
     """A server of its own process: :meth:`start` it, :meth:`stop` it, or use it in ``with``.
 
