@@ -32,7 +32,10 @@ def main() -> None:
     rng = np.random.default_rng(seed)
     fmt = TaggedFormat()
     with open(ack_file, "a", buffering=1) as ack:
-        ack.write("OPEN\n")
+        # a database server's session on this machine (the local PostgreSQL): its backend finishes
+        # a COMMIT already sent after this process is killed, so the parent waits for it to end
+        session = getattr(getattr(getattr(store, "conn", None), "info", None), "backend_pid", None)
+        ack.write(f"OPEN {session}\n" if session else "OPEN\n")
         for i in range(10_000):
             if i % 4 == 3:  # every fourth operation deletes the batch two before
                 ack.write(f"START-DEL s{seed}-b{i - 2}\n")
